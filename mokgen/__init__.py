@@ -1,0 +1,30 @@
+"""mokgen: a compiler of fused, persistent MoE megakernels (Mixture-of-Kittens on Hopper)."""
+from __future__ import annotations
+
+from . import shapes
+from .plan import Plan, initial_plan
+from .shapes import MoEShape
+
+__version__ = "0.1.0"
+
+
+def plan(shape: MoEShape, ep: int, dtype: str = "bf16", tokens_per_rank: int = 2048,
+         **overrides) -> Plan:
+    """Run the planning passes (no compiler, no GPU needed)."""
+    from .passes import PASSES
+
+    p = initial_plan(shape, ep, dtype, tokens_per_rank, **overrides)
+    for run_pass in PASSES:
+        p = run_pass(p)
+    return p
+
+
+def compile(shape: MoEShape, ep: int, dtype: str = "bf16", tokens_per_rank: int = 2048,
+            virtual: bool = False, **overrides):
+    """plan + emit + build (+ load where a GPU is present); returns the callable layer."""
+    from .api import compile_layer
+
+    return compile_layer(plan(shape, ep, dtype, tokens_per_rank, **overrides), virtual=virtual)
+
+
+__all__ = ["MoEShape", "Plan", "plan", "compile", "shapes", "__version__"]

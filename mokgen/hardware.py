@@ -1,0 +1,43 @@
+"""GPU numbers the cost models use, in one place per GPU.
+
+Rates are what we measured on the device machine (see benchmarks/NOTES.md), not datasheet
+peaks: the passes only compare options, so consistent measured numbers matter more than
+headline ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    arch: str
+    num_sms: int
+    smem_per_sm: int            # bytes of shared memory one CTA may use
+    bf16_flops: float           # dense bf16 tensor-core rate, FLOP/s (measured)
+    fp8_flops: float            # dense fp8 rate, FLOP/s
+    hbm_bw: float               # device copy bandwidth, bytes/s (read + write counted)
+    nvlink_bw: float            # unidirectional NVLink bandwidth per GPU, bytes/s
+    copy_bw_per_sm: float       # bytes/s one SM moves with 16-byte loads/stores
+    flag_latency: float         # seconds for a release/acquire hand-off between SMs
+    memory: int                 # bytes of device memory
+
+
+H200 = GPU(
+    name="H200", arch="sm_90a", num_sms=132, smem_per_sm=227 * 1024,
+    bf16_flops=750e12, fp8_flops=1400e12, hbm_bw=4.2e12, nvlink_bw=450e9,
+    copy_bw_per_sm=40e9, flag_latency=2e-6, memory=141 * 10**9,
+)
+
+_GPUS = {"H200": H200, "H100": H200}
+_ARCH_DEFAULT = {"sm_90a": H200}
+
+
+def get(name_or_arch: str) -> GPU:
+    if name_or_arch in _GPUS:
+        return _GPUS[name_or_arch]
+    if name_or_arch in _ARCH_DEFAULT:
+        return _ARCH_DEFAULT[name_or_arch]
+    raise ValueError(f"arch must be one of {sorted(_GPUS) + sorted(_ARCH_DEFAULT)}, "
+                     f"got {name_or_arch!r}")

@@ -1,0 +1,50 @@
+"""Minibatch size b from the paper's model (3.2): P_fine(b) + P_coarse(b), with
+P_fine = ceil(rows / b) * C_ineff(b) and P_coarse = T_dispatch(b) + T_combine(b).
+
+C_ineff(b) is what one minibatch wastes: a flag hand-off, plus the tensor-core time lost to
+the last partial wave of its gate/up and down tiles over the compute SMs. Candidates are
+multiples of the GEMM tile; the smallest b wins ties (less exposed latency)."""
+from __future__ import annotations
+
+import math
+
+from .. import hardware
+from ..plan import Plan
+
+BLOCK_N = 128  # output columns per tile in both GEMMs
+
+
+def minibatch_cost(plan: Plan, b: int, gpu: hardware.GPU) -> float:
+    s = plan.shape
+    rows = plan.tokens_per_rank * s.topk
+    compute_sms = gpu.num_sms - plan.comm_sms_fwd
+    rate = (gpu.fp8_flops if plan.act_dtype.startswith("mxfp8") else gpu.bf16_flops) / gpu.num_sms
+    waste = gpu.flag_latency
+    # (tiles, FLOPs per tile) of the gate/up GEMM and the down GEMM of one minibatch
+    for tiles, k in (((b // plan.block_m) * (2 * s.intermediate // BLOCK_N), s.hidden),
+                     ((b // plan.block_m) * math.ceil(s.hidden / BLOCK_N), s.intermediate)):
+        tile_time = 2 * plan.block_m * BLOCK_N * k / rate
+        waves = tiles / compute_sms
+        waste += (math.ceil(waves) - waves) * tile_time
+    link = gpu.nvlink_bw if plan.ep > 1 else gpu.hbm_bw / 2
+    bw = min(link, plan.comm_sms_fwd * gpu.copy_bw_per_sm)
+    t_dispatch = b * plan.row_bytes / bw
+    t_combine = b * 2 * s.hidden / bw
+    return math.ceil(rows / b) * waste + t_dispatch + t_combine
+
+
+def candidates(plan: Plan) -> list[int]:
+    rows = plan.tokens_per_rank * plan.shape.topk
+    top = max(plan.block_m, -(-rows // plan.block_m) * plan.block_m)
+    sizes = range(plan.block_m, top + 1, plan.block_m)
+    if plan.is_forced("macrobatch"):  # a forced ring must hold whole minibatches
+        sizes = [b for b in sizes if plan.macrobatch % b == 0] or [plan.block_m]
+    return list(sizes)
+
+
+def granularity(plan: Plan) -> Plan:
+    if plan.is_forced("minibatch"):
+        return plan
+    gpu = hardware.get(plan.gpu)
+    best = min(candidates(plan), key=lambda b: (minibatch_cost(plan, b, gpu), b))
+    return plan.replace(minibatch=best)

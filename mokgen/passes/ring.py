@@ -1,0 +1,44 @@
+"""The macrobatch ring (paper 3.3): a fixed on-device buffer of `macrobatch` rows that routed
+tokens cycle through, so routed counts never reach the host and nothing is dropped.
+
+Rows are laid out expert by expert, each expert's region padded to the GEMM tile so no tile
+mixes experts; minibatch m lives in ring slot m % slots. Forward walks macrobatches in
+reverse, so it ends with macrobatch 0 (always full unless everything fits) resident; the
+backward replays (re-pulls x and recomputes gate/up for) every row at or past `macrobatch`.
+"""
+from __future__ import annotations
+
+from ..plan import Plan
+
+
+def ring_row_bytes(plan: Plan) -> int:
+    """Bytes one ring row holds: the dispatched x row, the gate/up pre-activation kept for the
+    backward, and the SwiGLU output the down GEMM reads."""
+    s = plan.shape
+    return plan.row_bytes + 2 * (2 * s.intermediate) + 2 * s.intermediate
+
+
+def padded_rows(rows: int, experts: int, tile: int) -> int:
+    """Upper bound of rows after padding each of `experts` regions to a multiple of `tile`."""
+    return rows + experts * (tile - 1)
+
+
+def ring(plan: Plan) -> Plan:
+    s, b = plan.shape, plan.minibatch
+    L = plan.local_experts
+    expected = padded_rows(plan.tokens_per_rank * s.topk, L, plan.block_m)
+    # A token's k routes go to distinct experts, so one rank gets at most min(k, L) per token.
+    worst = padded_rows(plan.ep * plan.tokens_per_rank * min(s.topk, L), L, plan.block_m)
+    row = ring_row_bytes(plan)
+    if plan.is_forced("macrobatch"):
+        macro = plan.macrobatch
+    else:
+        fits = max(b, (plan.ring_budget_bytes // row) // b * b)
+        want = -(-expected // b) * b  # hold every expected row: no replay when routing is even
+        macro = min(fits, want)
+    if macro % b:
+        raise ValueError(f"macrobatch must be a multiple of the minibatch ({b}), got {macro}")
+    return plan.replace(
+        macrobatch=macro, ring_bytes=macro * row, ring_order="reverse",
+        max_routed_rows=worst, expected_routed_rows=expected,
+        expected_replay_rows=max(0, expected - macro))

@@ -1,0 +1,218 @@
+"""Host side of the mokgen CUDA runtime: load cubins, encode TMA tensor maps, launch kernels.
+
+Only ``cuda.bindings.driver`` is used for the driver API; torch supplies the context (its
+primary context), the current stream and device pointers. Every CUresult is checked and a
+failure raises RuntimeError naming the call. ``launch`` never synchronizes the host.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from cuda.bindings import driver as cu
+
+__all__ = [
+    "check", "ensure_context", "Module", "load_module", "launch", "make_tensor_map_2d",
+    "Ptr", "I32", "U32", "I64", "F32", "read_diag",
+]
+
+
+def _err_name(res) -> str:
+    try:
+        e, name = cu.cuGetErrorName(res)
+        if e == cu.CUresult.CUDA_SUCCESS and name:
+            return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:  # noqa: BLE001 - the name is only cosmetic
+        pass
+    return str(res)
+
+
+def check(call: str, out):
+    """Unpack a cuda.bindings return value ``(CUresult, *values)``; raise on failure."""
+    res, vals = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
+    if res != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{call} failed: {_err_name(res)} ({int(res)})")
+    if not vals:
+        return None
+    return vals[0] if len(vals) == 1 else vals
+
+
+def ensure_context(device: int | None = None) -> None:
+    """Make torch's primary context current on this thread (torch creates it lazily)."""
+    import torch
+
+    dev = torch.cuda.current_device() if device is None else device
+    torch.empty(1, device=f"cuda:{dev}")  # forces torch to create/bind the primary context
+    check("cuInit", cu.cuInit(0))
+    ctx = check("cuCtxGetCurrent", cu.cuCtxGetCurrent())
+    if ctx is None or int(ctx) == 0:
+        cudev = check("cuDeviceGet", cu.cuDeviceGet(dev))
+        ctx = check("cuDevicePrimaryCtxRetain", cu.cuDevicePrimaryCtxRetain(cudev))
+        check("cuCtxSetCurrent", cu.cuCtxSetCurrent(ctx))
+
+
+@dataclass
+class Module:
+    handle: Any
+    image: bytes
+
+    def function(self, name: str, max_dynamic_smem: int = 0):
+        f = check(f"cuModuleGetFunction({name})",
+                  cu.cuModuleGetFunction(self.handle, name.encode()))
+        if max_dynamic_smem:
+            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check(f"cuFuncSetAttribute({name}, MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+                  cu.cuFuncSetAttribute(f, attr, int(max_dynamic_smem)))
+        return f
+
+    def global_ptr(self, name: str) -> tuple[int, int]:
+        """(device address, size) of a __device__ symbol declared extern "C"."""
+        ptr, size = check(f"cuModuleGetGlobal({name})",
+                          cu.cuModuleGetGlobal(self.handle, name.encode()))
+        return int(ptr), int(size)
+
+
+def load_module(cubin: bytes | str) -> Module:
+    """Load a cubin (bytes or a file path) into the current (torch) context."""
+    if isinstance(cubin, str):
+        with open(cubin, "rb") as fh:
+            cubin = fh.read()
+    ensure_context()
+    handle = check("cuModuleLoadData", cu.cuModuleLoadData(cubin))
+    return Module(handle, cubin)
+
+
+def read_diag(module: Module) -> list[int]:
+    """The 4-word ``mokgen_diag`` a timed-out mbarrier wait leaves before trapping."""
+    ptr, _ = module.global_ptr("mokgen_diag")
+    host = (ctypes.c_uint32 * 4)()
+    check("cuMemcpyDtoH(mokgen_diag)", cu.cuMemcpyDtoH(ctypes.addressof(host), ptr, 16))
+    return list(host)
+
+
+# ---------------------------------------------------------------- argument packing
+# Kernel parameters are passed as the driver's void** array: element i points at the bytes of
+# parameter i; the driver copies them at launch, so the host storage may die right after.
+class _Scalar:
+    ctype: Any = None
+
+    def __init__(self, v):
+        self.v = v
+
+    def cval(self):
+        return self.ctype(self.v)
+
+
+class Ptr(_Scalar):
+    ctype = ctypes.c_uint64
+
+
+class I32(_Scalar):
+    ctype = ctypes.c_int32
+
+
+class U32(_Scalar):
+    ctype = ctypes.c_uint32
+
+
+class I64(_Scalar):
+    ctype = ctypes.c_int64
+
+
+class F32(_Scalar):
+    ctype = ctypes.c_float
+
+
+def _as_param(a) -> tuple[Any, int]:
+    """(keep-alive object, host address of the parameter's bytes)."""
+    if isinstance(a, cu.CUtensorMap):  # by value: 64 bytes, pointed at in place
+        return a, int(a.getPtr())
+    if isinstance(a, _Scalar):
+        c = a.cval()
+    elif isinstance(a, bool):
+        c = ctypes.c_int32(int(a))
+    elif isinstance(a, int):
+        c = ctypes.c_int32(a)
+    elif isinstance(a, float):
+        c = ctypes.c_float(a)
+    elif hasattr(a, "data_ptr"):  # torch.Tensor -> device pointer
+        c = ctypes.c_uint64(a.data_ptr())
+    elif a is None:
+        c = ctypes.c_uint64(0)
+    else:
+        raise TypeError(f"unsupported kernel argument type {type(a).__name__}")
+    return c, ctypes.addressof(c)
+
+
+def _stream_handle(stream) -> Any:
+    if stream is None:
+        import torch
+
+        stream = torch.cuda.current_stream()
+    if hasattr(stream, "cuda_stream"):
+        stream = stream.cuda_stream
+    return cu.CUstream(int(stream))
+
+
+def launch(func, grid: Sequence[int] | int, block: Sequence[int] | int, smem: int,
+           stream, args: Sequence[Any]) -> None:
+    """Asynchronous cuLaunchKernel. Args: int -> int32, float -> f32, tensor -> pointer,
+    CUtensorMap -> by value; wrap with Ptr/I32/U32/I64/F32 to force a type."""
+    g = (grid, 1, 1) if isinstance(grid, int) else tuple(grid) + (1,) * (3 - len(grid))
+    b = (block, 1, 1) if isinstance(block, int) else tuple(block) + (1,) * (3 - len(block))
+    keep, addrs = [], []
+    for a in args:
+        k, addr = _as_param(a)
+        keep.append(k)
+        addrs.append(addr)
+    arr = (ctypes.c_void_p * max(1, len(addrs)))(*addrs)
+    check("cuLaunchKernel", cu.cuLaunchKernel(func, g[0], g[1], g[2], b[0], b[1], b[2],
+                                              int(smem), _stream_handle(stream),
+                                              ctypes.addressof(arr), 0))
+    del keep, arr
+
+
+# ---------------------------------------------------------------- TMA descriptors
+_DTYPES = {
+    "bf16": (cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2),
+    "f16": (cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2),
+    "f32": (cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4),
+    "u8": (cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 1),  # fp8 e4m3 payloads
+}
+_SWIZZLE = {
+    0: cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+    32: cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B,
+    64: cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
+    128: cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+}
+
+
+def make_tensor_map_2d(tensor_or_ptr, rows: int, cols: int, row_stride_bytes: int,
+                       box_rows: int, box_cols: int, dtype: str = "bf16",
+                       swizzle: int = 128) -> cu.CUtensorMap:
+    """Tiled 2D map over a row-major [rows, cols] matrix (cols contiguous).
+
+    TMA coordinates are (col, row). Out-of-bounds box elements are zero-filled (OOB_FILL_NONE
+    means "fill with zeros"), which the GEMM relies on for ragged M and K tails.
+    """
+    ptr = tensor_or_ptr.data_ptr() if hasattr(tensor_or_ptr, "data_ptr") else int(tensor_or_ptr)
+    dt, esize = _DTYPES[dtype]
+    if ptr % 16 or row_stride_bytes % 16:
+        raise ValueError("TMA needs 16-byte aligned base address and row stride")
+    if swizzle and box_cols * esize > swizzle:
+        raise ValueError(f"box inner extent {box_cols * esize} B exceeds the {swizzle}B swizzle")
+    if not (1 <= box_rows <= 256 and 1 <= box_cols <= 256):
+        raise ValueError("TMA box dimensions must be in [1, 256]")
+    tmap = check("cuTensorMapEncodeTiled", cu.cuTensorMapEncodeTiled(
+        dt, 2, ptr,
+        [cu.cuuint64_t(cols), cu.cuuint64_t(rows)],
+        [cu.cuuint64_t(row_stride_bytes)],
+        [cu.cuuint32_t(box_cols), cu.cuuint32_t(box_rows)],
+        [cu.cuuint32_t(1), cu.cuuint32_t(1)],
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        _SWIZZLE[swizzle],
+        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+    ))
+    return tmap

@@ -1,0 +1,163 @@
+// mokgen/ptx.cuh -- thin inline-PTX wrappers used by the Hopper (sm_90a) megakernel.
+//
+// Why hand-written PTX: task coordinates are dynamic inside a persistent megakernel and the
+// TMA descriptors are encoded from Python, so we want exactly these instructions and nothing
+// else between us and the hardware. Every wrapper is a single instruction (or a tiny loop).
+#pragma once
+#include <cstdint>
+
+#define MOKGEN_DEV __device__ __forceinline__
+
+namespace mokgen {
+
+// Shared-memory addresses in PTX are 32-bit offsets in the shared window.
+MOKGEN_DEV uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---------------------------------------------------------------- mbarrier
+MOKGEN_DEV void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count)
+               : "memory");
+}
+// Makes the mbarrier.init visible to the async proxy (TMA complete_tx) and other threads.
+MOKGEN_DEV void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// Plain arrive: release.cta semantics, so ordinary smem stores before it are visible to the
+// thread that later observes the phase flip via try_wait (acquire.cta).
+MOKGEN_DEV void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+// Arrive and announce the number of bytes the TMA engine will deliver for this phase.
+MOKGEN_DEV void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+}
+MOKGEN_DEV bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t ok;
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(ok)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+
+// Spin limit for every wait: design.md requires bounded spins that report a diagnostic
+// instead of hanging the GPU. try_wait already suspends in hardware for a while per call,
+// so the iteration count is a coarse timeout. Define MOKGEN_SPIN_LIMIT=0 to disable.
+#ifndef MOKGEN_SPIN_LIMIT
+#define MOKGEN_SPIN_LIMIT (1u << 26)
+#endif
+
+// Diagnostic word written by a timed-out wait before it traps: {magic, tag, block, thread}.
+// Host reads it with cuModuleGetGlobal("mokgen_diag") after a launch fails. A global store +
+// trap instead of printf: printf is a function call, and a call inside a loop with wgmma in
+// flight makes ptxas serialize every wgmma (C7510) and spill.
+extern "C" {
+__device__ unsigned int mokgen_diag[4];
+}
+
+// Waits until the phase with the given parity has completed. `tag` identifies the waiter
+// in the diagnostic.
+MOKGEN_DEV void mbar_wait(uint64_t* bar, uint32_t parity, int tag = 0) {
+#if MOKGEN_SPIN_LIMIT
+  uint32_t n = 0;
+  while (!mbar_try_wait(bar, parity)) {
+    if (++n == MOKGEN_SPIN_LIMIT) {
+      mokgen_diag[1] = (unsigned)tag;
+      mokgen_diag[2] = blockIdx.x;
+      mokgen_diag[3] = threadIdx.x;
+      atomicExch(&mokgen_diag[0], 0xDEAD0000u | (parity & 1));
+      __threadfence_system();
+      __trap();
+    }
+  }
+#else
+  while (!mbar_try_wait(bar, parity)) {
+  }
+#endif
+}
+
+// ---------------------------------------------------------------- proxy fences
+// Ordinary (generic-proxy) smem writes that TMA/wgmma read next need this in the writer.
+MOKGEN_DEV void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// Ordinary global writes later read by TMA (e.g. SwiGLU output feeding the down GEMM).
+MOKGEN_DEV void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+MOKGEN_DEV void fence_proxy_async() { asm volatile("fence.proxy.async;" ::: "memory"); }
+
+// ---------------------------------------------------------------- flags (inter-CTA / peer)
+MOKGEN_DEV uint32_t ld_acquire_gpu(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+MOKGEN_DEV uint64_t ld_acquire_gpu(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+MOKGEN_DEV uint32_t ld_acquire_sys(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+MOKGEN_DEV uint64_t ld_acquire_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+MOKGEN_DEV void st_release_gpu(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+MOKGEN_DEV void st_release_gpu(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+MOKGEN_DEV void st_release_sys(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+MOKGEN_DEV void st_release_sys(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// ---------------------------------------------------------------- warps, barriers, registers
+// elect.sync: exactly one active lane of the (converged) warp returns true.
+MOKGEN_DEV bool elect_one() {
+  uint32_t pred;
+  asm volatile(
+      "{\n .reg .pred p;\n .reg .b32 r;\n"
+      " elect.sync r|p, 0xffffffff;\n"
+      " selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(pred));
+  return pred != 0;
+}
+// Named barrier over `count` threads (multiple of 32); id 0 is __syncthreads' barrier, so
+// callers use 1..15 to sync a subset (e.g. only the consumer warpgroups).
+MOKGEN_DEV void named_bar_sync(uint32_t id, uint32_t count) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+MOKGEN_DEV void named_bar_arrive(uint32_t id, uint32_t count) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+// Register reallocation between warpgroups. Only honoured with a register cap at entry
+// (__launch_bounds__(threads, 1)) and each role in one branch; ptxas warns (C7508) if not.
+template <uint32_t N>
+MOKGEN_DEV void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+}
+template <uint32_t N>
+MOKGEN_DEV void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+}
+
+MOKGEN_DEV int warpgroup_idx() { return __shfl_sync(0xffffffff, (int)threadIdx.x / 128, 0); }
+
+}  // namespace mokgen

@@ -1,0 +1,133 @@
+// Standalone persistent test kernels for the gemm_tile engine (built to a cubin, driven by
+// benchmarks/gemm_engine.py). One CTA per SM; tiles come from a global atomic counter, the
+// same way the megakernel's compute CTAs will take work.
+//   gemm_plain     : C[M,N] = A[M,K] B[N,K]^T, bf16 out.
+//   gemm_swiglu    : grouped: rows [off[e], off[e+1]) of X[M,D] times expert e's stacked
+//                    w13[e] = [gate I rows; up I rows] -> H[M,I] = silu(X Wg^T) * (X Wu^T).
+//   gemm_down      : grouped: H[M,I] times w2[e][D,I]^T, times a per-row fp32 scale -> Y[M,D].
+#include <cuda_bf16.h>
+#include "mokgen/gemm_tile.cuh"
+
+using namespace mokgen;
+using Cfg = GemmCfg<256, 4>;  // BM=128, BN=256, 4 x 48 KB stages
+constexpr int kGroupM = 8;    // m-blocks per raster group
+
+__device__ __forceinline__ void store_bf16x2(__nv_bfloat16* p, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+}
+
+// ------------------------------------------------------------------ plain
+struct PlainProblem {
+  const CUtensorMap* ta;
+  const CUtensorMap* tb;
+  __nv_bfloat16* C;
+  int M, N, ldc, k_blocks, m_blocks, n_blocks;
+  int* counter;
+
+  __device__ void prefetch() const { tma_prefetch_desc(ta); tma_prefetch_desc(tb); }
+  __device__ const CUtensorMap* map_a(const Task&) const { return ta; }
+  __device__ const CUtensorMap* map_b(const Task&) const { return tb; }
+  __device__ Task next_task() {
+    const int t = atomicAdd(counter, 1);
+    if (t >= m_blocks * n_blocks) return stop_task();
+    int mb, nb;
+    raster_grouped(t, m_blocks, n_blocks, kGroupM, mb, nb);
+    const int r0 = mb * Cfg::BM;
+    return Task{0, r0, nb * Cfg::BN, -1, r0, nb * Cfg::BN, min(Cfg::BM, M - r0), k_blocks};
+  }
+  __device__ void epilogue(const Task& t, float (&acc)[Cfg::kAccRegs], int cwg) {
+    __nv_bfloat16* base = C + (size_t)t.c_row0 * ldc + t.c_col0;
+    const int ld = ldc;
+    for_each_acc_pair<Cfg::BN>(acc, cwg, t.m_valid, [&](int r, int c, float v0, float v1) {
+      store_bf16x2(base + (size_t)r * ld + c, v0, v1);
+    });
+  }
+};
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_plain(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
+           __nv_bfloat16* C, int M, int N, int K, int ldc, int* counter) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  PlainProblem p{&tmA, &tmB, C, M, N, ldc, (K + 63) / 64, (M + Cfg::BM - 1) / Cfg::BM,
+                 N / Cfg::BN, counter};
+  gemm_persistent<Cfg>(p, smem);
+}
+
+// ------------------------------------------------------------------ grouped (experts)
+// seg_off[E+1]: expert e owns rows [seg_off[e], seg_off[e+1]) of A (any sizes; multiples of
+// BM in the benchmark). Tiles are numbered expert by expert, then rasterized inside.
+struct GroupedProblem {
+  const CUtensorMap* ta;
+  const CUtensorMap* tb;
+  const int* seg_off;
+  int num_experts, n_blocks, k_blocks;
+  int b_rows_per_expert;  // row stride between experts in stacked B
+  int dual_off;           // dual-B: row offset of the up block (I); 0 = single B
+  int total_tiles;
+  int* counter;
+  __nv_bfloat16* out;
+  int ldo;
+  const float* row_scale;  // down projection only
+
+  __device__ void prefetch() const { tma_prefetch_desc(ta); tma_prefetch_desc(tb); }
+  __device__ const CUtensorMap* map_a(const Task&) const { return ta; }
+  __device__ const CUtensorMap* map_b(const Task&) const { return tb; }
+  __device__ Task next_task() {
+    int t = atomicAdd(counter, 1);
+    if (t >= total_tiles) return stop_task();
+    int e = 0, lo = 0, hi = 0, mbe = 0;
+    for (; e < num_experts; ++e) {
+      lo = __ldg(seg_off + e);
+      hi = __ldg(seg_off + e + 1);
+      mbe = (hi - lo + Cfg::BM - 1) / Cfg::BM;
+      if (t < mbe * n_blocks) break;
+      t -= mbe * n_blocks;
+    }
+    int mb, nb;
+    raster_grouped(t, mbe, n_blocks, kGroupM, mb, nb);
+    const int r0 = lo + mb * Cfg::BM;
+    const int bn = dual_off ? Cfg::BN / 2 : Cfg::BN;  // output columns per tile
+    const int b0 = e * b_rows_per_expert + nb * bn;
+    return Task{e, r0, b0, dual_off ? b0 + dual_off : -1, r0, nb * bn, min(Cfg::BM, hi - r0),
+                k_blocks};
+  }
+  __device__ void epilogue(const Task& t, float (&acc)[Cfg::kAccRegs], int cwg) {
+    __nv_bfloat16* base = out + (size_t)t.c_row0 * ldo + t.c_col0;
+    const int ld = ldo;
+    if (dual_off) {
+      for_each_dual_pair<Cfg::BN>(acc, cwg, t.m_valid,
+                                  [&](int r, int c, float g0, float g1, float u0, float u1) {
+                                    store_bf16x2(base + (size_t)r * ld + c, silu(g0) * u0,
+                                                 silu(g1) * u1);
+                                  });
+    } else {
+      const float* sc = row_scale + t.c_row0;
+      for_each_acc_pair<Cfg::BN>(acc, cwg, t.m_valid, [&](int r, int c, float v0, float v1) {
+        const float s = __ldg(sc + r);
+        store_bf16x2(base + (size_t)r * ld + c, s * v0, s * v1);
+      });
+    }
+  }
+};
+
+// X[M,D] (tmX box 64x128), w13[E*2I, D] (tmW box 64x128, two boxes per stage) -> H[M,I].
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_swiglu(const __grid_constant__ CUtensorMap tmX, const __grid_constant__ CUtensorMap tmW,
+            const int* seg_off, int num_experts, int D, int I, __nv_bfloat16* H,
+            int total_tiles, int* counter) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  GroupedProblem p{&tmX, &tmW, seg_off, num_experts, I / (Cfg::BN / 2), (D + 63) / 64,
+                   2 * I, I, total_tiles, counter, H, I, nullptr};
+  gemm_persistent<Cfg>(p, smem);
+}
+
+// H[M,I] (tmH box 64x128), w2[E*D, I] (tmW box 64x256) -> Y[M,D] = scale[row] * (H w2^T).
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_down(const __grid_constant__ CUtensorMap tmH, const __grid_constant__ CUtensorMap tmW,
+          const int* seg_off, int num_experts, int I, int D, const float* row_scale,
+          __nv_bfloat16* Y, int total_tiles, int* counter) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  GroupedProblem p{&tmH, &tmW, seg_off, num_experts, D / Cfg::BN, (I + 63) / 64,
+                   D, 0, total_tiles, counter, Y, D, row_scale};
+  gemm_persistent<Cfg>(p, smem);
+}

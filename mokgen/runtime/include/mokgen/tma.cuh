@@ -1,0 +1,52 @@
+// mokgen/tma.cuh -- bulk tensor copy (TMA) wrappers.
+//
+// Tensor maps are encoded on the host (mokgen/runtime/cuda.py, cuTensorMapEncodeTiled) and
+// passed by value as `const __grid_constant__ CUtensorMap` kernel parameters; device code
+// takes their address (a param-space pointer, valid for TMA) and hands it to these wrappers.
+#pragma once
+#include <cuda.h>  // CUtensorMap (64-byte opaque struct)
+#include "mokgen/ptx.cuh"
+
+namespace mokgen {
+
+// Pulls the descriptor into the TMA unit's cache so the first load of a tile does not pay
+// for fetching it from param/global memory.
+MOKGEN_DEV void tma_prefetch_desc(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// 2D tile load: box at coordinates (c0 = innermost/column element index, c1 = row) into smem
+// `dst`, completing `bytes` of transaction count on `bar`. Out-of-bounds elements of the box
+// are zero-filled by the hardware and still counted in the transaction bytes, which is how
+// ragged M tiles (rows past the tensor end) stay correct without special cases.
+MOKGEN_DEV void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4}], [%2];" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+// Same, with an L2 eviction-priority hint (createpolicy result), used for weights that
+// many CTAs re-read (evict_last) versus streamed activations (evict_first).
+MOKGEN_DEV void tma_load_2d_hint(void* dst, const CUtensorMap* map, uint64_t* bar, int c0,
+                                 int c1, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "l"(policy)
+      : "memory");
+}
+
+MOKGEN_DEV uint64_t l2_policy_evict_last() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+MOKGEN_DEV uint64_t l2_policy_evict_first() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
+}  // namespace mokgen

@@ -1,0 +1,143 @@
+"""Shapes, plan validation, JSON, and each planning pass alone."""
+import json
+
+import pytest
+
+import mokgen
+from mokgen import passes
+from mokgen.cli import main
+from mokgen.plan import COMM_OPS, initial_plan
+from mokgen.passes.comm_direction import signal_counts
+
+PRESETS = ("kimi-k2.7", "glm-5.2", "qwen3.5-397b-a17b", "deepseek-v4-pro")
+
+
+def test_presets_match_design():
+    s = mokgen.shapes.get("kimi-k2.7")
+    assert (s.num_experts, s.hidden, s.intermediate, s.topk, s.shared_experts) == \
+        (384, 7168, 2048, 8, 1)
+    assert (mokgen.shapes.get("deepseek-v4-pro").intermediate,
+            mokgen.shapes.get("qwen3.5-397b-a17b").topk,
+            mokgen.shapes.get("glm-5.2").num_experts) == (3072, 10, 256)
+    assert set(PRESETS) <= set(mokgen.shapes.names())
+
+
+@pytest.mark.parametrize("kw,field", [
+    (dict(num_experts=0), "num_experts"), (dict(topk=9), "topk"), (dict(hidden=100), "hidden"),
+    (dict(activation="gelu"), "activation"), (dict(shared_intermediate=-1), "shared_intermediate"),
+])
+def test_shape_validation_names_the_field(kw, field):
+    args = dict(num_experts=8, hidden=64, intermediate=32, topk=2) | kw
+    with pytest.raises(ValueError, match=field):
+        mokgen.MoEShape(**args)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("ep", [8, 64])
+@pytest.mark.parametrize("tokens", [1024, 2048, 4096])
+@pytest.mark.parametrize("dtype", ["bf16", "mxfp8"])
+def test_plan_presets(name, ep, tokens, dtype):
+    p = mokgen.plan(mokgen.shapes.get(name), ep=ep, dtype=dtype, tokens_per_rank=tokens)
+    d = json.loads(p.to_json())
+    for key in ("dispatch", "combine", "comm_sms_fwd", "comm_sms_bwd", "minibatch",
+                "macrobatch", "ep", "dtype"):
+        assert key in d
+    assert (d["dispatch"], d["combine"]) == ("pull", "push")
+    assert (p.reverse_combine, p.reverse_dispatch) == ("pull", "push")
+    assert p.minibatch % p.block_m == 0 and p.macrobatch % p.minibatch == 0
+    assert 0 < p.comm_sms_fwd < p.num_sms and 0 < p.comm_sms_bwd < p.num_sms
+    assert mokgen.Plan.from_json(p.to_json()) == p
+    assert "dispatch=pull" in str(p)
+
+
+@pytest.mark.parametrize("kw,arg", [
+    (dict(ep=7), "ep"), (dict(dtype="fp4"), "dtype"), (dict(tokens_per_rank=0), "tokens_per_rank"),
+    (dict(tokens_per_rank=-5), "tokens_per_rank"), (dict(minibatch=100), "minibatch"),
+    (dict(macrobatch=300, minibatch=128), "macrobatch"), (dict(dispatch="both"), "dispatch"),
+    (dict(comm_sms_fwd=500), "comm_sms_fwd"), (dict(bogus=1), "bogus"), (dict(arch="sm_80"), "arch"),
+])
+def test_plan_rejects_bad_arguments(kw, arg):
+    args = dict(ep=8, dtype="bf16", tokens_per_rank=1024) | kw
+    with pytest.raises(ValueError, match=arg):
+        mokgen.plan(mokgen.shapes.get("glm-5.2"), **args)
+
+
+def test_unknown_preset_and_topk():
+    with pytest.raises(ValueError, match="preset"):
+        mokgen.shapes.get("gpt-oss")
+    with pytest.raises(ValueError, match="topk"):
+        mokgen.MoEShape(4, 64, 32, 5)
+    with pytest.raises(TypeError, match="shape"):
+        mokgen.plan("kimi-k2.7", ep=8)
+
+
+def base(**kw):
+    return initial_plan(mokgen.shapes.get("kimi-k2.7"), 64, kw.pop("dtype", "bf16"), 2048, **kw)
+
+
+def test_comm_direction_pass_counts_signals_and_can_be_forced():
+    p = passes.comm_direction(base())
+    assert [getattr(p, op) for op in COMM_OPS] == ["pull", "push", "pull", "push"]
+    assert signal_counts("dispatch", "push", 64) == (0, 64)
+    assert signal_counts("dispatch", "pull", 64) == (1, 0)
+    assert signal_counts("combine", "pull", 8) == (0, 8)
+    assert ("combine", "push", 1, 0) in p.signals
+    forced = passes.comm_direction(base(dispatch="push"))
+    assert forced.dispatch == "push" and forced.combine == "push"
+    # one rank: no cross-GPU signals either way, the paper's choice stays
+    one = passes.comm_direction(initial_plan(mokgen.shapes.get("tiny"), 1, "bf16", 8))
+    assert (one.dispatch, one.combine) == ("pull", "push")
+
+
+def test_precision_pass():
+    assert passes.precision(base()).row_bytes == 2 * 7168
+    mx = passes.precision(base(dtype="mxfp8"))
+    assert mx.row_bytes == 7168 + 7168 // 32 and mx.shared_dtype == "bf16"
+    assert any("swiglu" in q for q in mx.quant_fused)
+
+
+def test_sm_partition_pass_is_pure_and_respects_overrides():
+    p = passes.precision(base())
+    q = passes.sm_partition(p)
+    assert p.comm_sms_fwd is None and q.comm_sms_fwd  # input untouched
+    assert passes.sm_partition(passes.precision(base(comm_sms_fwd=20))).comm_sms_fwd == 20
+    # more tokens per rank at the same FLOP/byte ratio: the split stays; fp8 computes faster,
+    # so comm needs at least as many SMs
+    mx = passes.sm_partition(passes.precision(base(dtype="mxfp8")))
+    assert mx.comm_sms_fwd >= q.comm_sms_fwd
+
+
+def test_granularity_pass():
+    p = passes.sm_partition(passes.precision(base()))
+    g = passes.granularity(p)
+    assert g.minibatch % g.block_m == 0 and g.minibatch <= 2048 * 8 + g.block_m
+    assert passes.granularity(passes.sm_partition(passes.precision(base(minibatch=256)))) \
+        .minibatch == 256
+
+
+def test_ring_pass_budget_and_replay():
+    p = passes.granularity(passes.sm_partition(passes.precision(base())))
+    r = passes.ring(p)
+    assert r.macrobatch >= r.expected_routed_rows and r.expected_replay_rows == 0
+    assert r.ring_order == "reverse"
+    small = passes.ring(p.replace(ring_budget_bytes=64 << 20))
+    assert small.ring_bytes <= 64 << 20 or small.macrobatch == small.minibatch
+    assert small.expected_replay_rows == small.expected_routed_rows - small.macrobatch > 0
+
+
+def test_plan_key_is_stable_and_sensitive():
+    s = mokgen.shapes.get("glm-5.2")
+    a, b = mokgen.plan(s, ep=8), mokgen.plan(s, ep=8)
+    assert a.key() == b.key()
+    assert a.key() != mokgen.plan(s, ep=8, minibatch=256).key()
+
+
+def test_cli_plan(capsys):
+    assert main(["plan", "--shape", "qwen3.5-397b-a17b", "--ep", "64", "--tokens", "1024",
+                 "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["ep"] == 64 and d["dispatch"] == "pull"
+    assert main(["plan", "--shape", "tiny", "--ep", "3"]) == 2
+    assert "ep" in capsys.readouterr().err
+    assert main(["plan", "--shape", "tiny", "--ep", "2", "--graph", "dot"]) == 0
+    assert "digraph" in capsys.readouterr().out

@@ -1,0 +1,81 @@
+"""Algorithm 1 against a brute-force sort."""
+import pytest
+import torch
+
+from mokgen.schedule import dispatch_positions, dispatch_schedule
+
+
+def brute_force(routes, rank, L):
+    R, NK = routes.shape
+    keyed = []
+    for r in range(R):
+        seen = {}
+        for j in range(NK):
+            e = int(routes[r, j])
+            o = seen.get(e, 0)
+            seen[e] = o + 1
+            if rank * L <= e < rank * L + L:
+                keyed.append(((e - rank * L, o, r), (r, j)))
+    keyed.sort()
+    return torch.tensor([rj for _, rj in keyed], dtype=torch.long).view(-1, 2)
+
+
+def make_routes(kind, R, N, k, E, g):
+    if kind == "random":  # k distinct experts per token
+        return torch.stack([torch.rand(N, E, generator=g).argsort(-1)[:, :k].flatten()
+                            for _ in range(R)])
+    if kind == "skewed":  # every token to experts 0..k-1: expert 0 gets every token
+        return torch.arange(k).repeat(R, N)
+    if kind == "sparse":  # only even experts used: half the experts get nothing
+        return torch.stack([(torch.rand(N, E // 2, generator=g).argsort(-1)[:, :k] * 2).flatten()
+                            for _ in range(R)])
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("R", [1, 2, 4, 8, 64])
+@pytest.mark.parametrize("kind", ["random", "skewed", "sparse"])
+def test_matches_brute_force(R, kind, rng):
+    N, k = 24, 3
+    L = 8 if R <= 8 else 2
+    E = R * L
+    routes = make_routes(kind, R, N, k, E, rng)
+    for rank in sorted({0, R // 2, R - 1}):
+        sched = dispatch_schedule(routes, rank, L)
+        want = brute_force(routes, rank, L)
+        assert torch.equal(sched.table, want)
+        local = routes - rank * L
+        counts = torch.stack([(local == l).sum() for l in range(L)])
+        assert torch.equal(sched.counts, counts)
+        assert sched.offsets[0] == 0 and sched.offsets[-1] == len(want)
+        # the closed form of Algorithm 1 (what the GPU kernel computes) gives the same table
+        r, j, p = dispatch_positions(routes, rank, L)
+        table = torch.empty_like(want)
+        table[p, 0], table[p, 1] = r, j
+        assert torch.equal(table, want)
+
+
+def test_skewed_all_on_one_expert(rng):
+    R, N, k, L = 4, 16, 2, 2
+    routes = make_routes("skewed", R, N, k, R * L, rng)
+    sched = dispatch_schedule(routes, 0, L)
+    assert sched.counts[0] == R * N  # every token of every rank
+    # sources round-robin inside the region: ranks 0,1,2,3,0,1,...
+    assert torch.equal(sched.table[: R * N, 0], torch.arange(R).repeat(N))
+
+
+def test_sparse_has_empty_experts_and_padding(rng):
+    R, N, k, E = 2, 20, 2, 8
+    routes = make_routes("sparse", R, N, k, E, rng)
+    sched = dispatch_schedule(routes, 1, 4)
+    assert (sched.counts[1::2] == 0).all() and (sched.counts[0::2] > 0).all()
+    poff = sched.padded_offsets(16)
+    assert (poff % 16 == 0).all()
+    pos = sched.padded_positions(16)
+    assert len(set(pos.tolist())) == len(pos) and int(pos.max()) < int(poff[-1])
+
+
+def test_rejects_bad_input():
+    with pytest.raises(ValueError, match="routes"):
+        dispatch_schedule(torch.zeros(4, dtype=torch.float32), 0, 2)
+    with pytest.raises(ValueError, match="rank"):
+        dispatch_schedule(torch.zeros(2, 4, dtype=torch.long), 2, 2)
