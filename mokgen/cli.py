@@ -33,16 +33,44 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--graph", choices=("text", "dot"), default=None,
                    help="also print the task graph")
+    c = sub.add_parser("compile", help="plan, emit CUDA, build with nvcc (no GPU needed); "
+                                        "with --run, also run it on the visible GPU")
+    _common(c)
+    c.add_argument("--run", action="store_true", help="run and check one call on the GPU")
     args = parser.parse_args(argv)
     try:
         plan = _plan(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.cmd == "compile":
+        return _compile(plan, args.run)
     if args.cmd == "plan":
         print(plan.to_json() if args.json else plan)
         if args.graph:
             from . import ir
             g = ir.build_graph(plan.shape, plan.ep, plan.tokens_per_rank)
             print(ir.to_dot(g) if args.graph == "dot" else ir.to_text(g))
+    return 0
+
+
+def _compile(plan, run: bool) -> int:
+    from .api import compile_layer
+
+    print(plan)
+    try:
+        layer = compile_layer(plan, virtual=True)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for name, b in layer.binaries.items():
+        for fn, r in b.resources.items():
+            print(f"{name:>9} {fn:<22} regs={r['registers']:<4} smem={r['smem']:<6} "
+                  f"stack={r['stack']} spill_st={r['spill_stores']} spill_ld={r['spill_loads']}")
+        print(f"{name:>9} cubin {b.path} ({'cached' if b.cached else 'built'})")
+    print(f"build time {layer.build_seconds:.2f} s")
+    if run:
+        from .smoke import run_once
+
+        print(run_once(layer))
     return 0

@@ -48,18 +48,23 @@ def moe_forward(x, router_logits, w1, w2, shared_w1, shared_w2, topk: int) -> to
     return y + routed
 
 
-def moe_forward_ep(xs, logits, w1s, w2s, shared_w1, shared_w2, topk: int) -> list:
+def moe_forward_ep(xs, logits, w1s, w2s, shared_w1, shared_w2, topk: int,
+                   compute_dtype=None) -> list:
     """R emulated ranks. xs[r] [N, D], logits[r] [N, E], w1s[r] [L, 2I, D] holding global
-    experts r*L .. r*L+L-1, w2s[r] [L, D, I]; shared weights replicated. Returns [y_r]."""
+    experts r*L .. r*L+L-1, w2s[r] [L, D, I]; shared weights replicated. Returns [y_r].
+    `compute_dtype` (e.g. float32 for bf16 inputs) upcasts one expert's weights at a time,
+    so a GPU check of a large layer needs no fp32 copy of every weight."""
+    cd = compute_dtype or xs[0].dtype
+    up = lambda t: None if t is None else t.to(cd)  # noqa: E731
     R = len(xs)
     L = w1s[0].shape[0]
     N, D = xs[0].shape
     routed = [route(z, topk) for z in logits]
     routes = torch.stack([e.flatten() for e, _ in routed])        # all-gather [R, N*k]
     weights = torch.stack([w.flatten() for _, w in routed])       # [R, N*k]
-    X = torch.stack(xs)                                           # peers' x, [R, N, D]
+    X = torch.stack(xs).to(cd)                                    # peers' x, [R, N, D]
     # Owner-side combine buffers, flattened: route j of rank r lands at row r*N*k + j.
-    combine = xs[0].new_zeros(R * N * topk, D)
+    combine = X.new_zeros(R * N * topk, D)
     for c in range(R):
         sched = dispatch_schedule(routes, c, L)
         src_r, src_j = sched.table[:, 0], sched.table[:, 1]
@@ -68,9 +73,9 @@ def moe_forward_ep(xs, logits, w1s, w2s, shared_w1, shared_w2, topk: int) -> lis
             lo, hi = sched.offsets[l].item(), sched.offsets[l + 1].item()
             if lo == hi:
                 continue
-            out = expert_ffn(rows[lo:hi], w1s[c][l], w2s[c][l])
+            out = expert_ffn(rows[lo:hi], up(w1s[c][l]), up(w2s[c][l]))
             out = out * weights[src_r[lo:hi], src_j[lo:hi], None].to(out.dtype)
             combine = combine.index_add(0, src_r[lo:hi] * N * topk + src_j[lo:hi], out)
     combine = combine.view(R, N, topk, D)
-    return [_shared(xs[r], shared_w1, shared_w2) + combine[r].sum(1)
+    return [_shared(X[r], up(shared_w1), up(shared_w2)) + combine[r].sum(1)
             for r in range(R)]

@@ -14,7 +14,7 @@ from cuda.bindings import driver as cu
 
 __all__ = [
     "check", "ensure_context", "Module", "load_module", "launch", "make_tensor_map_2d",
-    "Ptr", "I32", "U32", "I64", "F32", "read_diag",
+    "Ptr", "I32", "U32", "I64", "F32", "Raw", "read_diag",
 ]
 
 
@@ -124,8 +124,17 @@ class F32(_Scalar):
     ctype = ctypes.c_float
 
 
+class Raw:
+    """A struct passed by value: its bytes exactly as the kernel's C++ layout has them."""
+
+    def __init__(self, data: bytes):
+        self.buf = ctypes.create_string_buffer(bytes(data), len(data))
+
+
 def _as_param(a) -> tuple[Any, int]:
     """(keep-alive object, host address of the parameter's bytes)."""
+    if isinstance(a, Raw):
+        return a.buf, ctypes.addressof(a.buf)
     if isinstance(a, cu.CUtensorMap):  # by value: 64 bytes, pointed at in place
         return a, int(a.getPtr())
     if isinstance(a, _Scalar):
@@ -156,7 +165,7 @@ def _stream_handle(stream) -> Any:
 
 
 def launch(func, grid: Sequence[int] | int, block: Sequence[int] | int, smem: int,
-           stream, args: Sequence[Any]) -> None:
+           stream, args: Sequence[Any], cooperative: bool = False) -> None:
     """Asynchronous cuLaunchKernel. Args: int -> int32, float -> f32, tensor -> pointer,
     CUtensorMap -> by value; wrap with Ptr/I32/U32/I64/F32 to force a type."""
     g = (grid, 1, 1) if isinstance(grid, int) else tuple(grid) + (1,) * (3 - len(grid))
@@ -167,9 +176,14 @@ def launch(func, grid: Sequence[int] | int, block: Sequence[int] | int, smem: in
         keep.append(k)
         addrs.append(addr)
     arr = (ctypes.c_void_p * max(1, len(addrs)))(*addrs)
-    check("cuLaunchKernel", cu.cuLaunchKernel(func, g[0], g[1], g[2], b[0], b[1], b[2],
-                                              int(smem), _stream_handle(stream),
-                                              ctypes.addressof(arr), 0))
+    if cooperative:  # persistent kernels whose CTAs wait on each other must be co-resident
+        check("cuLaunchCooperativeKernel", cu.cuLaunchCooperativeKernel(
+            func, g[0], g[1], g[2], b[0], b[1], b[2], int(smem), _stream_handle(stream),
+            ctypes.addressof(arr)))
+    else:
+        check("cuLaunchKernel", cu.cuLaunchKernel(func, g[0], g[1], g[2], b[0], b[1], b[2],
+                                                  int(smem), _stream_handle(stream),
+                                                  ctypes.addressof(arr), 0))
     del keep, arr
 
 

@@ -140,12 +140,9 @@ MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUten
     mbar_arrive_expect_tx(bar, Cfg::STAGE_BYTES);
     const int k0 = kb * Cfg::BK;
     tma_load_2d(sm.a_stage(ps.idx), ta, bar, k0, t.a_row0);
-    if (t.b_row1 < 0) {
-      tma_load_2d(sm.b_stage(ps.idx), tb, bar, k0, t.b_row0);
-    } else {
-      tma_load_2d(sm.b_stage(ps.idx), tb, bar, k0, t.b_row0);
+    tma_load_2d(sm.b_stage(ps.idx), tb, bar, k0, t.b_row0);
+    if (t.b_row1 >= 0)  // dual-B: second half (up rows) right below the first
       tma_load_2d(sm.b_stage(ps.idx) + (Cfg::BN / 2) * 128, tb, bar, k0, t.b_row1);
-    }
     ps.template advance<Cfg::STAGES>();
   }
 }
@@ -219,7 +216,9 @@ MOKGEN_DEV void for_each_dual_pair(const float (&acc)[BN / 2], int cwg, int m_va
   }
 }
 
-MOKGEN_DEV float silu(float x) { return x / (1.f + __expf(-x)); }
+// __fdividef: IEEE division compiles to a called slow-path subroutine per element; the fast
+// form is exact enough for bf16 outputs and gives 0 for very negative x (huge denominator).
+MOKGEN_DEV float silu(float x) { return __fdividef(x, 1.f + __expf(-x)); }
 
 // Tile rasterization inside one [m_blocks x n_blocks] grid: groups of `group` m-blocks walk
 // n with m fastest, so CTAs working at the same time share B (weight) panels in L2 and the

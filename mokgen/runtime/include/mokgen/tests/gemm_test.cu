@@ -10,9 +10,15 @@
 
 using namespace mokgen;
 using Cfg = GemmCfg<256, 4>;  // BM=128, BN=256, 4 x 48 KB stages
-constexpr int kGroupM = 8;    // m-blocks per raster group
+#ifndef GROUP_M
+#define GROUP_M 16  // measured: 16 >= 8 > 4 on the benchmark shapes (within noise of 8)
+#endif
+constexpr int kGroupM = GROUP_M;  // m-blocks per raster group
 
 __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* p, float a, float b) {
+#ifdef MOKGEN_TEST_NO_STORE  // timing experiment only: epilogue math without the traffic
+  if (a != 12345.f) return;
+#endif
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
 }
 

@@ -1,0 +1,63 @@
+"""plan -> emit -> build -> (load): the compiled layer a user calls."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from . import build, codegen
+from .plan import Plan
+
+
+class CompiledMoE:
+    """`moe(x, router_logits, w1, w2, shared_w1, shared_w2) -> y`.
+
+    Real ranks: tensors of this rank. Virtual ranks (`virtual=True`): lists of R tensors for
+    x, router_logits, w1, w2 (rank r's w1/w2 hold global experts r*L .. r*L+L-1), single
+    shared weights; returns the list of R outputs. No host synchronization inside a call.
+    """
+
+    def __init__(self, plan: Plan, binaries: dict, virtual: bool, build_seconds: float,
+                 group=None):
+        self.plan, self.binaries, self.virtual = plan, binaries, virtual
+        self.build_seconds = build_seconds
+        self.group = group
+        self._runtime = None
+
+    @property
+    def resources(self) -> dict:
+        return {name: b.resources for name, b in self.binaries.items()}
+
+    def runtime(self):
+        if self._runtime is None:
+            if not torch.cuda.is_available():
+                raise RuntimeError("mokgen: running a compiled layer needs a CUDA GPU; "
+                                   "none is visible (compiling works without one)")
+            from .runtime.moe import ForwardRuntime, LayerSpec
+
+            p, s = self.plan, self.plan.shape
+            spec = LayerSpec(s.num_experts, s.hidden, s.intermediate, s.shared_dim, s.topk,
+                             p.ep, p.tokens_per_rank, p.block_m, p.minibatch, p.macrobatch,
+                             p.comm_sms_fwd, p.max_routed_rows)
+            self._runtime = ForwardRuntime(spec, str(self.binaries["prologue"].path),
+                                           str(self.binaries["fwd"].path), self.virtual,
+                                           self.group)
+        return self._runtime
+
+    def __call__(self, x, router_logits, w1, w2, shared_w1=None, shared_w2=None):
+        from .runtime.checks import check_inputs
+
+        many = self.virtual
+        xs, zs, w1s, w2s = ((x, router_logits, w1, w2) if many
+                            else ([x], [router_logits], [w1], [w2]))
+        zs = check_inputs(self.plan, xs, zs, w1s, w2s, shared_w1, shared_w2, many)
+        ys = self.runtime().forward(xs, zs, w1s, w2s, shared_w1, shared_w2)
+        return ys if many else ys[0]
+
+
+def compile_layer(plan: Plan, virtual: bool = False, group=None) -> CompiledMoE:
+    t0 = time.perf_counter()
+    kernels = codegen.emit(plan)
+    bins = build.build(kernels, arch=plan.arch)
+    names = [k.name.split("_")[0] for k in kernels]
+    return CompiledMoE(plan, dict(zip(names, bins)), virtual, time.perf_counter() - t0, group)

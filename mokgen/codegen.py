@@ -1,0 +1,54 @@
+"""Plan -> CUDA C++ source. Templates only instantiate device headers with the plan's
+constants (StrictUndefined: a missing name is an error, never an empty string)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import jinja2
+
+from .build import Kernel
+from .config import CONFIG
+from .plan import Plan
+
+TEMPLATES = Path(__file__).parent / "templates"
+_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES),
+                          undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+
+# Kernels each plan needs; name -> template. The name is the cache folder's prefix too.
+UNITS = {"prologue": "prologue.cu.j2", "fwd": "fwd.cu.j2"}
+
+
+def constants(plan: Plan) -> dict:
+    s = plan.shape
+    return dict(plan_key=plan.key(), num_experts=s.num_experts, topk=s.topk,
+                local_experts=plan.local_experts, hidden=s.hidden, intermediate=s.intermediate,
+                shared_dim=s.shared_dim, block_m=plan.block_m, minibatch=plan.minibatch,
+                macrobatch=plan.macrobatch, ring_slots=plan.ring_slots, ep=plan.ep,
+                comm_sms=plan.comm_sms_fwd, num_sms=plan.num_sms)
+
+
+def check_supported(plan: Plan) -> None:
+    """What the Hopper bf16 kernels implement today; say so instead of emitting wrong code."""
+    if plan.dtype != "bf16":
+        raise ValueError(f"dtype {plan.dtype!r} has no kernel yet (bf16 only)")
+    if (plan.dispatch, plan.combine) != ("pull", "push"):
+        raise ValueError("the forward kernel implements dispatch='pull', combine='push' only, "
+                         f"got dispatch={plan.dispatch!r}, combine={plan.combine!r}")
+    s = plan.shape
+    for name, v in (("hidden", s.hidden), ("intermediate", s.intermediate),
+                    ("shared_intermediate", s.shared_dim or 128)):
+        if v % 128:
+            raise ValueError(f"{name} must be a multiple of 128 for the sm_90a kernels, got {v}")
+
+
+def emit(plan: Plan, units=tuple(UNITS)) -> list[Kernel]:
+    check_supported(plan)
+    consts = constants(plan)
+    kernels = [Kernel(f"{u}_{plan.key()}", _ENV.get_template(UNITS[u]).render(**consts))
+               for u in units]
+    if CONFIG.dump:
+        CONFIG.dump.mkdir(parents=True, exist_ok=True)
+        (CONFIG.dump / f"plan_{plan.key()}.json").write_text(plan.to_json())
+        for k in kernels:
+            (CONFIG.dump / f"{k.name}.cu").write_text(k.source)
+    return kernels

@@ -1,0 +1,35 @@
+"""Every environment knob, read once, here.
+
+MOKGEN_CACHE     where compiled kernels live (default ~/.cache/mokgen)
+MOKGEN_DUMP      a folder: write each kernel's plan, IR text and source there on compile
+MOKGEN_OVERRIDE  a folder: a file <kernel>.cu there replaces the generated source (debugging)
+MOKGEN_NVCC      the nvcc to use (default: nvcc on PATH)
+MOKGEN_WATCHDOG  seconds a device-side spin-wait may last before it reports and traps
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Config:
+    cache: Path
+    dump: Path | None
+    override: Path | None
+    nvcc: str
+    watchdog_s: float
+
+
+def _load() -> Config:
+    env = os.environ
+    opt = lambda k: Path(env[k]) if env.get(k) else None  # noqa: E731
+    return Config(
+        cache=Path(env.get("MOKGEN_CACHE") or Path.home() / ".cache" / "mokgen"),
+        dump=opt("MOKGEN_DUMP"), override=opt("MOKGEN_OVERRIDE"),
+        nvcc=env.get("MOKGEN_NVCC", "nvcc"),
+        watchdog_s=float(env.get("MOKGEN_WATCHDOG", "10")))
+
+
+CONFIG = _load()

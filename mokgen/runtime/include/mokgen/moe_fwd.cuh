@@ -1,0 +1,253 @@
+// mokgen/moe_fwd.cuh -- the forward MoE megakernel: persistent, one CTA per SM.
+//
+// CTAs [0, COMM) are comm CTAs: they walk the minibatches in processing order (macrobatches
+// last to first, so the ring ends holding macrobatch 0), wait until the ring slot's previous
+// minibatch has left the down GEMM, pull the rows from their source ranks (pull dispatch)
+// and raise the minibatch's GPU-local ready count. The other CTAs are compute CTAs running
+// the warp-specialized GEMM engine over one global task list: the shared expert first (it
+// fills the first dispatch window), then per minibatch its gate/up tiles (fused SwiGLU into
+// the ring) and its down tiles (times the router weight, pushed straight into the owner's
+// combine buffer: push combine). Tasks are taken from an atomic counter in list order, and
+// every task waits only on tasks earlier in the list or on comm, so taking them in any
+// interleaving cannot deadlock and every output element is computed by exactly one tile in
+// a fixed K order: the result is bitwise reproducible. There is no cross-rank wait inside.
+#pragma once
+#include <cuda_bf16.h>
+#include "mokgen/combine.cuh"
+#include "mokgen/gemm_tile.cuh"
+#include "mokgen/sync.cuh"
+
+namespace mokgen {
+
+enum FwdOp : int { kSharedGateUp = 0, kSharedDown = 1, kGateUp = 2, kDown = 3 };
+
+// Plan constants. B = minibatch rows, SLOTS = ring slots (ring rows = B * SLOTS).
+template <int D_, int I_, int IS_, int K_, int L_, int R_, int B_, int SLOTS_, int COMM_>
+struct FwdConsts {
+  static constexpr int D = D_, I = I_, IS = IS_, K = K_, L = L_, R = R_, B = B_, SLOTS = SLOTS_;
+  static constexpr int COMM = COMM_;
+};
+
+template <int R>
+struct PeerTable {
+  const __nv_bfloat16* x[R];  // every rank's tokens [N, D]
+  __nv_bfloat16* combine[R];  // every rank's combine buffer [N*K, D]
+};
+
+// Per-call state in global memory. `counters` is zeroed on the stream before each call:
+// [0] task counter | ready[MB] comm CTAs done with minibatch m | dn_done[MB] down tiles done
+// | gu_done[MB * B/BM] gate/up tiles done per row tile | sgu_done[ceil(N/BM)] shared ones.
+struct FwdBuffers {
+  const int2* table;        // [rows] (src rank, src route) per ring-layout row; -1 = padding
+  const float* row_weight;  // [rows] router weight of each row
+  const int* meta;          // [0] = ring-layout rows (padded), from the schedule kernels
+  const int* offsets;       // [L+1] padded expert region starts
+  __nv_bfloat16* ring_x;    // [SLOTS*B, D]
+  __nv_bfloat16* ring_a;    // [SLOTS*B, I] SwiGLU output
+  __nv_bfloat16* h_shared;  // [N, IS]
+  float* y_shared;          // [N, D]
+  uint32_t* counters;
+  int n_tokens;
+  int max_minibatches;
+};
+
+template <class C, class Cfg>
+struct FwdSchedule {
+  static constexpr int BM = Cfg::BM, BN = Cfg::BN;
+  static constexpr int GU_N = C::I / (BN / 2);  // gate/up tiles per row tile (BN/2 outputs)
+  static constexpr int DN_N = C::D / BN;        // down tiles per row tile
+  static constexpr int SGU_N = C::IS / (BN / 2);
+  static constexpr int RT_FULL = C::B / BM;     // row tiles in a full minibatch
+  static_assert(C::B % BM == 0, "minibatch must be a multiple of the tile rows");
+  static_assert(C::I % (BN / 2) == 0 && C::D % BN == 0 && (C::IS == 0 || C::IS % (BN / 2) == 0),
+                "hidden / intermediate sizes must be multiples of the tile");
+
+  int rows, nm, n_macro, first_count, rt_last, shared_rt;
+
+  MOKGEN_DEV void init(int padded_rows, int n_tokens) {
+    rows = padded_rows;
+    nm = (rows + C::B - 1) / C::B;
+    n_macro = (nm + C::SLOTS - 1) / C::SLOTS;
+    first_count = nm - (n_macro - 1) * C::SLOTS;  // minibatches of the macrobatch done first
+    rt_last = nm ? (rows - (nm - 1) * C::B) / BM : 0;
+    shared_rt = C::IS ? (n_tokens + BM - 1) / BM : 0;
+  }
+  // q-th minibatch in processing order (reverse macrobatches, ascending inside each)
+  MOKGEN_DEV int minibatch_at(int q) const {
+    if (q < first_count) return (n_macro - 1) * C::SLOTS + q;
+    q -= first_count;
+    return (n_macro - 2 - q / C::SLOTS) * C::SLOTS + q % C::SLOTS;
+  }
+  MOKGEN_DEV int row_tiles(int m) const { return m == nm - 1 ? rt_last : RT_FULL; }
+  MOKGEN_DEV int down_tiles(int m) const { return row_tiles(m) * DN_N; }
+  MOKGEN_DEV int shared_tasks() const { return shared_rt * (SGU_N + DN_N); }
+  MOKGEN_DEV int routed_tasks() const {
+    return nm ? (nm - 1) * RT_FULL * (GU_N + DN_N) + rt_last * (GU_N + DN_N) : 0;
+  }
+};
+
+template <class C, class Cfg>
+struct FwdProblem {
+  using S = FwdSchedule<C, Cfg>;
+  const CUtensorMap *x_map, *hs_map, *ring_x_map, *ring_a_map, *sw1_map, *sw2_map, *w1_map,
+      *w2_map;
+  const PeerTable<C::R>* peers;
+  const FwdBuffers* buf;
+  S s;
+  uint32_t *ready, *dn_done, *gu_done, *sgu_done;
+  int k_d, k_i, k_is;  // K blocks of D, I, IS
+
+  MOKGEN_DEV void setup() {
+    s.init(buf->meta[0], buf->n_tokens);
+    uint32_t* c = buf->counters + 1;
+    ready = c;
+    dn_done = ready + buf->max_minibatches;
+    gu_done = dn_done + buf->max_minibatches;
+    sgu_done = gu_done + buf->max_minibatches * S::RT_FULL;
+    k_d = C::D / 64;
+    k_i = C::I / 64;
+    k_is = C::IS / 64;
+  }
+
+  MOKGEN_DEV void prefetch() const {
+    for (const CUtensorMap* m : {x_map, hs_map, ring_x_map, ring_a_map, sw1_map, sw2_map,
+                                 w1_map, w2_map})
+      tma_prefetch_desc(m);
+  }
+  MOKGEN_DEV const CUtensorMap* map_a(const Task& t) const {
+    return t.op == kSharedGateUp ? x_map : t.op == kSharedDown ? hs_map
+         : t.op == kGateUp ? ring_x_map : ring_a_map;
+  }
+  MOKGEN_DEV const CUtensorMap* map_b(const Task& t) const {
+    return t.op == kSharedGateUp ? sw1_map : t.op == kSharedDown ? sw2_map
+         : t.op == kGateUp ? w1_map : w2_map;
+  }
+
+  // The last expert whose (padded) region starts at or before `row`; empty regions have
+  // equal starts, so this skips them.
+  MOKGEN_DEV int expert_of(int row) const {
+    int lo = 0, hi = C::L - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (buf->offsets[mid] <= row) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+  }
+
+  // Producer thread only: take the next task and wait for what it reads.
+  MOKGEN_DEV Task next_task() {
+    int t = (int)atomicAdd(buf->counters, 1u);
+    const int BM = Cfg::BM, BN = Cfg::BN;
+    if (t < s.shared_tasks()) {
+      const int n_gu = s.shared_rt * S::SGU_N;
+      if (t < n_gu) {  // shared gate/up + SwiGLU -> h_shared
+        const int rt = t % s.shared_rt, nt = t / s.shared_rt;
+        const int r0 = rt * BM, n0 = nt * (BN / 2);
+        return Task{kSharedGateUp, r0, n0, C::IS + n0, r0, n0, min(BM, buf->n_tokens - r0), k_d};
+      }
+      t -= n_gu;
+      const int rt = t % s.shared_rt, nt = t / s.shared_rt;
+      const int r0 = rt * BM;
+      wait_at_least(sgu_done + rt, S::SGU_N, 1);
+      fence_proxy_async_global();  // h_shared was written by generic stores; TMA reads it
+      return Task{kSharedDown, r0, nt * BN, -1, r0, nt * BN, min(BM, buf->n_tokens - r0), k_is};
+    }
+    t -= s.shared_tasks();
+    if (t >= s.routed_tasks()) return stop_task();
+    // which minibatch (in processing order) owns task t; only minibatch nm-1 is short and
+    // it is the last one of the first processed macrobatch
+    const int full = S::RT_FULL * (S::GU_N + S::DN_N);
+    const int last_q = s.first_count - 1;
+    int q, u;
+    if (t < last_q * full) { q = t / full; u = t % full; }
+    else if (t < last_q * full + s.rt_last * (S::GU_N + S::DN_N)) { q = last_q; u = t - last_q * full; }
+    else {
+      t -= last_q * full + s.rt_last * (S::GU_N + S::DN_N);
+      q = last_q + 1 + t / full;
+      u = t % full;
+    }
+    const int m = s.minibatch_at(q);
+    const int rt_n = s.row_tiles(m);
+    const int slot_row0 = (m % C::SLOTS) * C::B;
+    if (u < rt_n * S::GU_N) {  // gate/up + SwiGLU of one row tile, BN/2 output columns
+      const int rt = u % rt_n, nt = u / rt_n;
+      const int p0 = m * C::B + rt * BM, e = expert_of(p0), n0 = nt * (BN / 2);
+      wait_at_least(ready + m, C::COMM, 2);
+      fence_proxy_async_global();  // ring rows were written by the comm CTAs' plain stores
+      return Task{kGateUp, slot_row0 + rt * BM, e * 2 * C::I + n0, e * 2 * C::I + C::I + n0,
+                  p0, n0, BM, k_d};
+    }
+    u -= rt_n * S::GU_N;
+    const int rt = u % rt_n, nt = u / rt_n;
+    const int p0 = m * C::B + rt * BM, e = expert_of(p0);
+    wait_at_least(gu_done + m * S::RT_FULL + rt, S::GU_N, 3);
+    fence_proxy_async_global();
+    return Task{kDown, slot_row0 + rt * BM, e * C::D + nt * BN, -1, p0, nt * BN, BM, k_i};
+  }
+
+  // Consumer threads (256). Stores, then one thread publishes completion.
+  MOKGEN_DEV void epilogue(const Task& t, float (&acc)[Cfg::kAccRegs], int cwg) {
+    constexpr int BN = Cfg::BN;
+    if (t.op == kSharedGateUp || t.op == kGateUp) {
+      __nv_bfloat16* out = t.op == kSharedGateUp
+          ? buf->h_shared + (size_t)t.c_row0 * C::IS + t.c_col0
+          : buf->ring_a + (size_t)t.a_row0 * C::I + t.c_col0;
+      const int ld = t.op == kSharedGateUp ? C::IS : C::I;
+      for_each_dual_pair<BN>(acc, cwg, t.m_valid,
+                             [&](int r, int c, float g0, float g1, float u0, float u1) {
+        *reinterpret_cast<__nv_bfloat162*>(out + (size_t)r * ld + c) =
+            __floats2bfloat162_rn(silu(g0) * u0, silu(g1) * u1);
+      });
+      fence_proxy_async_global();  // the down GEMM reads these rows through TMA
+    } else if (t.op == kSharedDown) {
+      float* out = buf->y_shared + (size_t)t.c_row0 * C::D + t.c_col0;
+      for_each_acc_pair<BN>(acc, cwg, t.m_valid, [&](int r, int c, float v0, float v1) {
+        *reinterpret_cast<float2*>(out + (size_t)r * C::D + c) = make_float2(v0, v1);
+      });
+    } else {  // routed down: scale by the router weight, push to the owner's combine row
+      for_each_acc_pair<BN>(acc, cwg, t.m_valid, [&](int r, int c, float v0, float v1) {
+        const int p = t.c_row0 + r;
+        const int2 src = buf->table[p];
+        if (src.x < 0) return;
+        const float w = buf->row_weight[p];
+        __nv_bfloat16* dst = peers->combine[src.x] + (size_t)src.y * C::D + t.c_col0 + c;
+        *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(v0 * w, v1 * w);
+      });
+    }
+    named_bar_sync(1, 256);
+    if (threadIdx.x == 128) {
+      const int BM = Cfg::BM;
+      if (t.op == kSharedGateUp) signal_add(sgu_done + t.c_row0 / BM);
+      else if (t.op == kGateUp)
+        signal_add(gu_done + (t.c_row0 / C::B) * S::RT_FULL + (t.c_row0 % C::B) / BM);
+      else if (t.op == kDown) signal_add(dn_done + t.c_row0 / C::B);
+    }
+  }
+};
+
+// Comm CTA: pull every minibatch into its ring slot, in processing order.
+template <class C, class Cfg>
+MOKGEN_DEV void fwd_comm(const PeerTable<C::R>& peers, const FwdBuffers& buf) {
+  using S = FwdSchedule<C, Cfg>;
+  S s;
+  s.init(buf.meta[0], buf.n_tokens);
+  uint32_t* ready = buf.counters + 1;
+  uint32_t* dn_done = ready + buf.max_minibatches;
+  const int warps = blockDim.x / 32;
+  for (int q = 0; q < s.nm; ++q) {
+    const int m = s.minibatch_at(q);
+    const int prev = m + C::SLOTS;  // processed one macrobatch earlier in the same slot
+    if (prev < s.nm) {
+      if (threadIdx.x == 0) wait_at_least(dn_done + prev, s.down_tiles(prev), 4);
+      __syncthreads();
+    }
+    const int p0 = m * C::B, p1 = min(p0 + C::B, s.rows);
+    pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, (m % C::SLOTS) * C::B,
+                          blockIdx.x * warps + threadIdx.x / 32, C::COMM * warps);
+    fence_proxy_async_global();  // compute reads the ring through TMA (async proxy)
+    __syncthreads();
+    if (threadIdx.x == 0) signal_add(ready + m);
+  }
+}
+
+}  // namespace mokgen

@@ -1,0 +1,81 @@
+// mokgen/route.cuh -- softmax top-k routing on the GPU and the route all-gather.
+//
+// One warp per token. Scores are fp32 softmax of the logits; the top-k is taken on the logits
+// (softmax is monotonic) with ties to the lower expert id, matching mokgen.reference.route.
+// Weights are renormalized over the selected experts. Each rank writes its routes straight
+// into every peer's gathered table (unicast stores; NVLink multicast is never used).
+#pragma once
+#include "mokgen/ptx.cuh"
+
+namespace mokgen {
+
+// Every rank's gathered tables, passed by value (no device-side pointer array to upload).
+template <int R>
+struct RouteTables {
+  int* routes[R];     // rank p's [R, N*K] table of global expert ids
+  float* weights[R];  // rank p's [R, N*K] table of router weights
+};
+
+template <int E, int K>
+__device__ void route_tokens(const float* __restrict__ logits, int n_tokens, int rank,
+                             int* const* peer_routes, float* const* peer_weights, int ranks) {
+  static_assert(E % 32 == 0 || E < 32, "experts must be < 32 or a multiple of 32");
+  constexpr int PER_LANE = (E + 31) / 32;
+  const int lane = threadIdx.x % 32;
+  const int warps = gridDim.x * blockDim.x / 32;
+  for (int t = (blockIdx.x * blockDim.x + threadIdx.x) / 32; t < n_tokens; t += warps) {
+    float z[PER_LANE];
+    float zmax = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+      int e = lane + 32 * i;
+      z[i] = e < E ? logits[(size_t)t * E + e] : -INFINITY;
+      zmax = fmaxf(zmax, z[i]);
+    }
+    for (int o = 16; o; o >>= 1) zmax = fmaxf(zmax, __shfl_xor_sync(0xffffffff, zmax, o));
+    int picked[K];
+    float ex[K];
+    float total = 0.f;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      // warp argmax over (value desc, id asc), skipping experts already taken
+      float best = -INFINITY;
+      int best_e = 0x7fffffff;
+#pragma unroll
+      for (int i = 0; i < PER_LANE; ++i) {
+        int e = lane + 32 * i;
+        if (e < E && (z[i] > best || (z[i] == best && e < best_e))) { best = z[i]; best_e = e; }
+      }
+      for (int o = 16; o; o >>= 1) {
+        float ob = __shfl_xor_sync(0xffffffff, best, o);
+        int oe = __shfl_xor_sync(0xffffffff, best_e, o);
+        if (ob > best || (ob == best && oe < best_e)) { best = ob; best_e = oe; }
+      }
+      picked[k] = best_e;
+      ex[k] = expf(best - zmax);
+      total += ex[k];
+#pragma unroll
+      for (int i = 0; i < PER_LANE; ++i)  // constant indices keep z[] in registers
+        if (lane + 32 * i == best_e) z[i] = -INFINITY;
+    }
+    // lane p writes this token's K routes into rank p's table ([R, N*K], row = source)
+    if (lane < ranks) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        size_t at = ((size_t)rank * n_tokens + t) * K + k;
+        peer_routes[lane][at] = picked[k];
+        peer_weights[lane][at] = ex[k] / total;
+      }
+    }
+    for (int p = 32 + lane; p < ranks; p += 32) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        size_t at = ((size_t)rank * n_tokens + t) * K + k;
+        peer_routes[p][at] = picked[k];
+        peer_weights[p][at] = ex[k] / total;
+      }
+    }
+  }
+}
+
+}  // namespace mokgen

@@ -1,0 +1,107 @@
+// mokgen/schedule.cuh -- Algorithm 1 (pull-dispatch schedule) on the GPU, no host sync.
+//
+// Three small kernels, launched back to back on the stream:
+//  1. count:   one block per source rank r scans r's routes in order and gives every route
+//              to a local expert its ordinal o (earlier routes of r to the same expert) and
+//              M[r][l] (routes of r to local expert l);
+//  2. offsets: one block turns M into expert regions padded to the GEMM tile (so no tile
+//              mixes experts), writes the total padded row count and marks padding rows;
+//  3. place:   each route goes to p = S_l + sum_r' min(M[r'][l], o) + |{r' < r : M[r'][l] > o}|
+//              -- sorting by (expert, ordinal, source) without a sort: experts contiguous,
+//              sources round-robin inside an expert (mokgen.schedule.dispatch_positions).
+// Row p of the table is (src_rank, src_route); the route's weight is copied beside it so
+// the down-GEMM epilogue reads one array.
+#pragma once
+#include "mokgen/ptx.cuh"
+
+namespace mokgen {
+
+// smem: run[L] + wcnt[32][L] ints
+template <int L>
+__device__ void schedule_count(const int* __restrict__ routes, int routes_per_rank, int rank,
+                               int* __restrict__ ordinal, int* __restrict__ counts) {
+  extern __shared__ int sched_smem[];
+  int* run = sched_smem;
+  int* wcnt = sched_smem + L;
+  const int r = blockIdx.x;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+  for (int i = threadIdx.x; i < L; i += blockDim.x) run[i] = 0;
+  const int* my = routes + (size_t)r * routes_per_rank;
+  for (int base = 0; base < routes_per_rank; base += blockDim.x) {
+    for (int i = threadIdx.x; i < nwarps * L; i += blockDim.x) wcnt[i] = 0;
+    __syncthreads();
+    const int j = base + threadIdx.x;
+    int l = j < routes_per_rank ? my[j] - rank * L : -1;
+    const bool local = l >= 0 && l < L;
+    // lanes with the same expert; non-local lanes get unique keys so they match only themselves
+    const unsigned same = __match_any_sync(0xffffffff, local ? l : -1 - lane);
+    const int before_in_warp = __popc(same & ((1u << lane) - 1));
+    if (local && before_in_warp == 0) wcnt[warp * L + l] = __popc(same);
+    __syncthreads();
+    if (local) {
+      int o = run[l] + before_in_warp;
+      for (int w = 0; w < warp; ++w) o += wcnt[w * L + l];
+      ordinal[(size_t)r * routes_per_rank + j] = o;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < L; i += blockDim.x) {
+      int add = 0;
+      for (int w = 0; w < nwarps; ++w) add += wcnt[w * L + i];
+      run[i] += add;
+    }
+    __syncthreads();
+  }
+  for (int i = threadIdx.x; i < L; i += blockDim.x) counts[r * L + i] = run[i];
+}
+
+// One block. offsets[L+1] padded region starts; meta[0] = padded rows; table padding = -1.
+template <int L, int TILE>
+__device__ void schedule_offsets(const int* __restrict__ counts, int ranks, int* __restrict__ offsets,
+                                 int* __restrict__ meta, int2* __restrict__ table) {
+  __shared__ int total[L];
+  for (int l = threadIdx.x; l < L; l += blockDim.x) {
+    int c = 0;
+    for (int r = 0; r < ranks; ++r) c += counts[r * L + l];
+    total[l] = c;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int at = 0;
+    for (int l = 0; l < L; ++l) {
+      offsets[l] = at;
+      at += (total[l] + TILE - 1) / TILE * TILE;
+    }
+    offsets[L] = at;
+    meta[0] = at;
+  }
+  __syncthreads();
+  for (int l = 0; l < L; ++l) {
+    const int start = offsets[l] + total[l], end = offsets[l + 1];
+    for (int p = start + threadIdx.x; p < end; p += blockDim.x) table[p] = make_int2(-1, -1);
+  }
+}
+
+template <int L>
+__device__ void schedule_place(const int* __restrict__ routes, const float* __restrict__ weights,
+                               int routes_per_rank, int ranks, int rank,
+                               const int* __restrict__ ordinal, const int* __restrict__ counts,
+                               const int* __restrict__ offsets, int2* __restrict__ table,
+                               float* __restrict__ row_weight) {
+  const size_t n = (size_t)ranks * routes_per_rank;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    const int l = routes[i] - rank * L;
+    if (l < 0 || l >= L) continue;
+    const int r = (int)(i / routes_per_rank), j = (int)(i % routes_per_rank);
+    const int o = ordinal[i];
+    int p = offsets[l];
+    for (int q = 0; q < ranks; ++q) {
+      const int m = counts[q * L + l];
+      p += min(m, o) + (q < r && m > o ? 1 : 0);
+    }
+    table[p] = make_int2(r, j);
+    row_weight[p] = weights[i];
+  }
+}
+
+}  // namespace mokgen

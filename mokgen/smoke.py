@@ -1,0 +1,25 @@
+"""One checked call of a compiled layer on the visible GPU (the CLI's `compile --run`)."""
+from __future__ import annotations
+
+import torch
+
+from .workloads import make_inputs, reference_outputs, rel_error
+
+
+def run_once(layer, tokens: int | None = None) -> str:
+    if not torch.cuda.is_available():
+        return "no GPU visible: compiled only"
+    plan = layer.plan
+    n = tokens or plan.tokens_per_rank
+    inputs = make_inputs(plan.shape, plan.ep, n)
+    layer.runtime().poison()
+    ys = layer(**inputs)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    layer(**inputs)
+    end.record()
+    torch.cuda.synchronize()
+    ref = reference_outputs(plan.shape, inputs)
+    err = max(rel_error(y, r) for y, r in zip(ys, ref))
+    return (f"ran {plan.ep} virtual ranks x {n} tokens on {torch.cuda.get_device_name()}: "
+            f"max rel. error {err:.2e}, all ranks {start.elapsed_time(end):.3f} ms")

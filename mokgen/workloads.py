@@ -1,0 +1,45 @@
+"""Inputs for checks and benchmarks: every implementation gets the same tensors.
+
+Random normal activations and logits (the paper's protocol); weights scaled by 1/sqrt(fan-in)
+so outputs stay O(1) in bf16. Routing skews for the odd cases: "one" sends every token's
+first route to global expert 0; "sparse" leaves every other local expert without tokens."""
+from __future__ import annotations
+
+import torch
+
+from . import reference
+from .shapes import MoEShape
+
+
+def make_inputs(shape: MoEShape, ep: int, tokens: int, device="cuda", seed=None,
+                skew: str | None = None, dtype=torch.bfloat16) -> dict:
+    g = torch.Generator(device=device)
+    g.manual_seed(int(torch.randint(0, 2**62, (1,)).item()) if seed is None else seed)
+    E, D, I, L = shape.num_experts, shape.hidden, shape.intermediate, shape.num_experts // ep
+    rn = lambda *s: torch.randn(*s, generator=g, device=device)  # noqa: E731
+    xs = [rn(tokens, D).to(dtype) for _ in range(ep)]
+    zs = [rn(tokens, E) for _ in range(ep)]
+    if skew == "one":
+        for z in zs:
+            z[:, 0] += 100.0
+    elif skew == "sparse":
+        for z in zs:
+            z.view(tokens, E // 2, 2)[..., 1] -= 100.0  # odd experts never picked
+    w1s = [(rn(L, 2 * I, D) / D**0.5).to(dtype) for _ in range(ep)]
+    w2s = [(rn(L, D, I) / I**0.5).to(dtype) for _ in range(ep)]
+    sw1 = sw2 = None
+    if shape.shared_experts:
+        sw1 = (rn(2 * shape.shared_dim, D) / D**0.5).to(dtype)
+        sw2 = (rn(D, shape.shared_dim) / shape.shared_dim**0.5).to(dtype)
+    return dict(x=xs, router_logits=zs, w1=w1s, w2=w2s, shared_w1=sw1, shared_w2=sw2)
+
+
+def reference_outputs(shape: MoEShape, inputs: dict) -> list:
+    """fp32 reference of every rank's output (EP-emulated, Algorithm-1 routing)."""
+    return reference.moe_forward_ep(inputs["x"], inputs["router_logits"], inputs["w1"],
+                                    inputs["w2"], inputs["shared_w1"], inputs["shared_w2"],
+                                    shape.topk, compute_dtype=torch.float32)
+
+
+def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
