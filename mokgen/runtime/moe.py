@@ -125,59 +125,77 @@ class ForwardRuntime:
     # ------------------------------------------------------------------ the call
     def forward(self, xs, logits, w1s, w2s, shared_w1, shared_w2):
         """Per hosted rank lists; returns the list of y [n, D] bf16."""
-        s, st = self.spec, self._stream()
         n = xs[0].shape[0]
-        K, R, L = s.topk, s.ep, s.local_experts
-        for b in self.ranks:
-            b.counters.zero_()
+        hosted = range(len(self.ranks))
+        for i in hosted:
+            self.ranks[i].counters.zero_()
+            self.route(i, logits[i], n)
+        self.peers.barrier(self._launch_barrier)
         x_ptrs = self.peers.x_pointers(xs)
-        # 1. route + all-gather of routes and weights by unicast peer writes
-        for hr, r in enumerate(self.peers.hosted_ranks):
-            cuda.launch(self.f_route, max(1, min(1024, -(-n // 8))), 256, 0, st,
-                        [logits[hr], n, r, cuda.Raw(self.peers.table("routes") +
-                                                    self.peers.table("weights"))])
+        for i in hosted:
+            self.schedule(i, n)
+            self.experts(i, xs[i], x_ptrs, w1s[i], w2s[i], shared_w1, shared_w2)
         self.peers.barrier(self._launch_barrier)
-        # 2. Algorithm 1 per rank
-        for hr, r in enumerate(self.peers.hosted_ranks):
-            b = self.ranks[hr]
-            cuda.launch(self.f_count, R, 1024, self.sched_smem, st,
-                        [b.routes, n * K, r, b.ordinal, b.counts])
-            cuda.launch(self.f_offsets, 1, 256, 0, st, [b.counts, R, b.offsets, b.meta, b.table])
-            cuda.launch(self.f_place, max(1, min(4096, -(-R * n * K // 256))), 256, 0, st,
-                        [b.routes, b.weights, n * K, R, r, b.ordinal, b.counts, b.offsets,
-                         b.table, b.row_weight])
-        # 3. the megakernel per rank
-        peer_table = cuda.Raw(struct.pack(f"<{R}Q", *x_ptrs) + self.peers.table("combine"))
-        ys = []
-        for hr, r in enumerate(self.peers.hosted_ranks):
-            b = self.ranks[hr]
-            x = xs[hr]
-            sw1 = shared_w1 if shared_w1 is not None else b.h_shared
-            sw2 = shared_w2 if shared_w2 is not None else b.h_shared
-            IS = max(s.shared_dim, 64)
-            maps = [self._map(x, n, s.hidden, 128), self._map(b.h_shared, n, IS, 128),
-                    self._map(b.ring_x, s.macrobatch, s.hidden, 128),
-                    self._map(b.ring_a, s.macrobatch, s.intermediate, 128),
-                    self._map(sw1, sw1.shape[0], sw1.shape[1], 128),
-                    self._map(sw2, sw2.shape[0], sw2.shape[1], 256),
-                    self._map(w1s[hr], L * 2 * s.intermediate, s.hidden, 128),
-                    self._map(w2s[hr], L * s.hidden, s.intermediate, 256)]
-            bufs = struct.pack("<9Q2i", b.table.data_ptr(), b.row_weight.data_ptr(),
-                               b.meta.data_ptr(), b.offsets.data_ptr(), b.ring_x.data_ptr(),
-                               b.ring_a.data_ptr(), b.h_shared.data_ptr(), b.y_shared.data_ptr(),
-                               b.counters.data_ptr(), n, s.max_minibatches)
-            cuda.launch(self.f_fwd, self.num_sms, 384, self.fwd_smem, st,
-                        maps + [peer_table, cuda.Raw(bufs)], cooperative=True)
-        self.peers.barrier(self._launch_barrier)
-        # 4. owners sum their k contributions (+ shared) in route order
-        for hr in range(len(self.ranks)):
-            b = self.ranks[hr]
-            y = (torch.full((n, s.hidden), float("nan"), dtype=BF16, device=self.dev)
-                 if self.poison_outputs else torch.empty(n, s.hidden, dtype=BF16, device=self.dev))
-            cuda.launch(self.f_sum, max(1, min(4096, -(-n * s.hidden // 8 // 256))), 256, 0, st,
-                        [b.combine, b.y_shared if s.shared_dim else None, y, n])
-            ys.append(y)
-        return ys
+        return [self.combine_sum(i, n) for i in hosted]
+
+    def forward_rank(self, i, xs, logits, w1s, w2s, shared_w1, shared_w2):
+        """Hosted rank i's own work alone (route, schedule, experts, sum), reusing the other
+        ranks' routes and combine rows from an earlier full call: the per-rank slice of an
+        EP deployment that benchmarks time on one GPU."""
+        n = xs[0].shape[0]
+        self.ranks[i].counters.zero_()
+        self.route(i, logits[i], n)
+        self.schedule(i, n)
+        self.experts(i, xs[i], self.peers.x_pointers(xs), w1s[i], w2s[i], shared_w1, shared_w2)
+        return self.combine_sum(i, n)
+
+    def route(self, i, logits, n):
+        """Softmax top-k of rank i's tokens, written into every rank's gathered tables."""
+        s = self.spec
+        tables = cuda.Raw(self.peers.table("routes") + self.peers.table("weights"))
+        cuda.launch(self.f_route, max(1, min(1024, -(-n // 8))), 256, 0, self._stream(),
+                    [logits, n, self.peers.hosted_ranks[i], tables])
+
+    def schedule(self, i, n):
+        """Algorithm 1 for rank i from the gathered routes (three small kernels)."""
+        s, st, b = self.spec, self._stream(), self.ranks[i]
+        R, K, r = s.ep, s.topk, self.peers.hosted_ranks[i]
+        cuda.launch(self.f_count, R, 1024, self.sched_smem, st,
+                    [b.routes, n * K, r, b.ordinal, b.counts])
+        cuda.launch(self.f_offsets, 1, 256, 0, st, [b.counts, R, b.offsets, b.meta, b.table])
+        cuda.launch(self.f_place, max(1, min(4096, -(-R * n * K // 256))), 256, 0, st,
+                    [b.routes, b.weights, n * K, R, r, b.ordinal, b.counts, b.offsets,
+                     b.table, b.row_weight])
+
+    def experts(self, i, x, x_ptrs, w1, w2, shared_w1, shared_w2):
+        """The megakernel of rank i: dispatch, shared + routed experts, push combine."""
+        s, b = self.spec, self.ranks[i]
+        n, L, I, D = x.shape[0], s.local_experts, s.intermediate, s.hidden
+        IS = b.h_shared.shape[1]
+        sw1 = shared_w1 if shared_w1 is not None else b.h_shared  # unused placeholders
+        sw2 = shared_w2 if shared_w2 is not None else b.h_shared
+        maps = [self._map(x, n, D, 128), self._map(b.h_shared, n, IS, 128),
+                self._map(b.ring_x, s.macrobatch, D, 128),
+                self._map(b.ring_a, s.macrobatch, I, 128),
+                self._map(sw1, sw1.shape[0], sw1.shape[1], 128),
+                self._map(sw2, sw2.shape[0], sw2.shape[1], 256),
+                self._map(w1, L * 2 * I, D, 128), self._map(w2, L * D, I, 256)]
+        peer_table = cuda.Raw(struct.pack(f"<{s.ep}Q", *x_ptrs) + self.peers.table("combine"))
+        bufs = struct.pack("<9Q2i", b.table.data_ptr(), b.row_weight.data_ptr(),
+                           b.meta.data_ptr(), b.offsets.data_ptr(), b.ring_x.data_ptr(),
+                           b.ring_a.data_ptr(), b.h_shared.data_ptr(), b.y_shared.data_ptr(),
+                           b.counters.data_ptr(), n, s.max_minibatches)
+        cuda.launch(self.f_fwd, self.num_sms, 384, self.fwd_smem, self._stream(),
+                    maps + [peer_table, cuda.Raw(bufs)], cooperative=True)
+
+    def combine_sum(self, i, n):
+        """Owner side: y = shared + the k pushed rows of each token, in route order."""
+        s, b = self.spec, self.ranks[i]
+        make = torch.full if self.poison_outputs else (lambda shape, _, **kw: torch.empty(shape, **kw))
+        y = make((n, s.hidden), float("nan"), dtype=BF16, device=self.dev)
+        cuda.launch(self.f_sum, max(1, min(4096, -(-n * s.hidden // 8 // 256))), 256, 0,
+                    self._stream(), [b.combine, b.y_shared if s.shared_dim else None, y, n])
+        return y
 
 
 def _read_i32(module, name: str) -> int:
