@@ -1,0 +1,47 @@
+"""Debug aid: run one forward stage by stage with a sync after each kernel, then check the
+schedule table. Usage: python benchmarks/debug_fwd.py SHAPE EP TOKENS [minibatch macrobatch]"""
+import sys
+
+import torch
+
+sys.path.insert(0, ".")
+import mokgen  # noqa: E402
+from mokgen.workloads import make_inputs, reference_outputs, rel_error  # noqa: E402
+
+name, ep, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+ov = dict(minibatch=int(sys.argv[4]), macrobatch=int(sys.argv[5])) if len(sys.argv) > 5 else {}
+skew = sys.argv[6] if len(sys.argv) > 6 else None
+shape = mokgen.shapes.get(name)
+layer = mokgen.compile(shape, ep=ep, tokens_per_rank=n, virtual=True, **ov)
+print(layer.plan.minibatch, layer.plan.macrobatch, layer.plan.comm_sms_fwd)
+inp = make_inputs(shape, ep, n, skew=skew)
+rt = layer.runtime()
+rt.poison()
+zs = [z.float().contiguous() for z in inp["router_logits"]]
+for b in rt.ranks:
+    b.counters.zero_()
+for i in range(ep):
+    rt.route(i, zs[i], n)
+torch.cuda.synchronize()
+print("route ok")
+xp = rt.peers.x_pointers(inp["x"])
+for i in range(ep):
+    rt.schedule(i, n)
+    torch.cuda.synchronize()
+    b = rt.ranks[i]
+    rows = int(b.meta[0])
+    t = b.table[:rows]
+    real = t[:, 0] >= 0
+    key = t[real, 0].long() * n * shape.topk + t[real, 1].long()
+    print(f"rank {i}: rows {rows} real {int(real.sum())} unique {len(key.unique())} "
+          f"bad {int((t[:, 0] < -1).sum())} offsets {b.offsets.tolist()[:8]}")
+    rt.experts(i, inp["x"][i], xp, inp["w1"][i], inp["w2"][i], inp["shared_w1"], inp["shared_w2"])
+    try:
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001
+        print("megakernel failed on rank", i, e)
+        raise
+    print("counters", b.counters[:12].tolist())
+ys = [rt.combine_sum(i, n) for i in range(ep)]
+ref = reference_outputs(shape, inp)
+print("errors", [round(rel_error(y, r), 5) for y, r in zip(ys, ref)])
