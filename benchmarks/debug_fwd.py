@@ -35,6 +35,19 @@ for i in range(ep):
     key = t[real, 0].long() * n * shape.topk + t[real, 1].long()
     print(f"rank {i}: rows {rows} real {int(real.sum())} unique {len(key.unique())} "
           f"bad {int((t[:, 0] < -1).sum())} offsets {b.offsets.tolist()[:8]}")
+    from mokgen.schedule import dispatch_schedule
+    L = shape.num_experts // ep
+    ref_s = dispatch_schedule(b.routes[:, : n * shape.topk].long(), i, L)
+    same_routes = all(torch.equal(b.routes, o.routes) for o in rt.ranks)
+    M = b.counts.view(ep, L).long().sum(0)
+    print("  routes identical across ranks", same_routes, "counts ok",
+          torch.equal(M, ref_s.counts), M.tolist(), ref_s.counts.tolist())
+    pos = ref_s.padded_positions(128)
+    want = torch.full_like(t, -1)
+    want[pos] = ref_s.table.int()
+    bad = (t != want).any(1).nonzero().squeeze(1)
+    print("  mismatching rows", len(bad), bad[:10].tolist(),
+          [t[k].tolist() for k in bad[:5]], [want[k].tolist() for k in bad[:5]])
     rt.experts(i, inp["x"][i], xp, inp["w1"][i], inp["w2"][i], inp["shared_w1"], inp["shared_w2"])
     try:
         torch.cuda.synchronize()
