@@ -54,7 +54,7 @@ for i in range(ep):
     except Exception as e:  # noqa: BLE001
         print("megakernel failed on rank", i, e)
         raise
-    print("counters", b.counters[:12].tolist())
+    print("counters", b.counters[:12].tolist(), "device checks", rt.device_check())
 ys = [rt.combine_sum(i, n) for i in range(ep)]
 ref = reference_outputs(shape, inp)
 print("errors", [round(rel_error(y, r), 5) for y, r in zip(ys, ref)])

@@ -44,7 +44,8 @@ def check_supported(plan: Plan) -> None:
 def emit(plan: Plan, units=tuple(UNITS)) -> list[Kernel]:
     check_supported(plan)
     consts = constants(plan)
-    kernels = [Kernel(f"{u}_{plan.key()}", _ENV.get_template(UNITS[u]).render(**consts))
+    flags = ("-DMOKGEN_DEBUG",) if CONFIG.debug else ()
+    kernels = [Kernel(f"{u}_{plan.key()}", _ENV.get_template(UNITS[u]).render(**consts), flags)
                for u in units]
     if CONFIG.dump:
         CONFIG.dump.mkdir(parents=True, exist_ok=True)

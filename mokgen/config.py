@@ -5,6 +5,7 @@ MOKGEN_DUMP      a folder: write each kernel's plan, IR text and source there on
 MOKGEN_OVERRIDE  a folder: a file <kernel>.cu there replaces the generated source (debugging)
 MOKGEN_NVCC      the nvcc to use (default: nvcc on PATH)
 MOKGEN_WATCHDOG  seconds a device-side spin-wait may last before it reports and traps
+MOKGEN_DEBUG     1: build kernels with index checks that record the first failure
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class Config:
     override: Path | None
     nvcc: str
     watchdog_s: float
+    debug: bool
 
 
 def _load() -> Config:
@@ -29,7 +31,8 @@ def _load() -> Config:
         cache=Path(env.get("MOKGEN_CACHE") or Path.home() / ".cache" / "mokgen"),
         dump=opt("MOKGEN_DUMP"), override=opt("MOKGEN_OVERRIDE"),
         nvcc=env.get("MOKGEN_NVCC", "nvcc"),
-        watchdog_s=float(env.get("MOKGEN_WATCHDOG", "10")))
+        watchdog_s=float(env.get("MOKGEN_WATCHDOG", "10")),
+        debug=env.get("MOKGEN_DEBUG", "0") not in ("", "0"))
 
 
 CONFIG = _load()

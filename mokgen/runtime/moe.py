@@ -114,6 +114,21 @@ class ForwardRuntime:
             self._maps[key] = cuda.make_tensor_map_2d(t, rows, cols, cols * 2, box_rows, 64)
         return self._maps[key]
 
+    def device_check(self) -> list:
+        """Debug builds: the first failed device-side index check of each module
+        ({code, a, b, block, failures}), all zero when none failed. Synchronizes."""
+        import ctypes
+
+        out = []
+        for m in self.modules:
+            ptr, _ = m.global_ptr("mokgen_check")
+            host = (ctypes.c_uint32 * 5)()
+            cuda.check("cuMemcpyDtoH(mokgen_check)",
+                       cuda.cu.cuMemcpyDtoH(ctypes.addressof(host), ptr, 20))
+            out.append([int(v) if i != 1 and i != 2 else ctypes.c_int32(v).value
+                        for i, v in enumerate(host)])
+        return out
+
     def _launch_barrier(self, epoch: int) -> None:
         cuda.launch(self.f_barrier, 1, 32, 0, self._stream(),
                     [cuda.Raw(self.peers.table("flags")), self.peers.local(0)["flags"],

@@ -57,6 +57,7 @@ __device__ void pull_rows(const int2* __restrict__ table, const __nv_bfloat16* c
   for (int p = p_begin + worker; p < p_end; p += workers) {
     const int2 src = table[p];
     if (src.x < 0) continue;
+    if (!MOKGEN_OK(src.x < 64 * 1024 && ring_row0 + p - p_begin >= 0, 8, src.x, src.y)) continue;
     const int4* from = reinterpret_cast<const int4*>(peer_x[src.x] + (size_t)(src.y / K) * D);
     int4* to = reinterpret_cast<int4*>(ring_x + (size_t)(ring_row0 + p - p_begin) * D);
 #pragma unroll 4

@@ -169,9 +169,13 @@ struct FwdProblem {
     const int m = s.minibatch_at(q);
     const int rt_n = s.row_tiles(m);
     const int slot_row0 = (m % C::SLOTS) * C::B;
+    if (!MOKGEN_OK(m >= 0 && m < s.nm && u >= 0 && u < rt_n * (S::GU_N + S::DN_N), 1, m, u))
+      return stop_task();
     if (u < rt_n * S::GU_N) {  // gate/up + SwiGLU of one row tile, BN/2 output columns
       const int rt = u % rt_n, nt = u / rt_n;
       const int p0 = m * C::B + rt * BM, e = expert_of(p0), n0 = nt * (BN / 2);
+      if (!MOKGEN_OK(p0 + BM <= s.rows && slot_row0 + rt * BM + BM <= C::B * C::SLOTS, 2, p0, rt))
+        return stop_task();
       wait_at_least(ready + m, C::COMM, 2);
       fence_proxy_async_global();  // ring rows were written by the comm CTAs' plain stores
       return Task{kGateUp, slot_row0 + rt * BM, e * 2 * C::I + n0, e * 2 * C::I + C::I + n0,
@@ -207,8 +211,10 @@ struct FwdProblem {
     } else {  // routed down: scale by the router weight, push to the owner's combine row
       for_each_acc_pair<BN>(acc, cwg, t.m_valid, [&](int r, int c, float v0, float v1) {
         const int p = t.c_row0 + r;
+        if (!MOKGEN_OK(p < s.rows, 4, p, s.rows)) return;
         const int2 src = buf->table[p];
         if (src.x < 0) return;
+        if (!MOKGEN_OK(src.x < C::R && src.y < buf->n_tokens * C::K, 5, src.x, src.y)) return;
         const float w = buf->row_weight[p];
         __nv_bfloat16* dst = peers->combine[src.x] + (size_t)src.y * C::D + t.c_col0 + c;
         *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(v0 * w, v1 * w);

@@ -161,3 +161,28 @@ MOKGEN_DEV void setmaxnreg_dec() {
 MOKGEN_DEV int warpgroup_idx() { return __shfl_sync(0xffffffff, (int)threadIdx.x / 128, 0); }
 
 }  // namespace mokgen
+
+// ---------------------------------------------------------------- debug-build checks
+// With -DMOKGEN_DEBUG (env MOKGEN_DEBUG=1), index checks record the first failure in
+// mokgen_check {code, a, b, block, failures} and skip the access instead of faulting, so the
+// host can read what went wrong after the call (a fault would kill the context). Release
+// builds compile the checks away.
+extern "C" {
+__device__ unsigned int mokgen_check[5];
+}
+namespace mokgen {
+MOKGEN_DEV bool check_failed(unsigned code, int a, int b) {
+  atomicAdd(&mokgen_check[4], 1u);
+  if (atomicCAS(&mokgen_check[0], 0u, code) == 0u) {
+    mokgen_check[1] = (unsigned)a;
+    mokgen_check[2] = (unsigned)b;
+    mokgen_check[3] = blockIdx.x;
+  }
+  return false;
+}
+}  // namespace mokgen
+#ifdef MOKGEN_DEBUG
+#define MOKGEN_OK(cond, code, a, b) ((cond) || mokgen::check_failed((code), (a), (b)))
+#else
+#define MOKGEN_OK(cond, code, a, b) true
+#endif

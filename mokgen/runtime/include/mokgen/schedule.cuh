@@ -55,10 +55,15 @@ __device__ void schedule_count(const int* __restrict__ routes, int routes_per_ra
 }
 
 // One block. offsets[L+1] padded region starts; meta[0] = padded rows; table padding = -1.
+// The offsets are computed in shared memory and read back from there: global `offsets`
+// written by thread 0 must not be re-read by the block (a __restrict__ pointer let the
+// compiler hoist those reads above the barrier, and stale offsets sent the padding fill
+// out of bounds).
 template <int L, int TILE>
-__device__ void schedule_offsets(const int* __restrict__ counts, int ranks, int* __restrict__ offsets,
-                                 int* __restrict__ meta, int2* __restrict__ table) {
+__device__ void schedule_offsets(const int* __restrict__ counts, int ranks, int* offsets,
+                                 int* meta, int2* table) {
   __shared__ int total[L];
+  __shared__ int start[L + 1];
   for (int l = threadIdx.x; l < L; l += blockDim.x) {
     int c = 0;
     for (int r = 0; r < ranks; ++r) c += counts[r * L + l];
@@ -68,16 +73,17 @@ __device__ void schedule_offsets(const int* __restrict__ counts, int ranks, int*
   if (threadIdx.x == 0) {
     int at = 0;
     for (int l = 0; l < L; ++l) {
-      offsets[l] = at;
+      start[l] = at;
       at += (total[l] + TILE - 1) / TILE * TILE;
     }
-    offsets[L] = at;
+    start[L] = at;
     meta[0] = at;
   }
   __syncthreads();
+  for (int l = threadIdx.x; l <= L; l += blockDim.x) offsets[l] = start[l];
   for (int l = 0; l < L; ++l) {
-    const int start = offsets[l] + total[l], end = offsets[l + 1];
-    for (int p = start + threadIdx.x; p < end; p += blockDim.x) table[p] = make_int2(-1, -1);
+    for (int p = start[l] + total[l] + threadIdx.x; p < start[l + 1]; p += blockDim.x)
+      table[p] = make_int2(-1, -1);
   }
 }
 
