@@ -14,6 +14,7 @@ region), so EP=64 slices fit on one GPU.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -94,10 +95,18 @@ class TorchSlice:
         out = torch._grouped_mm(a, self.w2.transpose(1, 2), offs=offs)
         wts = all_weights.flatten()[idx]
         out = out * wts[:, None].to(out.dtype)
-        combine = torch.zeros(self.ep * n * self.k, D, device=out.device, dtype=out.dtype)
-        combine.index_copy_(0, idx, out)          # push combine
-        y = self.shared(self.X[0]) + combine[: n * self.k].view(n, self.k, D).sum(1)
-        return y, combine[: n * self.k], local[: n * self.k] < self.L
+        return self._push_and_sum(idx, out, n, D)
+
+    def _push_and_sum(self, idx, out, n, D):
+        """Push every output row to its owner (rows of other owners go to a scratch of the
+        same size: the same bytes move), then rank 0 sums its own k rows per token."""
+        owner0 = idx < n * self.k
+        combine = torch.zeros(n * self.k, D, device=out.device, dtype=out.dtype)
+        combine.index_copy_(0, idx[owner0], out[owner0])
+        scratch = torch.empty_like(out)
+        scratch.index_copy_(0, torch.arange(len(idx), device=idx.device)[~owner0], out[~owner0])
+        y = self.shared(self.X[0]) + combine.view(n, self.k, D).sum(1)
+        return y, combine, owner0
 
     def naive(self, all_routes, all_weights):
         n, D = self.X.shape[1], self.X.shape[2]
@@ -105,7 +114,7 @@ class TorchSlice:
         flat = all_routes.clone()
         flat[0] = e0.flatten()
         local = flat.flatten()
-        combine = torch.zeros(self.ep * n * self.k, D, device=self.X.device, dtype=self.X.dtype)
+        outs, idxs = [], []
         for e in range(self.L):
             idx = (local == e).nonzero().squeeze(1)
             if len(idx) == 0:
@@ -113,8 +122,9 @@ class TorchSlice:
             rows = self.X.view(-1, D)[idx // self.k]
             g, u = (rows @ self.w1[e].T).chunk(2, -1)
             out = (F.silu(g) * u) @ self.w2[e].T
-            combine.index_copy_(0, idx, out * all_weights.flatten()[idx, None].to(out.dtype))
-        return self.shared(self.X[0]) + combine[: n * self.k].view(n, self.k, D).sum(1)
+            outs.append(out * all_weights.flatten()[idx, None].to(out.dtype))
+            idxs.append(idx)
+        return self._push_and_sum(torch.cat(idxs), torch.cat(outs), n, D)[0]
 
 
 def dense_floor(shape, n, dev, g):
@@ -142,11 +152,20 @@ def bench_one(name, ep, n, iters, g):
     ours = lambda: rt.forward_rank(0, *args)  # noqa: E731
     ts = TorchSlice(shape, ep, xs, zs, w1, w2, sw1, sw2)
     ours()
-    _, combine, mine = ts.grouped(all_routes, all_weights)
+    _, combine, _ = ts.grouped(all_routes, all_weights)
+    mine = all_routes[0] < ts.L  # rank 0's routes to rank 0's own experts
     res = dict(shape=name, ep=ep, tokens=n, flops=shape.forward_flops(n))
     # rows rank 0's experts pushed to rank 0's own combine buffer, both implementations
     res["err_vs_grouped"] = rel_error(rt.peers.bufs["combine"][0][mine], combine[mine])
     res["mokgen_ms"] = time_ms(ours, iters)
+    b0, xp = rt.ranks[0], rt.peers.x_pointers(xs)
+
+    def mega():
+        b0.counters.zero_()
+        rt.experts(0, xs[0], xp, w1, w2, sw1, sw2)
+    res["stage_ms"] = dict(
+        route_schedule=time_ms(lambda: (rt.route(0, zs[0], n), rt.schedule(0, n)), iters),
+        megakernel=time_ms(mega, iters), combine_sum=time_ms(lambda: rt.combine_sum(0, n), iters))
     res["grouped_ms"] = time_ms(lambda: ts.grouped(all_routes, all_weights), iters)
     res["naive_ms"] = time_ms(lambda: ts.naive(all_routes, all_weights), max(10, iters // 5))
     res["floor_ms"] = time_ms(dense_floor(shape, n, "cuda", g), iters)
@@ -154,7 +173,8 @@ def bench_one(name, ep, n, iters, g):
         res[f"{k}_tflops"] = res["flops"] / res[f"{k}_ms"] / 1e9
     res["plan"] = dict(minibatch=layer.plan.minibatch, macrobatch=layer.plan.macrobatch,
                        comm_sms=layer.plan.comm_sms_fwd)
-    del layer, rt, ts, xs, zs, w1, w2
+    del layer, rt, ts, xs, zs, w1, w2, ours, inputs, args, combine, b0, xp, mega
+    gc.collect()
     torch.cuda.empty_cache()
     return res
 
@@ -184,13 +204,13 @@ def main(argv=None):
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
     print(f"\n{meta}")
     print(f"{'shape':<18}{'ep':>3}{'N':>6} {'mokgen':>8} {'grouped':>8} {'naive':>8} {'floor':>8}"
-          f"  TFLOP/s   x_best  %floor  err")
+          f"  TFLOP/s   x_best  %floor  err      sched/mega/sum ms")
     for r in rows:
         best = max(r["grouped_tflops"], r["naive_tflops"])
         print(f"{r['shape']:<18}{r['ep']:>3}{r['tokens']:>6} {r['mokgen_tflops']:8.0f} "
               f"{r['grouped_tflops']:8.0f} {r['naive_tflops']:8.0f} {r['floor_tflops']:8.0f}"
               f"  {r['mokgen_tflops'] / best:8.2f} {100 * r['mokgen_tflops'] / r['floor_tflops']:6.0f}%"
-              f"  {r['err_vs_grouped']:.1e}")
+              f"  {r['err_vs_grouped']:.1e}  " + "/".join(f"{v:.3f}" for v in r["stage_ms"].values()))
 
 
 if __name__ == "__main__":

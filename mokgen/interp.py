@@ -2,10 +2,12 @@
 
 What it mirrors, per rank (virtual ranks run one after another, as on one GPU):
 - routes all-gathered, the Algorithm-1 table, expert regions padded to the GEMM tile;
-- the ring of `macrobatch` rows in `macrobatch / minibatch` slots; minibatch m uses slot
-  m % slots; the comm side runs ahead of compute by at most `slots` minibatches (it may only
-  overwrite a slot whose minibatch compute has finished); forward walks macrobatches in
-  reverse, so macrobatch 0 is resident at the end;
+- the ring of `macrobatch` rows in `macrobatch / minibatch` (>= 2) slots, used round-robin in
+  processing order (forward: the i-th minibatch processed uses slot i % slots; backward:
+  (max(0, minibatches - slots) + i) % slots, where the forward left macrobatch 0); comm runs
+  ahead of compute by at most `slots` minibatches (it may only overwrite a slot whose
+  minibatch compute has finished); forward walks macrobatches in reverse, so macrobatch 0 is
+  resident at the end;
 - per tile of `block_m` rows (one expert): gate/up GEMM + SwiGLU, down GEMM times the router
   weight, pushed to the owner's combine row; the owner sums its k rows in route order;
 - backward: macrobatch 0 straight from the ring, the rest replayed (x re-pulled, gate/up
@@ -73,10 +75,9 @@ class Interpreter:
         n = self.minibatches(rows)
         return [m for j in reversed(range(n_macro)) for m in range(j * per, min(n, (j + 1) * per))]
 
-    def _ring_rows(self, m: int, rows: int):
-        """(ring rows, layout rows) of minibatch m, clipped to the layout."""
+    def _ring_rows(self, m: int, slot: int, rows: int):
+        """(ring rows, layout rows) of minibatch m held in `slot`, clipped to the layout."""
         lo, hi = m * self.b, min((m + 1) * self.b, rows)
-        slot = m % self.slots
         return slice(slot * self.b, slot * self.b + hi - lo), slice(lo, hi)
 
     def _tiles(self, m: int, rows: int):
@@ -85,21 +86,23 @@ class Interpreter:
             yield t, min(t + self.tile, hi)
 
     # ------------------------------------------------------------------ pipeline
-    def _run_pipeline(self, st: RankState, order: list, pull, compute, kind: str):
-        """Comm breadth-first (at most `slots` minibatches ahead), compute depth-first."""
+    def _run_pipeline(self, st: RankState, order: list, first_slot: int, pull, compute,
+                      kind: str):
+        """Comm breadth-first (at most `slots` minibatches ahead), compute depth-first. The
+        i-th minibatch of `order` uses slot (first_slot + i) % slots."""
         pulled = 0
+        slot_of = lambda i: (first_slot + i) % self.slots  # noqa: E731
         for done, m in enumerate(order):
             while pulled < len(order) and pulled - done < self.slots:
-                mp = order[pulled]
-                slot = mp % self.slots
+                mp, slot = order[pulled], slot_of(pulled)
                 if pulled >= self.slots:  # slot reused: its old minibatch must be finished
-                    assert order[pulled - self.slots] in order[:done], "ring overwrite of live slot"
-                fetched = pull(mp) is not False
+                    assert st.tags[slot] in order[:done], "ring overwrite of live slot"
+                fetched = pull(mp, slot) is not False
                 st.tags[slot] = mp
                 st.log.append(("pull" if fetched else "resident", mp))
                 pulled += 1
-            assert st.tags[m % self.slots] == m, f"minibatch {m} not in its ring slot"
-            compute(m)
+            assert st.tags[slot_of(done)] == m, f"minibatch {m} not in its ring slot"
+            compute(m, slot_of(done))
             st.log.append((kind, m))
 
     # ------------------------------------------------------------------ forward
@@ -127,8 +130,8 @@ class Interpreter:
                        [-1] * self.slots, [])
         rows = st.rows
 
-        def compute(m):
-            ring, lay = self._ring_rows(m, rows)
+        def compute(m, slot):
+            ring, lay = self._ring_rows(m, slot, rows)
             off = ring.start - lay.start
             for lo, hi in self._tiles(m, rows):
                 e = int(st.expert[lo])
@@ -139,12 +142,12 @@ class Interpreter:
                 out = st.ring_a[rr] @ w2[e].T
                 self._push(combine, st, slice(lo, hi), out)
 
-        self._run_pipeline(st, self.forward_order(rows), lambda m: self._pull_x(st, X, m),
-                           compute, "compute")
+        self._run_pipeline(st, self.forward_order(rows), 0,
+                           lambda m, slot: self._pull_x(st, X, m, slot), compute, "compute")
         return st
 
-    def _pull_x(self, st, X, m):
-        ring, lay = self._ring_rows(m, st.rows)
+    def _pull_x(self, st, X, m, slot):
+        ring, lay = self._ring_rows(m, slot, st.rows)
         valid = st.src_rank[lay] >= 0
         rows = X.new_zeros(lay.stop - lay.start, X.shape[-1])
         rows[valid] = X[st.src_rank[lay][valid], st.src_index[lay][valid] // self.k]
@@ -207,14 +210,14 @@ class Interpreter:
         order = self.backward_order(rows)
         replayed = set()
 
-        def pull(m):
-            if m in resident and st.tags[m % self.slots] == m:
+        def pull(m, slot):
+            if m in resident and st.tags[slot] == m:
                 return False  # the forward left this minibatch in the ring: nothing to fetch
             replayed.add(m)
-            self._pull_x(st, X, m)
+            self._pull_x(st, X, m, slot)
 
-        def compute(m):
-            ring, lay = self._ring_rows(m, rows)
+        def compute(m, slot):
+            ring, lay = self._ring_rows(m, slot, rows)
             off = ring.start - lay.start
             for lo, hi in self._tiles(m, rows):
                 e = int(st.expert[lo])
@@ -226,7 +229,9 @@ class Interpreter:
                 self._backward_tile(st, slice(lo, hi), rr, e, DY, w1, w2, dw1, dw2,
                                     dx_buf, dw_buf)
 
-        self._run_pipeline(st, order, pull, compute, "bwd")
+        # the forward processed macrobatch 0 last, from position max(0, n - slots) on
+        first_slot = max(0, self.minibatches(rows) - self.slots) % self.slots
+        self._run_pipeline(st, order, first_slot, pull, compute, "bwd")
         return dw1, dw2
 
     def _backward_tile(self, st, lay, rr, e, DY, w1, w2, dw1, dw2, dx_buf, dw_buf):

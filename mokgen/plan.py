@@ -169,9 +169,9 @@ def initial_plan(shape: MoEShape, ep: int, dtype: str, tokens_per_rank: int,
                          f"got {overrides['minibatch']}")
     if "macrobatch" in overrides:
         mb = overrides.get("minibatch", BLOCK_M)
-        if overrides["macrobatch"] % mb:
-            raise ValueError(f"macrobatch must be a multiple of the minibatch ({mb}), "
-                             f"got {overrides['macrobatch']}")
+        if overrides["macrobatch"] % mb or overrides["macrobatch"] < 2 * mb:
+            raise ValueError(f"macrobatch must be a multiple of the minibatch ({mb}) holding "
+                             f"at least two minibatches, got {overrides['macrobatch']}")
     fields = dict(overrides)
     fields["arch"] = gpu.arch
     return Plan(shape=shape, ep=ep, dtype=dtype, tokens_per_rank=tokens_per_rank,

@@ -37,8 +37,9 @@ def candidates(plan: Plan) -> list[int]:
     rows = plan.tokens_per_rank * plan.shape.topk
     top = max(plan.block_m, -(-rows // plan.block_m) * plan.block_m)
     sizes = range(plan.block_m, top + 1, plan.block_m)
-    if plan.is_forced("macrobatch"):  # a forced ring must hold whole minibatches
-        sizes = [b for b in sizes if plan.macrobatch % b == 0] or [plan.block_m]
+    if plan.is_forced("macrobatch"):  # a forced ring must hold >= 2 whole minibatches
+        sizes = [b for b in sizes if plan.macrobatch % b == 0 and plan.macrobatch >= 2 * b]
+        sizes = sizes or [plan.block_m]
     return list(sizes)
 
 

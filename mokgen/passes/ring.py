@@ -2,7 +2,9 @@
 tokens cycle through, so routed counts never reach the host and nothing is dropped.
 
 Rows are laid out expert by expert, each expert's region padded to the GEMM tile so no tile
-mixes experts; minibatch m lives in ring slot m % slots. Forward walks macrobatches in
+mixes experts; slots are used round-robin in processing order, and the ring holds at least
+two minibatches (the kernel's down tiles of one minibatch overlap the next one's gate/up
+tiles). Forward walks macrobatches in
 reverse, so it ends with macrobatch 0 (always full unless everything fits) resident; the
 backward replays (re-pulls x and recomputes gate/up for) every row at or past `macrobatch`.
 """
@@ -33,11 +35,12 @@ def ring(plan: Plan) -> Plan:
     if plan.is_forced("macrobatch"):
         macro = plan.macrobatch
     else:
-        fits = max(b, (plan.ring_budget_bytes // row) // b * b)
+        fits = (plan.ring_budget_bytes // row) // b * b
         want = -(-expected // b) * b  # hold every expected row: no replay when routing is even
-        macro = min(fits, want)
-    if macro % b:
-        raise ValueError(f"macrobatch must be a multiple of the minibatch ({b}), got {macro}")
+        macro = max(2 * b, min(fits, want))
+    if macro % b or macro < 2 * b:
+        raise ValueError(f"macrobatch must be a multiple of the minibatch ({b}) and hold at "
+                         f"least two minibatches, got {macro}")
     return plan.replace(
         macrobatch=macro, ring_bytes=macro * row, ring_order="reverse",
         max_routed_rows=worst, expected_routed_rows=expected,

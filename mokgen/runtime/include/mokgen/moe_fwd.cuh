@@ -4,10 +4,10 @@
 // last to first, so the ring ends holding macrobatch 0), wait until the ring slot's previous
 // minibatch has left the down GEMM, pull the rows from their source ranks (pull dispatch)
 // and raise the minibatch's GPU-local ready count. The other CTAs are compute CTAs running
-// the warp-specialized GEMM engine over one global task list: the shared expert first (it
-// fills the first dispatch window), then per minibatch its gate/up tiles (fused SwiGLU into
-// the ring) and its down tiles (times the router weight, pushed straight into the owner's
-// combine buffer: push combine). Tasks are taken from an atomic counter in list order, and
+// the warp-specialized GEMM engine over one global task list (FwdSchedule): the shared expert
+// first (it fills the first dispatch window), then per minibatch its gate/up tiles (fused
+// SwiGLU into the ring) and its down tiles (times the router weight, pushed straight into the
+// owner's combine buffer: push combine). Tasks are taken from an atomic counter in list order, and
 // every task waits only on tasks earlier in the list or on comm, so taking them in any
 // interleaving cannot deadlock and every output element is computed by exactly one tile in
 // a fixed K order: the result is bitwise reproducible. There is no cross-rank wait inside.
@@ -51,6 +51,14 @@ struct FwdBuffers {
   int max_minibatches;
 };
 
+// The task list. Work comes in units: unit 0 is the shared expert, unit q+1 the q-th routed
+// minibatch in processing order. Each unit has gate/up tasks (GU) and down tasks (DN), and
+// the list is GU(0) | GU(1) DN(0) | GU(2) DN(1) | ... | DN(last): the down tiles of a unit come
+// one unit after its gate/up tiles. A down tile waits for the gate/up tiles of its rows, and
+// with a unit in between those were taken about a wave earlier, so CTAs do not idle at every
+// minibatch boundary. Ring slots go round-robin in processing order (slot = q % SLOTS, at least
+// 2 slots), so the slot a minibatch reuses was freed by the DN of a unit >= 2 blocks earlier:
+// every task waits only on tasks earlier in the list (or on comm, which waits only on those).
 template <class C, class Cfg>
 struct FwdSchedule {
   static constexpr int BM = Cfg::BM, BN = Cfg::BN;
@@ -59,6 +67,7 @@ struct FwdSchedule {
   static constexpr int SGU_N = C::IS / (BN / 2);
   static constexpr int RT_FULL = C::B / BM;     // row tiles in a full minibatch
   static_assert(C::B % BM == 0, "minibatch must be a multiple of the tile rows");
+  static_assert(C::SLOTS >= 2, "the lagged task order needs a ring of at least 2 minibatches");
   static_assert(C::I % (BN / 2) == 0 && C::D % BN == 0 && (C::IS == 0 || C::IS % (BN / 2) == 0),
                 "hidden / intermediate sizes must be multiples of the tile");
 
@@ -80,10 +89,28 @@ struct FwdSchedule {
   }
   MOKGEN_DEV int row_tiles(int m) const { return m == nm - 1 ? rt_last : RT_FULL; }
   MOKGEN_DEV int down_tiles(int m) const { return row_tiles(m) * DN_N; }
-  MOKGEN_DEV int shared_tasks() const { return shared_rt * (SGU_N + DN_N); }
-  MOKGEN_DEV int routed_tasks() const {
-    return nm ? (nm - 1) * RT_FULL * (GU_N + DN_N) + rt_last * (GU_N + DN_N) : 0;
+
+  // Units: 0 shared, 1..nm routed; the short minibatch nm-1 is processed at q = first_count-1.
+  MOKGEN_DEV int units() const { return nm + 1; }
+  MOKGEN_DEV int short_unit() const { return first_count; }
+  MOKGEN_DEV int gu_size(int u) const {
+    return u == 0 ? shared_rt * SGU_N : (u == short_unit() ? rt_last : RT_FULL) * GU_N;
   }
+  MOKGEN_DEV int dn_size(int u) const {
+    return u == 0 ? shared_rt * DN_N : (u == short_unit() ? rt_last : RT_FULL) * DN_N;
+  }
+  // sum of size(u) for u < n, closed form: every routed unit is full but the short one
+  MOKGEN_DEV int prefix(int n, bool gu) const {
+    if (n <= 0) return 0;
+    const int full = RT_FULL * (gu ? GU_N : DN_N);
+    int sum = gu ? gu_size(0) : dn_size(0);
+    sum += full * (n - 1);
+    if (short_unit() >= 1 && short_unit() < n) sum += (gu ? gu_size(short_unit()) : dn_size(short_unit())) - full;
+    return sum;
+  }
+  // block b = GU(b) (b < units) then DN(b-1) (b >= 1)
+  MOKGEN_DEV int block_start(int b) const { return prefix(b, true) + prefix(b - 1, false); }
+  MOKGEN_DEV int total_tasks() const { return prefix(units(), true) + prefix(units(), false); }
 };
 
 template <class C, class Cfg>
@@ -98,7 +125,7 @@ struct FwdProblem {
   int k_d, k_i, k_is;  // K blocks of D, I, IS
 
   MOKGEN_DEV void setup() {
-    s.init(buf->meta[0], buf->n_tokens);
+    s.init(buf->meta[0], buf->n_tokens);  // every thread: the consumers never decode tasks
     uint32_t* c = buf->counters + 1;
     ready = c;
     dn_done = ready + buf->max_minibatches;
@@ -136,57 +163,54 @@ struct FwdProblem {
 
   // Producer thread only: take the next task and wait for what it reads.
   MOKGEN_DEV Task next_task() {
-    int t = (int)atomicAdd(buf->counters, 1u);
+    const int t = (int)atomicAdd(buf->counters, 1u);
+    if (t >= s.total_tasks()) return stop_task();
+    int lo = 0, hi = s.units();  // the last block starting at or before t
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (s.block_start(mid) <= t) lo = mid; else hi = mid - 1;
+    }
+    int off = t - s.block_start(lo);
+    const bool gu = lo < s.units() && off < s.gu_size(lo);
+    const int u = gu ? lo : lo - 1;
+    if (!gu && lo < s.units()) off -= s.gu_size(lo);
+    if (!MOKGEN_OK(u >= 0 && u <= s.nm && off < (gu ? s.gu_size(u) : s.dn_size(u)), 1, u, off))
+      return stop_task();
+    return u == 0 ? shared_task(gu, off) : routed_task(u - 1, gu, off);
+  }
+
+  MOKGEN_DEV Task shared_task(bool gu, int i) const {
     const int BM = Cfg::BM, BN = Cfg::BN;
-    if (t < s.shared_tasks()) {
-      const int n_gu = s.shared_rt * S::SGU_N;
-      if (t < n_gu) {  // shared gate/up + SwiGLU -> h_shared
-        const int rt = t % s.shared_rt, nt = t / s.shared_rt;
-        const int r0 = rt * BM, n0 = nt * (BN / 2);
-        return Task{kSharedGateUp, r0, n0, C::IS + n0, r0, n0, min(BM, buf->n_tokens - r0), k_d};
-      }
-      t -= n_gu;
-      const int rt = t % s.shared_rt, nt = t / s.shared_rt;
-      const int r0 = rt * BM;
-      wait_at_least(sgu_done + rt, S::SGU_N, 1);
-      fence_proxy_async_global();  // h_shared was written by generic stores; TMA reads it
-      return Task{kSharedDown, r0, nt * BN, -1, r0, nt * BN, min(BM, buf->n_tokens - r0), k_is};
+    const int rt = i % s.shared_rt, nt = i / s.shared_rt, r0 = rt * BM;
+    const int valid = min(BM, buf->n_tokens - r0);
+    if (gu) {  // shared gate/up + SwiGLU -> h_shared
+      const int n0 = nt * (BN / 2);
+      return Task{kSharedGateUp, r0, n0, C::IS + n0, r0, n0, valid, k_d};
     }
-    t -= s.shared_tasks();
-    if (t >= s.routed_tasks()) return stop_task();
-    // which minibatch (in processing order) owns task t; only minibatch nm-1 is short and
-    // it is the last one of the first processed macrobatch
-    const int full = S::RT_FULL * (S::GU_N + S::DN_N);
-    const int last_q = s.first_count - 1;
-    int q, u;
-    if (t < last_q * full) { q = t / full; u = t % full; }
-    else if (t < last_q * full + s.rt_last * (S::GU_N + S::DN_N)) { q = last_q; u = t - last_q * full; }
-    else {
-      t -= last_q * full + s.rt_last * (S::GU_N + S::DN_N);
-      q = last_q + 1 + t / full;
-      u = t % full;
-    }
+    wait_at_least(sgu_done + rt, S::SGU_N, 1);
+    fence_proxy_async_global();  // h_shared was written by generic stores; TMA reads it
+    return Task{kSharedDown, r0, nt * BN, -1, r0, nt * BN, valid, k_is};
+  }
+
+  MOKGEN_DEV Task routed_task(int q, bool gu, int i) const {
+    const int BM = Cfg::BM, BN = Cfg::BN;
     const int m = s.minibatch_at(q);
     const int rt_n = s.row_tiles(m);
-    const int slot_row0 = (m % C::SLOTS) * C::B;
-    if (!MOKGEN_OK(m >= 0 && m < s.nm && u >= 0 && u < rt_n * (S::GU_N + S::DN_N), 1, m, u))
+    const int rt = i % rt_n, nt = i / rt_n;
+    const int slot_row = (q % C::SLOTS) * C::B + rt * BM;
+    const int p0 = m * C::B + rt * BM, e = expert_of(p0);
+    if (!MOKGEN_OK(p0 + BM <= s.rows && slot_row + BM <= C::B * C::SLOTS, 2, p0, slot_row))
       return stop_task();
-    if (u < rt_n * S::GU_N) {  // gate/up + SwiGLU of one row tile, BN/2 output columns
-      const int rt = u % rt_n, nt = u / rt_n;
-      const int p0 = m * C::B + rt * BM, e = expert_of(p0), n0 = nt * (BN / 2);
-      if (!MOKGEN_OK(p0 + BM <= s.rows && slot_row0 + rt * BM + BM <= C::B * C::SLOTS, 2, p0, rt))
-        return stop_task();
+    if (gu) {  // gate/up + SwiGLU of one row tile, BN/2 output columns
+      const int n0 = nt * (BN / 2);
       wait_at_least(ready + m, C::COMM, 2);
       fence_proxy_async_global();  // ring rows were written by the comm CTAs' plain stores
-      return Task{kGateUp, slot_row0 + rt * BM, e * 2 * C::I + n0, e * 2 * C::I + C::I + n0,
-                  p0, n0, BM, k_d};
+      return Task{kGateUp, slot_row, e * 2 * C::I + n0, e * 2 * C::I + C::I + n0, p0, n0, BM,
+                  k_d};
     }
-    u -= rt_n * S::GU_N;
-    const int rt = u % rt_n, nt = u / rt_n;
-    const int p0 = m * C::B + rt * BM, e = expert_of(p0);
     wait_at_least(gu_done + m * S::RT_FULL + rt, S::GU_N, 3);
     fence_proxy_async_global();
-    return Task{kDown, slot_row0 + rt * BM, e * C::D + nt * BN, -1, p0, nt * BN, BM, k_i};
+    return Task{kDown, slot_row, e * C::D + nt * BN, -1, p0, nt * BN, BM, k_i};
   }
 
   // Consumer threads (256). Stores, then one thread publishes completion.
@@ -242,13 +266,13 @@ MOKGEN_DEV void fwd_comm(const PeerTable<C::R>& peers, const FwdBuffers& buf) {
   const int warps = blockDim.x / 32;
   for (int q = 0; q < s.nm; ++q) {
     const int m = s.minibatch_at(q);
-    const int prev = m + C::SLOTS;  // processed one macrobatch earlier in the same slot
-    if (prev < s.nm) {
+    if (q >= C::SLOTS) {  // the slot's previous minibatch must have left the down GEMM
+      const int prev = s.minibatch_at(q - C::SLOTS);
       if (threadIdx.x == 0) wait_at_least(dn_done + prev, s.down_tiles(prev), 4);
       __syncthreads();
     }
     const int p0 = m * C::B, p1 = min(p0 + C::B, s.rows);
-    pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, (m % C::SLOTS) * C::B,
+    pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, (q % C::SLOTS) * C::B,
                           blockIdx.x * warps + threadIdx.x / 32, C::COMM * warps);
     fence_proxy_async_global();  // compute reads the ring through TMA (async proxy)
     __syncthreads();

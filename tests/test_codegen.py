@@ -1,0 +1,114 @@
+"""Rendering, the build cache, and nvcc compiles of the generated kernels (CPU; needs nvcc)."""
+import json
+import multiprocessing as mp
+import shutil
+import subprocess
+
+import pytest
+
+import mokgen
+from mokgen import build, codegen
+
+PRESETS = ("kimi-k2.7", "glm-5.2", "qwen3.5-397b-a17b", "deepseek-v4-pro")
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+
+
+def test_render_instantiates_plan_constants():
+    p = mokgen.plan(mokgen.shapes.get("qwen3.5-397b-a17b"), ep=64, tokens_per_rank=1024)
+    fwd = dict((k.name.split("_")[0], k) for k in codegen.emit(p))["fwd"].source
+    assert "/*D*/ 4096" in fwd and "/*I*/ 1024" in fwd and f"/*R*/ 64" in fwd
+    assert f"/*B*/ {p.minibatch}" in fwd and f"/*SLOTS*/ {p.ring_slots}" in fwd
+    assert f"/*COMM*/ {p.comm_sms_fwd}" in fwd and p.key() in fwd
+
+
+def test_unsupported_plans_are_refused():
+    s = mokgen.shapes.get("glm-5.2")
+    with pytest.raises(ValueError, match="dtype"):
+        codegen.emit(mokgen.plan(s, ep=8, dtype="mxfp8"))
+    with pytest.raises(ValueError, match="dispatch"):
+        codegen.emit(mokgen.plan(s, ep=8, dispatch="push"))
+    with pytest.raises(ValueError, match="multiple of 128"):
+        codegen.emit(mokgen.plan(mokgen.MoEShape(8, 64, 32, 2), ep=2))
+
+
+def test_parse_ptxas_report():
+    text = """ptxas info    : Compiling entry function 'k1' for 'sm_90a'
+ptxas info    : Function properties for k1
+    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 168 registers, used 2 barriers, 1024 bytes smem"""
+    r = build.parse_ptxas(text)["k1"]
+    assert r == dict(registers=168, smem=1024, stack=8, spill_stores=4, spill_loads=12)
+
+
+@needs_nvcc
+def test_cache_key_tracks_source_flags_and_arch():
+    k = build.Kernel("x", "int a;")
+    assert build.cache_key(k, "sm_90a") == build.cache_key(build.Kernel("x", "int a;"), "sm_90a")
+    assert build.cache_key(k, "sm_90a") != build.cache_key(build.Kernel("x", "int b;"), "sm_90a")
+    assert build.cache_key(k, "sm_90a") != build.cache_key(build.Kernel("x", "int a;", ("-G",)),
+                                                         "sm_90a")
+    assert build.cache_key(k, "sm_90a") != build.cache_key(k, "sm_100a")
+
+
+def _build_in(cache):
+    import os
+
+    os.environ["MOKGEN_CACHE"] = cache
+    import importlib
+
+    import mokgen.config
+
+    importlib.reload(mokgen.config)
+    from mokgen import build as b
+
+    importlib.reload(b)
+    k = b.Kernel("race", '#include "mokgen/sync.cuh"\nextern "C" __global__ void k(int* p) '
+                         "{ if (p) *p = 1; }\n")
+    return str(b.build([k])[0].path)
+
+
+@needs_nvcc
+def test_concurrent_builds_share_one_binary(tmp_path):
+    with mp.get_context("spawn").Pool(4) as pool:
+        paths = pool.map(_build_in, [str(tmp_path)] * 4)
+    assert len(set(paths)) == 1
+    folders = [p for p in tmp_path.iterdir() if p.name.startswith("kernel.race.")]
+    assert len(folders) == 1 and (folders[0] / "kernel.cubin").stat().st_size > 0
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("build.")], "temp dirs left"
+    meta = json.loads((folders[0] / "meta.json").read_text())
+    assert "k" in meta["resources"]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_kernels_compile_without_spills(name):
+    p = mokgen.plan(mokgen.shapes.get(name), ep=64, tokens_per_rank=2048)
+    layer = mokgen.compile(mokgen.shapes.get(name), ep=64, tokens_per_rank=2048)
+    assert layer.plan == p
+    for unit, b in layer.binaries.items():
+        assert b.path.exists()
+        for fn, r in b.resources.items():
+            assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (unit, fn, r)
+            assert r["stack"] == 0, (unit, fn, r)
+    fwd = layer.binaries["fwd"]
+    assert fwd.resources["mokgen_fwd"]["registers"] <= 168
+    cuobjdump = _cuobjdump()
+    if cuobjdump:  # the SASS check runs wherever a disassembler exists (triton ships one)
+        sass = subprocess.run([cuobjdump, "-sass", str(fwd.path)], capture_output=True,
+                              text=True).stdout
+        assert "HGMMA.64x256x16.F32.BF16" in sass and "UTMALDG" in sass
+
+
+def _cuobjdump():
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import os
+
+        import triton
+
+        cand = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+        return cand if os.path.exists(cand) else None
+    except ImportError:
+        return None
