@@ -113,6 +113,13 @@ struct FwdSchedule {
   MOKGEN_DEV int total_tasks() const { return prefix(units(), true) + prefix(units(), false); }
 };
 
+// Tile-local row / column of accumulator register pair r (layout: gemm_tile.cuh).
+MOKGEN_DEV int acc_row(int r) {
+  const int w = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
+  return 16 * w + (l >> 2) + 8 * ((r >> 1) & 1);
+}
+MOKGEN_DEV int acc_col(int r) { return 8 * (r >> 2) + 2 * (threadIdx.x & 3); }
+
 template <class C, class Cfg>
 struct FwdProblem {
   using S = FwdSchedule<C, Cfg>;
@@ -121,19 +128,18 @@ struct FwdProblem {
   const PeerTable<C::R>* peers;
   const FwdBuffers* buf;
   S s;
-  uint32_t *ready, *dn_done, *gu_done, *sgu_done;
-  int k_d, k_i, k_is;  // K blocks of D, I, IS
+  static constexpr int k_d = C::D / 64, k_i = C::I / 64, k_is = C::IS / 64;  // K blocks
+
+  // Counter arrays, derived where used rather than held: consumer registers are scarce.
+  MOKGEN_DEV uint32_t* ready() const { return buf->counters + 1; }
+  MOKGEN_DEV uint32_t* dn_done() const { return ready() + buf->max_minibatches; }
+  MOKGEN_DEV uint32_t* gu_done() const { return dn_done() + buf->max_minibatches; }
+  MOKGEN_DEV uint32_t* sgu_done() const {
+    return gu_done() + buf->max_minibatches * S::RT_FULL;
+  }
 
   MOKGEN_DEV void setup() {
-    s.init(buf->meta[0], buf->n_tokens);  // every thread: the consumers never decode tasks
-    uint32_t* c = buf->counters + 1;
-    ready = c;
-    dn_done = ready + buf->max_minibatches;
-    gu_done = dn_done + buf->max_minibatches;
-    sgu_done = gu_done + buf->max_minibatches * S::RT_FULL;
-    k_d = C::D / 64;
-    k_i = C::I / 64;
-    k_is = C::IS / 64;
+    s.init(buf->meta[0], buf->n_tokens);
   }
 
   MOKGEN_DEV void prefetch() const {
@@ -187,7 +193,7 @@ struct FwdProblem {
       const int n0 = nt * (BN / 2);
       return Task{kSharedGateUp, r0, n0, C::IS + n0, r0, n0, valid, k_d};
     }
-    wait_at_least(sgu_done + rt, S::SGU_N, 1);
+    wait_at_least(sgu_done() + rt, S::SGU_N, 1);
     fence_proxy_async_global();  // h_shared was written by generic stores; TMA reads it
     return Task{kSharedDown, r0, nt * BN, -1, r0, nt * BN, valid, k_is};
   }
@@ -203,20 +209,22 @@ struct FwdProblem {
       return stop_task();
     if (gu) {  // gate/up + SwiGLU of one row tile, BN/2 output columns
       const int n0 = nt * (BN / 2);
-      wait_at_least(ready + m, C::COMM, 2);
+      wait_at_least(ready() + m, C::COMM, 2);
       fence_proxy_async_global();  // ring rows were written by the comm CTAs' plain stores
       return Task{kGateUp, slot_row, e * 2 * C::I + n0, e * 2 * C::I + C::I + n0, p0, n0, BM,
                   k_d};
     }
-    wait_at_least(gu_done + m * S::RT_FULL + rt, S::GU_N, 3);
+    wait_at_least(gu_done() + m * S::RT_FULL + rt, S::GU_N, 3);
     fence_proxy_async_global();
     return Task{kDown, slot_row, e * C::D + nt * BN, -1, p0, nt * BN, BM, k_i};
   }
 
-  // Consumer threads (256). Stores, then one thread publishes completion.
+  // Consumer threads (256). Stores from registers, then one thread publishes completion.
+  // (Staging rows through shared memory for 16-byte stores made ptxas spill in the mainloop
+  // at 168 registers; see benchmarks/NOTES.md.)
   MOKGEN_DEV void epilogue(const Task& t, float (&acc)[Cfg::kAccRegs], int cwg) {
     constexpr int BN = Cfg::BN;
-    if (t.op == kSharedGateUp || t.op == kGateUp) {
+    if (t.op == kSharedGateUp || t.op == kGateUp) {  // local rows, half-contiguous already
       __nv_bfloat16* out = t.op == kSharedGateUp
           ? buf->h_shared + (size_t)t.c_row0 * C::IS + t.c_col0
           : buf->ring_a + (size_t)t.a_row0 * C::I + t.c_col0;
@@ -232,25 +240,35 @@ struct FwdProblem {
       for_each_acc_pair<BN>(acc, cwg, t.m_valid, [&](int r, int c, float v0, float v1) {
         *reinterpret_cast<float2*>(out + (size_t)r * C::D + c) = make_float2(v0, v1);
       });
-    } else {  // routed down: scale by the router weight, push to the owner's combine row
-      for_each_acc_pair<BN>(acc, cwg, t.m_valid, [&](int r, int c, float v0, float v1) {
-        const int p = t.c_row0 + r;
-        if (!MOKGEN_OK(p < s.rows, 4, p, s.rows)) return;
+    } else {  // routed down: scale by the router weight, push to the owners' combine rows
+      // a thread holds 2 rows of the tile: look their destinations up once, not per pair
+      __nv_bfloat16* dst[2];
+      float w[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int p = t.c_row0 + 64 * cwg + acc_row(2 * h);
         const int2 src = buf->table[p];
-        if (src.x < 0) return;
-        if (!MOKGEN_OK(src.x < C::R && src.y < buf->n_tokens * C::K, 5, src.x, src.y)) return;
-        const float w = buf->row_weight[p];
-        __nv_bfloat16* dst = peers->combine[src.x] + (size_t)src.y * C::D + t.c_col0 + c;
-        *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(v0 * w, v1 * w);
-      });
+        const bool ok = src.x >= 0 &&  // padding rows go nowhere
+            MOKGEN_OK(src.x < C::R && src.y < buf->n_tokens * C::K && p < s.rows, 5, src.x, p);
+        dst[h] = ok ? peers->combine[src.x] + (size_t)src.y * C::D + t.c_col0 : nullptr;
+        w[h] = buf->row_weight[p];
+      }
+#pragma unroll
+      for (int r = 0; r < BN / 2; r += 2) {
+        __nv_bfloat16* d = dst[(r >> 1) & 1];
+        const float s_ = w[(r >> 1) & 1];
+        if (d != nullptr)
+          *reinterpret_cast<__nv_bfloat162*>(d + acc_col(r)) =
+              __floats2bfloat162_rn(acc[r] * s_, acc[r + 1] * s_);
+      }
     }
     named_bar_sync(1, 256);
     if (threadIdx.x == 128) {
       const int BM = Cfg::BM;
-      if (t.op == kSharedGateUp) signal_add(sgu_done + t.c_row0 / BM);
+      if (t.op == kSharedGateUp) signal_add(sgu_done() + t.c_row0 / BM);
       else if (t.op == kGateUp)
-        signal_add(gu_done + (t.c_row0 / C::B) * S::RT_FULL + (t.c_row0 % C::B) / BM);
-      else if (t.op == kDown) signal_add(dn_done + t.c_row0 / C::B);
+        signal_add(gu_done() + (t.c_row0 / C::B) * S::RT_FULL + (t.c_row0 % C::B) / BM);
+      else if (t.op == kDown) signal_add(dn_done() + t.c_row0 / C::B);
     }
   }
 };

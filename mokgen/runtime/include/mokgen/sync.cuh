@@ -8,12 +8,14 @@
 
 namespace mokgen {
 
-// Spin until *flag >= target (acquire). On timeout: write {magic, tag, block, value} to
-// mokgen_diag and trap, so the host gets an error instead of a hung GPU.
+// Spin until *flag >= target (acquire at gpu scope, or system scope for flags that other
+// GPUs write). On timeout: write {magic, tag, block, value} to mokgen_diag and trap, so the
+// host gets an error instead of a hung GPU.
+template <bool kSystem = false>
 MOKGEN_DEV void wait_at_least(const uint32_t* flag, uint32_t target, uint32_t tag) {
   uint32_t n = 0;
   uint32_t v;
-  while ((v = ld_acquire_sys(flag)) < target) {
+  while ((v = kSystem ? ld_acquire_sys(flag) : ld_acquire_gpu(flag)) < target) {
     __nanosleep(32);
 #if MOKGEN_SPIN_LIMIT
     if (++n == MOKGEN_SPIN_LIMIT) {
@@ -28,10 +30,11 @@ MOKGEN_DEV void wait_at_least(const uint32_t* flag, uint32_t target, uint32_t ta
   }
 }
 
-// Publish: every thread of the caller's group has finished its stores to `flag`'s data and
-// synchronized; one thread then makes them visible at gpu/system scope and bumps the count.
+// Publish a GPU-local count: every thread of the caller's group has finished its stores and
+// synchronized; one thread then makes them visible at gpu scope and bumps the count. (Stores
+// to peers become visible to them at the rank barrier, which fences at system scope.)
 MOKGEN_DEV void signal_add(uint32_t* flag, uint32_t v = 1) {
-  __threadfence_system();
+  __threadfence();
   atomicAdd(flag, v);
 }
 
@@ -47,7 +50,7 @@ MOKGEN_DEV void rank_barrier(uint32_t* const* peer_flags, uint32_t* my_flags, in
                              uint32_t epoch, uint32_t tag) {
   __threadfence_system();
   for (int p = 0; p < ranks; ++p) st_release_sys(peer_flags[p] + rank, epoch);
-  for (int p = 0; p < ranks; ++p) wait_at_least(my_flags + p, epoch, tag + p);
+  for (int p = 0; p < ranks; ++p) wait_at_least<true>(my_flags + p, epoch, tag + p);
 }
 
 }  // namespace mokgen
