@@ -20,11 +20,16 @@ def plan(shape: MoEShape, ep: int, dtype: str = "bf16", tokens_per_rank: int = 2
 
 
 def compile(shape: MoEShape, ep: int, dtype: str = "bf16", tokens_per_rank: int = 2048,
-            virtual: bool = False, **overrides):
-    """plan + emit + build (+ load where a GPU is present); returns the callable layer."""
+            virtual: bool = False, group=None, **overrides):
+    """plan + emit + build (+ load where a GPU is present); returns the callable layer.
+
+    virtual=True hosts all `ep` ranks on this GPU (inputs are lists of per-rank tensors);
+    otherwise this process is one rank of `group` (default: the world), whose size is `ep`,
+    and peers are reached through torch symmetric memory."""
     from .api import compile_layer
 
-    return compile_layer(plan(shape, ep, dtype, tokens_per_rank, **overrides), virtual=virtual)
+    return compile_layer(plan(shape, ep, dtype, tokens_per_rank, **overrides), virtual=virtual,
+                         group=group)
 
 
 __all__ = ["MoEShape", "Plan", "plan", "compile", "shapes", "__version__"]
