@@ -138,10 +138,10 @@ def dense_floor(shape, n, dev, g):
     return lambda: (a @ b, c @ d, sa @ sb, sc @ sd)
 
 
-def bench_one(name, ep, n, iters, g):
+def bench_one(name, ep, n, iters, g, **overrides):
     shape = mokgen.shapes.get(name)
     xs, zs, w1, w2, sw1, sw2 = make_slice(shape, ep, n, g)
-    layer = mokgen.compile(shape, ep=ep, tokens_per_rank=n, virtual=True)
+    layer = mokgen.compile(shape, ep=ep, tokens_per_rank=n, virtual=True, **overrides)
     rt = layer.runtime()
     inputs = dict(x=xs, router_logits=zs, w1=[w1] * ep, w2=[w2] * ep, shared_w1=sw1,
                   shared_w2=sw2)
@@ -186,28 +186,41 @@ def main(argv=None):
     ap.add_argument("--ep", default="8,64")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--comm-sms", default="", help="comma list: sweep comm_sms_fwd")
+    ap.add_argument("--minibatch", default="", help="comma list: sweep the minibatch")
     args = ap.parse_args(argv)
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for name in args.shapes.split(","):
         for ep in map(int, args.ep.split(",")):
             for n in map(int, args.tokens.split(",")):
-                r = bench_one(name, ep, n, args.iters, g)
-                rows.append(r)
-                print(json.dumps(r), flush=True)
+                sweeps = [{}]
+                if args.comm_sms:
+                    sweeps = [dict(comm_sms_fwd=int(c)) for c in args.comm_sms.split(",")]
+                if args.minibatch:
+                    sweeps = [dict(s, minibatch=int(b)) for s in sweeps
+                              for b in args.minibatch.split(",")]
+                for ov in sweeps:
+                    r = bench_one(name, ep, n, args.iters, g, **ov)
+                    r["overrides"] = ov
+                    rows.append(r)
+                    print(json.dumps(r), flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or os.environ.get("MOKGEN_COMMIT", "?")
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                 cuda=torch.version.cuda, commit=commit, time=time.strftime("%Y-%m-%d %H:%M"))
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "moe_layer_fwd_bf16.json"), "w") as f:
+    fname = "moe_layer_fwd_bf16_sweep.json" if args.comm_sms or args.minibatch else \
+        "moe_layer_fwd_bf16.json"
+    with open(os.path.join(args.out, fname), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
     print(f"\n{meta}")
-    print(f"{'shape':<18}{'ep':>3}{'N':>6} {'mokgen':>8} {'grouped':>8} {'naive':>8} {'floor':>8}"
+    print(f"{'shape':<18}{'ep':>3}{'N':>6} {'comm':>4} {'mb':>5} {'mokgen':>8} {'grouped':>8} {'naive':>8} {'floor':>8}"
           f"  TFLOP/s   x_best  %floor  err      sched/mega/sum ms")
     for r in rows:
         best = max(r["grouped_tflops"], r["naive_tflops"])
-        print(f"{r['shape']:<18}{r['ep']:>3}{r['tokens']:>6} {r['mokgen_tflops']:8.0f} "
+        print(f"{r['shape']:<18}{r['ep']:>3}{r['tokens']:>6} {r['plan']['comm_sms']:>4} "
+              f"{r['plan']['minibatch']:>5} {r['mokgen_tflops']:8.0f} "
               f"{r['grouped_tflops']:8.0f} {r['naive_tflops']:8.0f} {r['floor_tflops']:8.0f}"
               f"  {r['mokgen_tflops'] / best:8.2f} {100 * r['mokgen_tflops'] / r['floor_tflops']:6.0f}%"
               f"  {r['err_vs_grouped']:.1e}  " + "/".join(f"{v:.3f}" for v in r["stage_ms"].values()))

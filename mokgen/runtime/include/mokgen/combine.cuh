@@ -60,8 +60,17 @@ __device__ void pull_rows(const int2* __restrict__ table, const __nv_bfloat16* c
     if (!MOKGEN_OK(src.x < 64 * 1024 && ring_row0 + p - p_begin >= 0, 8, src.x, src.y)) continue;
     const int4* from = reinterpret_cast<const int4*>(peer_x[src.x] + (size_t)(src.y / K) * D);
     int4* to = reinterpret_cast<int4*>(ring_x + (size_t)(ring_row0 + p - p_begin) * D);
-#pragma unroll 4
-    for (int v = lane; v < VEC; v += 32) to[v] = from[v];
+    // batches of 8 loads before their stores: 4 KB of one row in flight per warp
+    constexpr int BATCH = 8;
+    int v = lane;
+    for (; v + 32 * (BATCH - 1) < VEC; v += 32 * BATCH) {
+      int4 buf[BATCH];
+#pragma unroll
+      for (int b = 0; b < BATCH; ++b) buf[b] = from[v + 32 * b];
+#pragma unroll
+      for (int b = 0; b < BATCH; ++b) to[v + 32 * b] = buf[b];
+    }
+    for (; v < VEC; v += 32) to[v] = from[v];
   }
 }
 
