@@ -205,8 +205,8 @@ def main(argv=None):
                     r["overrides"] = ov
                     rows.append(r)
                     print(json.dumps(r), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or os.environ.get("MOKGEN_COMMIT", "?")
+    commit = os.environ.get("MOKGEN_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "?"
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                 cuda=torch.version.cuda, commit=commit, time=time.strftime("%Y-%m-%d %H:%M"))
     os.makedirs(args.out, exist_ok=True)
@@ -214,6 +214,12 @@ def main(argv=None):
         "moe_layer_fwd_bf16.json"
     with open(os.path.join(args.out, fname), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    try:
+        from plot import plot
+
+        plot(os.path.join(args.out, fname), os.path.join(args.out, fname[:-5] + ".png"))
+    except ImportError as e:  # matplotlib is optional
+        print(f"no plot: {e}")
     print(f"\n{meta}")
     print(f"{'shape':<18}{'ep':>3}{'N':>6} {'comm':>4} {'mb':>5} {'mokgen':>8} {'grouped':>8} {'naive':>8} {'floor':>8}"
           f"  TFLOP/s   x_best  %floor  err      sched/mega/sum ms")
