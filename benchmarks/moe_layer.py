@@ -67,10 +67,12 @@ class TorchSlice:
         self.X = torch.stack(xs)            # [R, n, D]: peers' tokens (read = dispatch)
         self.zs, self.w1, self.w2, self.sw1, self.sw2 = zs, w1, w2, sw1, sw2
 
-    def _routes(self):
-        # rank 0 routes its own tokens; the others' routes were all-gathered earlier
-        experts, weights = reference.route(self.zs[0], self.k)
-        return experts, weights
+    def _routes(self, all_routes):
+        """Rank 0 routes its own tokens (timed); the other ranks' routes were all-gathered
+        earlier. Returns the flat [R*n*k] global expert of every route."""
+        flat = all_routes.clone()
+        flat[0] = reference.route(self.zs[0], self.k)[0].flatten()
+        return flat.flatten()
 
     def shared(self, x):
         g, u = (x @ self.sw1.T).chunk(2, -1)
@@ -78,12 +80,9 @@ class TorchSlice:
 
     def grouped(self, all_routes, all_weights):
         n, D = self.X.shape[1], self.X.shape[2]
-        e0, w0 = self._routes()
-        flat = all_routes.clone()
-        flat[0] = e0.flatten()
-        local = flat.flatten()
+        local = self._routes(all_routes)
         mask = local < self.L                     # rank 0 owns experts 0..L-1
-        idx = mask.nonzero().squeeze(1)           # [P] (stays on device, sizes sync once)
+        idx = mask.nonzero().squeeze(1)           # [P]: one host sync for the size
         order = torch.argsort(local[idx], stable=True)
         idx = idx[order]
         rows = self.X.view(-1, D)[idx // self.k]  # pull dispatch
@@ -110,10 +109,7 @@ class TorchSlice:
 
     def naive(self, all_routes, all_weights):
         n, D = self.X.shape[1], self.X.shape[2]
-        e0, _ = self._routes()
-        flat = all_routes.clone()
-        flat[0] = e0.flatten()
-        local = flat.flatten()
+        local = self._routes(all_routes)
         outs, idxs = [], []
         for e in range(self.L):
             idx = (local == e).nonzero().squeeze(1)
