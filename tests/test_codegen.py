@@ -16,7 +16,7 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not o
 def test_render_instantiates_plan_constants():
     p = mokgen.plan(mokgen.shapes.get("qwen3.5-397b-a17b"), ep=64, tokens_per_rank=1024)
     fwd = dict((k.name.split("_")[0], k) for k in codegen.emit(p))["fwd"].source
-    assert "/*D*/ 4096" in fwd and "/*I*/ 1024" in fwd and f"/*R*/ 64" in fwd
+    assert "/*D*/ 4096" in fwd and "/*I*/ 1024" in fwd and "/*R*/ 64" in fwd
     assert f"/*B*/ {p.minibatch}" in fwd and f"/*SLOTS*/ {p.ring_slots}" in fwd
     assert f"/*COMM*/ {p.comm_sms_fwd}" in fwd and p.key() in fwd
 

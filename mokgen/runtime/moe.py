@@ -166,7 +166,6 @@ class ForwardRuntime:
 
     def route(self, i, logits, n):
         """Softmax top-k of rank i's tokens, written into every rank's gathered tables."""
-        s = self.spec
         tables = cuda.Raw(self.peers.table("routes") + self.peers.table("weights"))
         cuda.launch(self.f_route, max(1, min(1024, -(-n // 8))), 256, 0, self._stream(),
                     [logits, n, self.peers.hosted_ranks[i], tables])
