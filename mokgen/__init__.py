@@ -20,16 +20,18 @@ def plan(shape: MoEShape, ep: int, dtype: str = "bf16", tokens_per_rank: int = 2
 
 
 def compile(shape: MoEShape, ep: int, dtype: str = "bf16", tokens_per_rank: int = 2048,
-            virtual: bool = False, group=None, **overrides):
+            virtual: bool = False, group=None, watchdog_s: float | None = None, **overrides):
     """plan + emit + build (+ load where a GPU is present); returns the callable layer.
 
     virtual=True hosts all `ep` ranks on this GPU (inputs are lists of per-rank tensors);
     otherwise this process is one rank of `group` (default: the world), whose size is `ep`,
-    and peers are reached through torch symmetric memory."""
+    and peers are reached through torch symmetric memory. `watchdog_s` bounds every device
+    wait (default $MOKGEN_WATCHDOG, 5 s): past it the call is abandoned and the layer raises
+    RuntimeError naming the rank, phase and flag (at the next call or `moe.synchronize()`)."""
     from .api import compile_layer
 
     return compile_layer(plan(shape, ep, dtype, tokens_per_rank, **overrides), virtual=virtual,
-                         group=group)
+                         group=group, watchdog_s=watchdog_s)
 
 
 __all__ = ["MoEShape", "Plan", "plan", "compile", "shapes", "__version__"]

@@ -6,6 +6,7 @@ import time
 import torch
 
 from . import build, codegen
+from .config import CONFIG
 from .plan import Plan
 
 
@@ -18,10 +19,11 @@ class CompiledMoE:
     """
 
     def __init__(self, plan: Plan, binaries: dict, virtual: bool, build_seconds: float,
-                 group=None):
+                 group=None, watchdog_s: float | None = None):
         self.plan, self.binaries, self.virtual = plan, binaries, virtual
         self.build_seconds = build_seconds
         self.group = group
+        self.watchdog_s = CONFIG.watchdog_s if watchdog_s is None else watchdog_s
         self._runtime = None
 
     @property
@@ -41,7 +43,7 @@ class CompiledMoE:
                              p.comm_sms_fwd, p.max_routed_rows)
             self._runtime = ForwardRuntime(spec, str(self.binaries["prologue"].path),
                                            str(self.binaries["fwd"].path), self.virtual,
-                                           self.group)
+                                           self.group, self.watchdog_s)
         return self._runtime
 
     def __call__(self, x, router_logits, w1, w2, shared_w1=None, shared_w2=None):
@@ -51,13 +53,24 @@ class CompiledMoE:
         xs, zs, w1s, w2s = ((x, router_logits, w1, w2) if many
                             else ([x], [router_logits], [w1], [w2]))
         zs = check_inputs(self.plan, xs, zs, w1s, w2s, shared_w1, shared_w2, many)
-        ys = self.runtime().forward(xs, zs, w1s, w2s, shared_w1, shared_w2)
+        rt = self.runtime()
+        rt.check()  # an earlier call's watchdog record, if any (no device sync)
+        ys = rt.forward(xs, zs, w1s, w2s, shared_w1, shared_w2)
         return ys if many else ys[0]
 
+    def synchronize(self) -> None:
+        """Wait for this layer's work and raise what the watchdog recorded, if anything."""
+        torch.cuda.synchronize()
+        self.runtime().check()
 
-def compile_layer(plan: Plan, virtual: bool = False, group=None) -> CompiledMoE:
+
+def compile_layer(plan: Plan, virtual: bool = False, group=None,
+                  watchdog_s: float | None = None) -> CompiledMoE:
+    if watchdog_s is not None and not watchdog_s > 0:
+        raise ValueError(f"watchdog_s must be a positive number of seconds, got {watchdog_s!r}")
     t0 = time.perf_counter()
     kernels = codegen.emit(plan)
     bins = build.build(kernels, arch=plan.arch)
     names = [k.name.split("_")[0] for k in kernels]
-    return CompiledMoE(plan, dict(zip(names, bins)), virtual, time.perf_counter() - t0, group)
+    return CompiledMoE(plan, dict(zip(names, bins)), virtual, time.perf_counter() - t0, group,
+                       watchdog_s)

@@ -1,10 +1,12 @@
 """nvcc driven through ninja, with an on-disk cache that many ranks can share.
 
 A kernel lives in `<cache>/kernel.<name>.<key>/` holding `kernel.cu`, `kernel.cubin`,
-`ptxas.txt` (the resource report) and `meta.json`. The key hashes everything that changes the
-binary: the source, the device headers it can include, the flags, the nvcc version, the arch
-and the package version. Builds happen in a private temp folder that is renamed into place,
-so eight ranks compiling at once leave one good binary and nobody reads a half-written one.
+`ptxas.txt` (the resource report) and `meta.json` (with the cubin's sha256). The key hashes
+everything that changes the binary: the source, the device headers it can include, the flags,
+the nvcc version, the arch and the package version. Builds happen in a private temp folder
+that is renamed into place, so eight ranks compiling at once leave one good binary and nobody
+reads a half-written one; a cached binary whose hash no longer matches (truncated, corrupted)
+is thrown away and rebuilt.
 """
 from __future__ import annotations
 
@@ -114,18 +116,40 @@ def build(kernels: list[Kernel], arch: str = "sm_90a", jobs: int | None = None) 
     kernels = [_overridden(k) for k in kernels]
     keyed = [(k, cache_key(k, arch)) for k in kernels]
     missing = [(k, key) for k, key in keyed
-               if (k.name, key) not in _MEMO and not (_folder(k, key) / "meta.json").exists()]
+               if (k.name, key) not in _MEMO and _load_meta(_folder(k, key)) is None]
     if missing:
         _compile(missing, arch, jobs)
     out = []
     for k, key in keyed:
         if (k.name, key) not in _MEMO:
-            meta = json.loads((_folder(k, key) / "meta.json").read_text())
+            meta = _load_meta(_folder(k, key))
+            if meta is None:
+                raise RuntimeError(f"mokgen: the cached build of {k.name} in "
+                                   f"{_folder(k, key)} is unreadable right after building it")
             _MEMO[(k.name, key)] = Binary(k.name, _folder(k, key) / "kernel.cubin", key,
                                           meta["resources"], meta["build_seconds"],
                                           cached=(k, key) not in missing)
         out.append(_MEMO[(k.name, key)])
     return out
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _load_meta(folder: Path) -> dict | None:
+    """The folder's meta.json if the cubin beside it is intact; otherwise remove the folder
+    (a truncated or corrupted binary must be rebuilt, never loaded) and return None."""
+    if not folder.exists():
+        return None
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+        if _sha256(folder / "kernel.cubin") == meta["cubin_sha256"]:
+            return meta
+    except (OSError, ValueError, KeyError):
+        pass
+    shutil.rmtree(folder, ignore_errors=True)
+    return None
 
 
 def _folder(k: Kernel, key: str) -> Path:
@@ -163,12 +187,13 @@ def _compile(missing, arch: str, jobs: int | None) -> None:
             report = (d / "kernel.cubin.log").read_text()
             (d / "ptxas.txt").write_text(report)
             meta = {"name": k.name, "key": key, "arch": arch, "nvcc": nvcc_version(),
-                    "resources": parse_ptxas(report), "build_seconds": seconds}
+                    "resources": parse_ptxas(report), "build_seconds": seconds,
+                    "cubin_sha256": _sha256(d / "kernel.cubin")}
             (d / "meta.json").write_text(json.dumps(meta, indent=2))
             try:  # atomic publish; a rank that lost the race keeps the winner's copy
                 os.rename(d, _folder(k, key))
             except OSError:
-                if not (_folder(k, key) / "meta.json").exists():
+                if _load_meta(_folder(k, key)) is None:
                     raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -31,7 +31,7 @@ def _load() -> Config:
         cache=Path(env.get("MOKGEN_CACHE") or Path.home() / ".cache" / "mokgen"),
         dump=opt("MOKGEN_DUMP"), override=opt("MOKGEN_OVERRIDE"),
         nvcc=env.get("MOKGEN_NVCC", "nvcc"),
-        watchdog_s=float(env.get("MOKGEN_WATCHDOG", "10")),
+        watchdog_s=float(env.get("MOKGEN_WATCHDOG", "5")),
         debug=env.get("MOKGEN_DEBUG", "0") not in ("", "0"))
 
 

@@ -14,7 +14,7 @@ from cuda.bindings import driver as cu
 
 __all__ = [
     "check", "ensure_context", "Module", "load_module", "launch", "make_tensor_map_2d",
-    "Ptr", "I32", "U32", "I64", "F32", "Raw", "read_diag",
+    "Ptr", "I32", "U32", "I64", "F32", "Raw", "read_diag", "HostMapped", "set_global",
 ]
 
 
@@ -81,6 +81,41 @@ def load_module(cubin: bytes | str) -> Module:
     ensure_context()
     handle = check("cuModuleLoadData", cu.cuModuleLoadData(cubin))
     return Module(handle, cubin)
+
+
+class HostMapped:
+    """Pinned host memory the device can write (CU_MEMHOSTALLOC_DEVICEMAP): the host reads
+    what a kernel wrote there without a device round trip, also after the kernel gave up."""
+
+    def __init__(self, nbytes: int):
+        ensure_context()
+        self.nbytes = nbytes
+        self.host = int(check("cuMemHostAlloc", cu.cuMemHostAlloc(
+            nbytes, cu.CU_MEMHOSTALLOC_DEVICEMAP)))
+        self.device = int(check("cuMemHostGetDevicePointer",
+                                cu.cuMemHostGetDevicePointer(self.host, 0)))
+        ctypes.memset(self.host, 0, nbytes)
+
+    def words(self, n: int) -> list[int]:
+        return list((ctypes.c_uint32 * n).from_address(self.host))
+
+    def clear(self) -> None:
+        ctypes.memset(self.host, 0, self.nbytes)
+
+    def __del__(self):
+        try:
+            cu.cuMemFreeHost(self.host)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def set_global(module: Module, name: str, data: bytes) -> None:
+    """Write a __device__ variable (synchronous; for set-up, not for calls)."""
+    ptr, size = module.global_ptr(name)
+    if len(data) != size:
+        raise ValueError(f"{name} is {size} bytes, got {len(data)}")
+    buf = ctypes.create_string_buffer(data, len(data))
+    check(f"cuMemcpyHtoD({name})", cu.cuMemcpyHtoD(ptr, ctypes.addressof(buf), len(data)))
 
 
 def read_diag(module: Module) -> list[int]:

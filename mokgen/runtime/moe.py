@@ -17,6 +17,14 @@ from . import cuda
 from .peers import PeerSet
 
 BF16 = torch.bfloat16
+WATCH_WORDS, WATCH_MAGIC = 8, 0x57A7C400  # sync.cuh: WatchWord, kWatchMagic
+WATCH_PHASES = {
+    1: "a shared-expert down tile waiting for its gate/up tiles (row tile {index})",
+    2: "a gate/up tile waiting for minibatch {index}'s rows from the comm CTAs",
+    3: "a down tile waiting for its gate/up tiles (row tile {index})",
+    4: "a comm CTA waiting for minibatch {index} to free its ring slot",
+    100: "the rank barrier, waiting for peer rank {index}",
+}
 
 
 @dataclass(frozen=True)
@@ -73,7 +81,7 @@ class ForwardRuntime:
     GEMM_BOX = (128, 256)  # rows per TMA box: A tiles and dual-B halves / single B tiles
 
     def __init__(self, spec: LayerSpec, prologue_cubin: str, fwd_cubin: str, virtual: bool,
-                 group=None):
+                 group=None, watchdog_s: float = 5.0):
         self.spec = spec
         self.virtual = virtual
         self.dev = torch.device("cuda", torch.cuda.current_device())
@@ -90,6 +98,10 @@ class ForwardRuntime:
         self.f_fwd = fwd.function("mokgen_fwd", self.fwd_smem)
         self.num_sms = torch.cuda.get_device_properties(self.dev).multi_processor_count
         self.modules = (pro, fwd)
+        self.watch = cuda.HostMapped(4 * WATCH_WORDS)
+        for m in self.modules:  # every module has its own copy of the watchdog's globals
+            cuda.set_global(m, "mokgen_watch", struct.pack("<Q", self.watch.device))
+            cuda.set_global(m, "mokgen_watch_timeout_ns", struct.pack("<Q", int(watchdog_s * 1e9)))
         self.peers = PeerSet(spec, self.dev, virtual, group)
         self.ranks = [RankBuffers(spec, self.dev, self.peers.local(i))
                       for i in range(len(self.peers.hosted_ranks))]
@@ -114,6 +126,21 @@ class ForwardRuntime:
             self._maps[key] = cuda.make_tensor_map_2d(t, rows, cols, cols * 2, box_rows, 64)
         return self._maps[key]
 
+    def check(self) -> None:
+        """Raise the watchdog's record of an earlier call as a RuntimeError. Reads host-mapped
+        memory only: no device synchronization (a call's record is there once it finished)."""
+        w = self.watch.words(WATCH_WORDS)
+        if w[0] != WATCH_MAGIC:
+            return
+        phase = WATCH_PHASES.get(w[2], f"phase {w[2]}").format(index=w[3])
+        self.watch.clear()
+        for m in self.modules:  # re-arm, so the layer can be called again after the error
+            cuda.set_global(m, "mokgen_abort", struct.pack("<I", 0))
+        raise RuntimeError(
+            f"mokgen watchdog: rank {w[1]} (CTA {w[6]}) waited longer than the timeout in "
+            f"{phase}: flag value {w[4]}, expected >= {w[5]}. The call was abandoned and its "
+            f"outputs are invalid; a peer or an earlier kernel never signalled.")
+
     def device_check(self) -> list:
         """Debug builds: the first failed device-side index check of each module
         ({code, a, b, block, failures}), all zero when none failed. Synchronizes."""
@@ -129,10 +156,10 @@ class ForwardRuntime:
                         for i, v in enumerate(host)])
         return out
 
-    def _launch_barrier(self, epoch: int) -> None:
+    def _launch_barrier(self, epoch: int, hosted: int = 0) -> None:
         cuda.launch(self.f_barrier, 1, 32, 0, self._stream(),
-                    [cuda.Raw(self.peers.table("flags")), self.peers.local(0)["flags"],
-                     self.peers.hosted_ranks[0], self.spec.ep, epoch])
+                    [cuda.Raw(self.peers.table("flags")), self.peers.local(hosted)["flags"],
+                     self.peers.hosted_ranks[hosted], self.spec.ep, epoch])
 
     def _stream(self):
         return torch.cuda.current_stream(self.dev)
@@ -195,10 +222,11 @@ class ForwardRuntime:
                 self._map(sw2, sw2.shape[0], sw2.shape[1], 256),
                 self._map(w1, L * 2 * I, D, 128), self._map(w2, L * D, I, 256)]
         peer_table = cuda.Raw(struct.pack(f"<{s.ep}Q", *x_ptrs) + self.peers.table("combine"))
-        bufs = struct.pack("<9Q2i", b.table.data_ptr(), b.row_weight.data_ptr(),
+        bufs = struct.pack("<9Q3i", b.table.data_ptr(), b.row_weight.data_ptr(),
                            b.meta.data_ptr(), b.offsets.data_ptr(), b.ring_x.data_ptr(),
                            b.ring_a.data_ptr(), b.h_shared.data_ptr(), b.y_shared.data_ptr(),
-                           b.counters.data_ptr(), n, s.max_minibatches)
+                           b.counters.data_ptr(), n, s.max_minibatches,
+                           self.peers.hosted_ranks[i])
         cuda.launch(self.f_fwd, self.num_sms, 384, self.fwd_smem, self._stream(),
                     maps + [peer_table, cuda.Raw(bufs)], cooperative=True)
 

@@ -21,6 +21,9 @@ namespace mokgen {
 
 enum FwdOp : int { kSharedGateUp = 0, kSharedDown = 1, kGateUp = 2, kDown = 3 };
 
+// Watchdog phases of the forward (the host names them in its error).
+enum FwdPhase : int { kPhaseSharedDown = 1, kPhaseGateUp = 2, kPhaseDown = 3, kPhaseRingSlot = 4 };
+
 // Plan constants. B = minibatch rows, SLOTS = ring slots (ring rows = B * SLOTS).
 template <int D_, int I_, int IS_, int K_, int L_, int R_, int B_, int SLOTS_, int COMM_>
 struct FwdConsts {
@@ -49,6 +52,7 @@ struct FwdBuffers {
   uint32_t* counters;
   int n_tokens;
   int max_minibatches;
+  int rank;                 // this rank's index, for the watchdog's record
 };
 
 // The task list. Work comes in units: unit 0 is the shared expert, unit q+1 the q-th routed
@@ -170,7 +174,7 @@ struct FwdProblem {
   // Producer thread only: take the next task and wait for what it reads.
   MOKGEN_DEV Task next_task() {
     const int t = (int)atomicAdd(buf->counters, 1u);
-    if (t >= s.total_tasks()) return stop_task();
+    if (t >= s.total_tasks() || aborted()) return stop_task();
     int lo = 0, hi = s.units();  // the last block starting at or before t
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
@@ -193,7 +197,8 @@ struct FwdProblem {
       const int n0 = nt * (BN / 2);
       return Task{kSharedGateUp, r0, n0, C::IS + n0, r0, n0, valid, k_d};
     }
-    wait_at_least(sgu_done() + rt, S::SGU_N, 1);
+    if (!wait_at_least(sgu_done() + rt, S::SGU_N, buf->rank, kPhaseSharedDown, rt))
+      return stop_task();
     fence_proxy_async_global();  // h_shared was written by generic stores; TMA reads it
     return Task{kSharedDown, r0, nt * BN, -1, r0, nt * BN, valid, k_is};
   }
@@ -209,12 +214,14 @@ struct FwdProblem {
       return stop_task();
     if (gu) {  // gate/up + SwiGLU of one row tile, BN/2 output columns
       const int n0 = nt * (BN / 2);
-      wait_at_least(ready() + m, C::COMM, 2);
+      if (!wait_at_least(ready() + m, C::COMM, buf->rank, kPhaseGateUp, m)) return stop_task();
       fence_proxy_async_global();  // ring rows were written by the comm CTAs' plain stores
       return Task{kGateUp, slot_row, e * 2 * C::I + n0, e * 2 * C::I + C::I + n0, p0, n0, BM,
                   k_d};
     }
-    wait_at_least(gu_done() + m * S::RT_FULL + rt, S::GU_N, 3);
+    if (!wait_at_least(gu_done() + m * S::RT_FULL + rt, S::GU_N, buf->rank, kPhaseDown,
+                       m * S::RT_FULL + rt))
+      return stop_task();
     fence_proxy_async_global();
     return Task{kDown, slot_row, e * C::D + nt * BN, -1, p0, nt * BN, BM, k_i};
   }
@@ -282,12 +289,15 @@ MOKGEN_DEV void fwd_comm(const PeerTable<C::R>& peers, const FwdBuffers& buf) {
   uint32_t* ready = buf.counters + 1;
   uint32_t* dn_done = ready + buf.max_minibatches;
   const int warps = blockDim.x / 32;
+  __shared__ int go;
   for (int q = 0; q < s.nm; ++q) {
     const int m = s.minibatch_at(q);
     if (q >= C::SLOTS) {  // the slot's previous minibatch must have left the down GEMM
       const int prev = s.minibatch_at(q - C::SLOTS);
-      if (threadIdx.x == 0) wait_at_least(dn_done + prev, s.down_tiles(prev), 4);
+      if (threadIdx.x == 0)
+        go = wait_at_least(dn_done + prev, s.down_tiles(prev), buf.rank, kPhaseRingSlot, prev);
       __syncthreads();
+      if (!go) return;  // the watchdog fired: stop pulling, let the kernel drain
     }
     const int p0 = m * C::B, p1 = min(p0 + C::B, s.rows);
     pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, (q % C::SLOTS) * C::B,

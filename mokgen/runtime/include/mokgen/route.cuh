@@ -4,6 +4,9 @@
 // (softmax is monotonic) with ties to the lower expert id, matching mokgen.reference.route.
 // Weights are renormalized over the selected experts. Each rank writes its routes straight
 // into every peer's gathered table (unicast stores; NVLink multicast is never used).
+// NaN / +Inf logits propagate, they never drop a route: NaN ranks as +Inf in the selection
+// (torch's descending sort puts NaN first too), every token still gets k valid experts, and
+// such a token's weights (hence its output row) are NaN. Other tokens are unaffected.
 #pragma once
 #include "mokgen/ptx.cuh"
 
@@ -21,21 +24,27 @@ __device__ void route_tokens(const float* __restrict__ logits, int n_tokens, int
                              int* const* peer_routes, float* const* peer_weights, int ranks) {
   static_assert(E % 32 == 0 || E < 32, "experts must be < 32 or a multiple of 32");
   constexpr int PER_LANE = (E + 31) / 32;
+  static_assert(PER_LANE <= 32, "the picked-expert mask is one 32-bit word per lane");
   const int lane = threadIdx.x % 32;
   const int warps = gridDim.x * blockDim.x / 32;
   for (int t = (blockIdx.x * blockDim.x + threadIdx.x) / 32; t < n_tokens; t += warps) {
     float z[PER_LANE];
     float zmax = -INFINITY;
+    bool bad = false;  // a NaN logit in this lane
 #pragma unroll
     for (int i = 0; i < PER_LANE; ++i) {
       int e = lane + 32 * i;
       z[i] = e < E ? logits[(size_t)t * E + e] : -INFINITY;
+      bad |= z[i] != z[i];
+      if (z[i] != z[i]) z[i] = INFINITY;  // selection key; the weights turn NaN below
       zmax = fmaxf(zmax, z[i]);
     }
+    bad = __any_sync(0xffffffff, bad);
     for (int o = 16; o; o >>= 1) zmax = fmaxf(zmax, __shfl_xor_sync(0xffffffff, zmax, o));
     int picked[K];
     float ex[K];
     float total = 0.f;
+    unsigned taken = 0;  // bit i: expert lane + 32 i already picked (never picked twice)
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       // warp argmax over (value desc, id asc), skipping experts already taken
@@ -44,7 +53,10 @@ __device__ void route_tokens(const float* __restrict__ logits, int n_tokens, int
 #pragma unroll
       for (int i = 0; i < PER_LANE; ++i) {
         int e = lane + 32 * i;
-        if (e < E && (z[i] > best || (z[i] == best && e < best_e))) { best = z[i]; best_e = e; }
+        if (e < E && !(taken >> i & 1u) && (z[i] > best || (z[i] == best && e < best_e))) {
+          best = z[i];
+          best_e = e;
+        }
       }
       for (int o = 16; o; o >>= 1) {
         float ob = __shfl_xor_sync(0xffffffff, best, o);
@@ -52,11 +64,11 @@ __device__ void route_tokens(const float* __restrict__ logits, int n_tokens, int
         if (ob > best || (ob == best && oe < best_e)) { best = ob; best_e = oe; }
       }
       picked[k] = best_e;
-      ex[k] = expf(best - zmax);
+      ex[k] = bad ? NAN : expf(best - zmax);  // +Inf: inf - inf = NaN, as in torch.softmax
       total += ex[k];
 #pragma unroll
       for (int i = 0; i < PER_LANE; ++i)  // constant indices keep z[] in registers
-        if (lane + 32 * i == best_e) z[i] = -INFINITY;
+        if (lane + 32 * i == best_e) taken |= 1u << i;
     }
     // lane p writes this token's K routes into rank p's table ([R, N*K], row = source)
     if (lane < ranks) {

@@ -1,32 +1,71 @@
-// mokgen/sync.cuh -- flags between CTAs and between ranks, every wait bounded.
+// mokgen/sync.cuh -- flags between CTAs and between ranks, every wait bounded by a watchdog.
 //
 // Counters are monotonic within one call and zeroed on the stream before it (a memset, not a
 // host round trip); cross-rank barrier flags carry an epoch instead, so they never need a
 // reset and a late rank from call e-1 can't be mistaken for call e.
+//
+// Watchdog: a wait that outlasts mokgen_watch_timeout_ns records who waited on what in
+// mokgen_watch (host-mapped memory: the host reads it without a device round trip), raises
+// mokgen_abort, and returns false. Every wait also gives up once mokgen_abort is raised, and
+// the callers then stop taking work, so the whole kernel drains and exits instead of hanging;
+// the host turns the record into a RuntimeError.
 #pragma once
 #include "mokgen/ptx.cuh"
 
+extern "C" {
+__device__ unsigned long long mokgen_watch_timeout_ns = 5000000000ull;
+__device__ unsigned int* mokgen_watch = nullptr;  // [8], set by the host at module load
+__device__ unsigned int mokgen_abort = 0;
+}
+
 namespace mokgen {
 
-// Spin until *flag >= target (acquire at gpu scope, or system scope for flags that other
-// GPUs write). On timeout: write {magic, tag, block, value} to mokgen_diag and trap, so the
-// host gets an error instead of a hung GPU.
+enum WatchWord : int { kWatchCode, kWatchRank, kWatchPhase, kWatchIndex, kWatchValue,
+                       kWatchTarget, kWatchBlock, kWatchWords };
+constexpr unsigned kWatchMagic = 0x57A7C400u;
+
+MOKGEN_DEV uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+MOKGEN_DEV bool aborted() { return *reinterpret_cast<volatile unsigned*>(&mokgen_abort) != 0; }
+
+MOKGEN_DEV void watchdog_fire(int rank, int phase, int index, uint32_t value, uint32_t target) {
+  if (atomicCAS(&mokgen_abort, 0u, 1u) == 0u && mokgen_watch != nullptr) {
+    volatile unsigned* w = mokgen_watch;
+    w[kWatchRank] = (unsigned)rank;
+    w[kWatchPhase] = (unsigned)phase;
+    w[kWatchIndex] = (unsigned)index;
+    w[kWatchValue] = value;
+    w[kWatchTarget] = target;
+    w[kWatchBlock] = blockIdx.x;
+    __threadfence_system();
+    w[kWatchCode] = kWatchMagic;  // written last: the host reads the record once this is set
+    __threadfence_system();
+  }
+}
+
+// Spin until *flag >= target (acquire at gpu scope, or system scope for flags other GPUs
+// write). False if the watchdog fired (here or anywhere): the caller must stop.
 template <bool kSystem = false>
-MOKGEN_DEV void wait_at_least(const uint32_t* flag, uint32_t target, uint32_t tag) {
-  uint32_t n = 0;
-  uint32_t v;
-  while ((v = kSystem ? ld_acquire_sys(flag) : ld_acquire_gpu(flag)) < target) {
-    __nanosleep(32);
-#if MOKGEN_SPIN_LIMIT
-    if (++n == MOKGEN_SPIN_LIMIT) {
-      mokgen_diag[1] = tag;
-      mokgen_diag[2] = blockIdx.x;
-      mokgen_diag[3] = v;
-      atomicExch(&mokgen_diag[0], 0xF1A60000u);
-      __threadfence_system();
-      __trap();
+MOKGEN_DEV bool wait_at_least(const uint32_t* flag, uint32_t target, int rank, int phase,
+                              int index) {
+  uint32_t v = kSystem ? ld_acquire_sys(flag) : ld_acquire_gpu(flag);
+  if (v >= target) return true;
+  const uint64_t start = global_ns();
+  for (uint32_t n = 1;; ++n) {
+    __nanosleep(64);
+    v = kSystem ? ld_acquire_sys(flag) : ld_acquire_gpu(flag);
+    if (v >= target) return true;
+    if ((n & 255) == 0) {
+      if (aborted()) return false;
+      if (global_ns() - start > mokgen_watch_timeout_ns) {
+        watchdog_fire(rank, phase, index, v, target);
+        return false;
+      }
     }
-#endif
   }
 }
 
@@ -46,11 +85,15 @@ struct PeerFlags {
   uint32_t* flags[R];
 };
 
-MOKGEN_DEV void rank_barrier(uint32_t* const* peer_flags, uint32_t* my_flags, int rank, int ranks,
-                             uint32_t epoch, uint32_t tag) {
+constexpr int kPhaseBarrier = 100;  // watchdog phase of the rank barrier; index = peer
+
+MOKGEN_DEV bool rank_barrier(uint32_t* const* peer_flags, uint32_t* my_flags, int rank,
+                             int ranks, uint32_t epoch) {
   __threadfence_system();
   for (int p = 0; p < ranks; ++p) st_release_sys(peer_flags[p] + rank, epoch);
-  for (int p = 0; p < ranks; ++p) wait_at_least<true>(my_flags + p, epoch, tag + p);
+  for (int p = 0; p < ranks; ++p)
+    if (!wait_at_least<true>(my_flags + p, epoch, rank, kPhaseBarrier, p)) return false;
+  return true;
 }
 
 }  // namespace mokgen
