@@ -33,6 +33,8 @@ class PeerSet:
             self.bufs = {k: [torch.empty(*shapes[k][0], dtype=shapes[k][1], device=dev)
                              for _ in self.hosted_ranks] for k in KINDS}
             self.ptrs = {k: [t.data_ptr() for t in v] for k, v in self.bufs.items()}
+            for t in self.bufs["flags"]:  # barrier epochs start at 0 (used by tests here)
+                t.zero_()
             return
         import torch.distributed as dist
         import torch.distributed._symmetric_memory as symm
