@@ -34,4 +34,12 @@ def compile(shape: MoEShape, ep: int, dtype: str = "bf16", tokens_per_rank: int 
                          group=group, watchdog_s=watchdog_s)
 
 
-__all__ = ["MoEShape", "Plan", "plan", "compile", "shapes", "__version__"]
+def __getattr__(name):  # the nn.Module pulls in torch.library registration: load on use
+    if name == "MoE":
+        from .module import MoE
+
+        return MoE
+    raise AttributeError(f"module 'mokgen' has no attribute {name!r}")
+
+
+__all__ = ["MoE", "MoEShape", "Plan", "plan", "compile", "shapes", "__version__"]

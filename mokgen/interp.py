@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .plan import Plan
-from .reference import expert_ffn, route
+from .reference import expert_ffn, ffn_backward, route, router_backward
 from .schedule import dispatch_schedule
 
 
@@ -185,10 +185,7 @@ class Interpreter:
         for r in range(R):
             dx = dx_buf[r].view(N, k, D).sum(1)
             if shared_w1 is not None:
-                x = xs[r].detach().requires_grad_()
-                w1 = shared_w1.detach().requires_grad_()
-                w2 = shared_w2.detach().requires_grad_()
-                gx, g1, g2 = torch.autograd.grad(expert_ffn(x, w1, w2), (x, w1, w2), dys[r])
+                gx, g1, g2, _ = ffn_backward(xs[r], shared_w1, shared_w2, dys[r])
                 dx = dx + gx
                 dsw1 = g1 if dsw1 is None else dsw1 + g1
                 dsw2 = g2 if dsw2 is None else dsw2 + g2
@@ -252,14 +249,3 @@ class Interpreter:
         dh = torch.cat([da * u * sg * (1 + g * (1 - sg)), da * g * sg], dim=-1)
         dw1[e] += dh.T @ x
         self._push(dx_buf, st, lay, dh @ w1[e], scale=False)          # push reverse-dispatch
-
-
-def router_backward(logits: torch.Tensor, experts: torch.Tensor, dweights: torch.Tensor):
-    """Gradient of the logits from the gradient of the renormalized top-k weights."""
-    s = torch.softmax(logits.float(), dim=-1)
-    picked = s.gather(1, experts)
-    total = picked.sum(-1, keepdim=True)
-    w = picked / total
-    ds_picked = (dweights - (dweights * w).sum(-1, keepdim=True)) / total
-    ds = torch.zeros_like(s).scatter(1, experts, ds_picked)
-    return s * (ds - (ds * s).sum(-1, keepdim=True))

@@ -29,6 +29,57 @@ def expert_ffn(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Ten
     return (F.silu(gate) * up) @ w2.T
 
 
+def ffn_backward(x, w1, w2, dy, scale=None):
+    """SwiGLU FFN backward without autograd. With a per-row `scale` (the router weight:
+    out = scale * f(x)) it also returns d scale = <a, dy W2> per row, the SonicMoE form: the
+    down projection's output is never needed. Returns (dx, dw1, dw2, dscale or None)."""
+    gate, up = (x @ w1.T).chunk(2, dim=-1)
+    sg = torch.sigmoid(gate)
+    a = gate * sg * up
+    da = dy @ w2                                   # down-projection input gradient
+    dscale = None
+    if scale is not None:
+        dscale = (a * da).sum(-1)
+        da = da * scale[:, None]
+        dy = dy * scale[:, None]
+    dw2 = dy.T @ a
+    dh = torch.cat([da * up * sg * (1 + gate * (1 - sg)), da * gate * sg], dim=-1)
+    return dh @ w1, dh.T @ x, dw2, dscale
+
+
+def router_backward(logits, experts, dweights):
+    """Gradient of the logits from the gradient of the renormalized top-k weights."""
+    s = torch.softmax(logits.float(), dim=-1)
+    picked = s.gather(1, experts)
+    total = picked.sum(-1, keepdim=True)
+    w = picked / total
+    ds_picked = (dweights - (dweights * w).sum(-1, keepdim=True)) / total
+    ds = torch.zeros_like(s).scatter(1, experts, ds_picked)
+    return s * (ds - (ds * s).sum(-1, keepdim=True))
+
+
+def moe_backward(x, router_logits, w1, w2, shared_w1, shared_w2, topk: int, dy):
+    """Explicit backward of `moe_forward` (no autograd): grads of x, router_logits, w1, w2,
+    shared_w1, shared_w2 (None for an absent shared expert)."""
+    experts, weights = route(router_logits, topk)
+    dx = torch.zeros_like(x)
+    dw1, dw2 = torch.zeros_like(w1), torch.zeros_like(w2)
+    dweights = torch.zeros_like(weights)
+    for e in range(w1.shape[0]):
+        tok, slot = (experts == e).nonzero(as_tuple=True)
+        if len(tok):
+            gx, dw1[e], dw2[e], dscale = ffn_backward(
+                x[tok], w1[e], w2[e], dy[tok], weights[tok, slot].to(x.dtype))
+            dx = dx.index_add(0, tok, gx)
+            dweights[tok, slot] = dscale.to(dweights.dtype)
+    dsw1 = dsw2 = None
+    if shared_w1 is not None:
+        gx, dsw1, dsw2, _ = ffn_backward(x, shared_w1, shared_w2, dy)
+        dx = dx + gx
+    dlogits = router_backward(router_logits, experts, dweights).to(router_logits.dtype)
+    return dx, dlogits, dw1, dw2, dsw1, dsw2
+
+
 def _shared(x, shared_w1, shared_w2):
     if shared_w1 is None:
         return torch.zeros_like(x)
@@ -79,3 +130,28 @@ def moe_forward_ep(xs, logits, w1s, w2s, shared_w1, shared_w2, topk: int,
     combine = combine.view(R, N, topk, D)
     return [_shared(X[r], up(shared_w1), up(shared_w2)) + combine[r].sum(1)
             for r in range(R)]
+
+
+class ReferenceMoE(torch.nn.Module):
+    """Plain PyTorch MoE with every expert local, parameters named and laid out like
+    mokgen.MoE's (router.weight, w1, w2, shared_w1, shared_w2): state dicts load both ways."""
+
+    def __init__(self, shape, device=None, dtype=torch.float32):
+        super().__init__()
+        E, D, I = shape.num_experts, shape.hidden, shape.intermediate
+        self.topk = shape.topk
+        self.router = torch.nn.Linear(D, E, bias=False, device=device, dtype=dtype)
+        self.w1 = torch.nn.Parameter(torch.zeros(E, 2 * I, D, device=device, dtype=dtype))
+        self.w2 = torch.nn.Parameter(torch.zeros(E, D, I, device=device, dtype=dtype))
+        self.shared_w1 = self.shared_w2 = None
+        if shape.shared_experts:
+            Is = shape.shared_dim
+            self.shared_w1 = torch.nn.Parameter(torch.zeros(2 * Is, D, device=device, dtype=dtype))
+            self.shared_w2 = torch.nn.Parameter(torch.zeros(D, Is, device=device, dtype=dtype))
+
+    def forward(self, x):
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        y = moe_forward(x2, self.router(x2).float(), self.w1, self.w2, self.shared_w1,
+                        self.shared_w2, self.topk)
+        return y.reshape(*lead, -1)

@@ -1,0 +1,113 @@
+"""mokgen.MoE: an nn.Module owning the router, the local experts and the shared expert.
+
+Parameters use the layouts of design.md (nn.Linear convention), under the same names as
+`mokgen.reference.ReferenceMoE`, so state dicts move between the two unchanged:
+router.weight [E, D], w1 [L, 2I, D] (gate rows, then up rows), w2 [L, D, I],
+shared_w1 [2 I_s, D], shared_w2 [D, I_s]; L = E / ep, rank r holding experts r*L .. r*L+L-1.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import ops
+from .plan import OVERRIDABLE
+from .shapes import MoEShape
+
+_DTYPES = {"bf16": torch.bfloat16}
+
+
+class MoE(nn.Module):
+    def __init__(self, shape: MoEShape, ep_group=None, dtype: str = "bf16",
+                 tokens_per_rank: int = 2048, router: bool = True, device=None, **overrides):
+        super().__init__()
+        from . import plan as make_plan
+
+        if not isinstance(shape, MoEShape):
+            raise TypeError(f"shape must be a mokgen.MoEShape, got {type(shape).__name__}")
+        self.ep_group = ep_group
+        ep, self.rank = 1, 0
+        if ep_group is not None:
+            import torch.distributed as dist
+
+            ep, self.rank = dist.get_world_size(ep_group), dist.get_rank(ep_group)
+        unknown = set(overrides) - set(OVERRIDABLE)
+        if unknown:
+            raise ValueError(f"unknown override(s) {sorted(unknown)}; allowed: {OVERRIDABLE}")
+        self.plan = make_plan(shape, ep=ep, dtype=dtype, tokens_per_rank=tokens_per_rank,
+                              **overrides)
+        self.shape, self.dtype_name = shape, dtype
+        E, D, I, L = shape.num_experts, shape.hidden, shape.intermediate, self.plan.local_experts
+        pdt = _DTYPES.get(dtype, torch.bfloat16)  # mxfp8 quantizes bf16 master weights
+        kw = dict(device=device, dtype=pdt)
+        self.router = nn.Linear(D, E, bias=False, device=device) if router else None
+        self.w1 = nn.Parameter(torch.empty(L, 2 * I, D, **kw))
+        self.w2 = nn.Parameter(torch.empty(L, D, I, **kw))
+        if shape.shared_experts:
+            self.shared_w1 = nn.Parameter(torch.empty(2 * shape.shared_dim, D, **kw))
+            self.shared_w2 = nn.Parameter(torch.empty(D, shape.shared_dim, **kw))
+        else:
+            self.register_parameter("shared_w1", None)
+            self.register_parameter("shared_w2", None)
+        self.reset_parameters()
+        # the op's handle, registered now (not under torch.compile tracing); the kernels are
+        # compiled when the first CUDA call runs
+        self._layer = ops.register(_LazyKernels(self.plan, ep_group), shape.topk, self.plan.ep)
+
+    def reset_parameters(self) -> None:
+        """Normal(0, 1/fan_in) expert weights: outputs stay O(1) whatever D and I are."""
+        s = self.shape
+        with torch.no_grad():
+            self.w1.normal_(0.0, s.hidden ** -0.5)
+            self.w2.normal_(0.0, s.intermediate ** -0.5)
+            if self.shared_w1 is not None:
+                self.shared_w1.normal_(0.0, s.hidden ** -0.5)
+                self.shared_w2.normal_(0.0, s.shared_dim ** -0.5)
+
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor | None = None):
+        s = self.shape
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() < 2 or x.shape[-1] != s.hidden:
+            raise ValueError(f"x must have shape (..., {s.hidden}), got {tuple(x.shape)}")
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, s.hidden)
+        if x2.shape[0] > self.plan.tokens_per_rank:
+            raise ValueError(f"x has {x2.shape[0]} tokens, more than tokens_per_rank="
+                             f"{self.plan.tokens_per_rank} this layer was planned for")
+        if self.router is not None:
+            if router_logits is not None:
+                raise ValueError("router_logits must be None: this MoE owns its router")
+            logits = self.router(x2.to(self.router.weight.dtype)).float()
+        else:
+            if router_logits is None:
+                raise ValueError("router_logits is required when the MoE has no router "
+                                 "(router=False)")
+            logits = router_logits.reshape(-1, s.num_experts)
+        y = ops.moe_forward(x2.to(self.w1.dtype), logits, self.w1, self.w2, self.shared_w1,
+                            self.shared_w2, self._layer)
+        return y.to(x.dtype).reshape(*lead, s.hidden)
+
+    def extra_repr(self) -> str:
+        s = self.shape
+        return (f"E={s.num_experts}, D={s.hidden}, I={s.intermediate}, k={s.topk}, "
+                f"ep={self.plan.ep}, rank={self.rank}, dtype={self.dtype_name}")
+
+
+class _LazyKernels:
+    """Compiles the layer's kernels on the first CUDA call. Without a process group the one
+    rank holds every expert: a one-rank virtual layer, called with plain tensors."""
+
+    def __init__(self, plan, group):
+        self.plan, self.group, self.compiled = plan, group, None
+
+    def __call__(self, x, logits, w1, w2, sw1, sw2):
+        from .api import compile_layer
+
+        if self.group is None:
+            if self.compiled is None:
+                self.compiled = compile_layer(self.plan, virtual=True)
+            return self.compiled([x], [logits], [w1], [w2], sw1, sw2)[0]
+        if self.compiled is None:
+            self.compiled = compile_layer(self.plan, virtual=False, group=self.group)
+        return self.compiled(x, logits, w1, w2, sw1, sw2)

@@ -1,0 +1,98 @@
+"""mokgen.MoE and the custom op on CPU: reference equality, state dicts, autograd,
+torch.compile(fullgraph=True), argument checks."""
+import pytest
+import torch
+
+import mokgen
+from mokgen import ops
+from mokgen.reference import ReferenceMoE
+
+SHAPE = mokgen.shapes.get("small")  # E=16 D=128 I=64 k=4, shared expert
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def pair():
+    m = mokgen.MoE(SHAPE, tokens_per_rank=256)
+    ref = ReferenceMoE(SHAPE)
+    ref.load_state_dict({k: v.float() for k, v in m.state_dict().items()})
+    return m, ref
+
+
+def test_state_dict_names_and_layouts_match_the_reference():
+    m, ref = pair()
+    assert m.state_dict().keys() == ref.state_dict().keys()
+    for k, v in m.state_dict().items():
+        assert v.shape == ref.state_dict()[k].shape, k
+    m.load_state_dict({k: v.to(m.state_dict()[k].dtype) for k, v in ref.state_dict().items()})
+
+
+def test_forward_matches_reference_module():
+    m, ref = pair()
+    x = torch.randn(3, 20, SHAPE.hidden).bfloat16().float()  # bf16-exact inputs
+    assert rel(m(x), ref(x)) <= 1e-2
+    assert m(x).shape == x.shape and m(x).dtype == x.dtype
+
+
+def test_backward_matches_reference_autograd():
+    m, ref = pair()
+    x = torch.randn(40, SHAPE.hidden).bfloat16().float()
+    xm, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    dy = torch.randn_like(x)
+    m(xm).backward(dy)
+    ref(xr).backward(dy)
+    assert rel(xm.grad, xr.grad) <= 2e-2
+    for name, p in m.named_parameters():
+        want = dict(ref.named_parameters())[name].grad
+        assert p.grad is not None and rel(p.grad, want) <= 2e-2, name
+
+
+def test_torch_compile_fullgraph_captures_moe_layers():
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(mokgen.MoE(SHAPE, tokens_per_rank=256), torch.nn.GELU(),
+                                mokgen.MoE(SHAPE, tokens_per_rank=256))
+    x = torch.randn(2, 16, SHAPE.hidden)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    assert torch.allclose(compiled(x), model(x))
+
+
+def test_custom_op_passes_opcheck():
+    m = mokgen.MoE(SHAPE, tokens_per_rank=64)
+    x = torch.randn(12, SHAPE.hidden).bfloat16()
+    logits = torch.randn(12, SHAPE.num_experts)
+    args = (x, logits, m.w1.detach(), m.w2.detach(), m.shared_w1.detach(),
+            m.shared_w2.detach(), m._layer)
+    torch.library.opcheck(ops.moe_forward, args,
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+
+
+@pytest.mark.parametrize("make,exc,match", [
+    (lambda m: m(torch.randn(4, SHAPE.hidden + 1)), ValueError, r"x must have shape"),
+    (lambda m: m([1.0]), TypeError, r"x must be a torch.Tensor"),
+    (lambda m: m(torch.randn(300, SHAPE.hidden)), ValueError, r"tokens_per_rank=256"),
+    (lambda m: m(torch.randn(4, SHAPE.hidden), torch.randn(4, 16)), ValueError, "router_logits"),
+])
+def test_forward_rejects_bad_input(make, exc, match):
+    with pytest.raises(exc, match=match):
+        make(mokgen.MoE(SHAPE, tokens_per_rank=256))
+
+
+def test_router_free_layer_needs_logits():
+    m = mokgen.MoE(SHAPE, tokens_per_rank=64, router=False)
+    with pytest.raises(ValueError, match="router_logits is required"):
+        m(torch.randn(4, SHAPE.hidden))
+    assert m(torch.randn(4, SHAPE.hidden), torch.randn(4, 16)).shape == (4, SHAPE.hidden)
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(shape="small"), TypeError, "shape must be a mokgen.MoEShape"),
+    (dict(dtype="int8"), ValueError, "dtype"),
+    (dict(tokens_per_rank=-1), ValueError, "tokens_per_rank"),
+    (dict(bogus=3), ValueError, "bogus"),
+])
+def test_constructor_rejects_bad_arguments(kw, exc, match):
+    args = dict(shape=SHAPE, tokens_per_rank=64) | kw
+    with pytest.raises(exc, match=match):
+        mokgen.MoE(**args)
