@@ -27,9 +27,14 @@ def compile(shape: MoEShape, ep: int, dtype: str = "bf16", tokens_per_rank: int 
     otherwise this process is one rank of `group` (default: the world), whose size is `ep`,
     and peers are reached through torch symmetric memory. `watchdog_s` bounds every device
     wait (default $MOKGEN_WATCHDOG, 5 s): past it the call is abandoned and the layer raises
-    RuntimeError naming the rank, phase and flag (at the next call or `moe.synchronize()`)."""
+    RuntimeError naming the rank, phase and flag (at the next call or `moe.synchronize()`).
+    A result of `python -m mokgen tune` for this problem supplies minibatch and comm SMs
+    unless either is overridden here."""
     from .api import compile_layer
+    from .tune import TUNED, load_tuned
 
+    if not any(k in overrides for k in TUNED):  # a stored tuning result beats the cost model
+        overrides = {**load_tuned(shape, ep, dtype, tokens_per_rank), **overrides}
     return compile_layer(plan(shape, ep, dtype, tokens_per_rank, **overrides), virtual=virtual,
                          group=group, watchdog_s=watchdog_s)
 

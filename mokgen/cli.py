@@ -26,7 +26,13 @@ def _plan(args):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mokgen")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ("bench", "tune"):  # their own argument parsers
+        from importlib import import_module
+
+        return import_module(f"mokgen.{argv[0]}").main(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m mokgen",
+                                     epilog="also: bench ..., tune ... (see their --help)")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("plan", help="run the planning passes and print the plan")
     _common(p)

@@ -19,12 +19,15 @@ _DTYPES = {"bf16": torch.bfloat16}
 
 class MoE(nn.Module):
     def __init__(self, shape: MoEShape, ep_group=None, dtype: str = "bf16",
-                 tokens_per_rank: int = 2048, router: bool = True, device=None, **overrides):
+                 tokens_per_rank: int = 2048, router: bool = True, device=None,
+                 backend: str = "kernels", **overrides):
         super().__init__()
         from . import plan as make_plan
 
         if not isinstance(shape, MoEShape):
             raise TypeError(f"shape must be a mokgen.MoEShape, got {type(shape).__name__}")
+        if backend not in ("kernels", "reference"):
+            raise ValueError(f"backend must be 'kernels' or 'reference', got {backend!r}")
         self.ep_group = ep_group
         ep, self.rank = 1, 0
         if ep_group is not None:
@@ -34,6 +37,10 @@ class MoE(nn.Module):
         unknown = set(overrides) - set(OVERRIDABLE)
         if unknown:
             raise ValueError(f"unknown override(s) {sorted(unknown)}; allowed: {OVERRIDABLE}")
+        from .tune import TUNED, load_tuned
+
+        if not any(k in overrides for k in TUNED):  # as mokgen.compile: tuned winners first
+            overrides = {**load_tuned(shape, ep, dtype, tokens_per_rank), **overrides}
         self.plan = make_plan(shape, ep=ep, dtype=dtype, tokens_per_rank=tokens_per_rank,
                               **overrides)
         self.shape, self.dtype_name = shape, dtype
@@ -52,7 +59,9 @@ class MoE(nn.Module):
         self.reset_parameters()
         # the op's handle, registered now (not under torch.compile tracing); the kernels are
         # compiled when the first CUDA call runs
-        self._layer = ops.register(_LazyKernels(self.plan, ep_group), shape.topk, self.plan.ep)
+        # (backend="reference": the PyTorch reference on every device, for comparisons)
+        kernels = _LazyKernels(self.plan, ep_group) if backend == "kernels" else None
+        self._layer = ops.register(kernels, shape.topk, self.plan.ep)
 
     def reset_parameters(self) -> None:
         """Normal(0, 1/fan_in) expert weights: outputs stay O(1) whatever D and I are."""

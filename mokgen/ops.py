@@ -3,7 +3,8 @@
 `mokgen::moe_forward(x, router_logits, w1, w2, shared_w1?, shared_w2?, layer) -> y` where
 `layer` indexes the registry of compiled layers (an int: ops take no Python objects).
 - CUDA: the compiled megakernels of that layer (this process's rank).
-- CPU: the reference (one rank holding every expert), so models run and test without a GPU.
+- CPU, or a layer built with backend="reference": the reference (one rank holding every
+  expert), so models run and test without a GPU and can be compared with the kernels.
 - fake: an empty tensor like x (shapes only), for tracing.
 Autograd: `mokgen::moe_backward` runs the reference's explicit backward (exact, slow) until
 the backward megakernel lands; it needs every expert local (ep == 1).
@@ -33,7 +34,7 @@ def moe_forward(x: torch.Tensor, router_logits: torch.Tensor, w1: torch.Tensor,
                 w2: torch.Tensor, shared_w1: torch.Tensor | None,
                 shared_w2: torch.Tensor | None, layer: int) -> torch.Tensor:
     compiled, topk, ep = _LAYERS[layer]
-    if x.is_cuda:
+    if x.is_cuda and compiled is not None:
         return compiled(x, router_logits, w1, w2, shared_w1, shared_w2)
     if ep != 1:
         raise ValueError(f"the CPU path holds every expert on one rank: ep must be 1, got {ep}")

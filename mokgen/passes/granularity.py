@@ -49,3 +49,17 @@ def granularity(plan: Plan) -> Plan:
     gpu = hardware.get(plan.gpu)
     best = min(candidates(plan), key=lambda b: (minibatch_cost(plan, b, gpu), b))
     return plan.replace(minibatch=best)
+
+
+def predict_forward_s(plan: Plan) -> float:
+    """The cost model's forward time of a finished plan: the overlapped max of comm and
+    compute (sm_partition's terms) plus the minibatch penalties (this pass's terms)."""
+    from .sm_partition import direction_costs
+
+    gpu = hardware.get(plan.gpu)
+    moved, flops = direction_costs(plan, backward=False)
+    rate = gpu.fp8_flops if plan.act_dtype.startswith("mxfp8") else gpu.bf16_flops
+    link = gpu.nvlink_bw if plan.ep > 1 else gpu.hbm_bw / 2
+    t_comm = moved / min(link, plan.comm_sms_fwd * gpu.copy_bw_per_sm)
+    t_comp = flops / (rate * (gpu.num_sms - plan.comm_sms_fwd) / gpu.num_sms)
+    return max(t_comm, t_comp) + minibatch_cost(plan, plan.minibatch, gpu)

@@ -1,0 +1,260 @@
+"""Per-rank slice of an EP deployment on one GPU: mokgen vs PyTorch baselines and the floor.
+
+All ranks' inputs and routes are made on the GPU. The timed region is rank 0's whole forward:
+route its tokens, build its schedule, pull the rows routed to its experts from every rank,
+run shared + routed experts, push outputs to the owners, sum its own k rows per token.
+Baselines get the same tensors and do the same work:
+  naive   per-expert Python loop (index gather, two matmuls, index_add) - syncs on counts
+  grouped torch._grouped_mm pipeline (argsort by expert, gather, grouped GEMMs, scatter)
+  floor   dense cuBLAS GEMMs of the same FLOPs (no routing, no data movement)
+Effective TFLOP/s = 6 N (k+1) D I / t; medians of >= 50 timed runs after warm-up.
+Only rank 0's expert weights exist (the other ranks' megakernels never run in the timed
+region), so EP=64 slices fit on one GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import mokgen
+
+from . import reference
+from .progress import progress
+from .workloads import rel_error
+
+
+def time_ms(fn, iters: int, warmup: int = 10) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def make_slice(shape, ep, n, g):
+    E, D, I, L = shape.num_experts, shape.hidden, shape.intermediate, shape.num_experts // ep
+    dev = "cuda"
+    rn = lambda *s: torch.randn(*s, generator=g, device=dev)  # noqa: E731
+    xs = [rn(n, D).bfloat16() for _ in range(ep)]
+    zs = [rn(n, E) for _ in range(ep)]
+    w1 = (rn(L, 2 * I, D) / D**0.5).bfloat16()
+    w2 = (rn(L, D, I) / I**0.5).bfloat16()
+    sw1 = (rn(2 * shape.shared_dim, D) / D**0.5).bfloat16()
+    sw2 = (rn(D, shape.shared_dim) / shape.shared_dim**0.5).bfloat16()
+    return xs, zs, w1, w2, sw1, sw2
+
+
+class TorchSlice:
+    """Rank 0's work in PyTorch: the rows routed to its L experts from every rank."""
+
+    def __init__(self, shape, ep, xs, zs, w1, w2, sw1, sw2):
+        self.shape, self.ep, self.k = shape, ep, shape.topk
+        self.L = shape.num_experts // ep
+        self.X = torch.stack(xs)            # [R, n, D]: peers' tokens (read = dispatch)
+        self.zs, self.w1, self.w2, self.sw1, self.sw2 = zs, w1, w2, sw1, sw2
+
+    def _routes(self, all_routes):
+        """Rank 0 routes its own tokens (timed); the other ranks' routes were all-gathered
+        earlier. Returns the flat [R*n*k] global expert of every route."""
+        flat = all_routes.clone()
+        flat[0] = reference.route(self.zs[0], self.k)[0].flatten()
+        return flat.flatten()
+
+    def shared(self, x):
+        g, u = (x @ self.sw1.T).chunk(2, -1)
+        return (F.silu(g) * u) @ self.sw2.T
+
+    def grouped(self, all_routes, all_weights):
+        n, D = self.X.shape[1], self.X.shape[2]
+        local = self._routes(all_routes)
+        mask = local < self.L                     # rank 0 owns experts 0..L-1
+        idx = mask.nonzero().squeeze(1)           # [P]: one host sync for the size
+        order = torch.argsort(local[idx], stable=True)
+        idx = idx[order]
+        rows = self.X.view(-1, D)[idx // self.k]  # pull dispatch
+        counts = torch.bincount(local[idx], minlength=self.L)
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        h = torch._grouped_mm(rows, self.w1.transpose(1, 2), offs=offs)
+        I = h.shape[1] // 2
+        a = F.silu(h[:, :I]) * h[:, I:]
+        out = torch._grouped_mm(a, self.w2.transpose(1, 2), offs=offs)
+        wts = all_weights.flatten()[idx]
+        out = out * wts[:, None].to(out.dtype)
+        return self._push_and_sum(idx, out, n, D)
+
+    def _push_and_sum(self, idx, out, n, D):
+        """Push every output row to its owner (rows of other owners go to a scratch of the
+        same size: the same bytes move), then rank 0 sums its own k rows per token."""
+        owner0 = idx < n * self.k
+        combine = torch.zeros(n * self.k, D, device=out.device, dtype=out.dtype)
+        combine.index_copy_(0, idx[owner0], out[owner0])
+        scratch = torch.empty_like(out)
+        scratch.index_copy_(0, torch.arange(len(idx), device=idx.device)[~owner0], out[~owner0])
+        y = self.shared(self.X[0]) + combine.view(n, self.k, D).sum(1)
+        return y, combine, owner0
+
+    def naive(self, all_routes, all_weights):
+        n, D = self.X.shape[1], self.X.shape[2]
+        local = self._routes(all_routes)
+        outs, idxs = [], []
+        for e in range(self.L):
+            idx = (local == e).nonzero().squeeze(1)
+            if len(idx) == 0:
+                continue
+            rows = self.X.view(-1, D)[idx // self.k]
+            g, u = (rows @ self.w1[e].T).chunk(2, -1)
+            out = (F.silu(g) * u) @ self.w2[e].T
+            outs.append(out * all_weights.flatten()[idx, None].to(out.dtype))
+            idxs.append(idx)
+        return self._push_and_sum(torch.cat(idxs), torch.cat(outs), n, D)[0]
+
+
+def dense_floor(shape, n, dev, g):
+    D, I, k, IS = shape.hidden, shape.intermediate, shape.topk, shape.shared_dim
+    a = torch.randn(n * k, D, device=dev, generator=g).bfloat16()
+    b = torch.randn(D, 2 * I, device=dev, generator=g).bfloat16()
+    c = torch.randn(n * k, I, device=dev, generator=g).bfloat16()
+    d = torch.randn(I, D, device=dev, generator=g).bfloat16()
+    sa, sb = a[:n], torch.randn(D, 2 * IS, device=dev, generator=g).bfloat16()
+    sc, sd = c[:n, :IS], torch.randn(IS, D, device=dev, generator=g).bfloat16()
+    return lambda: (a @ b, c @ d, sa @ sb, sc @ sd)
+
+
+def bench_one(name, ep, n, iters, g, **overrides):
+    shape = mokgen.shapes.get(name)
+    xs, zs, w1, w2, sw1, sw2 = make_slice(shape, ep, n, g)
+    layer = mokgen.compile(shape, ep=ep, tokens_per_rank=n, virtual=True, **overrides)
+    rt = layer.runtime()
+    inputs = dict(x=xs, router_logits=zs, w1=[w1] * ep, w2=[w2] * ep, shared_w1=sw1,
+                  shared_w2=sw2)
+    layer(**inputs)  # full call: every rank's routes + combine rows exist
+    all_routes = rt.peers.bufs["routes"][0].long()        # gathered [R, n*k], from mokgen
+    all_weights = rt.peers.bufs["weights"][0]
+    args = (xs, zs, [w1] * ep, [w2] * ep, sw1, sw2)
+    ours = lambda: rt.forward_rank(0, *args)  # noqa: E731
+    ts = TorchSlice(shape, ep, xs, zs, w1, w2, sw1, sw2)
+    ours()
+    _, combine, _ = ts.grouped(all_routes, all_weights)
+    mine = all_routes[0] < ts.L  # rank 0's routes to rank 0's own experts
+    res = dict(shape=name, ep=ep, tokens=n, flops=shape.forward_flops(n))
+    # rows rank 0's experts pushed to rank 0's own combine buffer, both implementations
+    res["err_vs_grouped"] = rel_error(rt.peers.bufs["combine"][0][mine], combine[mine])
+    res["mokgen_ms"] = time_ms(ours, iters)
+    b0, xp = rt.ranks[0], rt.peers.x_pointers(xs)
+
+    def mega():
+        b0.counters.zero_()
+        rt.experts(0, xs[0], xp, w1, w2, sw1, sw2)
+    res["stage_ms"] = dict(
+        route_schedule=time_ms(lambda: (rt.route(0, zs[0], n), rt.schedule(0, n)), iters),
+        megakernel=time_ms(mega, iters), combine_sum=time_ms(lambda: rt.combine_sum(0, n), iters))
+    res["grouped_ms"] = time_ms(lambda: ts.grouped(all_routes, all_weights), iters)
+    res["naive_ms"] = time_ms(lambda: ts.naive(all_routes, all_weights), max(10, iters // 5))
+    res["floor_ms"] = time_ms(dense_floor(shape, n, "cuda", g), iters)
+    for k in ("mokgen", "grouped", "naive", "floor"):
+        res[f"{k}_tflops"] = res["flops"] / res[f"{k}_ms"] / 1e9
+    res["plan"] = dict(minibatch=layer.plan.minibatch, macrobatch=layer.plan.macrobatch,
+                       comm_sms=layer.plan.comm_sms_fwd)
+    return res  # the slice's tensors die with this frame; main() frees the cache
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m mokgen bench",
+                                 description="per-rank slice benchmark against PyTorch baselines")
+    ap.add_argument("--shapes", default="kimi-k2.7,glm-5.2,qwen3.5-397b-a17b,deepseek-v4-pro")
+    ap.add_argument("--tokens", default="1024,2048,4096")
+    ap.add_argument("--ep", default="8,64")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--comm-sms", default="", help="comma list: sweep comm_sms_fwd")
+    ap.add_argument("--minibatch", default="", help="comma list: sweep the minibatch")
+    args = ap.parse_args(argv)
+    try:
+        configs = _configs(args)  # argument errors before any GPU work
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("error: the benchmark needs a CUDA GPU; none is visible", file=sys.stderr)
+        return 2
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for name, ep, n, ov in progress(configs, "bench"):
+        r = bench_one(name, ep, n, args.iters, g, **ov)
+        gc.collect()
+        torch.cuda.empty_cache()
+        r["overrides"] = ov
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    commit = os.environ.get("MOKGEN_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "?"
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                cuda=torch.version.cuda, commit=commit, time=time.strftime("%Y-%m-%d %H:%M"))
+    os.makedirs(args.out, exist_ok=True)
+    fname = "moe_layer_fwd_bf16_sweep.json" if args.comm_sms or args.minibatch else \
+        "moe_layer_fwd_bf16.json"
+    with open(os.path.join(args.out, fname), "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    try:
+        from .plot import plot
+
+        plot(os.path.join(args.out, fname), os.path.join(args.out, fname[:-5] + ".png"))
+    except ImportError as e:  # matplotlib is optional
+        print(f"no plot: {e}")
+    print(f"\n{meta}")
+    print(f"{'shape':<18}{'ep':>3}{'N':>6} {'comm':>4} {'mb':>5} {'mokgen':>8} {'grouped':>8} {'naive':>8} {'floor':>8}"
+          f"  TFLOP/s   x_best  %floor  err      sched/mega/sum ms")
+    for r in rows:
+        best = max(r["grouped_tflops"], r["naive_tflops"])
+        print(f"{r['shape']:<18}{r['ep']:>3}{r['tokens']:>6} {r['plan']['comm_sms']:>4} "
+              f"{r['plan']['minibatch']:>5} {r['mokgen_tflops']:8.0f} "
+              f"{r['grouped_tflops']:8.0f} {r['naive_tflops']:8.0f} {r['floor_tflops']:8.0f}"
+              f"  {r['mokgen_tflops'] / best:8.2f} {100 * r['mokgen_tflops'] / r['floor_tflops']:6.0f}%"
+              f"  {r['err_vs_grouped']:.1e}  " + "/".join(f"{v:.3f}" for v in r["stage_ms"].values()))
+    return 0
+
+
+def _ints(text: str, what: str) -> list:
+    try:
+        out = [int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise ValueError(f"{what} must be a comma-separated list of integers, got {text!r}")
+    if any(v <= 0 for v in out):
+        raise ValueError(f"{what} must be positive, got {text!r}")
+    return out
+
+
+def _configs(args) -> list:
+    """(shape, ep, tokens, overrides) of every run, validated against the planner."""
+    shapes = args.shapes.split(",")
+    for name in shapes:
+        mokgen.shapes.get(name)
+    sweeps = [{}]
+    if args.comm_sms:
+        sweeps = [dict(comm_sms_fwd=c) for c in _ints(args.comm_sms, "--comm-sms")]
+    if args.minibatch:
+        sweeps = [dict(s, minibatch=b) for s in sweeps for b in _ints(args.minibatch, "--minibatch")]
+    out = [(name, ep, n, ov) for name in shapes for ep in _ints(args.ep, "--ep")
+           for n in _ints(args.tokens, "--tokens") for ov in sweeps]
+    for name, ep, n, ov in out:
+        mokgen.plan(mokgen.shapes.get(name), ep=ep, tokens_per_rank=n, **ov)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Autotuner: time the plan's candidate minibatch sizes and comm-SM counts on the GPU, keep
+the winner in the cache; `mokgen.compile` then uses it instead of the cost model's choice.
+
+Each candidate is timed on the same per-rank slice as the benchmark (rank 0 of `ep` virtual
+ranks). The cost model's prediction is printed beside each measurement, so the model's
+constants (mokgen/hardware.py) can be corrected from the table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import plan as make_plan
+from . import shapes
+from .config import CONFIG
+from .passes.granularity import predict_forward_s
+from .progress import progress
+
+TUNED = ("minibatch", "comm_sms_fwd")
+
+
+def tuned_file(shape, ep: int, dtype: str, tokens: int) -> Path:
+    from .plan import initial_plan
+
+    key = initial_plan(shape, ep, dtype, tokens).key()  # the problem, before any decision
+    return CONFIG.cache / "tuned" / f"{shape.name or 'shape'}.ep{ep}.n{tokens}.{dtype}.{key}.json"
+
+
+def load_tuned(shape, ep: int, dtype: str, tokens: int) -> dict:
+    """The stored winner's overrides ({} when nothing was tuned or the file is unreadable)."""
+    path = tuned_file(shape, ep, dtype, tokens)
+    try:
+        best = json.loads(path.read_text())["best"]
+        return {k: int(best[k]) for k in TUNED}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def candidates(base) -> list:
+    b, c = base.minibatch, base.comm_sms_fwd
+    minis = sorted({max(base.block_m, (b * f) // base.block_m * base.block_m) for f in (0.5, 1, 2)})
+    comms = sorted({x for x in (c - 2, c, c + 2, c + 4) if 1 <= x < base.num_sms // 2})
+    out = []
+    for mb in minis:
+        for cs in comms:
+            try:
+                out.append(make_plan(base.shape, ep=base.ep, dtype=base.dtype,
+                                     tokens_per_rank=base.tokens_per_rank, minibatch=mb,
+                                     comm_sms_fwd=cs))
+            except ValueError:
+                continue
+    return out
+
+
+def tune(shape, ep: int, dtype: str, tokens: int, iters: int = 20) -> dict:
+    import torch
+
+    from .bench import make_slice, time_ms
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("tuning needs a CUDA GPU; none is visible")
+    base = make_plan(shape, ep=ep, dtype=dtype, tokens_per_rank=tokens)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    xs, zs, w1, w2, sw1, sw2 = make_slice(shape, ep, tokens, g)
+    rows = []
+    for p in progress(candidates(base), "tune"):
+        from .api import compile_layer
+
+        layer = compile_layer(p, virtual=True)
+        rt = layer.runtime()
+        args = (xs, zs, [w1] * ep, [w2] * ep, sw1, sw2)
+        layer(*args)  # every rank's routes and combine rows exist
+        ms = time_ms(lambda: rt.forward_rank(0, *args), iters)
+        rows.append(dict(minibatch=p.minibatch, comm_sms_fwd=p.comm_sms_fwd, measured_ms=ms,
+                         predicted_ms=1e3 * predict_forward_s(p),
+                         model_choice=(p.minibatch, p.comm_sms_fwd) == (base.minibatch,
+                                                                        base.comm_sms_fwd)))
+        del layer, rt
+        torch.cuda.empty_cache()
+    best = min(rows, key=lambda r: r["measured_ms"])
+    path = tuned_file(shape, ep, dtype, tokens)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dict(best=best, rows=rows, gpu=torch.cuda.get_device_name()),
+                              indent=1))
+    tmp.replace(path)  # atomic: a concurrent reader sees the old file or the new one
+    return dict(best=best, rows=rows, path=str(path))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mokgen tune")
+    ap.add_argument("--shape", required=True)
+    ap.add_argument("--ep", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args(argv)
+    try:
+        shape = shapes.get(args.shape)
+        make_plan(shape, ep=args.ep, dtype=args.dtype, tokens_per_rank=args.tokens)
+        if args.iters <= 0:
+            raise ValueError(f"iters must be a positive int, got {args.iters}")
+        result = tune(shape, args.ep, args.dtype, args.tokens, args.iters)
+    except (ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{'minibatch':>9} {'comm SMs':>8} {'measured ms':>11} {'model ms':>9}")
+    for r in result["rows"]:
+        mark = " <- best" if r is result["best"] else (" (cost model)" if r["model_choice"] else "")
+        print(f"{r['minibatch']:>9} {r['comm_sms_fwd']:>8} {r['measured_ms']:>11.3f} "
+              f"{r['predicted_ms']:>9.3f}{mark}")
+    print(f"stored in {result['path']}")
+    return 0

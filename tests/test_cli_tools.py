@@ -1,0 +1,63 @@
+"""bench and tune: argument handling without a GPU, and compile's use of tuned winners."""
+import json
+
+import pytest
+
+import mokgen
+from mokgen import tune
+from mokgen.cli import main
+
+
+@pytest.mark.parametrize("argv,err", [
+    (["tune", "--shape", "nope"], "unknown shape preset"),
+    (["tune", "--shape", "tiny", "--ep", "3"], "ep must divide"),
+    (["tune", "--shape", "tiny", "--ep", "2", "--iters", "0"], "iters"),
+    (["tune", "--shape", "tiny", "--ep", "2", "--dtype", "fp4"], "dtype"),
+    (["bench", "--tokens", "12,x"], "--tokens must be a comma-separated list"),
+    (["bench", "--ep", "-8"], "--ep must be positive"),
+    (["bench", "--shapes", "kimi-k2.7,nope"], "unknown shape preset"),
+    (["bench", "--shapes", "tiny", "--ep", "2", "--minibatch", "100"], "minibatch"),
+])
+def test_tool_arguments_are_checked(capsys, argv, err):
+    assert main(argv) == 2
+    assert err in capsys.readouterr().err
+
+
+def test_tools_say_they_need_a_gpu(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    assert main(["bench", "--shapes", "tiny", "--ep", "2", "--tokens", "64"]) == 2
+    assert main(["tune", "--shape", "tiny", "--ep", "2", "--tokens", "64"]) == 2
+    assert "CUDA GPU" in capsys.readouterr().err
+
+
+def test_candidates_are_valid_plans_around_the_model_choice():
+    base = mokgen.plan(mokgen.shapes.get("kimi-k2.7"), ep=64, tokens_per_rank=2048)
+    cands = tune.candidates(base)
+    assert any((p.minibatch, p.comm_sms_fwd) == (base.minibatch, base.comm_sms_fwd) for p in cands)
+    assert len({(p.minibatch, p.comm_sms_fwd) for p in cands}) == len(cands) >= 6
+    assert all(p.minibatch % 128 == 0 and p.macrobatch >= 2 * p.minibatch for p in cands)
+
+
+def test_compile_uses_a_stored_winner_unless_overridden(tmp_path, monkeypatch):
+    monkeypatch.setattr(tune, "CONFIG", tune.CONFIG.__class__(
+        **{**tune.CONFIG.__dict__, "cache": tmp_path}))
+    shape = mokgen.shapes.get("gpu-small")
+    assert tune.load_tuned(shape, 2, "bf16", 512) == {}
+    path = tune.tuned_file(shape, 2, "bf16", 512)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"best": {"minibatch": 256, "comm_sms_fwd": 9,
+                                         "measured_ms": 1.0}}))
+    assert tune.load_tuned(shape, 2, "bf16", 512) == {"minibatch": 256, "comm_sms_fwd": 9}
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    layer = mokgen.compile(shape, ep=2, tokens_per_rank=512)
+    assert (layer.plan.minibatch, layer.plan.comm_sms_fwd) == (256, 9)
+    layer = mokgen.compile(shape, ep=2, tokens_per_rank=512, minibatch=128)
+    assert layer.plan.minibatch == 128 and layer.plan.comm_sms_fwd != 9
+    path.write_text("{broken")
+    assert tune.load_tuned(shape, 2, "bf16", 512) == {}
