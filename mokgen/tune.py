@@ -8,6 +8,7 @@ constants (mokgen/hardware.py) can be corrected from the table.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 from pathlib import Path
@@ -78,6 +79,7 @@ def tune(shape, ep: int, dtype: str, tokens: int, iters: int = 20) -> dict:
                          model_choice=(p.minibatch, p.comm_sms_fwd) == (base.minibatch,
                                                                         base.comm_sms_fwd)))
         del layer, rt
+        gc.collect()  # a virtual layer of many ranks holds GBs: free it before the next
         torch.cuda.empty_cache()
     best = min(rows, key=lambda r: r["measured_ms"])
     path = tuned_file(shape, ep, dtype, tokens)
