@@ -41,7 +41,8 @@ def load_tuned(shape, ep: int, dtype: str, tokens: int) -> dict:
 
 def candidates(base) -> list:
     b, c = base.minibatch, base.comm_sms_fwd
-    minis = sorted({max(base.block_m, (b * f) // base.block_m * base.block_m) for f in (0.5, 1, 2)})
+    tile = base.block_m
+    minis = sorted({max(tile, b // 2 // tile * tile), b, 2 * b})  # half, the model's, double
     comms = sorted({x for x in (c - 2, c, c + 2, c + 4) if 1 <= x < base.num_sms // 2})
     out = []
     for mb in minis:

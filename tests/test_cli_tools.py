@@ -37,7 +37,8 @@ def test_candidates_are_valid_plans_around_the_model_choice():
     base = mokgen.plan(mokgen.shapes.get("kimi-k2.7"), ep=64, tokens_per_rank=2048)
     cands = tune.candidates(base)
     assert any((p.minibatch, p.comm_sms_fwd) == (base.minibatch, base.comm_sms_fwd) for p in cands)
-    assert len({(p.minibatch, p.comm_sms_fwd) for p in cands}) == len(cands) >= 6
+    assert len({(p.minibatch, p.comm_sms_fwd) for p in cands}) == len(cands) >= 9
+    assert {p.minibatch for p in cands} == {640, 1408, 2816}
     assert all(p.minibatch % 128 == 0 and p.macrobatch >= 2 * p.minibatch for p in cands)
 
 
