@@ -66,20 +66,14 @@ def tune(shape, ep: int, dtype: str, tokens: int, iters: int = 20) -> dict:
     base = make_plan(shape, ep=ep, dtype=dtype, tokens_per_rank=tokens)
     g = torch.Generator(device="cuda").manual_seed(0)
     xs, zs, w1, w2, sw1, sw2 = make_slice(shape, ep, tokens, g)
+    args = (xs, zs, [w1] * ep, [w2] * ep, sw1, sw2)
     rows = []
     for p in progress(candidates(base), "tune"):
-        from .api import compile_layer
-
-        layer = compile_layer(p, virtual=True)
-        rt = layer.runtime()
-        args = (xs, zs, [w1] * ep, [w2] * ep, sw1, sw2)
-        layer(*args)  # every rank's routes and combine rows exist
-        ms = time_ms(lambda: rt.forward_rank(0, *args), iters)
-        rows.append(dict(minibatch=p.minibatch, comm_sms_fwd=p.comm_sms_fwd, measured_ms=ms,
+        rows.append(dict(minibatch=p.minibatch, comm_sms_fwd=p.comm_sms_fwd,
+                         measured_ms=_time_rank0(p, args, iters, time_ms),
                          predicted_ms=1e3 * predict_forward_s(p),
                          model_choice=(p.minibatch, p.comm_sms_fwd) == (base.minibatch,
                                                                         base.comm_sms_fwd)))
-        del layer, rt
         gc.collect()  # a virtual layer of many ranks holds GBs: free it before the next
         torch.cuda.empty_cache()
     best = min(rows, key=lambda r: r["measured_ms"])
@@ -90,6 +84,16 @@ def tune(shape, ep: int, dtype: str, tokens: int, iters: int = 20) -> dict:
                               indent=1))
     tmp.replace(path)  # atomic: a concurrent reader sees the old file or the new one
     return dict(best=best, rows=rows, path=str(path))
+
+
+def _time_rank0(plan, args, iters: int, time_ms) -> float:
+    """Median ms of rank 0's forward under `plan` (the layer dies with this frame)."""
+    from .api import compile_layer
+
+    layer = compile_layer(plan, virtual=True)
+    rt = layer.runtime()
+    layer(*args)  # every rank's routes and combine rows exist
+    return time_ms(lambda: rt.forward_rank(0, *args), iters)
 
 
 def main(argv=None) -> int:
