@@ -7,6 +7,7 @@ failure raises RuntimeError naming the call. ``launch`` never synchronizes the h
 from __future__ import annotations
 
 import ctypes
+import struct
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -15,6 +16,7 @@ from cuda.bindings import driver as cu
 __all__ = [
     "check", "ensure_context", "Module", "load_module", "launch", "make_tensor_map_2d",
     "Ptr", "I32", "U32", "I64", "F32", "Raw", "read_diag", "HostMapped", "set_global",
+    "read_global",
 ]
 
 
@@ -118,12 +120,17 @@ def set_global(module: Module, name: str, data: bytes) -> None:
     check(f"cuMemcpyHtoD({name})", cu.cuMemcpyHtoD(ptr, ctypes.addressof(buf), len(data)))
 
 
+def read_global(module: Module, name: str) -> bytes:
+    """The bytes of a __device__ variable (synchronous; for set-up and diagnostics)."""
+    ptr, size = module.global_ptr(name)
+    buf = ctypes.create_string_buffer(size)
+    check(f"cuMemcpyDtoH({name})", cu.cuMemcpyDtoH(ctypes.addressof(buf), ptr, size))
+    return buf.raw
+
+
 def read_diag(module: Module) -> list[int]:
     """The 4-word ``mokgen_diag`` a timed-out mbarrier wait leaves before trapping."""
-    ptr, _ = module.global_ptr("mokgen_diag")
-    host = (ctypes.c_uint32 * 4)()
-    check("cuMemcpyDtoH(mokgen_diag)", cu.cuMemcpyDtoH(ctypes.addressof(host), ptr, 16))
-    return list(host)
+    return list(struct.unpack("<4I", read_global(module, "mokgen_diag")))
 
 
 # ---------------------------------------------------------------- argument packing

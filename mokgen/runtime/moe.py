@@ -94,7 +94,7 @@ class ForwardRuntime:
         self.f_offsets = pro.function("mokgen_sched_offsets")
         self.f_place = pro.function("mokgen_sched_place")
         self.f_sum = pro.function("mokgen_combine_sum")
-        self.fwd_smem = _read_i32(fwd, "mokgen_fwd_smem_bytes")
+        self.fwd_smem = struct.unpack("<i", cuda.read_global(fwd, "mokgen_fwd_smem_bytes"))[0]
         self.f_fwd = fwd.function("mokgen_fwd", self.fwd_smem)
         self.num_sms = torch.cuda.get_device_properties(self.dev).multi_processor_count
         self.modules = (pro, fwd)
@@ -144,17 +144,9 @@ class ForwardRuntime:
     def device_check(self) -> list:
         """Debug builds: the first failed device-side index check of each module
         ({code, a, b, block, failures}), all zero when none failed. Synchronizes."""
-        import ctypes
-
-        out = []
-        for m in self.modules:
-            ptr, _ = m.global_ptr("mokgen_check")
-            host = (ctypes.c_uint32 * 5)()
-            cuda.check("cuMemcpyDtoH(mokgen_check)",
-                       cuda.cu.cuMemcpyDtoH(ctypes.addressof(host), ptr, 20))
-            out.append([int(v) if i != 1 and i != 2 else ctypes.c_int32(v).value
-                        for i, v in enumerate(host)])
-        return out
+        # {code, a, b, block, failures}; a and b are signed indices
+        return [list(struct.unpack("<IiiII", cuda.read_global(m, "mokgen_check")))
+                for m in self.modules]
 
     def _launch_barrier(self, epoch: int, hosted: int = 0) -> None:
         cuda.launch(self.f_barrier, 1, 32, 0, self._stream(),
@@ -238,13 +230,3 @@ class ForwardRuntime:
         cuda.launch(self.f_sum, max(1, min(4096, -(-n * s.hidden // 8 // 256))), 256, 0,
                     self._stream(), [b.combine, b.y_shared if s.shared_dim else None, y, n])
         return y
-
-
-def _read_i32(module, name: str) -> int:
-    import ctypes
-
-    ptr, _ = module.global_ptr(name)
-    host = ctypes.c_int32()
-    cuda.check(f"cuMemcpyDtoH({name})",
-               cuda.cu.cuMemcpyDtoH(ctypes.addressof(host), ptr, 4))
-    return host.value
