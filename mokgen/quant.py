@@ -1,0 +1,65 @@
+"""MXFP8 (OCP Microscaling v1.0) quantization: the reference the fp8 kernels must match.
+
+A block is 32 consecutive elements along `dim`. Its shared scale is X = 2^(floor(log2(amax))
+- 8), 8 being the largest exponent of e4m3 (max normal 448 = 1.75 * 2^8), stored as an e8m0
+biased exponent (uint8, bias 127; 255 means NaN). Elements are V / X rounded to nearest even
+in float8_e4m3fn, saturated to +-448 (V / X can reach 2^9 > 448). Subnormal e4m3 results
+(down to 2^-9) are kept. An all-zero block gets the smallest scale (byte 0) and zeros; a block
+holding NaN or +-Inf gets the NaN scale (255) and dequantizes to NaN.
+"""
+from __future__ import annotations
+
+import torch
+
+BLOCK = 32
+E4M3_MAX = 448.0
+E4M3_EMAX = 8
+SCALE_BIAS, SCALE_NAN = 127, 255
+
+
+def _blocks(t: torch.Tensor, dim: int) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"t must be a torch.Tensor, got {type(t).__name__}")
+    dim = dim % t.dim()
+    if t.shape[dim] % BLOCK:
+        raise ValueError(f"dim {dim} has size {t.shape[dim]}: MX blocks need a multiple of {BLOCK}")
+    moved = t.movedim(dim, -1)
+    return moved.reshape(*moved.shape[:-1], moved.shape[-1] // BLOCK, BLOCK)
+
+
+def _unblock(b: torch.Tensor, dim: int, ndim: int) -> torch.Tensor:
+    return b.reshape(*b.shape[:-2], -1).movedim(-1, dim % ndim)
+
+
+def to_mxfp8(t: torch.Tensor, dim: int = -1):
+    """-> (data float8_e4m3fn like t, scales uint8 with t's shape but size/32 along dim)."""
+    x = _blocks(t, dim).float()
+    amax = x.abs().amax(-1, keepdim=True)
+    finite = torch.isfinite(amax)
+    # floor(log2(amax)) exactly: amax = m * 2^e with m in [0.5, 1)
+    exp = torch.frexp(torch.where(finite & (amax > 0), amax, torch.ones_like(amax)))[1] - 1
+    biased = (exp - E4M3_EMAX + SCALE_BIAS).clamp(0, 254)
+    biased = torch.where(amax > 0, biased, torch.zeros_like(biased))
+    biased = torch.where(finite, biased, torch.full_like(biased, SCALE_NAN))
+    scale = torch.exp2((biased.clamp(max=254) - SCALE_BIAS).float())
+    q = (x / scale).clamp(-E4M3_MAX, E4M3_MAX)
+    q = torch.where(finite, q, torch.full_like(q, float("nan")))
+    data = q.to(torch.float8_e4m3fn)  # round to nearest even, subnormals kept
+    return _unblock(data, dim, t.dim()), _unblock(biased.to(torch.uint8), dim, t.dim())
+
+
+def from_mxfp8(data: torch.Tensor, scales: torch.Tensor, dim: int = -1,
+               dtype=torch.float32) -> torch.Tensor:
+    """Dequantize: element * 2^(scale - 127); the NaN scale gives NaN."""
+    if data.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"data must be torch.float8_e4m3fn, got {data.dtype}")
+    if scales.dtype != torch.uint8:
+        raise TypeError(f"scales must be uint8 (e8m0 biased exponents), got {scales.dtype}")
+    d = _blocks(data.float(), dim)
+    s = scales.movedim(dim % scales.dim(), -1).unsqueeze(-1).int()
+    if s.shape[:-1] != d.shape[:-1]:
+        raise ValueError(f"scales must have shape {tuple(_unblock(d[..., :1], dim, data.dim()).shape)}"
+                         f", got {tuple(scales.shape)}")
+    factor = torch.where(s == SCALE_NAN, torch.full_like(s, 0, dtype=torch.float32) * float("nan"),
+                         torch.exp2((s - SCALE_BIAS).float()))
+    return _unblock(d * factor, dim, data.dim()).to(dtype)

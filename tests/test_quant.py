@@ -1,0 +1,81 @@
+"""MXFP8 quantization against hand-computed blocks (OCP MX v1.0)."""
+import pytest
+import torch
+
+from mokgen.quant import from_mxfp8, to_mxfp8
+
+
+def block(values):
+    return torch.tensor(values + [0.0] * (32 - len(values)), dtype=torch.float32)
+
+
+def q1(values):
+    data, scales = to_mxfp8(block(values))
+    return data.float(), int(scales[0]), from_mxfp8(data, scales)
+
+
+def test_powers_of_two_round_trip_exactly():
+    data, s, back = q1([2.0 ** k for k in range(-6, 4)])  # amax 8 = 2^3
+    assert s == 3 - 8 + 127                              # X = 2^(3 - 8)
+    assert data[9] == 256.0 and data[0] == 2.0 ** (-6 + 5)
+    assert torch.equal(back, block([2.0 ** k for k in range(-6, 4)]))
+
+
+def test_max_magnitude_saturates_to_448():
+    data, s, back = q1([1.9 * 8, -1.9 * 8, 1.0])          # 15.2 / 2^-5 = 486.4 > 448
+    assert s == 3 - 8 + 127
+    assert data[0] == 448.0 and data[1] == -448.0
+    assert back[0] == 14.0 and back[1] == -14.0 and back[2] == 1.0
+
+
+def test_zero_block():
+    data, scales = to_mxfp8(torch.zeros(2, 64))
+    assert torch.all(scales == 0) and torch.all(data.float() == 0)
+    assert torch.equal(from_mxfp8(data, scales), torch.zeros(2, 64))
+
+
+def test_negative_values_mirror_positive_ones():
+    x = torch.randn(4, 96)
+    dp, sp = to_mxfp8(x.abs())
+    dn, sn = to_mxfp8(-x.abs())
+    assert torch.equal(sp, sn) and torch.equal(dn.float(), -dp.float())
+
+
+def test_all_equal_block():
+    data, scales = to_mxfp8(torch.full((32,), 3.0))
+    assert int(scales[0]) == 1 - 8 + 127 and torch.all(data.float() == 384.0)  # 1.5 * 2^8
+    assert torch.all(from_mxfp8(data, scales) == 3.0)
+
+
+def test_round_to_nearest_even_and_subnormals():
+    # amax 448 -> X = 2^(8 - 8) = 1: elements are cast as they are
+    data, s, _ = q1([448.0, 17.0, 19.0, 2.0 ** -9, 2.0 ** -10, 3 * 2.0 ** -10])
+    assert s == 127
+    assert data[1] == 16.0    # 17 ties 16 / 18: even mantissa
+    assert data[2] == 20.0    # 19 ties 18 / 20: even mantissa
+    assert data[3] == 2.0 ** -9                        # smallest subnormal kept
+    assert data[4] == 0.0                              # half of it ties to zero (even)
+    assert data[5] == 2.0 ** -8                        # 1.5 subnormal steps -> 2 (even)
+
+
+def test_non_finite_blocks_become_nan_and_others_stay():
+    x = torch.ones(2, 32)
+    x[0, 5] = float("inf")
+    data, scales = to_mxfp8(x)
+    assert int(scales[0, 0]) == 255 and int(scales[1, 0]) == 0 + 127 - 8
+    back = from_mxfp8(data, scales)
+    assert back[0].isnan().all() and torch.equal(back[1], torch.ones(32))
+
+
+def test_dim_argument_and_errors():
+    x = torch.randn(64, 3)
+    data, scales = to_mxfp8(x, dim=0)
+    assert data.shape == (64, 3) and scales.shape == (2, 3)
+    err = (from_mxfp8(data, scales, dim=0) - x).abs() / x.abs().amax(0)
+    # the spec's scale lets amax reach up to 512 X, above e4m3's 448: saturation loses up to
+    # 64 / 512 of the block max; elsewhere a half-ulp of 3 mantissa bits
+    assert err.max() <= 0.125
+    with pytest.raises(ValueError, match="multiple of 32"):
+        to_mxfp8(torch.randn(3, 40))
+    with pytest.raises(TypeError, match="float8_e4m3fn"):
+        from_mxfp8(x, scales, dim=0)
