@@ -73,7 +73,11 @@ class MoE(nn.Module):
                 self.shared_w1.normal_(0.0, s.hidden ** -0.5)
                 self.shared_w2.normal_(0.0, s.shared_dim ** -0.5)
 
-    def forward(self, x: torch.Tensor, router_logits: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor | None = None,
+                routes: tuple | None = None):
+        """y for x [..., D]. Routing: the module's own router (router=True); or the caller's
+        `router_logits` [..., E] routed by mokgen's softmax top-k; or the caller's own
+        `routes = (experts int [..., k], weights [..., k])`, whose gradient flows to weights."""
         s = self.shape
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -81,21 +85,42 @@ class MoE(nn.Module):
             raise ValueError(f"x must have shape (..., {s.hidden}), got {tuple(x.shape)}")
         lead = x.shape[:-1]
         x2 = x.reshape(-1, s.hidden)
-        if x2.shape[0] > self.plan.tokens_per_rank:
-            raise ValueError(f"x has {x2.shape[0]} tokens, more than tokens_per_rank="
+        n = x2.shape[0]
+        if n > self.plan.tokens_per_rank:
+            raise ValueError(f"x has {n} tokens, more than tokens_per_rank="
                              f"{self.plan.tokens_per_rank} this layer was planned for")
-        if self.router is not None:
-            if router_logits is not None:
-                raise ValueError("router_logits must be None: this MoE owns its router")
-            logits = self.router(x2.to(self.router.weight.dtype)).float()
+        given = [name for name, v in (("router_logits", router_logits), ("routes", routes))
+                 if v is not None]
+        if self.router is not None and given:
+            raise ValueError(f"{given[0]} must be None: this MoE owns its router")
+        if self.router is None and len(given) != 1:
+            raise ValueError("a MoE without router (router=False) needs exactly one of "
+                             "router_logits or routes")
+        xw = x2.to(self.w1.dtype)
+        weights = (self.w1, self.w2, self.shared_w1, self.shared_w2)
+        if routes is not None:
+            experts, wts = self._check_routes(routes, n)
+            y = ops.moe_forward_routed(xw, experts, wts, *weights, self._layer)
         else:
-            if router_logits is None:
-                raise ValueError("router_logits is required when the MoE has no router "
-                                 "(router=False)")
-            logits = router_logits.reshape(-1, s.num_experts)
-        y = ops.moe_forward(x2.to(self.w1.dtype), logits, self.w1, self.w2, self.shared_w1,
-                            self.shared_w2, self._layer)
+            logits = (self.router(x2.to(self.router.weight.dtype)) if self.router is not None
+                      else router_logits.reshape(-1, s.num_experts)).float()
+            y = ops.moe_forward(xw, logits, *weights, self._layer)
         return y.to(x.dtype).reshape(*lead, s.hidden)
+
+    def _check_routes(self, routes, n: int):
+        s = self.shape
+        if not (isinstance(routes, (tuple, list)) and len(routes) == 2 and
+                all(isinstance(t, torch.Tensor) for t in routes)):
+            raise TypeError("routes must be a pair of tensors (experts, weights)")
+        experts, wts = (t.reshape(n, -1) for t in routes)
+        if experts.shape != (n, s.topk) or wts.shape != (n, s.topk):
+            raise ValueError(f"routes must both have shape (..., {s.topk}) for {n} tokens, got "
+                             f"{tuple(routes[0].shape)} and {tuple(routes[1].shape)}")
+        if experts.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"routes[0] (experts) must be int32 or int64, got {experts.dtype}")
+        if not wts.is_floating_point():
+            raise TypeError(f"routes[1] (weights) must be floating point, got {wts.dtype}")
+        return experts.long().contiguous(), wts.float().contiguous()
 
     def extra_repr(self) -> str:
         s = self.shape

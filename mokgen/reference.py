@@ -62,6 +62,15 @@ def moe_backward(x, router_logits, w1, w2, shared_w1, shared_w2, topk: int, dy):
     """Explicit backward of `moe_forward` (no autograd): grads of x, router_logits, w1, w2,
     shared_w1, shared_w2 (None for an absent shared expert)."""
     experts, weights = route(router_logits, topk)
+    dx, dweights, dw1, dw2, dsw1, dsw2 = moe_backward_routed(
+        x, experts, weights, w1, w2, shared_w1, shared_w2, dy)
+    dlogits = router_backward(router_logits, experts, dweights).to(router_logits.dtype)
+    return dx, dlogits, dw1, dw2, dsw1, dsw2
+
+
+def moe_backward_routed(x, experts, weights, w1, w2, shared_w1, shared_w2, dy):
+    """Explicit backward of `moe_forward_routed`: grads of x, weights (the router-weight
+    gradient <a, dy W2>), w1, w2, shared_w1, shared_w2."""
     dx = torch.zeros_like(x)
     dw1, dw2 = torch.zeros_like(w1), torch.zeros_like(w2)
     dweights = torch.zeros_like(weights)
@@ -76,8 +85,7 @@ def moe_backward(x, router_logits, w1, w2, shared_w1, shared_w2, topk: int, dy):
     if shared_w1 is not None:
         gx, dsw1, dsw2, _ = ffn_backward(x, shared_w1, shared_w2, dy)
         dx = dx + gx
-    dlogits = router_backward(router_logits, experts, dweights).to(router_logits.dtype)
-    return dx, dlogits, dw1, dw2, dsw1, dsw2
+    return dx, dweights, dw1, dw2, dsw1, dsw2
 
 
 def _shared(x, shared_w1, shared_w2):
@@ -87,8 +95,14 @@ def _shared(x, shared_w1, shared_w2):
 
 
 def moe_forward(x, router_logits, w1, w2, shared_w1, shared_w2, topk: int) -> torch.Tensor:
-    """One rank holding every expert: w1 [E, 2I, D], w2 [E, D, I]. Returns y [N, D]."""
+    """One rank holding all experts: w1 [E, 2I, D], w2 [E, D, I]. Returns y [N, D]."""
     experts, weights = route(router_logits, topk)
+    return moe_forward_routed(x, experts, weights, w1, w2, shared_w1, shared_w2)
+
+
+def moe_forward_routed(x, experts, weights, w1, w2, shared_w1, shared_w2) -> torch.Tensor:
+    """The layer after routing: experts int [N, k] (global ids), weights [N, k] as given
+    (a model's own router may score, normalize and scale them any way it likes)."""
     y = _shared(x, shared_w1, shared_w2)
     routed = torch.zeros_like(x)
     for e in range(w1.shape[0]):

@@ -81,7 +81,7 @@ def test_forward_rejects_bad_input(make, exc, match):
 
 def test_router_free_layer_needs_logits():
     m = mokgen.MoE(SHAPE, tokens_per_rank=64, router=False)
-    with pytest.raises(ValueError, match="router_logits is required"):
+    with pytest.raises(ValueError, match="exactly one of router_logits or routes"):
         m(torch.randn(4, SHAPE.hidden))
     assert m(torch.randn(4, SHAPE.hidden), torch.randn(4, 16)).shape == (4, SHAPE.hidden)
 
@@ -96,3 +96,24 @@ def test_constructor_rejects_bad_arguments(kw, exc, match):
     args = dict(shape=SHAPE, tokens_per_rank=64) | kw
     with pytest.raises(exc, match=match):
         mokgen.MoE(**args)
+
+
+def test_routes_from_the_caller_match_reference_and_carry_weight_gradients():
+    m = mokgen.MoE(SHAPE, tokens_per_rank=64, router=False)
+    x = torch.randn(30, SHAPE.hidden).bfloat16().float()
+    logits = torch.randn(30, SHAPE.num_experts)
+    experts = torch.sigmoid(logits).topk(SHAPE.topk, dim=-1).indices       # sigmoid scoring
+    wts = (torch.sigmoid(logits).gather(1, experts) * 2.5).requires_grad_()  # scaled, unnormed
+    y = m(x, routes=(experts, wts))
+    f = [t.detach().float() for t in (m.w1, m.w2, m.shared_w1, m.shared_w2)]
+    want = mokgen.reference.moe_forward_routed(x, experts, wts.detach(), *f)
+    assert rel(y, want) <= 1e-2  # the layer computes in bf16 (its parameters' dtype)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    wref = wts.detach().clone().requires_grad_()
+    mokgen.reference.moe_forward_routed(x, experts, wref, *f).backward(dy)
+    assert rel(wts.grad, wref.grad) <= 1e-2
+    with pytest.raises(ValueError, match="shape"):
+        m(x, routes=(experts[:, :1], wts[:, :1]))
+    with pytest.raises(TypeError, match="int32 or int64"):
+        m(x, routes=(experts.float(), wts))
