@@ -44,7 +44,11 @@ def __getattr__(name):  # the nn.Module pulls in torch.library registration: loa
         from .module import MoE
 
         return MoE
+    if name == "patch":
+        from .integrations.transformers import patch
+
+        return patch
     raise AttributeError(f"module 'mokgen' has no attribute {name!r}")
 
 
-__all__ = ["MoE", "MoEShape", "Plan", "plan", "compile", "shapes", "__version__"]
+__all__ = ["MoE", "MoEShape", "Plan", "plan", "compile", "patch", "shapes", "__version__"]

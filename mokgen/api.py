@@ -46,16 +46,26 @@ class CompiledMoE:
                                            self.group, self.watchdog_s)
         return self._runtime
 
-    def __call__(self, x, router_logits, w1, w2, shared_w1=None, shared_w2=None):
-        from .runtime.checks import check_inputs
+    def __call__(self, x, router_logits, w1, w2, shared_w1=None, shared_w2=None, routes=None):
+        """`routes=(experts [n, k], weights [n, k])` (lists of them for virtual ranks) replaces
+        mokgen's routing by the caller's; then router_logits must be None."""
+        from .runtime.checks import check_inputs, check_routes
 
         many = self.virtual
-        xs, zs, w1s, w2s = ((x, router_logits, w1, w2) if many
-                            else ([x], [router_logits], [w1], [w2]))
+        one = (lambda v: v) if many else (lambda v: [v])  # noqa: E731
+        xs, w1s, w2s = one(x), one(w1), one(w2)
+        if routes is not None:
+            if router_logits is not None:
+                raise ValueError("give router_logits or routes, not both")
+            given = check_routes(self.plan, xs, routes if many else [routes], many)
+            zs = [None] * len(xs)
+        else:
+            given = None
+            zs = one(router_logits)
         zs = check_inputs(self.plan, xs, zs, w1s, w2s, shared_w1, shared_w2, many)
         rt = self.runtime()
         rt.check()  # an earlier call's watchdog record, if any (no device sync)
-        ys = rt.forward(xs, zs, w1s, w2s, shared_w1, shared_w2)
+        ys = rt.forward(xs, zs, w1s, w2s, shared_w1, shared_w2, routes=given)
         return ys if many else ys[0]
 
     def synchronize(self) -> None:

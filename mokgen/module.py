@@ -59,9 +59,7 @@ class MoE(nn.Module):
         self.reset_parameters()
         # the op's handle, registered now (not under torch.compile tracing); the kernels are
         # compiled when the first CUDA call runs
-        # (backend="reference": the PyTorch reference on every device, for comparisons)
-        kernels = _LazyKernels(self.plan, ep_group) if backend == "kernels" else None
-        self._layer = ops.register(kernels, shape.topk, self.plan.ep)
+        self._layer = layer_handle(self.plan, ep_group, backend)
 
     def reset_parameters(self) -> None:
         """Normal(0, 1/fan_in) expert weights: outputs stay O(1) whatever D and I are."""
@@ -128,6 +126,14 @@ class MoE(nn.Module):
                 f"ep={self.plan.ep}, rank={self.rank}, dtype={self.dtype_name}")
 
 
+def layer_handle(plan, ep_group=None, backend: str = "kernels") -> int:
+    """Register a layer with the custom ops (not under torch.compile tracing) and return the
+    int the ops take. Kernels are compiled on the first CUDA call; backend="reference" runs
+    the PyTorch reference on every device (for comparisons)."""
+    kernels = _LazyKernels(plan, ep_group) if backend == "kernels" else None
+    return ops.register(kernels, plan.shape.topk, plan.ep)
+
+
 class _LazyKernels:
     """Compiles the layer's kernels on the first CUDA call. Without a process group the one
     rank holds every expert: a one-rank virtual layer, called with plain tensors."""
@@ -135,13 +141,14 @@ class _LazyKernels:
     def __init__(self, plan, group):
         self.plan, self.group, self.compiled = plan, group, None
 
-    def __call__(self, x, logits, w1, w2, sw1, sw2):
+    def __call__(self, x, logits, w1, w2, sw1, sw2, routes=None):
         from .api import compile_layer
 
         if self.group is None:
             if self.compiled is None:
                 self.compiled = compile_layer(self.plan, virtual=True)
-            return self.compiled([x], [logits], [w1], [w2], sw1, sw2)[0]
+            return self.compiled([x], None if logits is None else [logits], [w1], [w2], sw1,
+                                 sw2, routes=None if routes is None else [routes])[0]
         if self.compiled is None:
             self.compiled = compile_layer(self.plan, virtual=False, group=self.group)
-        return self.compiled(x, logits, w1, w2, sw1, sw2)
+        return self.compiled(x, logits, w1, w2, sw1, sw2, routes=routes)

@@ -108,3 +108,34 @@ def test_symmetric_memory_path_world_size_one(monkeypatch):
         assert rel_error(y1, want) <= 1e-2 and torch.equal(y1, y2)
     finally:
         dist.destroy_process_group()
+
+
+def test_caller_routes_through_the_kernels():
+    """routes=(experts, weights) from the caller (sigmoid scores, scaled, unnormalized),
+    one of them out of range: that token turns NaN, every other token matches."""
+    from mokgen.reference import moe_forward_routed
+
+    shape, ep, n = mokgen.shapes.get("gpu-small"), 2, 300
+    layer = mokgen.compile(shape, ep=ep, tokens_per_rank=n, virtual=True)
+    inputs = make_inputs(shape, ep, n)
+    routes = []
+    for z in inputs["router_logits"]:
+        e = torch.sigmoid(z).topk(shape.topk, dim=-1).indices
+        routes.append((e, torch.sigmoid(z).gather(1, e) * 2.5))
+    routes[1][0][7, 0] = shape.num_experts + 3  # invalid id
+    layer.runtime().poison()
+    ys = layer(inputs["x"], None, inputs["w1"], inputs["w2"], inputs["shared_w1"],
+               inputs["shared_w2"], routes=routes)
+    layer.synchronize()
+    L = shape.num_experts // ep
+    w1 = torch.cat(inputs["w1"]).float()
+    w2 = torch.cat(inputs["w2"]).float()
+    for r in range(ep):
+        want = moe_forward_routed(inputs["x"][r].float(), routes[r][0], routes[r][1].float(), w1,
+                                  w2, inputs["shared_w1"].float(), inputs["shared_w2"].float())
+        keep = torch.ones(n, dtype=torch.bool, device="cuda")
+        if r == 1:
+            keep[7] = False
+            assert ys[r][7].isnan().all()
+        assert rel_error(ys[r][keep], want[keep]) <= 1e-2
+    assert L * ep == shape.num_experts

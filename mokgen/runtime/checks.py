@@ -47,9 +47,10 @@ def check_inputs(plan, xs, zs, w1s, w2s, shared_w1, shared_w2, many: bool):
     for r in range(hosted):
         sfx = f"[{r}]" if many else ""
         args += [(f"x{sfx}", xs[r], (n, D), bf16),
-                 (f"router_logits{sfx}", zs[r], (n, s.num_experts),
-                  (torch.float32, torch.bfloat16, torch.float16)),
                  (f"w1{sfx}", w1s[r], (L, 2 * I, D), bf16), (f"w2{sfx}", w2s[r], (L, D, I), bf16)]
+        if zs[r] is not None:  # None: the caller gave routes instead (check_routes)
+            args.append((f"router_logits{sfx}", zs[r], (n, s.num_experts),
+                         (torch.float32, torch.bfloat16, torch.float16)))
     if s.shared_experts:
         args += [("shared_w1", shared_w1, (2 * s.shared_dim, D), bf16),
                  ("shared_w2", shared_w2, (D, s.shared_dim), bf16)]
@@ -60,4 +61,26 @@ def check_inputs(plan, xs, zs, w1s, w2s, shared_w1, shared_w2, many: bool):
     dev = xs[0].device
     for name, t, _, _ in args:
         _device(name, t, dev)
-    return [z.float().contiguous() for z in zs]
+    return [None if z is None else z.float().contiguous() for z in zs]
+
+
+def check_routes(plan, xs, routes, many: bool):
+    """The caller's (experts, weights) per rank -> (int32, fp32) contiguous pairs."""
+    hosted = plan.ep if many else 1
+    if not isinstance(routes, (list, tuple)) or len(routes) != hosted:
+        raise ValueError(f"routes must be {hosted} (experts, weights) pair(s), got {routes!r:.60}")
+    n, k = (xs[0].shape[0] if isinstance(xs[0], torch.Tensor) else -1), plan.shape.topk
+    out = []
+    for r, pair in enumerate(routes):
+        sfx = f"[{r}]" if many else ""
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            raise TypeError(f"routes{sfx} must be a pair (experts, weights)")
+        experts, weights = pair
+        _tensor_meta(f"routes{sfx}[0] (experts)", experts, (n, k), (torch.int64, torch.int32))
+        if not isinstance(weights, torch.Tensor) or not weights.is_floating_point():
+            raise TypeError(f"routes{sfx}[1] (weights) must be a floating-point tensor")
+        _tensor_meta(f"routes{sfx}[1] (weights)", weights, (n, k), (weights.dtype,))
+        _device(f"routes{sfx}[0] (experts)", experts, xs[0].device)
+        _device(f"routes{sfx}[1] (weights)", weights, xs[0].device)
+        out.append((experts.int().contiguous(), weights.float().contiguous()))
+    return out

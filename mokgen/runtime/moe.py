@@ -89,6 +89,7 @@ class ForwardRuntime:
         fwd = cuda.load_module(fwd_cubin)
         L = spec.local_experts
         self.f_route = pro.function("mokgen_route")
+        self.f_route_given = pro.function("mokgen_route_given")
         self.sched_smem = (L + 32 * L) * 4
         self.f_count = pro.function("mokgen_sched_count", self.sched_smem)
         self.f_offsets = pro.function("mokgen_sched_offsets")
@@ -157,13 +158,17 @@ class ForwardRuntime:
         return torch.cuda.current_stream(self.dev)
 
     # ------------------------------------------------------------------ the call
-    def forward(self, xs, logits, w1s, w2s, shared_w1, shared_w2):
-        """Per hosted rank lists; returns the list of y [n, D] bf16."""
+    def forward(self, xs, logits, w1s, w2s, shared_w1, shared_w2, routes=None):
+        """Per hosted rank lists; returns the list of y [n, D] bf16. `routes`: per hosted rank
+        (experts int32 [n, k], weights fp32 [n, k]) chosen by the caller, instead of logits."""
         n = xs[0].shape[0]
         hosted = range(len(self.ranks))
         for i in hosted:
             self.ranks[i].counters.zero_()
-            self.route(i, logits[i], n)
+            if routes is None:
+                self.route(i, logits[i], n)
+            else:
+                self.route_given(i, *routes[i], n)
         self.peers.barrier(self._launch_barrier)
         x_ptrs = self.peers.x_pointers(xs)
         for i in hosted:
@@ -188,6 +193,13 @@ class ForwardRuntime:
         tables = cuda.Raw(self.peers.table("routes") + self.peers.table("weights"))
         cuda.launch(self.f_route, max(1, min(1024, -(-n // 8))), 256, 0, self._stream(),
                     [logits, n, self.peers.hosted_ranks[i], tables])
+
+    def route_given(self, i, experts, weights, n):
+        """The caller's routes of rank i's tokens, written into every rank's tables."""
+        tables = cuda.Raw(self.peers.table("routes") + self.peers.table("weights"))
+        total = n * self.spec.topk
+        cuda.launch(self.f_route_given, max(1, min(1024, -(-total // 256))), 256, 0,
+                    self._stream(), [experts, weights, n, self.peers.hosted_ranks[i], tables])
 
     def schedule(self, i, n):
         """Algorithm 1 for rank i from the gathered routes (three small kernels)."""

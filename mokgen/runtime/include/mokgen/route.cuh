@@ -90,4 +90,28 @@ __device__ void route_tokens(const float* __restrict__ logits, int n_tokens, int
   }
 }
 
+// Routes chosen by the caller (a model's own router): gather them into every rank's tables as
+// route_tokens does. An expert id outside [0, E) would drop a route, so it is sent to expert 0
+// with a NaN weight instead: that token's output turns NaN, nothing else changes.
+template <int E, int K>
+__device__ void gather_routes(const int* __restrict__ experts, const float* __restrict__ weights,
+                              int n_tokens, int rank, int* const* peer_routes,
+                              float* const* peer_weights, int ranks) {
+  const size_t n = (size_t)n_tokens * K;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    int e = experts[i];
+    float w = weights[i];
+    if (e < 0 || e >= E) {
+      e = 0;
+      w = NAN;
+    }
+    const size_t at = (size_t)rank * n + i;
+    for (int p = 0; p < ranks; ++p) {
+      peer_routes[p][at] = e;
+      peer_weights[p][at] = w;
+    }
+  }
+}
+
 }  // namespace mokgen

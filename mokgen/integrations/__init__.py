@@ -1,0 +1,1 @@
+"""Adapters that put mokgen under other libraries' models."""

@@ -1,0 +1,73 @@
+"""Patched transformers models on the GPU: logits, gradients and losses vs the unpatched model
+(bf16 tolerances of design.md). Marked gpu."""
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from mokgen.integrations.transformers import patch  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+COMMON = dict(vocab_size=256, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2)
+
+
+def configs():
+    return {
+        "qwen3": transformers.Qwen3MoeConfig(**COMMON, intermediate_size=512,
+                                             moe_intermediate_size=128, num_experts=8,
+                                             num_experts_per_tok=2, head_dim=64),
+        "mixtral": transformers.MixtralConfig(**COMMON, intermediate_size=128,
+                                              num_local_experts=8, num_experts_per_tok=2,
+                                              head_dim=64),
+        "deepseek-v3": transformers.DeepseekV3Config(
+            **COMMON, intermediate_size=512, moe_intermediate_size=128, n_routed_experts=8,
+            n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
+            first_k_dense_replace=1, routed_scaling_factor=2.5, kv_lora_rank=64, q_lora_rank=64,
+            qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=64),
+    }
+
+
+def cos(a, b):
+    return torch.nn.functional.cosine_similarity(a.float().flatten(), b.float().flatten(), 0).item()
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.parametrize("family", ["qwen3", "mixtral", "deepseek-v3"])
+def test_patched_model_matches_logits_grads_and_losses(family):
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(configs()[family]).cuda().bfloat16()
+    patched = copy.deepcopy(model)
+    patch(patched)
+    for m in (model, patched):
+        m.train()
+        for mod in m.modules():  # no router noise: both must see the same routes
+            if hasattr(mod, "jitter_noise"):
+                mod.jitter_noise = 0.0
+    ids = torch.randint(0, 256, (4, 64), device="cuda")
+    out_m, out_p = model(ids, labels=ids), patched(ids, labels=ids)
+    assert rel(out_p.logits, out_m.logits) <= 1e-2
+    out_m.loss.backward()
+    out_p.loss.backward()
+    grads = dict(model.named_parameters())
+    for name, p in patched.named_parameters():
+        want = grads[name].grad
+        if want is not None and want.float().norm() > 0:
+            assert cos(p.grad, want) >= 0.999, name
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, patched)]
+    losses = [[], []]
+    for step in range(5):
+        batch = torch.randint(0, 256, (4, 64), device="cuda")
+        for i, (m, opt) in enumerate(zip((model, patched), opts)):
+            opt.zero_grad()
+            loss = m(batch, labels=batch).loss
+            loss.backward()
+            opt.step()
+            losses[i].append(loss.item())
+    print(family, losses)
+    assert all(abs(a - b) / a <= 0.02 for a, b in zip(*losses)), losses
