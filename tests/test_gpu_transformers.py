@@ -40,25 +40,33 @@ def rel(a, b):
 
 @pytest.mark.parametrize("family", ["qwen3", "mixtral", "deepseek-v3"])
 def test_patched_model_matches_logits_grads_and_losses(family):
+    """Against an fp32 copy of the unpatched model: the patched bf16 model must be as close to
+    it as the unpatched bf16 model is. (Router-weight gradients in bf16 are noisy on their
+    own: the unpatched bf16 model's gate gradient was seen at cosine 0.993-0.997 of ours, so
+    comparing the two bf16 models directly measures bf16, not mokgen.)"""
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(configs()[family]).cuda().bfloat16()
+    fp32 = transformers.AutoModelForCausalLM.from_config(configs()[family]).cuda()
+    model = copy.deepcopy(fp32).bfloat16()
     patched = copy.deepcopy(model)
     patch(patched)
-    for m in (model, patched):
+    for m in (fp32, model, patched):
         m.train()
-        for mod in m.modules():  # no router noise: both must see the same routes
+        for mod in m.modules():  # no router noise: all must see the same routes
             if hasattr(mod, "jitter_noise"):
                 mod.jitter_noise = 0.0
     ids = torch.randint(0, 256, (4, 64), device="cuda")
-    out_m, out_p = model(ids, labels=ids), patched(ids, labels=ids)
-    assert rel(out_p.logits, out_m.logits) <= 1e-2
-    out_m.loss.backward()
-    out_p.loss.backward()
-    grads = dict(model.named_parameters())
+    outs = [m(ids, labels=ids) for m in (fp32, model, patched)]
+    assert rel(outs[2].logits, outs[0].logits) <= 1e-2
+    assert rel(outs[2].logits, outs[1].logits) <= 1e-2
+    for o in outs:
+        o.loss.backward()
+    ref, hf = dict(fp32.named_parameters()), dict(model.named_parameters())
     for name, p in patched.named_parameters():
-        want = grads[name].grad
-        if want is not None and want.float().norm() > 0:
-            assert cos(p.grad, want) >= 0.999, name
+        want = ref[name].grad
+        if want is None or want.norm() == 0:
+            continue
+        ours, theirs = cos(p.grad, want), cos(hf[name].grad, want)
+        assert ours >= min(0.9999, theirs) - 1e-3, (name, ours, theirs)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, patched)]
     losses = [[], []]
     for step in range(5):
