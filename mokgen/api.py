@@ -54,15 +54,16 @@ class CompiledMoE:
         many = self.virtual
         one = (lambda v: v) if many else (lambda v: [v])  # noqa: E731
         xs, w1s, w2s = one(x), one(w1), one(w2)
+        given = None
         if routes is not None:
             if router_logits is not None:
                 raise ValueError("give router_logits or routes, not both")
-            given = check_routes(self.plan, xs, routes if many else [routes], many)
-            zs = [None] * len(xs)
+            zs = [None] * (len(xs) if isinstance(xs, (list, tuple)) else 1)
         else:
-            given = None
             zs = one(router_logits)
         zs = check_inputs(self.plan, xs, zs, w1s, w2s, shared_w1, shared_w2, many)
+        if routes is not None:  # after x is known good: the routes are checked against it
+            given = check_routes(self.plan, xs, routes if many else [routes], many)
         rt = self.runtime()
         rt.check()  # an earlier call's watchdog record, if any (no device sync)
         ys = rt.forward(xs, zs, w1s, w2s, shared_w1, shared_w2, routes=given)
