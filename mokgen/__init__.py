@@ -31,10 +31,9 @@ def compile(shape: MoEShape, ep: int, dtype: str = "bf16", tokens_per_rank: int 
     A result of `python -m mokgen tune` for this problem supplies minibatch and comm SMs
     unless either is overridden here."""
     from .api import compile_layer
-    from .tune import TUNED, load_tuned
+    from .tune import with_tuned
 
-    if not any(k in overrides for k in TUNED):  # a stored tuning result beats the cost model
-        overrides = {**load_tuned(shape, ep, dtype, tokens_per_rank), **overrides}
+    overrides = with_tuned(shape, ep, dtype, tokens_per_rank, overrides)
     return compile_layer(plan(shape, ep, dtype, tokens_per_rank, **overrides), virtual=virtual,
                          group=group, watchdog_s=watchdog_s)
 

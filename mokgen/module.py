@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from . import ops
-from .plan import OVERRIDABLE
 from .shapes import MoEShape
 
 _DTYPES = {"bf16": torch.bfloat16}
@@ -28,19 +27,11 @@ class MoE(nn.Module):
             raise TypeError(f"shape must be a mokgen.MoEShape, got {type(shape).__name__}")
         if backend not in ("kernels", "reference"):
             raise ValueError(f"backend must be 'kernels' or 'reference', got {backend!r}")
+        from .tune import with_tuned
+
         self.ep_group = ep_group
-        ep, self.rank = 1, 0
-        if ep_group is not None:
-            import torch.distributed as dist
-
-            ep, self.rank = dist.get_world_size(ep_group), dist.get_rank(ep_group)
-        unknown = set(overrides) - set(OVERRIDABLE)
-        if unknown:
-            raise ValueError(f"unknown override(s) {sorted(unknown)}; allowed: {OVERRIDABLE}")
-        from .tune import TUNED, load_tuned
-
-        if not any(k in overrides for k in TUNED):  # as mokgen.compile: tuned winners first
-            overrides = {**load_tuned(shape, ep, dtype, tokens_per_rank), **overrides}
+        ep, self.rank = group_size_rank(ep_group)
+        overrides = with_tuned(shape, ep, dtype, tokens_per_rank, overrides)  # as compile()
         self.plan = make_plan(shape, ep=ep, dtype=dtype, tokens_per_rank=tokens_per_rank,
                               **overrides)
         self.shape, self.dtype_name = shape, dtype
@@ -124,6 +115,15 @@ class MoE(nn.Module):
         s = self.shape
         return (f"E={s.num_experts}, D={s.hidden}, I={s.intermediate}, k={s.topk}, "
                 f"ep={self.plan.ep}, rank={self.rank}, dtype={self.dtype_name}")
+
+
+def group_size_rank(ep_group) -> tuple:
+    """(ep, rank) of a process group; (1, 0) without one."""
+    if ep_group is None:
+        return 1, 0
+    import torch.distributed as dist
+
+    return dist.get_world_size(ep_group), dist.get_rank(ep_group)
 
 
 def layer_handle(plan, ep_group=None, backend: str = "kernels") -> int:

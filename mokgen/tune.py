@@ -39,6 +39,14 @@ def load_tuned(shape, ep: int, dtype: str, tokens: int) -> dict:
         return {}
 
 
+def with_tuned(shape, ep: int, dtype: str, tokens: int, overrides: dict) -> dict:
+    """`overrides` completed by a stored tuning result, unless the caller already forces one
+    of the tuned fields (explicit choices always win)."""
+    if any(k in overrides for k in TUNED):
+        return overrides
+    return {**load_tuned(shape, ep, dtype, tokens), **overrides}
+
+
 def candidates(base) -> list:
     b, c = base.minibatch, base.comm_sms_fwd
     tile = base.block_m

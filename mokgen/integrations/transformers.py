@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from .. import plan as make_plan
-from ..module import layer_handle
+from ..module import group_size_rank, layer_handle
 from ..shapes import MoEShape
 from .. import ops
 
@@ -52,11 +52,7 @@ class PatchedMoEBlock(nn.Module):
         shape = MoEShape(E, D, two_i // 2, int(self.gate.top_k),
                          shared_experts=int(self.shared_experts is not None),
                          shared_intermediate=shared_dim, name=f"hf-{name}")
-        ep, rank = 1, 0
-        if ep_group is not None:
-            import torch.distributed as dist
-
-            ep, rank = dist.get_world_size(ep_group), dist.get_rank(ep_group)
+        ep, rank = group_size_rank(ep_group)
         self.plan = make_plan(shape, ep=ep, dtype=dtype, tokens_per_rank=tokens_per_rank)
         self.rank, self.local = rank, shape.num_experts // ep
         self._layer = layer_handle(self.plan, ep_group, backend)

@@ -78,8 +78,6 @@ class RankBuffers:
 
 
 class ForwardRuntime:
-    GEMM_BOX = (128, 256)  # rows per TMA box: A tiles and dual-B halves / single B tiles
-
     def __init__(self, spec: LayerSpec, prologue_cubin: str, fwd_cubin: str, virtual: bool,
                  group=None, watchdog_s: float = 5.0):
         self.spec = spec
@@ -144,8 +142,8 @@ class ForwardRuntime:
 
     def device_check(self) -> list:
         """Debug builds: the first failed device-side index check of each module
-        ({code, a, b, block, failures}), all zero when none failed. Synchronizes."""
-        # {code, a, b, block, failures}; a and b are signed indices
+        ({code, a, b, block, failures}; a and b signed), all zero when none failed.
+        Synchronizes."""
         return [list(struct.unpack("<IiiII", cuda.read_global(m, "mokgen_check")))
                 for m in self.modules]
 
@@ -188,18 +186,21 @@ class ForwardRuntime:
         self.experts(i, xs[i], self.peers.x_pointers(xs), w1s[i], w2s[i], shared_w1, shared_w2)
         return self.combine_sum(i, n)
 
+    def _route_tables(self):
+        """Every rank's gathered route and weight tables (RouteTables<R>, by value)."""
+        return cuda.Raw(self.peers.table("routes") + self.peers.table("weights"))
+
     def route(self, i, logits, n):
         """Softmax top-k of rank i's tokens, written into every rank's gathered tables."""
-        tables = cuda.Raw(self.peers.table("routes") + self.peers.table("weights"))
         cuda.launch(self.f_route, max(1, min(1024, -(-n // 8))), 256, 0, self._stream(),
-                    [logits, n, self.peers.hosted_ranks[i], tables])
+                    [logits, n, self.peers.hosted_ranks[i], self._route_tables()])
 
     def route_given(self, i, experts, weights, n):
         """The caller's routes of rank i's tokens, written into every rank's tables."""
-        tables = cuda.Raw(self.peers.table("routes") + self.peers.table("weights"))
         total = n * self.spec.topk
         cuda.launch(self.f_route_given, max(1, min(1024, -(-total // 256))), 256, 0,
-                    self._stream(), [experts, weights, n, self.peers.hosted_ranks[i], tables])
+                    self._stream(), [experts, weights, n, self.peers.hosted_ranks[i],
+                                     self._route_tables()])
 
     def schedule(self, i, n):
         """Algorithm 1 for rank i from the gathered routes (three small kernels)."""

@@ -28,10 +28,10 @@ class PeerSet:
         self.spec, self.virtual = spec, virtual
         self.epoch = 0
         shapes = _shapes(spec)
-        if virtual:
+        if virtual:  # callers' x tensors are read in place: no staging buffers for x
             self.hosted_ranks = list(range(spec.ep))
             self.bufs = {k: [torch.empty(*shapes[k][0], dtype=shapes[k][1], device=dev)
-                             for _ in self.hosted_ranks] for k in KINDS}
+                             for _ in self.hosted_ranks] for k in KINDS if k != "x"}
             self.ptrs = {k: [t.data_ptr() for t in v] for k, v in self.bufs.items()}
             for t in self.bufs["flags"]:  # barrier epochs start at 0 (used by tests here)
                 t.zero_()
