@@ -76,8 +76,7 @@ class TorchSlice:
         return flat.flatten()
 
     def shared(self, x):
-        g, u = (x @ self.sw1.T).chunk(2, -1)
-        return (F.silu(g) * u) @ self.sw2.T
+        return reference.expert_ffn(x, self.sw1, self.sw2)
 
     def grouped(self, all_routes, all_weights):
         n, D = self.X.shape[1], self.X.shape[2]
@@ -117,8 +116,7 @@ class TorchSlice:
             if len(idx) == 0:
                 continue
             rows = self.X.view(-1, D)[idx // self.k]
-            g, u = (rows @ self.w1[e].T).chunk(2, -1)
-            out = (F.silu(g) * u) @ self.w2[e].T
+            out = reference.expert_ffn(rows, self.w1[e], self.w2[e])
             outs.append(out * all_weights.flatten()[idx, None].to(out.dtype))
             idxs.append(idx)
         return self._push_and_sum(torch.cat(idxs), torch.cat(outs), n, D)[0]
