@@ -25,6 +25,7 @@ class CompiledMoE:
         self.group = group
         self.watchdog_s = CONFIG.watchdog_s if watchdog_s is None else watchdog_s
         self._runtime = None
+        self._backward = None
 
     @property
     def resources(self) -> dict:
@@ -40,15 +41,42 @@ class CompiledMoE:
             p, s = self.plan, self.plan.shape
             spec = LayerSpec(s.num_experts, s.hidden, s.intermediate, s.shared_dim, s.topk,
                              p.ep, p.tokens_per_rank, p.block_m, p.minibatch, p.macrobatch,
-                             p.comm_sms_fwd, p.max_routed_rows)
+                             p.comm_sms_fwd, p.max_routed_rows, p.comm_sms_bwd)
             self._runtime = ForwardRuntime(spec, str(self.binaries["prologue"].path),
                                            str(self.binaries["fwd"].path), self.virtual,
                                            self.group, self.watchdog_s)
         return self._runtime
 
+    def backward_runtime(self):
+        """The backward megakernel's runtime, on this layer's forward buffers (lazy)."""
+        if self._backward is None:
+            from .runtime.moe_bwd import BackwardPass
+
+            if "bwd" not in self.binaries:
+                raise ValueError(f"mokgen: no backward for this layer: "
+                                 f"{codegen.backward_unsupported(self.plan)}")
+            self._backward = BackwardPass(self.runtime(), str(self.binaries["bwd"].path))
+        return self._backward
+
     def __call__(self, x, router_logits, w1, w2, shared_w1=None, shared_w2=None, routes=None):
         """`routes=(experts [n, k], weights [n, k])` (lists of them for virtual ranks) replaces
-        mokgen's routing by the caller's; then router_logits must be None."""
+        mokgen's routing by the caller's; then router_logits must be None. Differentiable:
+        with autograd on and an input that requires grad, the backward megakernel computes
+        the gradients of x, router_logits (or the route weights), w1, w2 and the shared
+        weights."""
+        many = self.virtual
+        xs, zs, w1s, w2s, given = self._checked(x, router_logits, w1, w2, shared_w1, shared_w2,
+                                                routes)
+        leaves = [*xs, *(zs if given is None else [w for _, w in given]), *w1s, *w2s,
+                  shared_w1, shared_w2]
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in leaves):
+            experts = None if given is None else [e for e, _ in given]
+            ys = _MoEFunction.apply(self, experts, len(xs), *leaves)
+        else:
+            ys = self.forward_raw(xs, zs, w1s, w2s, shared_w1, shared_w2, given)[0]
+        return list(ys) if many else ys[0]
+
+    def _checked(self, x, router_logits, w1, w2, shared_w1, shared_w2, routes):
         from .runtime.checks import check_inputs, check_routes
 
         many = self.virtual
@@ -64,15 +92,70 @@ class CompiledMoE:
         zs = check_inputs(self.plan, xs, zs, w1s, w2s, shared_w1, shared_w2, many)
         if routes is not None:  # after x is known good: the routes are checked against it
             given = check_routes(self.plan, xs, routes if many else [routes], many)
+        return list(xs), zs, list(w1s), list(w2s), given
+
+    def forward_raw(self, xs, zs, w1s, w2s, shared_w1, shared_w2, given=None, save=False):
+        """Checked per-rank lists in, (ys, routes, generation) out: the routes of each hosted
+        rank's tokens and the runtime's generation are what backward_raw needs (save=True
+        keeps the ring's pre-activations for it)."""
         rt = self.runtime()
         rt.check()  # an earlier call's watchdog record, if any (no device sync)
-        ys = rt.forward(xs, zs, w1s, w2s, shared_w1, shared_w2, routes=given)
-        return ys if many else ys[0]
+        ys = rt.forward(xs, zs, w1s, w2s, shared_w1, shared_w2, routes=given, save=save)
+        if not save:
+            return ys, None, rt.generation
+        n = xs[0].shape[0]
+        routes = given if given is not None else [rt.routes_of(i, n) for i in range(len(xs))]
+        return ys, routes, rt.generation
+
+    def backward_raw(self, dys, xs, w1s, w2s, shared_w1, shared_w2, routes, generation):
+        """(dxs, dweights [n, k] fp32, dw1s, dw2s, dshared_w1, dshared_w2) of a forward_raw
+        call with save=True; per-rank lists like it."""
+        bwd = self.backward_runtime()
+        bwd.rt.check()
+        dys = [dy.to(torch.bfloat16).contiguous() for dy in dys]
+        return bwd.backward(dys, xs, w1s, w2s, shared_w1, shared_w2, routes, generation)
 
     def synchronize(self) -> None:
         """Wait for this layer's work and raise what the watchdog recorded, if anything."""
         torch.cuda.synchronize()
         self.runtime().check()
+
+
+class _MoEFunction(torch.autograd.Function):
+    """Autograd over the megakernels. Inputs: the layer, the caller's experts per rank (None:
+    mokgen routes from logits), R, then the flat leaves xs[R], logits or route weights[R],
+    w1s[R], w2s[R], shared_w1, shared_w2. Saves the inputs and the routes; the activations
+    stay in the layer's ring (see runtime/moe_bwd.py)."""
+
+    @staticmethod
+    def forward(ctx, layer, experts, R, *leaves):
+        xs, zs, w1s, w2s = (list(leaves[i * R:(i + 1) * R]) for i in range(4))
+        sw1, sw2 = leaves[4 * R:]
+        given = None if experts is None else list(zip(experts, zs))
+        ys, routes, gen = layer.forward_raw(xs, None if given else zs, w1s, w2s, sw1, sw2,
+                                            given, save=True)
+        ctx.layer, ctx.R, ctx.routes, ctx.generation = layer, R, routes, gen
+        ctx.by_logits = experts is None
+        ctx.save_for_backward(*leaves)
+        return tuple(ys)
+
+    @staticmethod
+    def backward(ctx, *dys):
+        from .reference import router_backward
+
+        R, leaves = ctx.R, ctx.saved_tensors
+        xs, zs, w1s, w2s = (list(leaves[i * R:(i + 1) * R]) for i in range(4))
+        sw1, sw2 = leaves[4 * R:]
+        dys = [torch.zeros_like(x) if d is None else d for d, x in zip(dys, xs)]
+        dxs, dws, dw1s, dw2s, dsw1, dsw2 = ctx.layer.backward_raw(
+            dys, xs, w1s, w2s, sw1, sw2, ctx.routes, ctx.generation)
+        if ctx.by_logits:  # through the renormalized softmax top-k weights
+            dzs = [router_backward(z, e.long(), dw).to(z.dtype)
+                   for z, (e, _), dw in zip(zs, ctx.routes, dws)]
+        else:
+            dzs = [dw.to(z.dtype) for z, dw in zip(zs, dws)]
+        return (None, None, None, *[d.to(x.dtype) for d, x in zip(dxs, xs)], *dzs, *dw1s,
+                *dw2s, dsw1, dsw2)
 
 
 def compile_layer(plan: Plan, virtual: bool = False, group=None,

@@ -15,7 +15,7 @@ _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES),
                           undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 # Kernels each plan needs; name -> template. The name is the cache folder's prefix too.
-UNITS = {"prologue": "prologue.cu.j2", "fwd": "fwd.cu.j2"}
+UNITS = {"prologue": "prologue.cu.j2", "fwd": "fwd.cu.j2", "bwd": "bwd.cu.j2"}
 
 
 def constants(plan: Plan) -> dict:
@@ -24,7 +24,8 @@ def constants(plan: Plan) -> dict:
                 local_experts=plan.local_experts, hidden=s.hidden, intermediate=s.intermediate,
                 shared_dim=s.shared_dim, block_m=plan.block_m, minibatch=plan.minibatch,
                 macrobatch=plan.macrobatch, ring_slots=plan.ring_slots, ep=plan.ep,
-                comm_sms=plan.comm_sms_fwd, num_sms=plan.num_sms)
+                comm_sms=plan.comm_sms_fwd, comm_sms_bwd=plan.comm_sms_bwd,
+                num_sms=plan.num_sms)
 
 
 def check_supported(plan: Plan) -> None:
@@ -41,8 +42,21 @@ def check_supported(plan: Plan) -> None:
             raise ValueError(f"{name} must be a multiple of 128 for the sm_90a kernels, got {v}")
 
 
+def backward_unsupported(plan: Plan) -> str | None:
+    """Why the backward kernel can't be built for this plan (None: it can). The forward
+    still works for such shapes."""
+    s = plan.shape
+    for name, v in (("hidden", s.hidden), ("intermediate", s.intermediate),
+                    ("shared_intermediate", s.shared_dim)):
+        if v % 256:
+            return f"the backward kernel needs {name} to be a multiple of 256, got {v}"
+    return None
+
+
 def emit(plan: Plan, units=tuple(UNITS)) -> list[Kernel]:
     check_supported(plan)
+    if backward_unsupported(plan):
+        units = tuple(u for u in units if u != "bwd")
     consts = constants(plan)
     flags = ("-DMOKGEN_DEBUG",) if CONFIG.debug else ()
     kernels = [Kernel(f"{u}_{plan.key()}", _ENV.get_template(UNITS[u]).render(**consts), flags)

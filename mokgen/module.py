@@ -89,11 +89,11 @@ class MoE(nn.Module):
         weights = (self.w1, self.w2, self.shared_w1, self.shared_w2)
         if routes is not None:
             experts, wts = self._check_routes(routes, n)
-            y = ops.moe_forward_routed(xw, experts, wts, *weights, self._layer)
+            y = ops.moe_forward_routed(xw, experts, wts, *weights, self._layer)[0]
         else:
             logits = (self.router(x2.to(self.router.weight.dtype)) if self.router is not None
                       else router_logits.reshape(-1, s.num_experts)).float()
-            y = ops.moe_forward(xw, logits, *weights, self._layer)
+            y = ops.moe_forward(xw, logits, *weights, self._layer)[0]
         return y.to(x.dtype).reshape(*lead, s.hidden)
 
     def _check_routes(self, routes, n: int):
@@ -141,14 +141,29 @@ class _LazyKernels:
     def __init__(self, plan, group):
         self.plan, self.group, self.compiled = plan, group, None
 
-    def __call__(self, x, logits, w1, w2, sw1, sw2, routes=None):
+    def layer(self):
         from .api import compile_layer
 
-        if self.group is None:
-            if self.compiled is None:
-                self.compiled = compile_layer(self.plan, virtual=True)
-            return self.compiled([x], None if logits is None else [logits], [w1], [w2], sw1,
-                                 sw2, routes=None if routes is None else [routes])[0]
         if self.compiled is None:
-            self.compiled = compile_layer(self.plan, virtual=False, group=self.group)
-        return self.compiled(x, logits, w1, w2, sw1, sw2, routes=routes)
+            self.compiled = compile_layer(self.plan, virtual=self.group is None,
+                                          group=self.group)
+        return self.compiled
+
+    def forward(self, x, logits, w1, w2, sw1, sw2, routes=None, save=False):
+        """-> (y, routes (experts, weights) of x's tokens if save, generation)."""
+        c = self.layer()
+        one = (lambda v: None if v is None else [v]) if c.virtual else (lambda v: v)  # noqa: E731
+        xs, zs, w1s, w2s, given = c._checked(one(x), one(logits), one(w1), one(w2), sw1, sw2,
+                                             one(routes))
+        ys, rts, gen = c.forward_raw(xs, None if given else zs, w1s, w2s, sw1, sw2, given,
+                                     save)
+        return ys[0], (rts[0] if rts else None), gen
+
+    def backward(self, dy, x, w1, w2, sw1, sw2, routes, generation):
+        """-> (dx, dweights [n, k], dw1, dw2, dshared_w1, dshared_w2)."""
+        dxs, dws, dw1s, dw2s, dsw1, dsw2 = self.layer().backward_raw(
+            [dy], [x], [w1], [w2], sw1, sw2, [routes], generation)
+        return dxs[0], dws[0], dw1s[0], dw2s[0], dsw1, dsw2
+
+    def __call__(self, x, logits, w1, w2, sw1, sw2, routes=None):
+        return self.forward(x, logits, w1, w2, sw1, sw2, routes)[0]

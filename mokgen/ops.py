@@ -11,8 +11,8 @@ Two entry points, each with its backward op:
 - CPU, or a layer built with backend="reference": the reference (one rank holding every
   expert), so models run and test without a GPU and can be compared with the kernels.
 - fake: empty tensors of the right shapes, for tracing.
-The backward ops run the reference's explicit backward (exact, slow) until the backward
-megakernel lands; they need every expert local (ep == 1).
+The backward ops run the backward megakernel on CUDA, and the reference's explicit backward
+elsewhere (which needs every expert local, ep == 1).
 """
 from __future__ import annotations
 
@@ -35,44 +35,74 @@ def _f32(tensors):
 def _local_only(layer: int) -> int:
     _, topk, ep = _LAYERS[layer]
     if ep != 1:
-        raise NotImplementedError("mokgen: this path holds every expert on one rank (ep == 1); "
-                                  f"got ep={ep} (the backward megakernel is not built yet)")
+        raise NotImplementedError("mokgen: the reference path holds every expert on one rank "
+                                  f"(ep == 1); got ep={ep}: run it on CUDA with the kernels")
     return topk
 
 
 # ---------------------------------------------------------------- routing by mokgen
+# The forward ops also return what their backward needs besides the inputs: the routes
+# (experts int32 [n, k], weights fp32 [n, k]) and `token`, a CPU int64 [1] naming the
+# forward whose activations the layer's ring holds (-1: none; the backward then replays all).
+_NO_TOKEN = -1
+
+
+def _token(v: int) -> torch.Tensor:
+    return torch.tensor([v], dtype=torch.int64)
+
+
+def _kernels(layer: int, x: torch.Tensor):
+    compiled = _LAYERS[layer][0]
+    return compiled if x.is_cuda and compiled is not None else None
+
+
 @torch.library.custom_op("mokgen::moe_forward", mutates_args=())
 def moe_forward(x: torch.Tensor, router_logits: torch.Tensor, w1: torch.Tensor,
                 w2: torch.Tensor, shared_w1: torch.Tensor | None,
-                shared_w2: torch.Tensor | None, layer: int) -> torch.Tensor:
-    compiled = _LAYERS[layer][0]
-    if x.is_cuda and compiled is not None:
-        return compiled(x, router_logits, w1, w2, shared_w1, shared_w2)
+                shared_w2: torch.Tensor | None, layer: int) -> list[torch.Tensor]:
+    """-> [y, experts, weights, token]."""
+    kernels = _kernels(layer, x)
+    if kernels is not None:
+        y, (experts, weights), gen = kernels.forward(x, router_logits, w1, w2, shared_w1,
+                                                     shared_w2, save=True)
+        return [y, experts, weights, _token(gen)]
     topk = _local_only(layer)
     f = _f32((x, router_logits, w1, w2, shared_w1, shared_w2))
-    return reference.moe_forward(*f, topk).to(x.dtype)
+    experts, weights = reference.route(f[1], topk)
+    y = reference.moe_forward_routed(f[0], experts, weights, *f[2:]).to(x.dtype)
+    return [y, experts.int(), weights, _token(_NO_TOKEN)]
 
 
 @moe_forward.register_fake
 def _(x, router_logits, w1, w2, shared_w1, shared_w2, layer):
-    return torch.empty_like(x)
+    topk = _LAYERS[layer][1]
+    n = x.shape[0]
+    return [torch.empty_like(x), x.new_empty(n, topk, dtype=torch.int32),
+            x.new_empty(n, topk, dtype=torch.float32), torch.empty(1, dtype=torch.int64)]
 
 
 @torch.library.custom_op("mokgen::moe_backward", mutates_args=())
 def moe_backward(dy: torch.Tensor, x: torch.Tensor, router_logits: torch.Tensor,
+                 experts: torch.Tensor, weights: torch.Tensor, token: torch.Tensor,
                  w1: torch.Tensor, w2: torch.Tensor, shared_w1: torch.Tensor | None,
                  shared_w2: torch.Tensor | None, layer: int) -> list[torch.Tensor]:
-    """Gradients of (x, router_logits, w1, w2, shared_w1, shared_w2) from the reference's
-    explicit backward (an op runs below autograd, so no autograd inside); empty tensors stand
-    for the shared ones when there is no shared expert. An op of its own, so tracing sees
-    its shapes (fake) instead of the reference's data-dependent routing."""
+    """Gradients of (x, router_logits, w1, w2, shared_w1, shared_w2): the backward
+    megakernel on CUDA, the reference's explicit backward otherwise (an op runs below
+    autograd, so no autograd inside); empty tensors stand for absent shared ones. An op of its
+    own, so tracing sees its shapes (fake) instead of the data-dependent routing."""
     like = (x, router_logits, w1, w2, shared_w1, shared_w2)
+    kernels = _kernels(layer, x)
+    if kernels is not None:
+        dx, dweights, dw1, dw2, dsw1, dsw2 = kernels.backward(
+            dy, x, w1, w2, shared_w1, shared_w2, (experts, weights), int(token[0]))
+        dlogits = reference.router_backward(router_logits.float(), experts.long(), dweights)
+        return _cast((dx, dlogits, dw1, dw2, dsw1, dsw2), like)
     grads = reference.moe_backward(*_f32(like), _local_only(layer), dy.float())
     return _cast(grads, like)
 
 
 @moe_backward.register_fake
-def _(dy, x, router_logits, w1, w2, shared_w1, shared_w2, layer):
+def _(dy, x, router_logits, experts, weights, token, w1, w2, shared_w1, shared_w2, layer):
     return _fake_grads((x, router_logits, w1, w2, shared_w1, shared_w2))
 
 
@@ -80,34 +110,44 @@ def _(dy, x, router_logits, w1, w2, shared_w1, shared_w2, layer):
 @torch.library.custom_op("mokgen::moe_forward_routed", mutates_args=())
 def moe_forward_routed(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
                        w1: torch.Tensor, w2: torch.Tensor, shared_w1: torch.Tensor | None,
-                       shared_w2: torch.Tensor | None, layer: int) -> torch.Tensor:
-    compiled = _LAYERS[layer][0]
-    if x.is_cuda and compiled is not None:
-        return compiled(x, None, w1, w2, shared_w1, shared_w2, routes=(experts, weights))
+                       shared_w2: torch.Tensor | None, layer: int) -> list[torch.Tensor]:
+    """-> [y, token]."""
+    kernels = _kernels(layer, x)
+    if kernels is not None:
+        y, _, gen = kernels.forward(x, None, w1, w2, shared_w1, shared_w2,
+                                    routes=(experts, weights), save=True)
+        return [y, _token(gen)]
     _local_only(layer)
     f = _f32((x, w1, w2, shared_w1, shared_w2))
-    return reference.moe_forward_routed(f[0], experts, weights.float(), *f[1:]).to(x.dtype)
+    y = reference.moe_forward_routed(f[0], experts, weights.float(), *f[1:]).to(x.dtype)
+    return [y, _token(_NO_TOKEN)]
 
 
 @moe_forward_routed.register_fake
 def _(x, experts, weights, w1, w2, shared_w1, shared_w2, layer):
-    return torch.empty_like(x)
+    return [torch.empty_like(x), torch.empty(1, dtype=torch.int64)]
 
 
 @torch.library.custom_op("mokgen::moe_backward_routed", mutates_args=())
 def moe_backward_routed(dy: torch.Tensor, x: torch.Tensor, experts: torch.Tensor,
-                        weights: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-                        shared_w1: torch.Tensor | None, shared_w2: torch.Tensor | None,
-                        layer: int) -> list[torch.Tensor]:
+                        weights: torch.Tensor, token: torch.Tensor, w1: torch.Tensor,
+                        w2: torch.Tensor, shared_w1: torch.Tensor | None,
+                        shared_w2: torch.Tensor | None, layer: int) -> list[torch.Tensor]:
     """Gradients of (x, weights, w1, w2, shared_w1, shared_w2); see moe_backward."""
+    like = (x, weights, w1, w2, shared_w1, shared_w2)
+    kernels = _kernels(layer, x)
+    if kernels is not None:
+        grads = kernels.backward(dy, x, w1, w2, shared_w1, shared_w2, (experts, weights),
+                                 int(token[0]))
+        return _cast(grads, like)
     _local_only(layer)
     f = _f32((x, w1, w2, shared_w1, shared_w2))
     grads = reference.moe_backward_routed(f[0], experts, weights.float(), *f[1:], dy.float())
-    return _cast(grads, (x, weights, w1, w2, shared_w1, shared_w2))
+    return _cast(grads, like)
 
 
 @moe_backward_routed.register_fake
-def _(dy, x, experts, weights, w1, w2, shared_w1, shared_w2, layer):
+def _(dy, x, experts, weights, token, w1, w2, shared_w1, shared_w2, layer):
     return _fake_grads((x, weights, w1, w2, shared_w1, shared_w2))
 
 
@@ -127,22 +167,34 @@ def _grads_out(g, has_shared: bool) -> list:
 
 
 def _setup(ctx, inputs, output):
+    """Saves the inputs (None-free) and the forward's extra outputs (routes, token)."""
     tensors = inputs[:-1]
     ctx.has_shared = tensors[-2] is not None
-    ctx.save_for_backward(*[t for t in tensors if t is not None])
+    ctx.save_for_backward(*[t for t in tensors if t is not None], *output[1:])
     ctx.layer = inputs[-1]
 
 
-def _backward(ctx, dy):
-    saved = list(ctx.saved_tensors)
+def _dy(grads):
+    """The output gradient of y (a list-returning op's backward gets the list)."""
+    g = grads[0]
+    return g[0] if isinstance(g, (list, tuple)) else g
+
+
+def _backward(ctx, *grads):
+    dy = _dy(grads)
+    saved = list(ctx.saved_tensors)  # x, logits, w1, w2[, sw1, sw2], experts, weights, token
+    x, logits, w1, w2 = saved[:4]
     shared = saved[4:6] if ctx.has_shared else [None, None]
-    return (*_grads_out(moe_backward(dy, *saved[:4], *shared, ctx.layer), ctx.has_shared), None)
+    experts, weights, token = saved[-3:]
+    g = moe_backward(dy, x, logits, experts, weights, token, w1, w2, *shared, ctx.layer)
+    return (*_grads_out(g, ctx.has_shared), None)
 
 
-def _backward_routed(ctx, dy):
-    saved = list(ctx.saved_tensors)  # x, experts, weights, w1, w2[, shared_w1, shared_w2]
+def _backward_routed(ctx, *grads):
+    dy = _dy(grads)
+    saved = list(ctx.saved_tensors)  # x, experts, weights, w1, w2[, sw1, sw2], token
     shared = saved[5:7] if ctx.has_shared else [None, None]
-    g = moe_backward_routed(dy, *saved[:5], *shared, ctx.layer)
+    g = moe_backward_routed(dy, *saved[:3], saved[-1], *saved[3:5], *shared, ctx.layer)
     dx, dweights, dw1, dw2, dsw1, dsw2 = _grads_out(g, ctx.has_shared)
     return dx, None, dweights, dw1, dw2, dsw1, dsw2, None
 

@@ -43,3 +43,27 @@ def reference_outputs(shape: MoEShape, inputs: dict) -> list:
 
 def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def reference_grads(shape: MoEShape, inputs: dict, dys: list) -> dict:
+    """fp32 autograd gradients of every rank's inputs through the reference: the EP layer is
+    one rank holding all experts (rank r's w1/w2 are experts r*L..) over all ranks' tokens.
+    -> dict of per-rank lists x, router_logits, w1, w2 and single shared_w1, shared_w2."""
+    R, n = len(inputs["x"]), inputs["x"][0].shape[0]
+    leaf = lambda ts: [t.detach().float().requires_grad_() for t in ts]  # noqa: E731
+    xs, zs, w1s, w2s = (leaf(inputs[k]) for k in ("x", "router_logits", "w1", "w2"))
+    shared = [None if inputs[k] is None else leaf([inputs[k]])[0]
+              for k in ("shared_w1", "shared_w2")]
+    y = reference.moe_forward(torch.cat(xs), torch.cat(zs), torch.cat(w1s), torch.cat(w2s),
+                              *shared, shape.topk)
+    y.backward(torch.cat([d.float() for d in dys]))
+    out = {k: [t.grad for t in ts] for k, ts in (("x", xs), ("router_logits", zs), ("w1", w1s),
+                                                 ("w2", w2s))}
+    out["shared_w1"], out["shared_w2"] = (None if t is None else t.grad for t in shared)
+    assert all(len(v) == R and v[0].shape[0] == n for k, v in out.items() if k in ("x",))
+    return out
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float().flatten(), b.float().flatten()
+    return (a @ b / (a.norm() * b.norm()).clamp_min(1e-30)).item()

@@ -72,7 +72,8 @@ class PatchedMoEBlock(nn.Module):
             sw1 = torch.cat([se.gate_proj.weight, se.up_proj.weight]).to(w1.dtype)
             sw2 = se.down_proj.weight.to(w1.dtype)
         y = ops.moe_forward_routed(h.to(w1.dtype), experts.long().contiguous(),
-                                   weights.float().contiguous(), w1, w2, sw1, sw2, self._layer)
+                                   weights.float().contiguous(), w1, w2, sw1, sw2,
+                                   self._layer)[0]
         return y.to(hidden_states.dtype).reshape(*lead, D)
 
 

@@ -23,6 +23,15 @@ WATCH_PHASES = {
     2: "a gate/up tile waiting for minibatch {index}'s rows from the comm CTAs",
     3: "a down tile waiting for its gate/up tiles (row tile {index})",
     4: "a comm CTA waiting for minibatch {index} to free its ring slot",
+    11: "a shared-expert dgrad tile waiting for its gate/up recompute (row tile {index})",
+    12: "a shared-expert dx tile waiting for its dgrad tiles (row tile {index})",
+    13: "a shared-expert weight-gradient tile waiting for the activations",
+    14: "a replay tile waiting for minibatch {index}'s rows from the comm CTAs",
+    15: "a dgrad tile waiting for minibatch {index}'s dy rows or its replay",
+    16: "a dx tile waiting for minibatch {index}'s dgrad tiles",
+    17: "a weight-gradient tile waiting for minibatch {index}'s dgrad tiles",
+    18: "a weight-gradient tile waiting for the previous segment of its expert (tile {index})",
+    19: "a backward comm CTA waiting for minibatch {index} to free its ring slot",
     100: "the rank barrier, waiting for peer rank {index}",
 }
 
@@ -41,6 +50,7 @@ class LayerSpec:
     macrobatch: int
     comm_sms: int
     max_rows: int
+    comm_sms_bwd: int = 0
 
     @property
     def local_experts(self) -> int:
@@ -64,6 +74,7 @@ class RankBuffers:
         L, K = s.local_experts, s.topk
         i32 = dict(dtype=torch.int32, device=dev)
         self.routes, self.weights, self.combine = peer["routes"], peer["weights"], peer["combine"]
+        self.dweight = peer["dweight"]  # router-weight gradients pushed by the backward
         self.ordinal = torch.empty(R * N * K, **i32)
         self.counts = torch.empty(R * L, **i32)
         self.offsets = torch.empty(L + 1, **i32)
@@ -72,6 +83,7 @@ class RankBuffers:
         self.row_weight = torch.empty(s.max_rows, dtype=torch.float32, device=dev)
         self.ring_x = torch.empty(s.macrobatch, s.hidden, dtype=BF16, device=dev)
         self.ring_a = torch.empty(s.macrobatch, s.intermediate, dtype=BF16, device=dev)
+        self.ring_h = torch.empty(s.macrobatch, 2 * s.intermediate, dtype=BF16, device=dev)
         self.h_shared = torch.empty(N, max(s.shared_dim, 64), dtype=BF16, device=dev)
         self.y_shared = torch.empty(N, s.hidden, dtype=torch.float32, device=dev)
         self.counters = torch.empty(s.counter_words(), **i32)
@@ -96,30 +108,44 @@ class ForwardRuntime:
         self.fwd_smem = struct.unpack("<i", cuda.read_global(fwd, "mokgen_fwd_smem_bytes"))[0]
         self.f_fwd = fwd.function("mokgen_fwd", self.fwd_smem)
         self.num_sms = torch.cuda.get_device_properties(self.dev).multi_processor_count
-        self.modules = (pro, fwd)
+        self.modules = []
         self.watch = cuda.HostMapped(4 * WATCH_WORDS)
-        for m in self.modules:  # every module has its own copy of the watchdog's globals
-            cuda.set_global(m, "mokgen_watch", struct.pack("<Q", self.watch.device))
-            cuda.set_global(m, "mokgen_watch_timeout_ns", struct.pack("<Q", int(watchdog_s * 1e9)))
+        self.watchdog_s = watchdog_s
+        for m in (pro, fwd):
+            self.adopt_module(m)
         self.peers = PeerSet(spec, self.dev, virtual, group)
         self.ranks = [RankBuffers(spec, self.dev, self.peers.local(i))
                       for i in range(len(self.peers.hosted_ranks))]
         self.f_barrier = pro.function("mokgen_barrier")
         self._maps: dict = {}
         self.poison_outputs = False
+        # Which forward the rings hold: bumped by every call; `saved` when that call kept the
+        # gate/up pre-activations for a backward (the ring's macrobatch 0 is then reusable).
+        self.generation, self.saved = 0, False
+
+    def adopt_module(self, m) -> None:
+        """Point a loaded module's watchdog globals (each module has its own copy) at this
+        layer's record, so check() sees and re-arms it too."""
+        cuda.set_global(m, "mokgen_watch", struct.pack("<Q", self.watch.device))
+        cuda.set_global(m, "mokgen_watch_timeout_ns",
+                        struct.pack("<Q", int(self.watchdog_s * 1e9)))
+        self.modules.append(m)
 
     def poison(self) -> None:
         """Fill every buffer a call must write with NaN (and the schedule with -2, which
         reads as padding), and make calls return NaN-filled outputs until written: a test
         then sees any element the kernels skip."""
         for b in self.ranks:
-            for t in (b.combine, b.ring_x, b.ring_a, b.h_shared, b.y_shared, b.row_weight):
+            for t in (b.combine, b.ring_x, b.ring_a, b.ring_h, b.h_shared, b.y_shared,
+                      b.row_weight):
                 t.fill_(float("nan"))
             b.table.fill_(-2)
         self.poison_outputs = True
 
     # ------------------------------------------------------------------ helpers
     def _map(self, t: torch.Tensor, rows: int, cols: int, box_rows: int):
+        """TMA map of a row-major bf16 [rows, cols] matrix, box 64 columns x box_rows (128 or
+        256: K-major operand tiles; 64: MN-major ones). Cached by address and geometry."""
         key = (t.data_ptr(), rows, cols, box_rows)
         if key not in self._maps:
             self._maps[key] = cuda.make_tensor_map_2d(t, rows, cols, cols * 2, box_rows, 64)
@@ -156,11 +182,15 @@ class ForwardRuntime:
         return torch.cuda.current_stream(self.dev)
 
     # ------------------------------------------------------------------ the call
-    def forward(self, xs, logits, w1s, w2s, shared_w1, shared_w2, routes=None):
+    def forward(self, xs, logits, w1s, w2s, shared_w1, shared_w2, routes=None, save=False):
         """Per hosted rank lists; returns the list of y [n, D] bf16. `routes`: per hosted rank
-        (experts int32 [n, k], weights fp32 [n, k]) chosen by the caller, instead of logits."""
+        (experts int32 [n, k], weights fp32 [n, k]) chosen by the caller, instead of logits.
+        `save`: keep the gate/up pre-activations in the ring for a backward."""
         n = xs[0].shape[0]
+        self.generation += 1
+        self.saved = save
         hosted = range(len(self.ranks))
+        x_ptrs = self.peers.x_pointers(xs)  # staged before the barrier: peers read it after
         for i in hosted:
             self.ranks[i].counters.zero_()
             if routes is None:
@@ -168,18 +198,26 @@ class ForwardRuntime:
             else:
                 self.route_given(i, *routes[i], n)
         self.peers.barrier(self._launch_barrier)
-        x_ptrs = self.peers.x_pointers(xs)
         for i in hosted:
             self.schedule(i, n)
-            self.experts(i, xs[i], x_ptrs, w1s[i], w2s[i], shared_w1, shared_w2)
+            self.experts(i, xs[i], x_ptrs, w1s[i], w2s[i], shared_w1, shared_w2, save)
         self.peers.barrier(self._launch_barrier)
         return [self.combine_sum(i, n) for i in hosted]
+
+    def routes_of(self, i, n):
+        """Hosted rank i's routes of its n tokens (global experts int32 [n, k], weights fp32
+        [n, k]) as gathered by the last call: copies, the tables are rewritten by the next."""
+        r, K = self.peers.hosted_ranks[i], self.spec.topk
+        b = self.ranks[i]
+        return (b.routes[r, : n * K].view(n, K).clone(), b.weights[r, : n * K].view(n, K).clone())
 
     def forward_rank(self, i, xs, logits, w1s, w2s, shared_w1, shared_w2):
         """Hosted rank i's own work alone (route, schedule, experts, sum), reusing the other
         ranks' routes and combine rows from an earlier full call: the per-rank slice of an
         EP deployment that benchmarks time on one GPU."""
         n = xs[0].shape[0]
+        self.generation += 1
+        self.saved = False
         self.ranks[i].counters.zero_()
         self.route(i, logits[i], n)
         self.schedule(i, n)
@@ -213,7 +251,7 @@ class ForwardRuntime:
                     [b.routes, b.weights, n * K, R, r, b.ordinal, b.counts, b.offsets,
                      b.table, b.row_weight])
 
-    def experts(self, i, x, x_ptrs, w1, w2, shared_w1, shared_w2):
+    def experts(self, i, x, x_ptrs, w1, w2, shared_w1, shared_w2, save=False):
         """The megakernel of rank i: dispatch, shared + routed experts, push combine."""
         s, b = self.spec, self.ranks[i]
         n, L, I, D = x.shape[0], s.local_experts, s.intermediate, s.hidden
@@ -227,19 +265,26 @@ class ForwardRuntime:
                 self._map(sw2, sw2.shape[0], sw2.shape[1], 256),
                 self._map(w1, L * 2 * I, D, 128), self._map(w2, L * D, I, 256)]
         peer_table = cuda.Raw(struct.pack(f"<{s.ep}Q", *x_ptrs) + self.peers.table("combine"))
-        bufs = struct.pack("<9Q3i", b.table.data_ptr(), b.row_weight.data_ptr(),
+        bufs = struct.pack("<10Q3i", b.table.data_ptr(), b.row_weight.data_ptr(),
                            b.meta.data_ptr(), b.offsets.data_ptr(), b.ring_x.data_ptr(),
-                           b.ring_a.data_ptr(), b.h_shared.data_ptr(), b.y_shared.data_ptr(),
+                           b.ring_a.data_ptr(), b.ring_h.data_ptr() if save else 0,
+                           b.h_shared.data_ptr(), b.y_shared.data_ptr(),
                            b.counters.data_ptr(), n, s.max_minibatches,
                            self.peers.hosted_ranks[i])
         cuda.launch(self.f_fwd, self.num_sms, 384, self.fwd_smem, self._stream(),
                     maps + [peer_table, cuda.Raw(bufs)], cooperative=True)
 
     def combine_sum(self, i, n):
-        """Owner side: y = shared + the k pushed rows of each token, in route order."""
+        """Owner side: y = shared + the k pushed rows of each token, in route order. (The
+        backward reuses it: dx = shared dx + the k pushed dx rows; y_shared holds that.)"""
         s, b = self.spec, self.ranks[i]
-        make = torch.full if self.poison_outputs else (lambda shape, _, **kw: torch.empty(shape, **kw))
-        y = make((n, s.hidden), float("nan"), dtype=BF16, device=self.dev)
+        y = self.output((n, s.hidden), BF16)
         cuda.launch(self.f_sum, max(1, min(4096, -(-n * s.hidden // 8 // 256))), 256, 0,
                     self._stream(), [b.combine, b.y_shared if s.shared_dim else None, y, n])
         return y
+
+    def output(self, shape, dtype):
+        """A fresh output tensor: NaN-filled after poison() (tests see unwritten elements)."""
+        if self.poison_outputs:
+            return torch.full(shape, float("nan"), dtype=dtype, device=self.dev)
+        return torch.empty(shape, dtype=dtype, device=self.dev)

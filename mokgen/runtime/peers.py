@@ -13,14 +13,16 @@ import struct
 
 import torch
 
-KINDS = ("routes", "weights", "combine", "x", "flags")
+KINDS = ("routes", "weights", "combine", "x", "dy", "dweight", "flags")
+STAGED = ("x", "dy")  # callers' tensors, staged in symmetric memory by real ranks only
 
 
 def _shapes(spec):
     R, N, K = spec.ep, spec.tokens_per_rank, spec.topk
     return {"routes": ((R, N * K), torch.int32), "weights": ((R, N * K), torch.float32),
             "combine": ((N * K, spec.hidden), torch.bfloat16),
-            "x": ((N, spec.hidden), torch.bfloat16), "flags": ((R,), torch.int32)}
+            "x": ((N, spec.hidden), torch.bfloat16), "dy": ((N, spec.hidden), torch.bfloat16),
+            "dweight": ((N * K,), torch.float32), "flags": ((R,), torch.int32)}
 
 
 class PeerSet:
@@ -31,7 +33,7 @@ class PeerSet:
         if virtual:  # callers' x tensors are read in place: no staging buffers for x
             self.hosted_ranks = list(range(spec.ep))
             self.bufs = {k: [torch.empty(*shapes[k][0], dtype=shapes[k][1], device=dev)
-                             for _ in self.hosted_ranks] for k in KINDS if k != "x"}
+                             for _ in self.hosted_ranks] for k in KINDS if k not in STAGED}
             self.ptrs = {k: [t.data_ptr() for t in v] for k, v in self.bufs.items()}
             for t in self.bufs["flags"]:  # barrier epochs start at 0 (used by tests here)
                 t.zero_()
@@ -61,13 +63,14 @@ class PeerSet:
     def table(self, kind: str) -> bytes:
         return struct.pack(f"<{len(self.ptrs[kind])}Q", *self.ptrs[kind])
 
-    def x_pointers(self, xs) -> list:
-        """Where each rank's x is readable. Virtual ranks read the callers' tensors directly;
-        a real rank stages its x in symmetric memory (peers can only read that)."""
+    def x_pointers(self, xs, kind: str = "x") -> list:
+        """Where each rank's x (or dy, kind="dy") is readable. Virtual ranks read the callers'
+        tensors directly; a real rank stages its own in symmetric memory (peers can only read
+        that)."""
         if self.virtual:
             return [x.data_ptr() for x in xs]
-        self.bufs["x"][0][: xs[0].shape[0]].copy_(xs[0])
-        return self.ptrs["x"]
+        self.bufs[kind][0][: xs[0].shape[0]].copy_(xs[0])
+        return self.ptrs[kind]
 
     def barrier(self, launch_barrier) -> None:
         """All ranks reach this point on their streams. `launch_barrier(epoch)` launches the

@@ -5,6 +5,17 @@
 
 namespace mokgen {
 
+// 8 bf16 (one 16-byte vector) times w, rounded to bf16.
+MOKGEN_DEV int4 scale_bf16x8(int4 raw, float w) {
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const float2 f = __bfloat1622float2(h[c]);
+    h[c] = __floats2bfloat162_rn(f.x * w, f.y * w);
+  }
+  return raw;
+}
+
 // y[t] = y_shared[t] + sum_{i<K} combine[t*K + i], in route order and in fp32: a fixed order,
 // so the sum is bitwise reproducible (no atomics anywhere in the combine).
 template <int D, int K>
@@ -46,20 +57,33 @@ __device__ void combine_sum(const __nv_bfloat16* __restrict__ combine,
 }
 
 // Pull-based dispatch: copy ring-layout rows [p_begin, p_end) from their source ranks into
-// the ring, one warp per row, 16-byte vectors. Padding rows (src -1) are left as they are:
-// GEMM rows are independent and padded rows are masked when results are stored.
+// the ring, one warp per row, 16-byte vectors. Padding rows (src -1) are written as zeros: the
+// backward's weight gradients sum over every row of a tile (K = rows), where 0 * NaN would
+// leak a stale row into the sum. With `scaled` (the backward's reverse-combine pull of dy),
+// each row is also written times its router weight into `scaled`.
 template <int D, int K>
 __device__ void pull_rows(const int2* __restrict__ table, const __nv_bfloat16* const* peer_x,
                           __nv_bfloat16* __restrict__ ring_x, int p_begin, int p_end,
-                          int ring_row0, int worker, int workers) {
+                          int ring_row0, int worker, int workers,
+                          __nv_bfloat16* __restrict__ scaled = nullptr,
+                          const float* __restrict__ row_weight = nullptr) {
   constexpr int VEC = D / 8;
   const int lane = threadIdx.x % 32;
   for (int p = p_begin + worker; p < p_end; p += workers) {
     const int2 src = table[p];
-    if (src.x < 0) continue;
-    if (!MOKGEN_OK(src.x < 64 * 1024 && ring_row0 + p - p_begin >= 0, 8, src.x, src.y)) continue;
+    const size_t row = (size_t)(ring_row0 + p - p_begin) * D;
+    int4* to = reinterpret_cast<int4*>(ring_x + row);
+    int4* to_s = scaled ? reinterpret_cast<int4*>(scaled + row) : nullptr;
+    if (src.x < 0 || !MOKGEN_OK(src.x < 64 * 1024 && ring_row0 + p - p_begin >= 0, 8, src.x,
+                                src.y)) {
+      for (int v = lane; v < VEC; v += 32) {
+        to[v] = make_int4(0, 0, 0, 0);
+        if (to_s) to_s[v] = make_int4(0, 0, 0, 0);
+      }
+      continue;
+    }
     const int4* from = reinterpret_cast<const int4*>(peer_x[src.x] + (size_t)(src.y / K) * D);
-    int4* to = reinterpret_cast<int4*>(ring_x + (size_t)(ring_row0 + p - p_begin) * D);
+    const float w = to_s ? row_weight[p] : 0.f;
     // batches of 8 loads before their stores: 4 KB of one row in flight per warp
     constexpr int BATCH = 8;
     int v = lane;
@@ -68,9 +92,16 @@ __device__ void pull_rows(const int2* __restrict__ table, const __nv_bfloat16* c
 #pragma unroll
       for (int b = 0; b < BATCH; ++b) buf[b] = from[v + 32 * b];
 #pragma unroll
-      for (int b = 0; b < BATCH; ++b) to[v + 32 * b] = buf[b];
+      for (int b = 0; b < BATCH; ++b) {
+        to[v + 32 * b] = buf[b];
+        if (to_s) to_s[v + 32 * b] = scale_bf16x8(buf[b], w);
+      }
     }
-    for (; v < VEC; v += 32) to[v] = from[v];
+    for (; v < VEC; v += 32) {
+      const int4 x = from[v];
+      to[v] = x;
+      if (to_s) to_s[v] = scale_bf16x8(x, w);
+    }
   }
 }
 

@@ -10,6 +10,10 @@
 // K-contiguous (nn.Linear weights). Dual-B (fused SwiGLU): B tile = BN/2 gate rows from b_row0
 // stacked on BN/2 up rows from b_row1, so each thread holds gate and up accumulators of the
 // same output column (see for_each_dual_pair).
+// Transposed operands (the backward; Task::op bits kBMN / kAMN, only for Problems that set
+// kMNOperands): an MN-major B is read from a row-major [K, N] tensor at columns b_row0.. and
+// rows b_row1 + k (dgrad: W2 [D, I] as B of dy * W2); an MN-major A (weight gradients: both
+// operands are activations [rows, features]) at columns a_row0.. and the same rows b_row1 + k.
 //
 // Pipeline state (ring slot + mbarrier phase) lives in registers of the producer thread and of
 // every consumer thread and PERSISTS across tiles: the megakernel runs many tiles per CTA and
@@ -36,6 +40,10 @@ struct Task {
 static_assert(sizeof(Task) == 32, "Task is 32 bytes");
 
 MOKGEN_DEV Task stop_task() { return Task{-1, 0, 0, -1, 0, 0, 0, 0}; }
+
+// Operand layout bits of Task::op; the low byte is the Problem's own opcode.
+enum : int { kOpcodeMask = 0xff, kBMN = 1 << 8, kAMN = 1 << 9 };
+MOKGEN_DEV int opcode(const Task& t) { return t.op & kOpcodeMask; }
 
 // Slot index + parity of a ring of S mbarrier-guarded slots.
 struct PipeState {
@@ -134,15 +142,28 @@ MOKGEN_DEV Task task_pop(const GemmSmem<Cfg>& sm, PipeState& ts) {
 template <class Cfg>
 MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUtensorMap* ta,
                              const CUtensorMap* tb, const Task& t) {
+  // MN-major operands arrive as 64 x 64 boxes, 8 KB each, stacked along MN (wgmma.cuh)
+  constexpr int kBox = 64 * 64 * 2;
+  const bool amn = t.op & kAMN, bmn = t.op & kBMN;
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     mbar_wait(&sm.empty[ps.idx], ps.phase ^ 1, 102);
     uint64_t* bar = &sm.full[ps.idx];
     mbar_arrive_expect_tx(bar, Cfg::STAGE_BYTES);
     const int k0 = kb * Cfg::BK;
-    tma_load_2d(sm.a_stage(ps.idx), ta, bar, k0, t.a_row0);
-    tma_load_2d(sm.b_stage(ps.idx), tb, bar, k0, t.b_row0);
-    if (t.b_row1 >= 0)  // dual-B: second half (up rows) right below the first
-      tma_load_2d(sm.b_stage(ps.idx) + (Cfg::BN / 2) * 128, tb, bar, k0, t.b_row1);
+    if (amn) {
+      for (int j = 0; j < Cfg::BM / 64; ++j)
+        tma_load_2d(sm.a_stage(ps.idx) + j * kBox, ta, bar, t.a_row0 + 64 * j, t.b_row1 + k0);
+    } else {
+      tma_load_2d(sm.a_stage(ps.idx), ta, bar, k0, t.a_row0);
+    }
+    if (bmn) {
+      for (int j = 0; j < Cfg::BN / 64; ++j)
+        tma_load_2d(sm.b_stage(ps.idx) + j * kBox, tb, bar, t.b_row0 + 64 * j, t.b_row1 + k0);
+    } else {
+      tma_load_2d(sm.b_stage(ps.idx), tb, bar, k0, t.b_row0);
+      if (t.b_row1 >= 0)  // dual-B: second half (up rows) right below the first
+        tma_load_2d(sm.b_stage(ps.idx) + (Cfg::BN / 2) * 128, tb, bar, k0, t.b_row1);
+    }
     ps.template advance<Cfg::STAGES>();
   }
 }
@@ -151,7 +172,8 @@ MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUten
 // One consumer warpgroup (cwg = 0/1 -> tile rows 64*cwg ..) accumulates its 64 x BN block.
 // One wgmma group stays in flight: after committing K-slice kb we wait for slice kb-1 and
 // only then hand its stage back, so the tensor core never idles on the release handshake.
-template <class Cfg>
+// TA / TB: A / B MN-major (see wgmma.cuh for the two descriptor forms).
+template <class Cfg, int TA = 0, int TB = 0>
 MOKGEN_DEV void consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task& t,
                              float (&acc)[Cfg::kAccRegs], int cwg) {
   using Mma = Wgmma<Cfg::BN>;
@@ -165,12 +187,17 @@ MOKGEN_DEV void consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task&
   wgmma_fence_regs(acc);
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     mbar_wait(&sm.full[ps.idx], ps.phase, 103);
-    const uint64_t da = make_desc_kmajor_sw128(sm.a_stage(ps.idx) + cwg * 64 * 128);
-    const uint64_t db = make_desc_kmajor_sw128(sm.b_stage(ps.idx));
+    // a warpgroup's 64 A rows are 8 KB in either layout
+    const uint8_t* a = sm.a_stage(ps.idx) + cwg * 64 * 128;
+    const uint64_t da = TA ? make_desc_mnmajor_sw128(a) : make_desc_kmajor_sw128(a);
+    const uint64_t db = TB ? make_desc_mnmajor_sw128(sm.b_stage(ps.idx))
+                           : make_desc_kmajor_sw128(sm.b_stage(ps.idx));
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Cfg::BK / 16; ++kk)
-      Mma::mma(acc, desc_advance_k16(da, kk), desc_advance_k16(db, kk), (kb | kk) != 0);
+      Mma::template mma<TA, TB>(acc, TA ? desc_advance_k16_mn(da, kk) : desc_advance_k16(da, kk),
+                                TB ? desc_advance_k16_mn(db, kk) : desc_advance_k16(db, kk),
+                                (kb | kk) != 0);
     wgmma_commit();
     wgmma_wait<1>();
     if (prev >= 0) {
@@ -234,6 +261,7 @@ MOKGEN_DEV void raster_grouped(int t, int m_blocks, int n_blocks, int group, int
 
 // ---------------------------------------------------------------- persistent driver
 // Problem must provide (device):
+//   static constexpr bool kMNOperands;         // tasks may set kAMN / kBMN
 //   void prefetch() const;                     // producer thread: tma_prefetch_desc(...)
 //   Task next_task();                          // producer thread: next task or stop_task()
 //   const CUtensorMap* map_a(const Task&) const; const CUtensorMap* map_b(const Task&) const;
@@ -270,7 +298,13 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
       for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
       const Task t = task_pop<Cfg>(sm, ts);
       if (t.op < 0) break;
-      consume_tile<Cfg>(sm, ps, t, acc, wg - 1);
+      if constexpr (Problem::kMNOperands) {  // three mainloops; only the backward has them
+        if (t.op & kAMN) consume_tile<Cfg, 1, 1>(sm, ps, t, acc, wg - 1);
+        else if (t.op & kBMN) consume_tile<Cfg, 0, 1>(sm, ps, t, acc, wg - 1);
+        else consume_tile<Cfg>(sm, ps, t, acc, wg - 1);
+      } else {
+        consume_tile<Cfg>(sm, ps, t, acc, wg - 1);
+      }
       prob.epilogue(t, acc, wg - 1);
     }
   }

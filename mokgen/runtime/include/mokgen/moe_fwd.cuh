@@ -47,6 +47,8 @@ struct FwdBuffers {
   const int* offsets;       // [L+1] padded expert region starts
   __nv_bfloat16* ring_x;    // [SLOTS*B, D]
   __nv_bfloat16* ring_a;    // [SLOTS*B, I] SwiGLU output
+  __nv_bfloat16* ring_h;    // [SLOTS*B, 2I] gate/up pre-activations, kept for the backward;
+                            // nullptr when no backward follows (inference)
   __nv_bfloat16* h_shared;  // [N, IS]
   float* y_shared;          // [N, D]
   uint32_t* counters;
@@ -127,6 +129,7 @@ MOKGEN_DEV int acc_col(int r) { return 8 * (r >> 2) + 2 * (threadIdx.x & 3); }
 template <class C, class Cfg>
 struct FwdProblem {
   using S = FwdSchedule<C, Cfg>;
+  static constexpr bool kMNOperands = false;
   const CUtensorMap *x_map, *hs_map, *ring_x_map, *ring_a_map, *sw1_map, *sw2_map, *w1_map,
       *w2_map;
   const PeerTable<C::R>* peers;
@@ -236,10 +239,18 @@ struct FwdProblem {
           ? buf->h_shared + (size_t)t.c_row0 * C::IS + t.c_col0
           : buf->ring_a + (size_t)t.a_row0 * C::I + t.c_col0;
       const int ld = t.op == kSharedGateUp ? C::IS : C::I;
+      __nv_bfloat16* pre = t.op == kGateUp && buf->ring_h
+          ? buf->ring_h + (size_t)t.a_row0 * 2 * C::I + t.c_col0 : nullptr;
       for_each_dual_pair<BN>(acc, cwg, t.m_valid,
                              [&](int r, int c, float g0, float g1, float u0, float u1) {
         *reinterpret_cast<__nv_bfloat162*>(out + (size_t)r * ld + c) =
             __floats2bfloat162_rn(silu(g0) * u0, silu(g1) * u1);
+        if (pre) {
+          *reinterpret_cast<__nv_bfloat162*>(pre + (size_t)r * 2 * C::I + c) =
+              __floats2bfloat162_rn(g0, g1);
+          *reinterpret_cast<__nv_bfloat162*>(pre + (size_t)r * 2 * C::I + C::I + c) =
+              __floats2bfloat162_rn(u0, u1);
+        }
       });
       fence_proxy_async_global();  // the down GEMM reads these rows through TMA
     } else if (t.op == kSharedDown) {

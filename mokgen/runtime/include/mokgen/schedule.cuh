@@ -110,4 +110,34 @@ __device__ void schedule_place(const int* __restrict__ routes, const float* __re
   }
 }
 
+// The backward's weight-gradient segments, one block, after schedule_offsets: a segment is
+// one expert's rows inside one minibatch (regions are contiguous, so an expert spans
+// minibatches first..last and its segments are summed in that order). Unit 0 lists the
+// experts with no rows (their gradient is a zero tile, written by the kernel); unit m+1 the
+// segments of minibatch m, by expert. seg = {expert, first row, end row, index | count << 16};
+// seg_start[u] = segments before unit u, for u in [0, minibatches + 1].
+template <int L, int B>
+__device__ void schedule_segments(const int* offsets, const int* meta, int4* segs,
+                                  int* seg_start) {
+  if (threadIdx.x != 0) return;
+  const int rows = meta[0], nm = (rows + B - 1) / B;
+  int n = 0;
+  seg_start[0] = 0;
+  for (int e = 0; e < L; ++e)
+    if (offsets[e + 1] == offsets[e]) segs[n++] = make_int4(e, 0, 0, 1 << 16);
+  seg_start[1] = n;
+  int m_open = 0;  // minibatches whose seg_start is written: [0, m_open)
+  for (int e = 0; e < L; ++e) {
+    const int r0 = offsets[e], r1 = offsets[e + 1];
+    if (r0 == r1) continue;
+    const int first = r0 / B, last = (r1 - 1) / B;
+    for (int m = first; m <= last; ++m) {
+      for (; m_open < m; ++m_open) seg_start[m_open + 2] = n;  // close earlier minibatches
+      segs[n++] = make_int4(e, max(r0, m * B), min(r1, (m + 1) * B),
+                            (m - first) | ((last - first + 1) << 16));
+    }
+  }
+  for (; m_open < nm; ++m_open) seg_start[m_open + 2] = n;
+}
+
 }  // namespace mokgen

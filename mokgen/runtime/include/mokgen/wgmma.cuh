@@ -1,8 +1,11 @@
 // mokgen/wgmma.cuh -- warpgroup MMA (sm_90a) wrappers for bf16 x bf16 -> fp32.
 //
-// Operand convention used throughout mokgen: both A (activations [rows, K]) and B (nn.Linear
-// weights [out, K]) are K-major in shared memory, written there by TMA with 128-byte swizzle,
-// one 64-element (128 B) K slice per row. So no transposes (imm-trans-a/b = 0).
+// Operand layouts in shared memory, all written by TMA with 128-byte swizzle:
+// - K-major (the forward: activations [rows, K] and nn.Linear weights [out, K]): one
+//   64-element (128 B) K slice per row; imm-trans = 0.
+// - MN-major (the backward's transposed operands: W2 [D, I] read as [I x D]^T, activations
+//   read as [features x rows]): 64-element MN chunks per 128 B row, one row per K index, so a
+//   TMA box of 64 (MN) x 64 (K) rows is one 8 KB block; imm-trans = 1.
 //
 // Accumulator layout of wgmma.m64nNk16 (fp32), per thread of the warpgroup
 // (w = warp in warpgroup 0..3, l = lane 0..31), for register index r in [0, N/2):
@@ -33,6 +36,24 @@ MOKGEN_DEV uint64_t desc_advance_k16(uint64_t desc, int k16_steps) {
   return desc + (uint64_t)(k16_steps * 2);  // 32 B per 16 bf16, in 16 B units
 }
 
+// MN-major bf16 tile, 128-byte swizzle (CUTLASS's canonical
+// ((8,8,m),(8,k)) : ((1,8,LBO),(64,SBO)) in elements): a K row holds 64 MN elements (128 B),
+// 8 K rows form the 1024 B swizzle atom, SBO = 1024 B steps 8 K rows, and LBO steps to the
+// next 64-element MN chunk: the 8 KB TMA box (64 MN x 64 K) that follows. One k16 step is
+// 16 K rows = 2048 B.
+MOKGEN_DEV uint64_t make_desc_mnmajor_sw128(const void* smem_tile) {
+  const uint64_t addr = smem_u32(smem_tile);
+  uint64_t d = 0;
+  d |= (addr & 0x3FFFFull) >> 4;
+  d |= (uint64_t)(8192 >> 4) << 16;        // LBO: next 64-wide MN chunk (next TMA box)
+  d |= (uint64_t)(1024 >> 4) << 32;        // SBO: next 8 K rows
+  d |= 1ull << 62;
+  return d;
+}
+MOKGEN_DEV uint64_t desc_advance_k16_mn(uint64_t desc, int k16_steps) {
+  return desc + (uint64_t)(k16_steps * 128);  // 2048 B per 16 K rows, in 16 B units
+}
+
 // Orders prior register/smem accesses before the following wgmma reads them.
 MOKGEN_DEV void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 MOKGEN_DEV void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -54,13 +75,15 @@ MOKGEN_DEV void wgmma_fence_regs(float (&d)[R]) {
 #define MOKGEN_F32(d, i) MOKGEN_F8(d, i), MOKGEN_F8(d, i + 8), MOKGEN_F8(d, i + 16), MOKGEN_F8(d, i + 24)
 
 // D[64 x N] (+)= A[64 x 16] * B[N x 16]^T. scale_d = 0 overwrites D (first K step of a
-// tile, which saves zeroing 128 registers), 1 accumulates.
+// tile, which saves zeroing 128 registers), 1 accumulates. TA / TB: the operand is MN-major
+// (imm-trans = 1; the instruction takes them as immediates, hence template parameters).
 template <int N>
 struct Wgmma;
 
 template <>
 struct Wgmma<128> {
   static constexpr int kRegs = 64;
+  template <int TA = 0, int TB = 0>
   static MOKGEN_DEV void mma(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
     asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
@@ -69,15 +92,16 @@ struct Wgmma<128> {
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, p, 1, 1, 0, 0;\n}"
+      "}, %64, %65, p, 1, 1, %67, %68;\n}"
       : MOKGEN_F32(d, 0), MOKGEN_F32(d, 32)
-      : "l"(da), "l"(db), "r"(scale_d));
+      : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
   }
 };
 
 template <>
 struct Wgmma<256> {
   static constexpr int kRegs = 128;
+  template <int TA = 0, int TB = 0>
   static MOKGEN_DEV void mma(float (&d)[128], uint64_t da, uint64_t db, int scale_d) {
     asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, %130, 0;\n"
@@ -90,9 +114,9 @@ struct Wgmma<256> {
       "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
       "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, p, 1, 1, 0, 0;\n}"
+      "}, %128, %129, p, 1, 1, %131, %132;\n}"
       : MOKGEN_F32(d, 0), MOKGEN_F32(d, 32), MOKGEN_F32(d, 64), MOKGEN_F32(d, 96)
-      : "l"(da), "l"(db), "r"(scale_d));
+      : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
   }
 };
 

@@ -2,6 +2,8 @@
 // benchmarks/gemm_engine.py). One CTA per SM; tiles come from a global atomic counter, the
 // same way the megakernel's compute CTAs will take work.
 //   gemm_plain     : C[M,N] = A[M,K] B[N,K]^T, bf16 out.
+//   gemm_plain_t   : the same with transposed (MN-major) operands: B given as [K,N]
+//                    (trans=1) or A as [K,M] and B as [K,N] (trans=2), as the backward uses.
 //   gemm_swiglu    : grouped: rows [off[e], off[e+1]) of X[M,D] times expert e's stacked
 //                    w13[e] = [gate I rows; up I rows] -> H[M,I] = silu(X Wg^T) * (X Wu^T).
 //   gemm_down      : grouped: H[M,I] times w2[e][D,I]^T, times a per-row fp32 scale -> Y[M,D].
@@ -24,11 +26,13 @@ __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* p, float a, float b)
 
 // ------------------------------------------------------------------ plain
 struct PlainProblem {
+  static constexpr bool kMNOperands = true;
   const CUtensorMap* ta;
   const CUtensorMap* tb;
   __nv_bfloat16* C;
   int M, N, ldc, k_blocks, m_blocks, n_blocks;
   int* counter;
+  int trans = 0;  // 0: both K-major; 1: B MN-major; 2: A and B MN-major
 
   __device__ void prefetch() const { tma_prefetch_desc(ta); tma_prefetch_desc(tb); }
   __device__ const CUtensorMap* map_a(const Task&) const { return ta; }
@@ -39,7 +43,10 @@ struct PlainProblem {
     int mb, nb;
     raster_grouped(t, m_blocks, n_blocks, kGroupM, mb, nb);
     const int r0 = mb * Cfg::BM;
-    return Task{0, r0, nb * Cfg::BN, -1, r0, nb * Cfg::BN, min(Cfg::BM, M - r0), k_blocks};
+    const int op = trans == 2 ? (kAMN | kBMN) : trans == 1 ? kBMN : 0;
+    // MN-major B: columns nb*BN.. of [K, N] from row 0 (b_row1 is the K origin)
+    return Task{op, r0, nb * Cfg::BN, trans ? 0 : -1, r0, nb * Cfg::BN, min(Cfg::BM, M - r0),
+                k_blocks};
   }
   __device__ void epilogue(const Task& t, float (&acc)[Cfg::kAccRegs], int cwg) {
     __nv_bfloat16* base = C + (size_t)t.c_row0 * ldc + t.c_col0;
@@ -59,10 +66,21 @@ gemm_plain(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
   gemm_persistent<Cfg>(p, smem);
 }
 
+// tmA: [M,K] box 64x128 (trans 0, 1) or [K,M] box 64x64 (trans 2); tmB: [K,N] box 64x64.
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_plain_t(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
+             __nv_bfloat16* C, int M, int N, int K, int ldc, int* counter, int trans) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  PlainProblem p{&tmA, &tmB, C, M, N, ldc, (K + 63) / 64, (M + Cfg::BM - 1) / Cfg::BM,
+                 N / Cfg::BN, counter, trans};
+  gemm_persistent<Cfg>(p, smem);
+}
+
 // ------------------------------------------------------------------ grouped (experts)
 // seg_off[E+1]: expert e owns rows [seg_off[e], seg_off[e+1]) of A (any sizes; multiples of
 // BM in the benchmark). Tiles are numbered expert by expert, then rasterized inside.
 struct GroupedProblem {
+  static constexpr bool kMNOperands = false;
   const CUtensorMap* ta;
   const CUtensorMap* tb;
   const int* seg_off;

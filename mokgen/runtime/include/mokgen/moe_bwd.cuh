@@ -1,0 +1,591 @@
+// mokgen/moe_bwd.cuh -- the backward MoE megakernel: persistent, one CTA per SM.
+//
+// Mirrors the forward (moe_fwd.cuh): comm CTAs [0, COMM) walk the minibatches in backward
+// order (ascending: macrobatch 0, which the forward left in the ring, comes first), wait until
+// the ring slot's previous minibatch is finished, re-pull x for minibatches the ring lost
+// (replay) and pull dy from the tokens' owners (pull reverse-combine, written both as is and
+// times the router weight), then raise the minibatch's ready count. Compute CTAs run the GEMM
+// engine over one task list (BwdSchedule). Per unit (0: the rank-local work, the shared
+// expert; u >= 1: minibatch u-1):
+//   R   replay: gate/up of a minibatch the ring lost -> ring_h (pre-activations), ring_a
+//   DG  dy W2_e (W2 read MN-major), epilogue: the router-weight gradient <a, dy W2_e> as
+//       per-tile partial sums (no down-projection output is materialized), then the SwiGLU
+//       backward of w * dy W2_e -> ring_dh = [d gate, d up]
+//   DX  ring_dh W1_e (MN-major) -> pushed to the owner's dx rows (push reverse-dispatch); the
+//       first column tile also sums the router-weight partials and pushes them
+//   WG  weight gradients of each expert segment (an expert's rows inside the minibatch):
+//       dW2_e += (w dy)^T a, dW1_e += dh^T x, both operands MN-major, K = the segment's rows.
+//       Segments of one expert are summed in minibatch order through an fp32 buffer, each
+//       output tile waiting for the previous segment's tile: a fixed order, no atomics.
+// The list is block b = [DX + WG](b-2) | DG(b-1) | R(b): every task waits only on tasks
+// earlier in the list, or on comm, which waits only on finished minibatches >= 2 units
+// earlier (at least 2 ring slots), so any interleaving of CTAs makes progress and every output
+// element is computed by one tile in a fixed K order: bitwise reproducible.
+#pragma once
+#include <cuda_bf16.h>
+#include "mokgen/combine.cuh"
+#include "mokgen/gemm_tile.cuh"
+#include "mokgen/moe_fwd.cuh"
+#include "mokgen/sync.cuh"
+
+namespace mokgen {
+
+enum BwdOp : int {
+  kSGateUp = 0, kSDgrad = 1, kSDx = 2, kSWgrad2 = 3, kSWgrad1 = 4,  // shared expert
+  kReplay = 5, kDgrad = 6, kDx = 7, kWgrad2 = 8, kWgrad1 = 9,       // routed
+};
+
+// Watchdog phases of the backward (runtime/moe.py names them).
+enum BwdPhase : int {
+  kPhaseSDgrad = 11, kPhaseSDx = 12, kPhaseSWgrad = 13, kPhaseReplay = 14, kPhaseDgrad = 15,
+  kPhaseDx = 16, kPhaseWgrad = 17, kPhaseWgradOrder = 18, kPhaseBwdRingSlot = 19,
+};
+
+template <int R>
+struct BwdPeers {
+  const __nv_bfloat16* x[R];   // every rank's tokens [N, D] (replay)
+  const __nv_bfloat16* dy[R];  // every rank's output gradient [N, D]
+  __nv_bfloat16* dx[R];        // every rank's dx rows [N*K, D] (the forward's combine buffer)
+  float* dweight[R];           // every rank's router-weight gradients [N*K]
+};
+
+struct BwdBuffers {
+  const int2* table;        // the forward's schedule (or a re-run of it)
+  const float* row_weight;
+  const int* meta;
+  const int* offsets;
+  const int4* segs;         // weight-gradient segments (schedule_segments)
+  const int* seg_start;
+  __nv_bfloat16* ring_x;    // [SLOTS*B, D]   resident from the forward, or replayed
+  __nv_bfloat16* ring_h;    // [SLOTS*B, 2I]  gate/up pre-activations
+  __nv_bfloat16* ring_a;    // [SLOTS*B, I]
+  __nv_bfloat16* ring_dy;   // [SLOTS*B, D]   pulled dy
+  __nv_bfloat16* ring_do;   // [SLOTS*B, D]   pulled dy times the router weight
+  __nv_bfloat16* ring_dh;   // [SLOTS*B, 2I]
+  float* dw_part;           // [max rows, I/BN] router-weight gradient partial sums
+  __nv_bfloat16* hs_pre;    // [N, 2IS] shared gate/up pre-activations (recomputed)
+  __nv_bfloat16* hs_a;      // [N, IS]
+  __nv_bfloat16* hs_dh;     // [N, 2IS]
+  float* dx_shared;         // [N, D]
+  __nv_bfloat16* dw1;       // [L, 2I, D] this rank's expert gradients
+  __nv_bfloat16* dw2;       // [L, D, I]
+  __nv_bfloat16* dsw1;      // [2IS, D]
+  __nv_bfloat16* dsw2;      // [D, IS]
+  float* wg_acc;            // [L, 3 I D] fp32 sums of experts spanning several minibatches
+  uint32_t* counters;
+  int n_tokens;
+  int max_minibatches;
+  int rank;
+  int resident;             // 1: the ring holds the forward's macrobatch 0 (no replay for it)
+};
+
+// Tensor maps: K-major (box 64 x 128 rows, _k) or MN-major (box 64 x 64, _mn).
+struct BwdMaps {
+  CUtensorMap x_k, sw1_k, dy_k, sw2_mn, hs_dh_k, sw1_mn, dy_mn, hs_a_mn, hs_dh_mn, x_mn,
+      ring_x_k, w1_k, ring_dy_k, w2_mn, ring_dh_k, w1_mn, ring_do_mn, ring_a_mn, ring_dh_mn,
+      ring_x_mn;
+};
+
+template <class C, class Cfg>
+struct BwdSchedule {
+  static constexpr int BM = Cfg::BM, BN = Cfg::BN, RT_FULL = C::B / BM;
+  static constexpr int GU_N = C::I / (BN / 2), DG_N = C::I / BN, DX_N = C::D / BN;
+  static constexpr int SGU_N = C::IS / (BN / 2), SDG_N = C::IS / BN;
+  static constexpr int W2T = (C::D / BM) * (C::I / BN), W1T = (2 * C::I / BM) * (C::D / BN);
+  static constexpr int WT = W2T + W1T;
+  static constexpr int SW2T = (C::D / BM) * (C::IS / BN), SW1T = (2 * C::IS / BM) * (C::D / BN);
+  static_assert(C::B % BM == 0 && C::SLOTS >= 2, "minibatch of whole tiles, >= 2 ring slots");
+  static_assert(C::I % BN == 0 && C::D % BN == 0 && C::IS % BN == 0,
+                "the backward needs hidden and intermediate sizes that are multiples of 256");
+
+  int rows, nm, rt_last, shared_rt, resident, first_slot;
+  const int* seg_start;
+
+  MOKGEN_DEV void init(int padded_rows, int n_tokens, int resident_flag, const int* starts) {
+    rows = padded_rows;
+    nm = (rows + C::B - 1) / C::B;
+    rt_last = nm ? (rows - (nm - 1) * C::B) / BM : 0;
+    shared_rt = C::IS ? (n_tokens + BM - 1) / BM : 0;
+    resident = resident_flag ? min(C::SLOTS, nm) : 0;
+    first_slot = max(0, nm - C::SLOTS) % C::SLOTS;  // where the forward left minibatch 0
+    seg_start = starts;
+  }
+  MOKGEN_DEV int slot_row(int m) const { return ((first_slot + m) % C::SLOTS) * C::B; }
+  MOKGEN_DEV int row_tiles(int m) const { return m == nm - 1 ? rt_last : RT_FULL; }
+  MOKGEN_DEV bool replayed(int m) const { return m >= resident; }
+  MOKGEN_DEV int units() const { return nm + 1; }
+  MOKGEN_DEV int segments(int u) const { return seg_start[u + 1] - seg_start[u]; }
+
+  // task counts of unit u
+  MOKGEN_DEV int r_size(int u) const {
+    return u == 0 ? shared_rt * SGU_N : replayed(u - 1) ? row_tiles(u - 1) * GU_N : 0;
+  }
+  MOKGEN_DEV int dg_size(int u) const { return u == 0 ? shared_rt * SDG_N : row_tiles(u - 1) * DG_N; }
+  MOKGEN_DEV int dx_size(int u) const { return u == 0 ? shared_rt * DX_N : row_tiles(u - 1) * DX_N; }
+  MOKGEN_DEV int wg_size(int u) const {
+    return (u == 0 && C::IS ? SW2T + SW1T : 0) + segments(u) * WT;
+  }
+  MOKGEN_DEV int fin_size(int u) const { return dx_size(u) + wg_size(u); }
+
+  // sums over units [0, n), closed forms: routed units are full but the last one
+  MOKGEN_DEV int routed_sum(int n, int per_tile_row) const {  // units 1 .. n-1
+    if (n <= 1) return 0;
+    int s = (n - 1) * RT_FULL * per_tile_row;
+    if (n - 1 >= nm) s += (rt_last - RT_FULL) * per_tile_row;  // the short last minibatch
+    return s;
+  }
+  MOKGEN_DEV int pre_r(int n) const {
+    if (n <= 0) return 0;
+    n = min(n, units());
+    // replayed routed units are m in [resident, n-2]
+    int s = r_size(0);
+    const int reps = max(0, n - 1 - resident);
+    if (reps > 0) {
+      s += reps * RT_FULL * GU_N;
+      if (n - 1 >= nm) s += (rt_last - RT_FULL) * GU_N;
+    }
+    return s;
+  }
+  MOKGEN_DEV int pre_dg(int n) const {
+    return n <= 0 ? 0 : dg_size(0) + routed_sum(min(n, units()), DG_N);
+  }
+  MOKGEN_DEV int pre_fin(int n) const {
+    if (n <= 0) return 0;
+    n = min(n, units());
+    return dx_size(0) + routed_sum(n, DX_N) + (C::IS ? SW2T + SW1T : 0) + seg_start[n] * WT;
+  }
+  // block b in [0, units + 2): FIN(b-2) | DG(b-1) | R(b)
+  MOKGEN_DEV int block_start(int b) const { return pre_fin(b - 2) + pre_dg(b - 1) + pre_r(b); }
+  MOKGEN_DEV int blocks() const { return units() + 2; }
+  MOKGEN_DEV int total_tasks() const { return block_start(blocks()); }
+};
+
+template <class C, class Cfg>
+struct BwdProblem {
+  using S = BwdSchedule<C, Cfg>;
+  static constexpr bool kMNOperands = true;
+  static constexpr int BM = Cfg::BM, BN = Cfg::BN;
+  static constexpr int k_d = C::D / 64, k_i2 = 2 * C::I / 64, k_is2 = 2 * C::IS / 64;
+  const BwdMaps* maps;
+  const BwdPeers<C::R>* peers;
+  const BwdBuffers* buf;
+  S s;
+
+  // counters: [0] tasks | ready[MB] | r_done[MB*RT] | dg_done[MB*RT] | fin_done[MB]
+  // | wg_seq[L*WT] | sr_done[SRT] | sdg_done[SRT] | sr_all | sdg_all
+  MOKGEN_DEV uint32_t* ready() const { return buf->counters + 1; }
+  MOKGEN_DEV uint32_t* r_done() const { return ready() + buf->max_minibatches; }
+  MOKGEN_DEV uint32_t* dg_done() const { return r_done() + buf->max_minibatches * S::RT_FULL; }
+  MOKGEN_DEV uint32_t* fin_done() const { return dg_done() + buf->max_minibatches * S::RT_FULL; }
+  MOKGEN_DEV uint32_t* wg_seq() const { return fin_done() + buf->max_minibatches; }
+  MOKGEN_DEV uint32_t* sr_done() const { return wg_seq() + C::L * S::WT; }
+  MOKGEN_DEV uint32_t* sdg_done() const { return sr_done() + (buf->n_tokens + BM - 1) / BM; }
+  MOKGEN_DEV uint32_t* sr_all() const { return sdg_done() + (buf->n_tokens + BM - 1) / BM; }
+  MOKGEN_DEV uint32_t* sdg_all() const { return sr_all() + 1; }
+
+  MOKGEN_DEV void setup() { s.init(buf->meta[0], buf->n_tokens, buf->resident, buf->seg_start); }
+
+  MOKGEN_DEV void prefetch() const {
+    const CUtensorMap* m = &maps->x_k;
+    for (int i = 0; i < (int)(sizeof(BwdMaps) / sizeof(CUtensorMap)); ++i) tma_prefetch_desc(m + i);
+  }
+  MOKGEN_DEV const CUtensorMap* map_a(const Task& t) const {
+    switch (opcode(t)) {
+      case kSGateUp: return &maps->x_k;
+      case kSDgrad: return &maps->dy_k;
+      case kSDx: return &maps->hs_dh_k;
+      case kSWgrad2: return &maps->dy_mn;
+      case kSWgrad1: return &maps->hs_dh_mn;
+      case kReplay: return &maps->ring_x_k;
+      case kDgrad: return &maps->ring_dy_k;
+      case kDx: return &maps->ring_dh_k;
+      case kWgrad2: return &maps->ring_do_mn;
+      default: return &maps->ring_dh_mn;
+    }
+  }
+  MOKGEN_DEV const CUtensorMap* map_b(const Task& t) const {
+    switch (opcode(t)) {
+      case kSGateUp: return &maps->sw1_k;
+      case kSDgrad: return &maps->sw2_mn;
+      case kSDx: return &maps->sw1_mn;
+      case kSWgrad2: return &maps->hs_a_mn;
+      case kSWgrad1: return &maps->x_mn;
+      case kReplay: return &maps->w1_k;
+      case kDgrad: return &maps->w2_mn;
+      case kDx: return &maps->w1_mn;
+      case kWgrad2: return &maps->ring_a_mn;
+      default: return &maps->ring_x_mn;
+    }
+  }
+
+  MOKGEN_DEV int expert_of(int row) const {
+    int lo = 0, hi = C::L - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (buf->offsets[mid] <= row) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+  }
+
+  // Producer thread only.
+  MOKGEN_DEV Task next_task() {
+    const int t = (int)atomicAdd(buf->counters, 1u);
+    if (t >= s.total_tasks() || aborted()) return stop_task();
+    int lo = 0, hi = s.blocks() - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (s.block_start(mid) <= t) lo = mid; else hi = mid - 1;
+    }
+    int off = t - s.block_start(lo);
+    const int b = lo;
+    if (b >= 2 && b - 2 < s.units()) {
+      const int u = b - 2;
+      if (off < s.dx_size(u)) return u == 0 ? shared_dx(off) : routed_dx(u - 1, off);
+      off -= s.dx_size(u);
+      if (off < s.wg_size(u)) return wgrad(u, off);
+      off -= s.wg_size(u);
+    }
+    if (b >= 1 && b - 1 < s.units()) {
+      const int u = b - 1;
+      if (off < s.dg_size(u)) return u == 0 ? shared_dgrad(off) : routed_dgrad(u - 1, off);
+      off -= s.dg_size(u);
+    }
+    if (MOKGEN_OK(b < s.units() && off < s.r_size(b), 20, b, off))
+      return b == 0 ? shared_gate_up(off) : replay(b - 1, off);
+    return stop_task();
+  }
+
+  // ---------------------------------------------------------------- shared expert (unit 0)
+  MOKGEN_DEV int valid_rows(int r0) const { return min(BM, buf->n_tokens - r0); }
+
+  MOKGEN_DEV Task shared_gate_up(int i) const {
+    const int rt = i % s.shared_rt, n0 = (i / s.shared_rt) * (BN / 2), r0 = rt * BM;
+    return Task{kSGateUp, r0, n0, C::IS + n0, r0, n0, valid_rows(r0), k_d};
+  }
+  MOKGEN_DEV Task shared_dgrad(int i) const {
+    const int rt = i % s.shared_rt, n0 = (i / s.shared_rt) * BN, r0 = rt * BM;
+    if (!wait_at_least(sr_done() + rt, S::SGU_N, buf->rank, kPhaseSDgrad, rt)) return stop_task();
+    return Task{kSDgrad | kBMN, r0, n0, 0, r0, n0, valid_rows(r0), k_d};
+  }
+  MOKGEN_DEV Task shared_dx(int i) const {
+    const int rt = i % s.shared_rt, n0 = (i / s.shared_rt) * BN, r0 = rt * BM;
+    if (!wait_at_least(sdg_done() + rt, S::SDG_N, buf->rank, kPhaseSDx, rt)) return stop_task();
+    fence_proxy_async_global();  // hs_dh was written by generic stores; TMA reads it
+    return Task{kSDx | kBMN, r0, n0, 0, r0, n0, valid_rows(r0), k_is2};
+  }
+
+  // ---------------------------------------------------------------- routed minibatch m
+  MOKGEN_DEV bool wait_ready(int m, int phase) const {
+    if (!wait_at_least(ready() + m, C::COMM, buf->rank, phase, m)) return false;
+    fence_proxy_async_global();
+    return true;
+  }
+  MOKGEN_DEV Task replay(int m, int i) const {
+    const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * (BN / 2);
+    const int p0 = m * C::B + rt * BM, e = expert_of(p0);
+    if (!wait_ready(m, kPhaseReplay)) return stop_task();
+    return Task{kReplay, s.slot_row(m) + rt * BM, e * 2 * C::I + n0, e * 2 * C::I + C::I + n0,
+                p0, n0, BM, k_d};
+  }
+  MOKGEN_DEV Task routed_dgrad(int m, int i) const {
+    const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * BN;
+    const int p0 = m * C::B + rt * BM, e = expert_of(p0);
+    if (!wait_ready(m, kPhaseDgrad)) return stop_task();
+    if (s.replayed(m)) {
+      if (!wait_at_least(r_done() + m * S::RT_FULL + rt, S::GU_N, buf->rank, kPhaseDgrad, m))
+        return stop_task();
+    }
+    return Task{kDgrad | kBMN, s.slot_row(m) + rt * BM, n0, e * C::D, p0, n0, BM, k_d};
+  }
+  MOKGEN_DEV Task routed_dx(int m, int i) const {
+    const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * BN;
+    const int p0 = m * C::B + rt * BM, e = expert_of(p0);
+    if (!wait_at_least(dg_done() + m * S::RT_FULL + rt, S::DG_N, buf->rank, kPhaseDx, m))
+      return stop_task();
+    fence_proxy_async_global();
+    return Task{kDx | kBMN, s.slot_row(m) + rt * BM, n0, e * 2 * C::I, p0, n0, BM, k_i2};
+  }
+
+  // ---------------------------------------------------------------- weight gradients
+  // Unit 0: the shared expert's (K = tokens), then zero tiles of experts without rows.
+  // Unit u >= 1: tile j % WT of segment seg_start[u] + j / WT. m_valid carries the segment.
+  MOKGEN_DEV Task wgrad(int u, int j) const {
+    constexpr int MN = kAMN | kBMN;
+    if (u == 0 && C::IS) {
+      const int kt = (buf->n_tokens + 63) / 64;
+      if (j < S::SW2T) {  // dsw2 [D, IS] = dy^T a_s
+        if (!wait_at_least(sr_all(), s.shared_rt * S::SGU_N, buf->rank, kPhaseSWgrad, 0))
+          return stop_task();
+        fence_proxy_async_global();
+        const int mt = j % (C::D / BM), nt = j / (C::D / BM);
+        return Task{kSWgrad2 | MN, mt * BM, nt * BN, 0, mt * BM, nt * BN, -1, kt};
+      }
+      j -= S::SW2T;
+      if (j < S::SW1T) {  // dsw1 [2IS, D] = dh_s^T x
+        if (!wait_at_least(sdg_all(), s.shared_rt * S::SDG_N, buf->rank, kPhaseSWgrad, 1))
+          return stop_task();
+        fence_proxy_async_global();
+        const int mt = j % (2 * C::IS / BM), nt = j / (2 * C::IS / BM);
+        return Task{kSWgrad1 | MN, mt * BM, nt * BN, 0, mt * BM, nt * BN, -1, kt};
+      }
+      j -= S::SW1T;
+    }
+    const int sid = s.seg_start[u] + j / S::WT, tt = j % S::WT;
+    const int4 seg = buf->segs[sid];
+    const int e = seg.x, idx = seg.w & 0xffff;
+    int k0 = 0, kb = 0;
+    if (u > 0) {
+      const int m = u - 1, rt0 = (seg.y - m * C::B) / BM, rt1 = (seg.z - m * C::B) / BM;
+      if (!MOKGEN_OK(e < C::L && seg.y >= m * C::B && seg.z <= m * C::B + C::B, 21, sid, m))
+        return stop_task();
+      for (int rt = rt0; rt < rt1; ++rt)
+        if (!wait_at_least(dg_done() + m * S::RT_FULL + rt, S::DG_N, buf->rank, kPhaseWgrad, m))
+          return stop_task();
+      if (idx > 0 && !wait_at_least(wg_seq() + e * S::WT + tt, idx, buf->rank, kPhaseWgradOrder,
+                                    e * S::WT + tt))
+        return stop_task();
+      fence_proxy_async_global();
+      k0 = s.slot_row(m) + seg.y - m * C::B;
+      kb = (seg.z - seg.y) / 64;
+    }
+    if (tt < S::W2T) {  // dW2_e [D, I] = (w dy)^T a
+      const int mt = tt % (C::D / BM), nt = tt / (C::D / BM);
+      return Task{kWgrad2 | MN, mt * BM, nt * BN, k0, mt * BM, nt * BN, sid, kb};
+    }
+    const int t1 = tt - S::W2T;  // dW1_e [2I, D] = dh^T x
+    const int mt = t1 % (2 * C::I / BM), nt = t1 / (2 * C::I / BM);
+    return Task{kWgrad1 | MN, mt * BM, nt * BN, k0, mt * BM, nt * BN, sid, kb};
+  }
+
+  // ---------------------------------------------------------------- epilogues
+  // SwiGLU backward of one tile of d_a (before the router weight): reads the pre-activations
+  // h = [g | u] (row stride 2*NI) at the tile's columns, writes dh = [dg | du] the same way.
+  // Rows: the two rows of this thread, hp/dhp their h / dh rows (nullptr: not a row).
+  // Returns <a, d_a> per row (the router-weight gradient's partial sum over these columns).
+  template <int NI>
+  MOKGEN_DEV void swiglu_backward(const float (&acc)[BN / 2], int col0,
+                                  const __nv_bfloat16* const (&hp)[2],
+                                  __nv_bfloat16* const (&dhp)[2], const float (&w)[2],
+                                  float (&dot)[2]) const {
+    dot[0] = dot[1] = 0.f;
+#pragma unroll
+    for (int r = 0; r < BN / 2; r += 2) {
+      const int h = (r >> 1) & 1, c = col0 + acc_col(r);
+      if (hp[h] == nullptr) continue;
+      const float2 g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(hp[h] + c));
+      const float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(hp[h] + NI + c));
+      float dg[2], du[2];
+      const float gg[2] = {g.x, g.y}, uu[2] = {u.x, u.y};
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const float sg = __fdividef(1.f, 1.f + __expf(-gg[q])), sl = gg[q] * sg;
+        const float v = acc[r + q];
+        dot[h] += v * (sl * uu[q]);
+        const float da = w[h] * v;
+        dg[q] = da * uu[q] * sg * (1.f + gg[q] * (1.f - sg));
+        du[q] = da * sl;
+      }
+      *reinterpret_cast<__nv_bfloat162*>(dhp[h] + c) = __floats2bfloat162_rn(dg[0], dg[1]);
+      *reinterpret_cast<__nv_bfloat162*>(dhp[h] + NI + c) = __floats2bfloat162_rn(du[0], du[1]);
+    }
+  }
+
+  // gate/up + SwiGLU that also keeps the pre-activations (the replay and the shared expert)
+  MOKGEN_DEV void gate_up_epilogue(const Task& t, const float (&acc)[BN / 2], int cwg,
+                                   __nv_bfloat16* pre, __nv_bfloat16* act, int NI) const {
+    for_each_dual_pair<BN>(acc, cwg, t.m_valid,
+                           [&](int r, int c, float g0, float g1, float u0, float u1) {
+      const size_t row = (size_t)r;
+      *reinterpret_cast<__nv_bfloat162*>(pre + row * 2 * NI + c) = __floats2bfloat162_rn(g0, g1);
+      *reinterpret_cast<__nv_bfloat162*>(pre + row * 2 * NI + NI + c) =
+          __floats2bfloat162_rn(u0, u1);
+      *reinterpret_cast<__nv_bfloat162*>(act + row * NI + c) =
+          __floats2bfloat162_rn(silu(g0) * u0, silu(g1) * u1);
+    });
+  }
+
+  // A weight-gradient tile: one segment's contribution, summed in segment order (fp32 in
+  // wg_acc between segments; the last one writes the bf16 gradient).
+  MOKGEN_DEV void wgrad_epilogue(const Task& t, const float (&acc)[BN / 2], int cwg) const {
+    const int op = opcode(t);
+    __nv_bfloat16* out;
+    float* ws = nullptr;
+    int ld, idx = 0, count = 1;
+    if (op == kSWgrad2 || op == kSWgrad1) {
+      out = op == kSWgrad2 ? buf->dsw2 : buf->dsw1;
+      ld = op == kSWgrad2 ? C::IS : C::D;
+    } else {
+      const int4 seg = buf->segs[t.m_valid];
+      const int e = seg.x;
+      idx = seg.w & 0xffff;
+      count = seg.w >> 16;
+      const size_t ID = (size_t)C::I * C::D;
+      if (op == kWgrad2) {
+        out = buf->dw2 + e * ID;
+        ws = buf->wg_acc + e * 3 * ID;
+        ld = C::I;
+      } else {
+        out = buf->dw1 + e * 2 * ID;
+        ws = buf->wg_acc + e * 3 * ID + ID;
+        ld = C::D;
+      }
+    }
+    const size_t base = (size_t)t.c_row0 * ld + t.c_col0;
+    out += base;
+    if (ws) ws += base;
+    const bool last = idx == count - 1;
+    for_each_acc_pair<BN>(acc, cwg, BM, [&](int r, int c, float v0, float v1) {
+      const size_t o = (size_t)r * ld + c;
+      if (idx > 0) {  // L2 only: another SM wrote the running sum
+        const float2 prev = __ldcg(reinterpret_cast<const float2*>(ws + o));
+        v0 += prev.x;
+        v1 += prev.y;
+      }
+      if (last) *reinterpret_cast<__nv_bfloat162*>(out + o) = __floats2bfloat162_rn(v0, v1);
+      else __stcg(reinterpret_cast<float2*>(ws + o), make_float2(v0, v1));
+    });
+  }
+
+  MOKGEN_DEV void epilogue(const Task& t, float (&acc)[Cfg::kAccRegs], int cwg) {
+    const int op = opcode(t);
+    const int row0 = 64 * cwg;  // this warpgroup's first tile row
+    if (op == kSGateUp) {
+      gate_up_epilogue(t, acc, cwg, buf->hs_pre + (size_t)t.c_row0 * 2 * C::IS + t.c_col0,
+                       buf->hs_a + (size_t)t.c_row0 * C::IS + t.c_col0, C::IS);
+    } else if (op == kReplay) {
+      gate_up_epilogue(t, acc, cwg, buf->ring_h + (size_t)t.a_row0 * 2 * C::I + t.c_col0,
+                       buf->ring_a + (size_t)t.a_row0 * C::I + t.c_col0, C::I);
+    } else if (op == kSDgrad) {
+      const __nv_bfloat16* hp[2];
+      __nv_bfloat16* dhp[2];
+      const float w[2] = {1.f, 1.f};
+      float dot[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row0 + acc_row(2 * h);
+        const size_t at = (size_t)(t.c_row0 + r) * 2 * C::IS;
+        hp[h] = r < t.m_valid ? buf->hs_pre + at : nullptr;
+        dhp[h] = r < t.m_valid ? buf->hs_dh + at : nullptr;
+      }
+      swiglu_backward<C::IS>(acc, t.c_col0, hp, dhp, w, dot);
+    } else if (op == kDgrad) {
+      const __nv_bfloat16* hp[2];
+      __nv_bfloat16* dhp[2];
+      float w[2], dot[2];
+      int p[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row0 + acc_row(2 * h);
+        p[h] = t.c_row0 + r;
+        const bool pad = buf->table[p[h]].x < 0;
+        w[h] = pad ? 0.f : buf->row_weight[p[h]];  // padding rows: dh = 0 (their weight is unset)
+        const size_t at = (size_t)(t.a_row0 + r) * 2 * C::I;
+        hp[h] = buf->ring_h + at;
+        dhp[h] = buf->ring_dh + at;
+      }
+      swiglu_backward<C::I>(acc, t.c_col0, hp, dhp, w, dot);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // a row lives in the 4 lanes of a quad: fixed-order sum
+        dot[h] += __shfl_xor_sync(0xffffffff, dot[h], 1);
+        dot[h] += __shfl_xor_sync(0xffffffff, dot[h], 2);
+        if ((threadIdx.x & 3) == 0) buf->dw_part[(size_t)p[h] * S::DG_N + t.c_col0 / BN] = dot[h];
+      }
+    } else if (op == kSDx) {
+      float* out = buf->dx_shared + (size_t)t.c_row0 * C::D + t.c_col0;
+      for_each_acc_pair<BN>(acc, cwg, t.m_valid, [&](int r, int c, float v0, float v1) {
+        *reinterpret_cast<float2*>(out + (size_t)r * C::D + c) = make_float2(v0, v1);
+      });
+    } else if (op == kDx) {  // push each row's dx to its owner (reverse dispatch)
+      __nv_bfloat16* dst[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int p = t.c_row0 + row0 + acc_row(2 * h);
+        const int2 src = buf->table[p];
+        const bool ok = src.x >= 0 &&
+            MOKGEN_OK(src.x < C::R && src.y < buf->n_tokens * C::K && p < s.rows, 22, src.x, p);
+        dst[h] = ok ? peers->dx[src.x] + (size_t)src.y * C::D + t.c_col0 : nullptr;
+      }
+#pragma unroll
+      for (int r = 0; r < BN / 2; r += 2) {
+        __nv_bfloat16* d = dst[(r >> 1) & 1];
+        if (d != nullptr)
+          *reinterpret_cast<__nv_bfloat162*>(d + acc_col(r)) =
+              __floats2bfloat162_rn(acc[r], acc[r + 1]);
+      }
+      const int tid = threadIdx.x - 128;
+      if (t.c_col0 == 0 && tid < BM) {  // the router-weight gradient of each row, pushed
+        const int p = t.c_row0 + tid;
+        const int2 src = buf->table[p];
+        if (src.x >= 0) {
+          float sum = 0.f;
+#pragma unroll
+          for (int j = 0; j < S::DG_N; ++j) sum += __ldcg(buf->dw_part + (size_t)p * S::DG_N + j);
+          peers->dweight[src.x][src.y] = sum;
+        }
+      }
+    } else {
+      wgrad_epilogue(t, acc, cwg);
+    }
+    if (op == kSGateUp || op == kReplay || op == kSDgrad || op == kDgrad)
+      fence_proxy_async_global();  // later GEMMs read these rows through TMA
+    named_bar_sync(1, 256);
+    if (threadIdx.x == 128) signal(t);
+  }
+
+  MOKGEN_DEV void signal(const Task& t) const {
+    const int op = opcode(t);
+    const int rt = (t.c_row0 % C::B) / BM, m = t.c_row0 / C::B;
+    switch (op) {
+      case kSGateUp: signal_add(sr_done() + t.c_row0 / BM); signal_add(sr_all()); break;
+      case kSDgrad: signal_add(sdg_done() + t.c_row0 / BM); signal_add(sdg_all()); break;
+      case kReplay: signal_add(r_done() + m * S::RT_FULL + rt); break;
+      case kDgrad: signal_add(dg_done() + m * S::RT_FULL + rt); break;
+      case kDx: signal_add(fin_done() + m); break;
+      case kWgrad2: case kWgrad1: {
+        const int4 seg = buf->segs[t.m_valid];
+        if (seg.z == seg.y) break;  // a zero tile of an expert without rows
+        const int tt = op == kWgrad2
+            ? (t.c_col0 / BN) * (C::D / BM) + t.c_row0 / BM
+            : S::W2T + (t.c_col0 / BN) * (2 * C::I / BM) + t.c_row0 / BM;
+        signal_add(wg_seq() + seg.x * S::WT + tt);
+        signal_add(fin_done() + seg.y / C::B);
+        break;
+      }
+      default: break;
+    }
+  }
+};
+
+// Comm CTA: per minibatch in backward order, free its ring slot, replay-pull x if the ring
+// lost it, pull dy (plain and router-weighted), publish.
+template <class C, class Cfg>
+MOKGEN_DEV void bwd_comm(const BwdPeers<C::R>& peers, const BwdBuffers& buf) {
+  using S = BwdSchedule<C, Cfg>;
+  S s;
+  s.init(buf.meta[0], buf.n_tokens, buf.resident, buf.seg_start);
+  uint32_t* ready = buf.counters + 1;  // counter layout: BwdProblem
+  uint32_t* fin_done = ready + buf.max_minibatches * (1 + 2 * S::RT_FULL);
+  const int warps = blockDim.x / 32;
+  const int worker = blockIdx.x * warps + threadIdx.x / 32, workers = C::COMM * warps;
+  __shared__ int go;
+  for (int m = 0; m < s.nm; ++m) {
+    if (m >= C::SLOTS) {  // the slot's previous minibatch must be finished (DX and WG)
+      const int prev = m - C::SLOTS;
+      if (threadIdx.x == 0)
+        go = wait_at_least(fin_done + prev, s.fin_size(prev + 1), buf.rank, kPhaseBwdRingSlot,
+                           prev);
+      __syncthreads();
+      if (!go) return;
+    }
+    const int p0 = m * C::B, p1 = min(p0 + C::B, s.rows), ring0 = s.slot_row(m);
+    if (s.replayed(m))
+      pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, ring0, worker, workers);
+    pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker, workers,
+                          buf.ring_do, buf.row_weight);
+    fence_proxy_async_global();
+    __syncthreads();
+    if (threadIdx.x == 0) signal_add(ready + m);
+  }
+}
+
+}  // namespace mokgen
