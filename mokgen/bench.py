@@ -32,11 +32,16 @@ from .progress import progress
 from .workloads import rel_error
 
 
-def time_ms(fn, iters: int, warmup: int = 10) -> float:
+def time_ms(fn, iters: int, warmup: int = 10, setup=None) -> float:
+    """Median ms of fn() over iters CUDA-event-timed runs; setup() (untimed) before each."""
     for _ in range(warmup):
+        if setup:
+            setup()
         fn()
     times = []
     for _ in range(iters):
+        if setup:
+            setup()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
@@ -62,11 +67,14 @@ def make_slice(shape, ep, n, g):
 class TorchSlice:
     """Rank 0's work in PyTorch: the rows routed to its L experts from every rank."""
 
-    def __init__(self, shape, ep, xs, zs, w1, w2, sw1, sw2):
+    def __init__(self, shape, ep, xs, zs, w1, w2, sw1, sw2, grad=False):
         self.shape, self.ep, self.k = shape, ep, shape.topk
         self.L = shape.num_experts // ep
         self.X = torch.stack(xs)            # [R, n, D]: peers' tokens (read = dispatch)
         self.zs, self.w1, self.w2, self.sw1, self.sw2 = zs, w1, w2, sw1, sw2
+        if grad:  # training: autograd leaves (the baselines' backward is autograd's)
+            for name in ("X", "w1", "w2", "sw1", "sw2"):
+                setattr(self, name, getattr(self, name).detach().requires_grad_())
 
     def _routes(self, all_routes):
         """Rank 0 routes its own tokens (timed); the other ranks' routes were all-gathered
@@ -78,7 +86,7 @@ class TorchSlice:
     def shared(self, x):
         return reference.expert_ffn(x, self.sw1, self.sw2)
 
-    def grouped(self, all_routes, all_weights):
+    def grouped(self, all_routes, all_weights, full=False):
         n, D = self.X.shape[1], self.X.shape[2]
         local = self._routes(all_routes)
         mask = local < self.L                     # rank 0 owns experts 0..L-1
@@ -96,18 +104,33 @@ class TorchSlice:
         out = out * wts[:, None].to(out.dtype)
         return self._push_and_sum(idx, out, n, D)
 
+    def train_step(self, kind, all_routes, all_weights, dY):
+        """(setup, backward) of one training step through pipeline `kind` ("grouped" or
+        "naive"): setup runs the forward with autograd; backward pulls every computed row's
+        upstream gradient (rank 0's own dy for its tokens, the other owners' dy rows for the
+        rows it pushed to them) and runs autograd's backward."""
+        state = {}
+
+        def setup():
+            state["out"] = getattr(self, kind)(all_routes, all_weights, full=True)
+
+        def backward():
+            y, _, owner0, scratch, idx = state.pop("out")
+            d_other = dY.view(-1, dY.shape[-1])[idx[~owner0] // self.k]
+            torch.autograd.backward([y, scratch], [dY[0], d_other])
+        return setup, backward
+
     def _push_and_sum(self, idx, out, n, D):
         """Push every output row to its owner (rows of other owners go to a scratch of the
         same size: the same bytes move), then rank 0 sums its own k rows per token."""
         owner0 = idx < n * self.k
         combine = torch.zeros(n * self.k, D, device=out.device, dtype=out.dtype)
-        combine.index_copy_(0, idx[owner0], out[owner0])
-        scratch = torch.empty_like(out)
-        scratch.index_copy_(0, torch.arange(len(idx), device=idx.device)[~owner0], out[~owner0])
+        combine = combine.index_copy(0, idx[owner0], out[owner0])
+        scratch = out[~owner0]  # rows pushed to the other owners (a copy: the same bytes)
         y = self.shared(self.X[0]) + combine.view(n, self.k, D).sum(1)
-        return y, combine, owner0
+        return y, combine, owner0, scratch, idx
 
-    def naive(self, all_routes, all_weights):
+    def naive(self, all_routes, all_weights, full=False):
         n, D = self.X.shape[1], self.X.shape[2]
         local = self._routes(all_routes)
         outs, idxs = [], []
@@ -119,7 +142,8 @@ class TorchSlice:
             out = reference.expert_ffn(rows, self.w1[e], self.w2[e])
             outs.append(out * all_weights.flatten()[idx, None].to(out.dtype))
             idxs.append(idx)
-        return self._push_and_sum(torch.cat(idxs), torch.cat(outs), n, D)[0]
+        out = self._push_and_sum(torch.cat(idxs), torch.cat(outs), n, D)
+        return out if full else out[0]
 
 
 def dense_floor(shape, n, dev, g):
@@ -133,7 +157,7 @@ def dense_floor(shape, n, dev, g):
     return lambda: (a @ b, c @ d, sa @ sb, sc @ sd)
 
 
-def bench_one(name, ep, n, iters, g, **overrides):
+def bench_one(name, ep, n, iters, g, backward=False, **overrides):
     shape = mokgen.shapes.get(name)
     xs, zs, w1, w2, sw1, sw2 = make_slice(shape, ep, n, g)
     layer = mokgen.compile(shape, ep=ep, tokens_per_rank=n, virtual=True, **overrides)
@@ -147,11 +171,12 @@ def bench_one(name, ep, n, iters, g, **overrides):
     ours = lambda: rt.forward_rank(0, *args)  # noqa: E731
     ts = TorchSlice(shape, ep, xs, zs, w1, w2, sw1, sw2)
     ours()
-    _, combine, _ = ts.grouped(all_routes, all_weights)
+    _, combine, *_ = ts.grouped(all_routes, all_weights)
     mine = all_routes[0] < ts.L  # rank 0's routes to rank 0's own experts
     res = dict(shape=name, ep=ep, tokens=n, flops=shape.forward_flops(n))
     # rows rank 0's experts pushed to rank 0's own combine buffer, both implementations
     res["err_vs_grouped"] = rel_error(rt.peers.bufs["combine"][0][mine], combine[mine])
+    combine = None
     res["mokgen_ms"] = time_ms(ours, iters)
     b0, xp = rt.ranks[0], rt.peers.x_pointers(xs)
 
@@ -168,7 +193,42 @@ def bench_one(name, ep, n, iters, g, **overrides):
         res[f"{k}_tflops"] = res["flops"] / res[f"{k}_ms"] / 1e9
     res["plan"] = dict(minibatch=layer.plan.minibatch, macrobatch=layer.plan.macrobatch,
                        comm_sms=layer.plan.comm_sms_fwd)
+    if backward:
+        res["backward"] = bench_backward(layer, ts, shape, args, all_routes, all_weights,
+                                         res["floor_ms"], iters, g)
     return res  # the slice's tensors die with this frame; main() frees the cache
+
+
+def bench_backward(layer, ts, shape, args, all_routes, all_weights, fwd_floor_ms, iters, g):
+    """Rank 0's backward slice: ours (its forward, untimed, leaves macrobatch 0 in the ring)
+    against autograd through both pipelines; the floor is twice the forward's dense GEMMs.
+    Effective TFLOP/s = 12 N (k+1) D I / t."""
+    xs, zs, w1s, w2s, sw1, sw2 = args
+    rt, bwd = layer.runtime(), layer.backward_runtime()
+    dys = [torch.randn(x.shape, device=x.device, generator=g).bfloat16() for x in xs]
+    # a full call first: every rank's routes, rings and pushed rows exist
+    layer(x=xs, router_logits=zs, w1=w1s, w2=w2s, shared_w1=sw1, shared_w2=sw2)
+    fwd = lambda: rt.forward_rank(0, *args, save=True)  # noqa: E731
+    ours = lambda: bwd.backward_rank(0, dys, xs, w1s, w2s, sw1, sw2)  # noqa: E731
+    fwd()
+    dx, dw1, dw2, dsw1, dsw2 = ours()
+    tg = TorchSlice(shape, len(xs), xs, zs, w1s[0], w2s[0], sw1, sw2, grad=True)
+    dY = torch.stack(dys)
+    setup, back = tg.train_step("grouped", all_routes, all_weights, dY)
+    setup()
+    back()
+    # rank 0's expert weight gradients see every rank's rows: both implementations
+    r = dict(flops=2 * shape.forward_flops(xs[0].shape[0]),
+             err_dw1_vs_grouped=rel_error(dw1, tg.w1.grad), err_dw2_vs_grouped=rel_error(dw2, tg.w2.grad))
+    r["mokgen_ms"] = time_ms(ours, iters, setup=fwd)
+    r["grouped_ms"] = time_ms(back, iters, setup=setup)
+    setup_n, back_n = tg.train_step("naive", all_routes, all_weights, dY)
+    r["naive_ms"] = time_ms(back_n, max(10, iters // 5), setup=setup_n)
+    r["floor_ms"] = 2 * fwd_floor_ms
+    for k in ("mokgen", "grouped", "naive", "floor"):
+        r[f"{k}_tflops"] = r["flops"] / r[f"{k}_ms"] / 1e9
+    r["comm_sms"] = layer.plan.comm_sms_bwd
+    return r
 
 
 def main(argv=None):
@@ -181,6 +241,8 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--comm-sms", default="", help="comma list: sweep comm_sms_fwd")
     ap.add_argument("--minibatch", default="", help="comma list: sweep the minibatch")
+    ap.add_argument("--backward", action="store_true",
+                    help="also time the backward (ours vs autograd through the baselines)")
     args = ap.parse_args(argv)
     try:
         configs = _configs(args)  # argument errors before any GPU work
@@ -193,7 +255,7 @@ def main(argv=None):
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for name, ep, n, ov in progress(configs, "bench"):
-        r = bench_one(name, ep, n, args.iters, g, **ov)
+        r = bench_one(name, ep, n, args.iters, g, backward=args.backward, **ov)
         gc.collect()
         torch.cuda.empty_cache()
         r["overrides"] = ov
@@ -205,7 +267,7 @@ def main(argv=None):
                 cuda=torch.version.cuda, commit=commit, time=time.strftime("%Y-%m-%d %H:%M"))
     os.makedirs(args.out, exist_ok=True)
     fname = "moe_layer_fwd_bf16_sweep.json" if args.comm_sms or args.minibatch else \
-        "moe_layer_fwd_bf16.json"
+        "moe_layer_fwdbwd_bf16.json" if args.backward else "moe_layer_fwd_bf16.json"
     with open(os.path.join(args.out, fname), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
     try:
@@ -224,6 +286,17 @@ def main(argv=None):
               f"{r['grouped_tflops']:8.0f} {r['naive_tflops']:8.0f} {r['floor_tflops']:8.0f}"
               f"  {r['mokgen_tflops'] / best:8.2f} {100 * r['mokgen_tflops'] / r['floor_tflops']:6.0f}%"
               f"  {r['err_vs_grouped']:.1e}  " + "/".join(f"{v:.3f}" for v in r["stage_ms"].values()))
+    if args.backward:
+        print(f"\nbackward {'shape':<18}{'ep':>3}{'N':>6} {'comm':>4} {'mokgen':>8} {'grouped':>8} "
+              f"{'naive':>8} {'floor':>8}  TFLOP/s  x_best  %floor  dW err")
+        for r in rows:
+            b = r["backward"]
+            best = max(b["grouped_tflops"], b["naive_tflops"])
+            print(f"backward {r['shape']:<18}{r['ep']:>3}{r['tokens']:>6} {b['comm_sms']:>4} "
+                  f"{b['mokgen_tflops']:8.0f} {b['grouped_tflops']:8.0f} {b['naive_tflops']:8.0f} "
+                  f"{b['floor_tflops']:8.0f}  {b['mokgen_tflops'] / best:7.2f} "
+                  f"{100 * b['mokgen_tflops'] / b['floor_tflops']:6.0f}%  "
+                  f"{max(b['err_dw1_vs_grouped'], b['err_dw2_vs_grouped']):.1e}")
     return 0
 
 

@@ -2,7 +2,9 @@
 
 Random normal activations and logits (the paper's protocol); weights scaled by 1/sqrt(fan-in)
 so outputs stay O(1) in bf16. Routing skews for the odd cases: "one" sends every token's
-first route to global expert 0; "sparse" leaves every other local expert without tokens."""
+first route to global expert 0 ("one-soft": almost every token, with a
+logit margin small enough that the other routes' weights and the router gradient stay
+meaningful); "sparse" leaves every other local expert without tokens."""
 from __future__ import annotations
 
 import torch
@@ -22,6 +24,9 @@ def make_inputs(shape: MoEShape, ep: int, tokens: int, device="cuda", seed=None,
     if skew == "one":
         for z in zs:
             z[:, 0] += 100.0
+    elif skew == "one-soft":  # the same routing with weights whose gradients are not ~0
+        for z in zs:
+            z[:, 0] += 8.0
     elif skew == "sparse":
         for z in zs:
             z.view(tokens, E // 2, 2)[..., 1] -= 100.0  # odd experts never picked
@@ -46,21 +51,35 @@ def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def reference_grads(shape: MoEShape, inputs: dict, dys: list) -> dict:
-    """fp32 autograd gradients of every rank's inputs through the reference: the EP layer is
-    one rank holding all experts (rank r's w1/w2 are experts r*L..) over all ranks' tokens.
-    -> dict of per-rank lists x, router_logits, w1, w2 and single shared_w1, shared_w2."""
-    R, n = len(inputs["x"]), inputs["x"][0].shape[0]
-    leaf = lambda ts: [t.detach().float().requires_grad_() for t in ts]  # noqa: E731
-    xs, zs, w1s, w2s = (leaf(inputs[k]) for k in ("x", "router_logits", "w1", "w2"))
-    shared = [None if inputs[k] is None else leaf([inputs[k]])[0]
-              for k in ("shared_w1", "shared_w2")]
-    y = reference.moe_forward(torch.cat(xs), torch.cat(zs), torch.cat(w1s), torch.cat(w2s),
-                              *shared, shape.topk)
-    y.backward(torch.cat([d.float() for d in dys]))
-    out = {k: [t.grad for t in ts] for k, ts in (("x", xs), ("router_logits", zs), ("w1", w1s),
-                                                 ("w2", w2s))}
-    out["shared_w1"], out["shared_w2"] = (None if t is None else t.grad for t in shared)
-    assert all(len(v) == R and v[0].shape[0] == n for k, v in out.items() if k in ("x",))
+    """fp32 gradients of every rank's inputs through the reference's explicit backward, one
+    expert rank at a time (so a preset's full expert set never exists in fp32 at once): rank
+    c's experts see every rank's tokens routed to them. -> dict of per-rank lists x,
+    router_logits, w1, w2 and single shared_w1, shared_w2 (summed over ranks' tokens)."""
+    R, n, k = len(inputs["x"]), inputs["x"][0].shape[0], shape.topk
+    L = shape.num_experts // R
+    x = torch.cat([t.float() for t in inputs["x"]])
+    z = torch.cat([t.float() for t in inputs["router_logits"]])
+    dy = torch.cat([d.float() for d in dys])
+    experts, weights = reference.route(z, k)
+    dx = torch.zeros_like(x)
+    dweights = torch.zeros_like(weights)
+    out = {"w1": [], "w2": []}
+    shared = [None if inputs[k_] is None else inputs[k_].float() for k_ in ("shared_w1", "shared_w2")]
+    for c in range(R):
+        local = experts - c * L  # other ranks' experts fall outside [0, L): not matched
+        sh = shared if c == 0 else [None, None]
+        gx, gw, g1, g2, gs1, gs2 = reference.moe_backward_routed(
+            x, local, weights, inputs["w1"][c].float(), inputs["w2"][c].float(), *sh, dy)
+        dx += gx
+        mine = (local >= 0) & (local < L)
+        dweights[mine] = gw[mine]
+        out["w1"].append(g1)
+        out["w2"].append(g2)
+        if c == 0:
+            out["shared_w1"], out["shared_w2"] = gs1, gs2
+    dz = reference.router_backward(z, experts, dweights)
+    out["x"] = list(dx.split(n))
+    out["router_logits"] = list(dz.split(n))
     return out
 
 

@@ -25,16 +25,21 @@ def grads_of(layer, inputs, dys):
     return out
 
 
-def check(ours, ref, label=""):
+def check(ours, ref):
+    bad = []
     for k, want in ref.items():
         if want is None:
             assert ours[k] is None
             continue
         pairs = zip(ours[k], want) if isinstance(want, list) else [(ours[k], want)]
         for r, (g, w) in enumerate(pairs):
-            assert g is not None and torch.isfinite(g).all(), f"{label}{k}[{r}]: not finite"
+            if g is None or not torch.isfinite(g).all():
+                bad.append(f"{k}[{r}]: missing or not finite")
+                continue
             c, e = cosine(g, w), rel_error(g, w)
-            assert c >= 0.9999 and e <= 2e-2, f"{label}{k}[{r}]: cosine {c:.6f}, rel {e:.3e}"
+            if not (c >= 0.9999 and e <= 2e-2):
+                bad.append(f"{k}[{r}]: cosine {c:.6f}, rel {e:.3e}")
+    assert not bad, "; ".join(bad)
 
 
 def run_backward(shape, ep, tokens, skew=None, **overrides):
@@ -60,7 +65,10 @@ def test_backward_ring_replay_and_wrap():
     run_backward(mokgen.shapes.get("gpu-small"), 4, 900, minibatch=128, macrobatch=256)
 
 
-@pytest.mark.parametrize("skew", ["one", "sparse"])
+# "one-soft": almost every token's first route goes to expert 0, which then spans many
+# minibatches (its weight gradient is summed over many segments). ("one", with a +100 logit
+# margin, makes the other routes' weights ~1e-44 and the logits' gradient pure rounding.)
+@pytest.mark.parametrize("skew", ["one-soft", "sparse"])
 def test_backward_skewed_routing(skew):
     run_backward(mokgen.shapes.get("gpu-small"), 4, 600, skew=skew, minibatch=256,
                  macrobatch=512)
@@ -91,8 +99,12 @@ def test_backward_bitwise_repeatable_and_stale_ring():
 
 
 @pytest.mark.parametrize("name", ["kimi-k2.7", "qwen3.5-397b-a17b"])
-def test_backward_preset_slices(name):
-    run_backward(mokgen.shapes.get(name), 8, 256)
+def test_backward_preset_dims(name):
+    # the preset's hidden, intermediate and top-k with 16 experts over 2 ranks: all 8+ ranks'
+    # experts of the real preset (34 GB for kimi in bf16) and their fp32 reference don't fit
+    p = mokgen.shapes.get(name)
+    shape = mokgen.MoEShape(16, p.hidden, p.intermediate, p.topk)
+    run_backward(shape, 2, 256)
 
 
 @pytest.mark.parametrize("trans", [1, 2])

@@ -211,17 +211,18 @@ class ForwardRuntime:
         b = self.ranks[i]
         return (b.routes[r, : n * K].view(n, K).clone(), b.weights[r, : n * K].view(n, K).clone())
 
-    def forward_rank(self, i, xs, logits, w1s, w2s, shared_w1, shared_w2):
+    def forward_rank(self, i, xs, logits, w1s, w2s, shared_w1, shared_w2, save=False):
         """Hosted rank i's own work alone (route, schedule, experts, sum), reusing the other
         ranks' routes and combine rows from an earlier full call: the per-rank slice of an
         EP deployment that benchmarks time on one GPU."""
         n = xs[0].shape[0]
         self.generation += 1
-        self.saved = False
+        self.saved = save
         self.ranks[i].counters.zero_()
         self.route(i, logits[i], n)
         self.schedule(i, n)
-        self.experts(i, xs[i], self.peers.x_pointers(xs), w1s[i], w2s[i], shared_w1, shared_w2)
+        self.experts(i, xs[i], self.peers.x_pointers(xs), w1s[i], w2s[i], shared_w1, shared_w2,
+                     save)
         return self.combine_sum(i, n)
 
     def _route_tables(self):

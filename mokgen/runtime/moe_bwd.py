@@ -97,6 +97,21 @@ class BackwardPass:
             dsw2 = dsw[0][1] if len(dsw) == 1 else torch.stack([d[1] for d in dsw]).float().sum(0).to(BF16)
         return dxs, dweights, dw1s, dw2s, dsw1, dsw2
 
+    def backward_rank(self, i, dys, xs, w1s, w2s, shared_w1, shared_w2):
+        """Hosted rank i's own backward alone (segments, megakernel, its dx sum) right after
+        its forward_rank(save=True), reusing the other ranks' buffers from an earlier full
+        call: the per-rank slice that benchmarks time. -> (dx, dw1, dw2, dsw1, dsw2)."""
+        rt, n = self.rt, xs[0].shape[0]
+        resident = rt.saved
+        rt.generation += 1
+        rt.saved = False
+        dw1, dw2 = torch.empty_like(w1s[i]), torch.empty_like(w2s[i])
+        dsw1 = None if shared_w1 is None else torch.empty_like(shared_w1)
+        dsw2 = None if shared_w2 is None else torch.empty_like(shared_w2)
+        self._launch(i, n, xs[i], dys[i], rt.peers.x_pointers(xs), rt.peers.x_pointers(dys, "dy"),
+                     w1s[i], w2s[i], shared_w1, shared_w2, dw1, dw2, dsw1, dsw2, resident)
+        return rt.combine_sum(i, n), dw1, dw2, dsw1, dsw2
+
     def _launch(self, i, n, x, dy, x_ptrs, dy_ptrs, w1, w2, sw1, sw2, dw1, dw2, dsw1, dsw2,
                 resident):
         rt, s, b = self.rt, self.rt.spec, self.rt.ranks[i]

@@ -13,10 +13,11 @@
 //       backward of w * dy W2_e -> ring_dh = [d gate, d up]
 //   DX  ring_dh W1_e (MN-major) -> pushed to the owner's dx rows (push reverse-dispatch); the
 //       first column tile also sums the router-weight partials and pushes them
-//   WG  weight gradients of each expert segment (an expert's rows inside the minibatch):
-//       dW2_e += (w dy)^T a, dW1_e += dh^T x, both operands MN-major, K = the segment's rows.
-//       Segments of one expert are summed in minibatch order through an fp32 buffer, each
-//       output tile waiting for the previous segment's tile: a fixed order, no atomics.
+//   WG  weight gradients of each expert segment: dW2_e += (w dy)^T a, dW1_e += dh^T x, both
+//       operands MN-major, K = the segment's rows. A segment is the expert's whole region
+//       when the ring holds every minibatch (the planned case), else its rows inside one
+//       minibatch; an expert's segments are summed in minibatch order through an fp32
+//       buffer, each output tile waiting for the previous segment's: fixed order, no atomics.
 // The list is block b = [DX + WG](b-2) | DG(b-1) | R(b): every task waits only on tasks
 // earlier in the list, or on comm, which waits only on finished minibatches >= 2 units
 // earlier (at least 2 ring slots), so any interleaving of CTAs makes progress and every output
@@ -335,17 +336,19 @@ struct BwdProblem {
     const int e = seg.x, idx = seg.w & 0xffff;
     int k0 = 0, kb = 0;
     if (u > 0) {
-      const int m = u - 1, rt0 = (seg.y - m * C::B) / BM, rt1 = (seg.z - m * C::B) / BM;
-      if (!MOKGEN_OK(e < C::L && seg.y >= m * C::B && seg.z <= m * C::B + C::B, 21, sid, m))
-        return stop_task();
-      for (int rt = rt0; rt < rt1; ++rt)
+      // the segment's row tiles; a whole-expert segment (schedule_segments) spans minibatches,
+      // contiguous in the ring because the ring then holds every minibatch in layout order
+      if (!MOKGEN_OK(e < C::L && (seg.z - 1) / C::B == u - 1, 21, sid, u)) return stop_task();
+      for (int p = seg.y; p < seg.z; p += BM) {
+        const int m = p / C::B, rt = (p - m * C::B) / BM;
         if (!wait_at_least(dg_done() + m * S::RT_FULL + rt, S::DG_N, buf->rank, kPhaseWgrad, m))
           return stop_task();
+      }
       if (idx > 0 && !wait_at_least(wg_seq() + e * S::WT + tt, idx, buf->rank, kPhaseWgradOrder,
                                     e * S::WT + tt))
         return stop_task();
       fence_proxy_async_global();
-      k0 = s.slot_row(m) + seg.y - m * C::B;
+      k0 = s.slot_row(seg.y / C::B) + seg.y % C::B;
       kb = (seg.z - seg.y) / 64;
     }
     if (tt < S::W2T) {  // dW2_e [D, I] = (w dy)^T a
@@ -548,7 +551,7 @@ struct BwdProblem {
             ? (t.c_col0 / BN) * (C::D / BM) + t.c_row0 / BM
             : S::W2T + (t.c_col0 / BN) * (2 * C::I / BM) + t.c_row0 / BM;
         signal_add(wg_seq() + seg.x * S::WT + tt);
-        signal_add(fin_done() + seg.y / C::B);
+        signal_add(fin_done() + (seg.z - 1) / C::B);  // the unit it is listed under
         break;
       }
       default: break;

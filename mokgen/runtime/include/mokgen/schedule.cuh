@@ -110,17 +110,21 @@ __device__ void schedule_place(const int* __restrict__ routes, const float* __re
   }
 }
 
-// The backward's weight-gradient segments, one block, after schedule_offsets: a segment is
-// one expert's rows inside one minibatch (regions are contiguous, so an expert spans
-// minibatches first..last and its segments are summed in that order). Unit 0 lists the
-// experts with no rows (their gradient is a zero tile, written by the kernel); unit m+1 the
-// segments of minibatch m, by expert. seg = {expert, first row, end row, index | count << 16};
-// seg_start[u] = segments before unit u, for u in [0, minibatches + 1].
+// The backward's weight-gradient segments, one block, after schedule_offsets. A segment is a
+// run of one expert's rows that sits contiguously in the ring while the backward reads it:
+// - every minibatch fits the ring at once (minibatches <= slots: the ring is the layout):
+//   one segment per expert, its whole region, listed under the expert's last minibatch;
+// - otherwise one segment per (expert, minibatch), summed in minibatch order.
+// Unit 0 lists the experts with no rows (their gradient is a zero tile, written by the
+// kernel); unit m+1 the segments that end in minibatch m, by expert.
+// seg = {expert, first row, end row, index | count << 16}; seg_start[u] = segments before
+// unit u, for u in [0, minibatches + 1].
 template <int L, int B>
-__device__ void schedule_segments(const int* offsets, const int* meta, int4* segs,
+__device__ void schedule_segments(const int* offsets, const int* meta, int slots, int4* segs,
                                   int* seg_start) {
   if (threadIdx.x != 0) return;
   const int rows = meta[0], nm = (rows + B - 1) / B;
+  const bool whole = nm <= slots;
   int n = 0;
   seg_start[0] = 0;
   for (int e = 0; e < L; ++e)
@@ -131,13 +135,13 @@ __device__ void schedule_segments(const int* offsets, const int* meta, int4* seg
     const int r0 = offsets[e], r1 = offsets[e + 1];
     if (r0 == r1) continue;
     const int first = r0 / B, last = (r1 - 1) / B;
-    for (int m = first; m <= last; ++m) {
+    for (int m = whole ? last : first; m <= last; ++m) {
       for (; m_open < m; ++m_open) seg_start[m_open + 2] = n;  // close earlier minibatches
-      segs[n++] = make_int4(e, max(r0, m * B), min(r1, (m + 1) * B),
-                            (m - first) | ((last - first + 1) << 16));
+      segs[n++] = whole ? make_int4(e, r0, r1, 1 << 16)
+                        : make_int4(e, max(r0, m * B), min(r1, (m + 1) * B),
+                                    (m - first) | ((last - first + 1) << 16));
     }
   }
   for (; m_open < nm; ++m_open) seg_start[m_open + 2] = n;
 }
-
 }  // namespace mokgen
