@@ -124,6 +124,9 @@ struct BwdSchedule {
   MOKGEN_DEV int dg_size(int u) const { return u == 0 ? shared_rt * SDG_N : row_tiles(u - 1) * DG_N; }
   MOKGEN_DEV int dx_size(int u) const { return u == 0 ? shared_rt * DX_N : row_tiles(u - 1) * DX_N; }
   MOKGEN_DEV int wg_size(int u) const {
+#ifdef MOKGEN_PROFILE_NO_ROUTED_WGRAD  // profiling builds only (benchmarks/profile_bwd.py)
+    if (u > 0) return 0;
+#endif
     return (u == 0 && C::IS ? SW2T + SW1T : 0) + segments(u) * WT;
   }
   MOKGEN_DEV int fin_size(int u) const { return dx_size(u) + wg_size(u); }
@@ -153,6 +156,9 @@ struct BwdSchedule {
   MOKGEN_DEV int pre_fin(int n) const {
     if (n <= 0) return 0;
     n = min(n, units());
+#ifdef MOKGEN_PROFILE_NO_ROUTED_WGRAD
+    return dx_size(0) + routed_sum(n, DX_N) + (C::IS ? SW2T + SW1T : 0) + seg_start[1] * WT;
+#endif
     return dx_size(0) + routed_sum(n, DX_N) + (C::IS ? SW2T + SW1T : 0) + seg_start[n] * WT;
   }
   // block b in [0, units + 2): FIN(b-2) | DG(b-1) | R(b)
