@@ -159,6 +159,9 @@ class _LazyKernels:
                                      save)
         return ys[0], (rts[0] if rts else None), gen
 
+    def has_backward(self) -> bool:
+        return "bwd" in self.layer().binaries
+
     def backward(self, dy, x, w1, w2, sw1, sw2, routes, generation):
         """-> (dx, dweights [n, k], dw1, dw2, dshared_w1, dshared_w2)."""
         dxs, dws, dw1s, dw2s, dsw1, dsw2 = self.layer().backward_raw(

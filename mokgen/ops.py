@@ -51,9 +51,13 @@ def _token(v: int) -> torch.Tensor:
     return torch.tensor([v], dtype=torch.int64)
 
 
-def _kernels(layer: int, x: torch.Tensor):
+def _kernels(layer: int, x: torch.Tensor, backward: bool = False):
+    """The layer's compiled kernels for a CUDA call (for the backward: only if its shape has
+    a backward kernel; the reference's explicit backward runs otherwise)."""
     compiled = _LAYERS[layer][0]
-    return compiled if x.is_cuda and compiled is not None else None
+    if not (x.is_cuda and compiled is not None):
+        return None
+    return compiled if not backward or compiled.has_backward() else None
 
 
 @torch.library.custom_op("mokgen::moe_forward", mutates_args=())
@@ -91,7 +95,7 @@ def moe_backward(dy: torch.Tensor, x: torch.Tensor, router_logits: torch.Tensor,
     autograd, so no autograd inside); empty tensors stand for absent shared ones. An op of its
     own, so tracing sees its shapes (fake) instead of the data-dependent routing."""
     like = (x, router_logits, w1, w2, shared_w1, shared_w2)
-    kernels = _kernels(layer, x)
+    kernels = _kernels(layer, x, backward=True)
     if kernels is not None:
         dx, dweights, dw1, dw2, dsw1, dsw2 = kernels.backward(
             dy, x, w1, w2, shared_w1, shared_w2, (experts, weights), int(token[0]))
@@ -135,7 +139,7 @@ def moe_backward_routed(dy: torch.Tensor, x: torch.Tensor, experts: torch.Tensor
                         shared_w2: torch.Tensor | None, layer: int) -> list[torch.Tensor]:
     """Gradients of (x, weights, w1, w2, shared_w1, shared_w2); see moe_backward."""
     like = (x, weights, w1, w2, shared_w1, shared_w2)
-    kernels = _kernels(layer, x)
+    kernels = _kernels(layer, x, backward=True)
     if kernels is not None:
         grads = kernels.backward(dy, x, w1, w2, shared_w1, shared_w2, (experts, weights),
                                  int(token[0]))
