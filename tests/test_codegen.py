@@ -82,6 +82,7 @@ def test_concurrent_builds_share_one_binary(tmp_path):
 @needs_nvcc
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_kernels_compile_without_spills(name):
+    """Forward, backward and prologue of each preset: sm_90a, no spills, no stack."""
     p = mokgen.plan(mokgen.shapes.get(name), ep=64, tokens_per_rank=2048)
     layer = mokgen.compile(mokgen.shapes.get(name), ep=64, tokens_per_rank=2048)
     assert layer.plan == p
@@ -90,13 +91,17 @@ def test_preset_kernels_compile_without_spills(name):
         for fn, r in b.resources.items():
             assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (unit, fn, r)
             assert r["stack"] == 0, (unit, fn, r)
-    fwd = layer.binaries["fwd"]
+    fwd, bwd = layer.binaries["fwd"], layer.binaries["bwd"]
     assert fwd.resources["mokgen_fwd"]["registers"] <= 168
+    assert bwd.resources["mokgen_bwd"]["registers"] <= 168
     cuobjdump = _cuobjdump()
     if cuobjdump:  # the SASS check runs wherever a disassembler exists (triton ships one)
-        sass = subprocess.run([cuobjdump, "-sass", str(fwd.path)], capture_output=True,
-                              text=True).stdout
-        assert "HGMMA.64x256x16.F32.BF16" in sass and "UTMALDG" in sass
+        sass = [subprocess.run([cuobjdump, "-sass", str(b.path)], capture_output=True,
+                               text=True).stdout for b in (fwd, bwd)]
+        assert "HGMMA.64x256x16.F32.BF16" in sass[0] and "UTMALDG" in sass[0]
+        # the backward's three operand layouts: K-major, B MN-major (dgrad), both (dW)
+        for form in ("gdesc[UR", ".tnspB", ".tnspA.tnspB"):
+            assert form in sass[1], form
 
 
 def _cuobjdump():
