@@ -63,3 +63,54 @@ def from_mxfp8(data: torch.Tensor, scales: torch.Tensor, dim: int = -1,
     factor = torch.where(s == SCALE_NAN, torch.full_like(s, 0, dtype=torch.float32) * float("nan"),
                          torch.exp2((s - SCALE_BIAS).float()))
     return _unblock(d * factor, dim, data.dim()).to(dtype)
+
+
+# ---------------------------------------------------------------- weights on the GPU
+def quantize_weight(w: torch.Tensor, transposed: bool = False):
+    """MXFP8 of a weight [..., rows, cols] with blocks along its last dim (the forward's K), or
+    with `transposed` along rows, returned in the transposed layout [..., cols, rows] (the
+    backward's K): bit for bit `to_mxfp8(w)` / `to_mxfp8(w.transpose(-1, -2).contiguous())`.
+    CUDA tensors run the generated kernel (mokgen/runtime/include/mokgen/quant.cuh); others
+    the reference."""
+    if not isinstance(w, torch.Tensor) or w.dim() < 2:
+        raise TypeError("w must be a torch.Tensor with at least 2 dimensions")
+    if w.dtype not in (torch.bfloat16, torch.float32):
+        raise TypeError(f"w must be bfloat16 or float32, got {w.dtype}")
+    rows, cols = w.shape[-2], w.shape[-1]
+    k = rows if transposed else cols
+    if k % BLOCK:
+        raise ValueError(f"the quantized dim has size {k}: MX blocks need a multiple of {BLOCK}")
+    if not w.is_cuda:
+        return to_mxfp8(w.transpose(-1, -2).contiguous() if transposed else w)
+    from .runtime import cuda
+
+    w = w.contiguous()
+    batch = w.numel() // (rows * cols)
+    out_shape = (*w.shape[:-2], cols, rows) if transposed else tuple(w.shape)
+    data = torch.empty(out_shape, dtype=torch.uint8, device=w.device)
+    scales = torch.empty((*out_shape[:-1], out_shape[-1] // BLOCK), dtype=torch.uint8,
+                         device=w.device)
+    kind = "cols" if transposed else "rows"
+    f = _quant_function(f"mokgen_mx_{kind}_{'bf16' if w.dtype == torch.bfloat16 else 'f32'}")
+    blocks = rows * cols // BLOCK
+    cuda.launch(f, (max(1, min(4096, -(-blocks // 256))), batch), 256, 0, None,
+                [w, rows, cols, data, scales])
+    return data.view(torch.float8_e4m3fn), scales
+
+
+_QUANT_MODULE: list = []
+
+
+def _quant_function(name: str):
+    if not _QUANT_MODULE:
+        from pathlib import Path
+
+        from .build import Kernel, build
+        from .runtime import cuda
+
+        src = (Path(__file__).parent / "templates" / "quant.cu.j2").read_text()
+        import jinja2
+
+        binary = build([Kernel("quant_mxfp8", jinja2.Template(src).render())])[0]
+        _QUANT_MODULE.append(cuda.load_module(str(binary.path)))
+    return _QUANT_MODULE[0].function(name)

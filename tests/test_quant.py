@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from mokgen import quant
 from mokgen.quant import from_mxfp8, to_mxfp8
 
 
@@ -79,3 +80,47 @@ def test_dim_argument_and_errors():
         to_mxfp8(torch.randn(3, 40))
     with pytest.raises(TypeError, match="float8_e4m3fn"):
         from_mxfp8(x, scales, dim=0)
+
+
+def test_quantize_weight_reference_layouts_on_cpu():
+    w = torch.randn(3, 64, 96)
+    d, s = quant.quantize_weight(w)
+    rd, rs = quant.to_mxfp8(w)
+    assert torch.equal(d.view(torch.uint8), rd.view(torch.uint8)) and torch.equal(s, rs)
+    d, s = quant.quantize_weight(w, transposed=True)
+    assert d.shape == (3, 96, 64) and s.shape == (3, 96, 2)
+    rd, rs = quant.to_mxfp8(w.transpose(-1, -2).contiguous())
+    assert torch.equal(d.view(torch.uint8), rd.view(torch.uint8)) and torch.equal(s, rs)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quant.quantize_weight(torch.randn(40, 64), transposed=True)
+    with pytest.raises(TypeError, match="bfloat16 or float32"):
+        quant.quantize_weight(torch.randn(32, 32).half())
+
+
+def _special_weight(dtype):
+    """Random normal rows at many magnitudes plus every special block the spec names."""
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(8, 64, 128, generator=g) * torch.logspace(-30, 30, 8)[:, None, None]
+    w[0, 0, :32] = 0.0                                 # all-zero block
+    w[0, 1, :32] = -0.0
+    w[0, 2, :32] = 3.0                                 # all equal
+    w[0, 3, :32] = torch.tensor(2.0) ** torch.arange(-16, 16).float()  # powers of two
+    w[0, 4, 5] = float("nan")                          # NaN block
+    w[0, 5, 7] = float("inf")                          # Inf block
+    w[0, 6, :32] = torch.randn(32, generator=g) * 1e-39  # fp32 subnormals (bf16 keeps some)
+    w[0, 7, :32] = 448.0 * 1.9                         # saturation
+    w[1, :, :] = w[1].sign() * torch.rand(64, 128, generator=g)  # ties at many roundings
+    return w.to(dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_gpu_weight_quantization_is_bit_exact(dtype, transposed):
+    w = _special_weight(dtype)
+    d, s = quant.quantize_weight(w.cuda(), transposed=transposed)
+    rd, rs = quant.quantize_weight(w, transposed=transposed)  # the torch reference, on CPU
+    assert torch.equal(s.cpu(), rs), "scales differ"
+    diff = (d.view(torch.uint8).cpu() != rd.view(torch.uint8)).sum().item()
+    assert diff == 0, f"{diff} elements differ"
