@@ -37,8 +37,8 @@ def main():
     after, loss_a = tokens_per_s(patched)
     print(f"patched {len(names)} MoE blocks; training tokens/s: transformers {before:.0f}, "
           f"mokgen {after:.0f} ({after / before:.2f}x); last losses {loss_b:.4f} / {loss_a:.4f}")
-    print("(forward: mokgen megakernel; backward: mokgen's reference path until the backward "
-          "megakernel lands)")
+    print("(forward and backward: mokgen's megakernels; attention, norms and the LM head are "
+          "transformers' own)")
 
 
 if __name__ == "__main__":
