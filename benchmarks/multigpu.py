@@ -2,8 +2,8 @@
 
     torchrun --nproc-per-node=R benchmarks/multigpu.py [--shapes ...] [--tokens 1024,2048,4096]
 
-Per preset, experts scaled to fit: E = R x (the preset's experts per rank at ep=64), so each
-GPU holds an ep=64 rank's experts and receives N*k routed rows. Every rank makes the same
+Per preset, experts scaled to fit: E = R x (the preset's experts per rank at ep=64, at least
+ceil(k / R)), so each GPU holds an ep=64 rank's experts and receives N*k routed rows. Every rank makes the same
 global inputs (one seed) and times its own layer call; a row reports the slowest rank's median.
   mokgen        forward / forward+backward of the compiled layer (symmetric-memory peers)
   nccl+grouped  route, all_to_all_single of counts (host sync for the splits, as users do) and
@@ -104,7 +104,7 @@ class NcclMoE:
 def bench(name, n, iters, group):
     R, r = dist.get_world_size(), dist.get_rank()
     p = mokgen.shapes.get(name)
-    L = p.num_experts // 64
+    L = max(p.num_experts // 64, -(-p.topk // R))  # at least top-k experts in all
     shape = mokgen.MoEShape(R * L, p.hidden, p.intermediate, p.topk)
     seed = torch.randint(0, 2**31 - 1, (1,), device="cuda")
     dist.broadcast(seed, 0)
