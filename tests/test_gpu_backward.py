@@ -136,3 +136,22 @@ def test_gemm_engine_transposed_operands(tmp_path, trans):
     torch.cuda.synchronize()
     ref = A.float() @ B.float().T
     assert rel_error(C, ref) <= 1e-2
+
+
+def test_backward_without_host_sync_and_steady_memory():
+    """Forward + backward through autograd: no host synchronization (sync debug mode raises
+    on one), and 200 training calls leave the allocated memory where it was."""
+    shape = mokgen.shapes.get("gpu-small")
+    layer, inputs, dys, first = run_backward(shape, 2, 500)
+    grads_of(layer, inputs, dys)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(200):
+            grads_of(layer, inputs, dys)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    layer.synchronize()
+    assert torch.cuda.memory_allocated() == before
