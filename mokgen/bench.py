@@ -219,7 +219,8 @@ def bench_backward(layer, ts, shape, args, all_routes, all_weights, fwd_floor_ms
     back()
     # rank 0's expert weight gradients see every rank's rows: both implementations
     r = dict(flops=2 * shape.forward_flops(xs[0].shape[0]),
-             err_dw1_vs_grouped=rel_error(dw1, tg.w1.grad), err_dw2_vs_grouped=rel_error(dw2, tg.w2.grad))
+             err_dw1_vs_grouped=rel_error(dw1, tg.w1.grad),
+             err_dw2_vs_grouped=rel_error(dw2, tg.w2.grad))
     r["mokgen_ms"] = time_ms(ours, iters, setup=fwd)
     r["grouped_ms"] = time_ms(back, iters, setup=setup)
     setup_n, back_n = tg.train_step("naive", all_routes, all_weights, dY)

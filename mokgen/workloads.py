@@ -64,7 +64,8 @@ def reference_grads(shape: MoEShape, inputs: dict, dys: list) -> dict:
     dx = torch.zeros_like(x)
     dweights = torch.zeros_like(weights)
     out = {"w1": [], "w2": []}
-    shared = [None if inputs[k_] is None else inputs[k_].float() for k_ in ("shared_w1", "shared_w2")]
+    shared = [None if inputs[k_] is None else inputs[k_].float()
+              for k_ in ("shared_w1", "shared_w2")]
     for c in range(R):
         local = experts - c * L  # other ranks' experts fall outside [0, L): not matched
         sh = shared if c == 0 else [None, None]

@@ -48,7 +48,8 @@ class BackwardPass:
         s = self.rt.spec
         mb, rt_full = s.max_minibatches, s.minibatch // BM
         srt = -(-s.tokens_per_rank // BM)
-        wt = (s.hidden // BM) * (s.intermediate // BN) + (2 * s.intermediate // BM) * (s.hidden // BN)
+        wt = (s.hidden // BM) * (s.intermediate // BN) \
+            + (2 * s.intermediate // BM) * (s.hidden // BN)  # weight-gradient tiles per expert
         return 1 + mb * (2 + 2 * rt_full) + s.local_experts * wt + 2 * srt + 2
 
     def poison(self) -> None:
@@ -91,10 +92,8 @@ class BackwardPass:
         rt.peers.barrier(rt._launch_barrier)
         dxs = [rt.combine_sum(i, n) for i in hosted]
         dweights = [rt.ranks[i].dweight[: n * s.topk].view(n, s.topk).clone() for i in hosted]
-        dsw1 = dsw2 = None
-        if shared_w1 is not None:  # fixed order over hosted ranks
-            dsw1 = dsw[0][0] if len(dsw) == 1 else torch.stack([d[0] for d in dsw]).float().sum(0).to(BF16)
-            dsw2 = dsw[0][1] if len(dsw) == 1 else torch.stack([d[1] for d in dsw]).float().sum(0).to(BF16)
+        # the shared expert's gradients: every hosted rank's tokens, summed in rank order
+        dsw1, dsw2 = (None if shared_w1 is None else _sum([d[j] for d in dsw]) for j in (0, 1))
         return dxs, dweights, dw1s, dw2s, dsw1, dsw2
 
     def backward_rank(self, i, dys, xs, w1s, w2s, shared_w1, shared_w2):
@@ -108,15 +107,17 @@ class BackwardPass:
         dw1, dw2 = torch.empty_like(w1s[i]), torch.empty_like(w2s[i])
         dsw1 = None if shared_w1 is None else torch.empty_like(shared_w1)
         dsw2 = None if shared_w2 is None else torch.empty_like(shared_w2)
-        self._launch(i, n, xs[i], dys[i], rt.peers.x_pointers(xs), rt.peers.x_pointers(dys, "dy"),
-                     w1s[i], w2s[i], shared_w1, shared_w2, dw1, dw2, dsw1, dsw2, resident)
+        self._launch(i, n, xs[i], dys[i], rt.peers.x_pointers(xs),
+                     rt.peers.x_pointers(dys, "dy"), w1s[i], w2s[i], shared_w1, shared_w2, dw1,
+                     dw2, dsw1, dsw2, resident)
         return rt.combine_sum(i, n), dw1, dw2, dsw1, dsw2
 
     def _launch(self, i, n, x, dy, x_ptrs, dy_ptrs, w1, w2, sw1, sw2, dw1, dw2, dsw1, dsw2,
                 resident):
         rt, s, b = self.rt, self.rt.spec, self.rt.ranks[i]
         st = rt._stream()
-        cuda.launch(self.f_segments, 1, 32, 0, st, [b.offsets, b.meta, self.segs, self.seg_start])
+        cuda.launch(self.f_segments, 1, 32, 0, st,
+                    [b.offsets, b.meta, self.segs, self.seg_start])
         self.counters.zero_()
         L, D, I, M = s.local_experts, s.hidden, s.intermediate, s.macrobatch
         IS = self.hs_a.shape[1]
@@ -149,3 +150,8 @@ class BackwardPass:
             int(resident))
         cuda.launch(self.f_bwd, rt.num_sms, 384, self.smem, st,
                     [cuda.Raw(maps_raw), cuda.Raw(peers), cuda.Raw(bufs)], cooperative=True)
+
+
+def _sum(ts):
+    """bf16 tensors summed in fp32, in list order (one tensor: itself)."""
+    return ts[0] if len(ts) == 1 else torch.stack(ts).float().sum(0).to(BF16)

@@ -121,8 +121,12 @@ struct BwdSchedule {
   MOKGEN_DEV int r_size(int u) const {
     return u == 0 ? shared_rt * SGU_N : replayed(u - 1) ? row_tiles(u - 1) * GU_N : 0;
   }
-  MOKGEN_DEV int dg_size(int u) const { return u == 0 ? shared_rt * SDG_N : row_tiles(u - 1) * DG_N; }
-  MOKGEN_DEV int dx_size(int u) const { return u == 0 ? shared_rt * DX_N : row_tiles(u - 1) * DX_N; }
+  MOKGEN_DEV int dg_size(int u) const {
+    return u == 0 ? shared_rt * SDG_N : row_tiles(u - 1) * DG_N;
+  }
+  MOKGEN_DEV int dx_size(int u) const {
+    return u == 0 ? shared_rt * DX_N : row_tiles(u - 1) * DX_N;
+  }
   MOKGEN_DEV int wg_size(int u) const {
 #ifdef MOKGEN_PROFILE_NO_ROUTED_WGRAD  // profiling builds only (benchmarks/profile_bwd.py)
     if (u > 0) return 0;
