@@ -65,6 +65,59 @@ def from_mxfp8(data: torch.Tensor, scales: torch.Tensor, dim: int = -1,
     return _unblock(d * factor, dim, data.dim()).to(dtype)
 
 
+# ---------------------------------------------------------------- DeepSeek-style blockwise fp8
+# The format Hopper users train with: e4m3 elements, one fp32 scale per block, scale =
+# amax / 448 (not a power of two): 1 x 128 blocks for activations, 128 x 128 for weights,
+# over the last two dims. An all-zero block gets scale 1 and zeros; a block holding NaN or
+# Inf gets a NaN scale and NaN elements.
+ACT_BLOCK, WEIGHT_BLOCK = (1, 128), (128, 128)
+
+
+def _tiles(t: torch.Tensor, block) -> torch.Tensor:
+    """[..., R, C] -> [..., R/br, C/bc, br, bc] (a view-free copy is fine: references only)."""
+    if t.dim() < 2:
+        raise ValueError("blockwise fp8 needs at least 2 dimensions")
+    br, bc = block
+    R, C = t.shape[-2], t.shape[-1]
+    if R % br or C % bc:
+        raise ValueError(f"shape {tuple(t.shape[-2:])} is not a multiple of the block {block}")
+    x = t.reshape(*t.shape[:-2], R // br, br, C // bc, bc)
+    return x.transpose(-3, -2)
+
+
+def _untile(x: torch.Tensor) -> torch.Tensor:
+    x = x.transpose(-3, -2)
+    return x.reshape(*x.shape[:-4], x.shape[-4] * x.shape[-3], x.shape[-2] * x.shape[-1])
+
+
+def to_fp8_blockwise(t: torch.Tensor, block=ACT_BLOCK):
+    """-> (data float8_e4m3fn like t, scales fp32 [..., R/br, C/bc])."""
+    x = _tiles(t.float(), block)
+    amax = x.abs().amax((-2, -1), keepdim=True)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    scale = torch.where(torch.isfinite(amax), scale, torch.full_like(amax, float("nan")))
+    q = (x / scale).clamp(-E4M3_MAX, E4M3_MAX)
+    return _untile(q.to(torch.float8_e4m3fn)), scale[..., 0, 0]
+
+
+def from_fp8_blockwise(data: torch.Tensor, scales: torch.Tensor, block=ACT_BLOCK,
+                       dtype=torch.float32) -> torch.Tensor:
+    x = _tiles(data.float(), block)
+    return _untile(x * scales[..., None, None]).to(dtype)
+
+
+def fake_quant(t: torch.Tensor, fmt: str, weight: bool = False) -> torch.Tensor:
+    """The values a kernel multiplies after quantizing `t` along its last dim (its K):
+    fmt "mxfp8" (OCP MX, 32-element blocks) or "fp8" (blockwise: 1 x 128 for activations,
+    128 x 128 for weights), dequantized to fp32."""
+    if fmt == "mxfp8":
+        return from_mxfp8(*to_mxfp8(t))
+    if fmt == "fp8":
+        block = WEIGHT_BLOCK if weight else ACT_BLOCK
+        return from_fp8_blockwise(*to_fp8_blockwise(t, block), block)
+    raise ValueError(f"unknown fp8 format {fmt!r}: expected 'mxfp8' or 'fp8'")
+
+
 # ---------------------------------------------------------------- weights on the GPU
 def quantize_weight(w: torch.Tensor, transposed: bool = False):
     """MXFP8 of a weight [..., rows, cols] with blocks along its last dim (the forward's K), or

@@ -29,6 +29,18 @@ def expert_ffn(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Ten
     return (F.silu(gate) * up) @ w2.T
 
 
+def expert_ffn_quantized(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+                         fmt: str) -> torch.Tensor:
+    """The routed expert as the fp8 kernels compute it: x and w1 quantized along D (the gate/up
+    GEMM's K), the SwiGLU output and w2 along I (the down GEMM's K), fp32 products and sums
+    of the dequantized operands (mokgen.quant.fake_quant; fmt "mxfp8" or "fp8")."""
+    from .quant import fake_quant
+
+    gate, up = (fake_quant(x, fmt) @ fake_quant(w1, fmt, weight=True).T).chunk(2, dim=-1)
+    a = F.silu(gate) * up
+    return fake_quant(a, fmt) @ fake_quant(w2, fmt, weight=True).T
+
+
 def ffn_backward(x, w1, w2, dy, scale=None):
     """SwiGLU FFN backward without autograd. With a per-row `scale` (the router weight:
     out = scale * f(x)) it also returns d scale = <a, dy W2> per row, the SonicMoE form: the
@@ -94,21 +106,28 @@ def _shared(x, shared_w1, shared_w2):
     return expert_ffn(x, shared_w1, shared_w2)
 
 
-def moe_forward(x, router_logits, w1, w2, shared_w1, shared_w2, topk: int) -> torch.Tensor:
-    """One rank holding all experts: w1 [E, 2I, D], w2 [E, D, I]. Returns y [N, D]."""
+def moe_forward(x, router_logits, w1, w2, shared_w1, shared_w2, topk: int,
+                fp8: str | None = None) -> torch.Tensor:
+    """One rank holding all experts: w1 [E, 2I, D], w2 [E, D, I]. Returns y [N, D]. `fp8`:
+    see moe_forward_routed."""
     experts, weights = route(router_logits, topk)
-    return moe_forward_routed(x, experts, weights, w1, w2, shared_w1, shared_w2)
+    return moe_forward_routed(x, experts, weights, w1, w2, shared_w1, shared_w2, fp8)
 
 
-def moe_forward_routed(x, experts, weights, w1, w2, shared_w1, shared_w2) -> torch.Tensor:
+def moe_forward_routed(x, experts, weights, w1, w2, shared_w1, shared_w2,
+                       fp8: str | None = None) -> torch.Tensor:
     """The layer after routing: experts int [N, k] (global ids), weights [N, k] as given
-    (a model's own router may score, normalize and scale them any way it likes)."""
+    (a model's own router may score, normalize and scale them any way it likes). `fp8`
+    ("mxfp8" | "fp8"): the routed experts quantize their operands as the fp8 kernels do
+    (expert_ffn_quantized); the shared expert stays in the input precision."""
     y = _shared(x, shared_w1, shared_w2)
     routed = torch.zeros_like(x)
     for e in range(w1.shape[0]):
         tok, slot = (experts == e).nonzero(as_tuple=True)
         if len(tok):
-            out = expert_ffn(x[tok], w1[e], w2[e]) * weights[tok, slot, None].to(x.dtype)
+            f = expert_ffn(x[tok], w1[e], w2[e]) if fp8 is None else \
+                expert_ffn_quantized(x[tok], w1[e], w2[e], fp8).to(x.dtype)
+            out = f * weights[tok, slot, None].to(x.dtype)
             routed = routed.index_add(0, tok, out)
     return y + routed
 
