@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -30,28 +29,16 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import mokgen  # noqa: E402
 from mokgen import reference  # noqa: E402
+from mokgen.bench import time_ms  # noqa: E402
 from mokgen.workloads import make_inputs  # noqa: E402
 
 PEAK_FLOPS, NVLINK_BPS = 750e12, 450e9
 
 
-def time_ms(fn, iters, setup=None, warmup=5):
-    for _ in range(warmup):
-        if setup:
-            setup()
-        fn()
-    out = []
-    for _ in range(iters):
-        if setup:
-            setup()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    t = torch.tensor([statistics.median(out)], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank
+def slowest_ms(fn, iters):
+    """The median of this rank's timed runs (mokgen.bench.time_ms), maxed over the ranks."""
+    t = torch.tensor([time_ms(fn, iters, warmup=5)], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
 
 
@@ -116,16 +103,16 @@ def bench(name, n, iters, group):
     leaves = [t.detach().requires_grad_() for t in (x, w1, w2, sw1, sw2)]
     res = dict(shape=name, experts=shape.num_experts, ep=R, tokens=n,
                flops=shape.forward_flops(n))
-    res["mokgen_fwd_ms"] = time_ms(lambda: layer(x, z, w1, w2, sw1, sw2), iters)
+    res["mokgen_fwd_ms"] = slowest_ms(lambda: layer(x, z, w1, w2, sw1, sw2), iters)
 
     def train():
         y = layer(leaves[0], z, *leaves[1:])
         y.backward(dy)
-    res["mokgen_train_ms"] = time_ms(train, iters)
+    res["mokgen_train_ms"] = slowest_ms(train, iters)
     for label, grouped in (("grouped", True), ("naive", False)):
         base = NcclMoE(shape, R, r, *leaves[1:], grouped=grouped)
-        res[f"nccl_{label}_fwd_ms"] = time_ms(lambda: base(x, z), iters)
-        res[f"nccl_{label}_train_ms"] = time_ms(lambda: base(leaves[0], z).backward(dy), iters)
+        res[f"nccl_{label}_fwd_ms"] = slowest_ms(lambda: base(x, z), iters)
+        res[f"nccl_{label}_train_ms"] = slowest_ms(lambda: base(leaves[0], z).backward(dy), iters)
     with torch.no_grad():
         want = NcclMoE(shape, R, r, w1, w2, sw1, sw2)(x, z)
         ours = layer(x, z, w1, w2, sw1, sw2)

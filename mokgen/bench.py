@@ -86,7 +86,8 @@ class TorchSlice:
     def shared(self, x):
         return reference.expert_ffn(x, self.sw1, self.sw2)
 
-    def grouped(self, all_routes, all_weights, full=False):
+    def grouped(self, all_routes, all_weights):
+        """-> (y, combine, owner0, scratch, idx): see _push_and_sum."""
         n, D = self.X.shape[1], self.X.shape[2]
         local = self._routes(all_routes)
         mask = local < self.L                     # rank 0 owns experts 0..L-1
@@ -112,7 +113,7 @@ class TorchSlice:
         state = {}
 
         def setup():
-            state["out"] = getattr(self, kind)(all_routes, all_weights, full=True)
+            state["out"] = getattr(self, kind)(all_routes, all_weights)
 
         def backward():
             y, _, owner0, scratch, idx = state.pop("out")
@@ -130,7 +131,8 @@ class TorchSlice:
         y = self.shared(self.X[0]) + combine.view(n, self.k, D).sum(1)
         return y, combine, owner0, scratch, idx
 
-    def naive(self, all_routes, all_weights, full=False):
+    def naive(self, all_routes, all_weights):
+        """The same result as grouped, through a per-expert loop."""
         n, D = self.X.shape[1], self.X.shape[2]
         local = self._routes(all_routes)
         outs, idxs = [], []
@@ -142,8 +144,7 @@ class TorchSlice:
             out = reference.expert_ffn(rows, self.w1[e], self.w2[e])
             outs.append(out * all_weights.flatten()[idx, None].to(out.dtype))
             idxs.append(idx)
-        out = self._push_and_sum(torch.cat(idxs), torch.cat(outs), n, D)
-        return out if full else out[0]
+        return self._push_and_sum(torch.cat(idxs), torch.cat(outs), n, D)
 
 
 def dense_floor(shape, n, dev, g):
@@ -171,12 +172,11 @@ def bench_one(name, ep, n, iters, g, backward=False, **overrides):
     ours = lambda: rt.forward_rank(0, *args)  # noqa: E731
     ts = TorchSlice(shape, ep, xs, zs, w1, w2, sw1, sw2)
     ours()
-    _, combine, *_ = ts.grouped(all_routes, all_weights)
     mine = all_routes[0] < ts.L  # rank 0's routes to rank 0's own experts
     res = dict(shape=name, ep=ep, tokens=n, flops=shape.forward_flops(n))
     # rows rank 0's experts pushed to rank 0's own combine buffer, both implementations
-    res["err_vs_grouped"] = rel_error(rt.peers.bufs["combine"][0][mine], combine[mine])
-    combine = None
+    res["err_vs_grouped"] = rel_error(rt.peers.bufs["combine"][0][mine],
+                                      ts.grouped(all_routes, all_weights)[1][mine])
     res["mokgen_ms"] = time_ms(ours, iters)
     b0, xp = rt.ranks[0], rt.peers.x_pointers(xs)
 
