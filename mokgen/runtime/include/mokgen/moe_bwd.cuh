@@ -229,26 +229,14 @@ struct BwdProblem {
     }
   }
 
-  MOKGEN_DEV int expert_of(int row) const {
-    int lo = 0, hi = C::L - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (buf->offsets[mid] <= row) lo = mid; else hi = mid - 1;
-    }
-    return lo;
-  }
+  MOKGEN_DEV int expert_of(int row) const { return expert_at<C::L>(buf->offsets, row); }
 
   // Producer thread only.
   MOKGEN_DEV Task next_task() {
     const int t = (int)atomicAdd(buf->counters, 1u);
     if (t >= s.total_tasks() || aborted()) return stop_task();
-    int lo = 0, hi = s.blocks() - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (s.block_start(mid) <= t) lo = mid; else hi = mid - 1;
-    }
-    int off = t - s.block_start(lo);
-    const int b = lo;
+    const int b = last_at_most(0, s.blocks() - 1, t, [&](int i) { return s.block_start(i); });
+    int off = t - s.block_start(b);
     if (b >= 2 && b - 2 < s.units()) {
       const int u = b - 2;
       if (off < s.dx_size(u)) return u == 0 ? shared_dx(off) : routed_dx(u - 1, off);

@@ -119,6 +119,24 @@ struct FwdSchedule {
   MOKGEN_DEV int total_tasks() const { return prefix(units(), true) + prefix(units(), false); }
 };
 
+// The largest i in [lo, hi] with key(i) <= v, for a non-decreasing key with key(lo) <= v:
+// which task block a task index falls in, which expert region a row falls in.
+template <class Key>
+MOKGEN_DEV int last_at_most(int lo, int hi, int v, Key&& key) {
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (key(mid) <= v) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// The last expert whose (padded) region starts at or before `row`; empty regions have equal
+// starts, so this skips them.
+template <int L>
+MOKGEN_DEV int expert_at(const int* offsets, int row) {
+  return last_at_most(0, L - 1, row, [&](int e) { return offsets[e]; });
+}
+
 // Tile-local row / column of accumulator register pair r (layout: gemm_tile.cuh).
 MOKGEN_DEV int acc_row(int r) {
   const int w = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
@@ -163,26 +181,13 @@ struct FwdProblem {
          : t.op == kGateUp ? w1_map : w2_map;
   }
 
-  // The last expert whose (padded) region starts at or before `row`; empty regions have
-  // equal starts, so this skips them.
-  MOKGEN_DEV int expert_of(int row) const {
-    int lo = 0, hi = C::L - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (buf->offsets[mid] <= row) lo = mid; else hi = mid - 1;
-    }
-    return lo;
-  }
+  MOKGEN_DEV int expert_of(int row) const { return expert_at<C::L>(buf->offsets, row); }
 
   // Producer thread only: take the next task and wait for what it reads.
   MOKGEN_DEV Task next_task() {
     const int t = (int)atomicAdd(buf->counters, 1u);
     if (t >= s.total_tasks() || aborted()) return stop_task();
-    int lo = 0, hi = s.units();  // the last block starting at or before t
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (s.block_start(mid) <= t) lo = mid; else hi = mid - 1;
-    }
+    const int lo = last_at_most(0, s.units(), t, [&](int b) { return s.block_start(b); });
     int off = t - s.block_start(lo);
     const bool gu = lo < s.units() && off < s.gu_size(lo);
     const int u = gu ? lo : lo - 1;
