@@ -41,7 +41,8 @@ class CompiledMoE:
             p, s = self.plan, self.plan.shape
             spec = LayerSpec(s.num_experts, s.hidden, s.intermediate, s.shared_dim, s.topk,
                              p.ep, p.tokens_per_rank, p.block_m, p.minibatch, p.macrobatch,
-                             p.comm_sms_fwd, p.max_routed_rows, p.comm_sms_bwd)
+                             p.comm_sms_fwd, p.max_routed_rows, p.comm_sms_bwd,
+                             p.scale_block)
             self._runtime = ForwardRuntime(spec, str(self.binaries["prologue"].path),
                                            str(self.binaries["fwd"].path), self.virtual,
                                            self.group, self.watchdog_s)

@@ -25,13 +25,11 @@ def constants(plan: Plan) -> dict:
                 shared_dim=s.shared_dim, block_m=plan.block_m, minibatch=plan.minibatch,
                 macrobatch=plan.macrobatch, ring_slots=plan.ring_slots, ep=plan.ep,
                 comm_sms=plan.comm_sms_fwd, comm_sms_bwd=plan.comm_sms_bwd,
-                num_sms=plan.num_sms)
+                num_sms=plan.num_sms, scale_block=plan.scale_block)
 
 
 def check_supported(plan: Plan) -> None:
-    """What the Hopper bf16 kernels implement today; say so instead of emitting wrong code."""
-    if plan.dtype != "bf16":
-        raise ValueError(f"dtype {plan.dtype!r} has no kernel yet (bf16 only)")
+    """What the Hopper kernels implement today; say so instead of emitting wrong code."""
     if (plan.dispatch, plan.combine) != ("pull", "push"):
         raise ValueError("the forward kernel implements dispatch='pull', combine='push' only, "
                          f"got dispatch={plan.dispatch!r}, combine={plan.combine!r}")
@@ -40,6 +38,8 @@ def check_supported(plan: Plan) -> None:
                     ("shared_intermediate", s.shared_dim or 128)):
         if v % 128:
             raise ValueError(f"{name} must be a multiple of 128 for the sm_90a kernels, got {v}")
+    if plan.scale_block and s.hidden % 256:
+        raise ValueError(f"the fp8 kernels need hidden to be a multiple of 256, got {s.hidden}")
 
 
 def backward_unsupported(plan: Plan) -> str | None:

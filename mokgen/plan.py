@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from . import hardware
 from .shapes import MoEShape
 
-DTYPES = ("bf16", "mxfp8")
+DTYPES = ("bf16", "fp8", "mxfp8")
 DIRECTIONS = ("pull", "push")
 COMM_OPS = ("dispatch", "combine", "reverse_combine", "reverse_dispatch")
 BLOCK_M = 128  # GEMM tile rows: two consumer warpgroups of 64 rows (wgmma m64)
@@ -44,6 +44,7 @@ class Plan:
     act_dtype: str | None = None     # what the routed GEMMs read
     shared_dtype: str | None = None  # the shared expert stays bf16
     quant_fused: tuple = ()          # where activation quantization happens
+    scale_block: int = 0             # elements per scale along K: 0 (bf16), 128 (fp8), 32 (mx)
     row_bytes: int | None = None     # bytes of one dispatched token row (data + scales)
     # sm_partition
     num_sms: int | None = None

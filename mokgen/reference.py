@@ -133,11 +133,12 @@ def moe_forward_routed(x, experts, weights, w1, w2, shared_w1, shared_w2,
 
 
 def moe_forward_ep(xs, logits, w1s, w2s, shared_w1, shared_w2, topk: int,
-                   compute_dtype=None) -> list:
+                   compute_dtype=None, fp8: str | None = None) -> list:
     """R emulated ranks. xs[r] [N, D], logits[r] [N, E], w1s[r] [L, 2I, D] holding global
     experts r*L .. r*L+L-1, w2s[r] [L, D, I]; shared weights replicated. Returns [y_r].
     `compute_dtype` (e.g. float32 for bf16 inputs) upcasts one expert's weights at a time,
-    so a GPU check of a large layer needs no fp32 copy of every weight."""
+    so a GPU check of a large layer needs no fp32 copy of every weight. `fp8` ("mxfp8" |
+    "fp8"): the routed experts quantize their operands as the fp8 kernels do."""
     cd = compute_dtype or xs[0].dtype
     up = lambda t: None if t is None else t.to(cd)  # noqa: E731
     R = len(xs)
@@ -157,7 +158,8 @@ def moe_forward_ep(xs, logits, w1s, w2s, shared_w1, shared_w2, topk: int,
             lo, hi = sched.offsets[l].item(), sched.offsets[l + 1].item()
             if lo == hi:
                 continue
-            out = expert_ffn(rows[lo:hi], up(w1s[c][l]), up(w2s[c][l]))
+            out = expert_ffn(rows[lo:hi], up(w1s[c][l]), up(w2s[c][l])) if fp8 is None else \
+                expert_ffn_quantized(rows[lo:hi], up(w1s[c][l]), up(w2s[c][l]), fp8)
             out = out * weights[src_r[lo:hi], src_j[lo:hi], None].to(out.dtype)
             combine = combine.index_add(0, src_r[lo:hi] * N * topk + src_j[lo:hi], out)
     combine = combine.view(R, N, topk, D)

@@ -39,11 +39,12 @@ def make_inputs(shape: MoEShape, ep: int, tokens: int, device="cuda", seed=None,
     return dict(x=xs, router_logits=zs, w1=w1s, w2=w2s, shared_w1=sw1, shared_w2=sw2)
 
 
-def reference_outputs(shape: MoEShape, inputs: dict) -> list:
-    """fp32 reference of every rank's output (EP-emulated, Algorithm-1 routing)."""
+def reference_outputs(shape: MoEShape, inputs: dict, fp8: str | None = None) -> list:
+    """fp32 reference of every rank's output (EP-emulated, Algorithm-1 routing); `fp8`:
+    the routed experts' operands quantized as the fp8 kernels quantize them."""
     return reference.moe_forward_ep(inputs["x"], inputs["router_logits"], inputs["w1"],
                                     inputs["w2"], inputs["shared_w1"], inputs["shared_w2"],
-                                    shape.topk, compute_dtype=torch.float32)
+                                    shape.topk, compute_dtype=torch.float32, fp8=fp8)
 
 
 def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -93,8 +93,11 @@ def test_comm_direction_pass_counts_signals_and_can_be_forced():
 def test_precision_pass():
     assert passes.precision(base()).row_bytes == 2 * 7168
     mx = passes.precision(base(dtype="mxfp8"))
-    assert mx.row_bytes == 7168 + 7168 // 32 and mx.shared_dtype == "bf16"
+    assert mx.scale_block == 32 and mx.shared_dtype == "bf16" and mx.act_dtype == "mxfp8_e4m3"
     assert any("swiglu" in q for q in mx.quant_fused)
+    fp8 = passes.precision(base(dtype="fp8"))
+    assert fp8.scale_block == 128 and fp8.row_bytes == 2 * 7168  # rows travel as bf16
+    assert passes.precision(base()).scale_block == 0
 
 
 def test_sm_partition_pass_is_pure_and_respects_overrides():

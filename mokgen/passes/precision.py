@@ -1,26 +1,34 @@
-"""Where data changes precision. bf16: nowhere. mxfp8 (OCP MX: e4m3 + one e8m0 scale per 32
-elements along K): weights are quantized once ahead; activations are quantized where they
-are produced (on dispatch pull and in the SwiGLU epilogue) so no extra pass over HBM happens.
-The shared expert stays bf16 for training stability (paper 3.4)."""
+"""Where data changes precision. bf16: nowhere. The two fp8 formats (mokgen.quant) put e4m3
+operands into the routed experts' GEMMs, with one scale per `scale_block` elements along K:
+  mxfp8  OCP MX: e8m0 scales per 32 (the kernel promotes its fp32 sum every 32-wide K step);
+  fp8    DeepSeek-style blockwise: fp32 scales per 1 x 128 (activations) and 128 x 128
+         (weights): one promotion per 128-wide K slice, the format Hopper trains with.
+Weights are quantized once per weight version, ahead of the kernel. Activations are quantized
+where they are produced: on dispatch (the puller quantizes each bf16 row it brings over into
+the ring) and in the SwiGLU epilogue (straight from the fp32 accumulators). The shared expert
+stays bf16 for training stability (paper 3.4)."""
 from __future__ import annotations
 
 from ..plan import Plan
 
 MX_BLOCK = 32
+FP8_BLOCK = 128
+SCALE_BLOCK = {"fp8": FP8_BLOCK, "mxfp8": MX_BLOCK}
 
 
 def precision(plan: Plan) -> Plan:
     d = plan.shape.hidden
     if plan.dtype == "bf16":
         return plan.replace(act_dtype="bf16", shared_dtype="bf16", quant_fused=(),
-                            row_bytes=2 * d)
-    if d % MX_BLOCK or plan.shape.intermediate % MX_BLOCK:
-        raise ValueError(f"mxfp8 needs hidden and intermediate to be multiples of {MX_BLOCK}, "
+                            scale_block=0, row_bytes=2 * d)
+    q = SCALE_BLOCK[plan.dtype]
+    if d % q or plan.shape.intermediate % q:
+        raise ValueError(f"{plan.dtype} needs hidden and intermediate to be multiples of {q}, "
                          f"got hidden={d}, intermediate={plan.shape.intermediate}")
+    weights = "per 32 along K" if q == MX_BLOCK else "per 128 x 128 block"
     return plan.replace(
-        act_dtype="mxfp8_e4m3", shared_dtype="bf16",
-        quant_fused=("weights: offline, per 32 along K",
-                     "x: on dispatch (source rank quantizes once, peers pull fp8 + scales)",
-                     "swiglu output: in the gate/up epilogue",
-                     "dy: on reverse-combine"),
-        row_bytes=d + d // MX_BLOCK)
+        act_dtype=f"{plan.dtype}_e4m3", shared_dtype="bf16", scale_block=q,
+        quant_fused=(f"weights: once per weight version, {weights}",
+                     f"x: on dispatch (the puller quantizes each bf16 row, per {q} along D)",
+                     f"swiglu output: in the gate/up epilogue, per {q} along I"),
+        row_bytes=2 * d)  # rows travel as bf16: quantized on arrival

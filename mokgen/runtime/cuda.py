@@ -244,6 +244,14 @@ _SWIZZLE = {
 }
 
 
+TENSOR_MAP_BYTES = 128  # sizeof(CUtensorMap)
+
+
+def tensor_map_bytes(m: cu.CUtensorMap) -> bytes:
+    """A map's bytes, to embed it in a struct passed by value (e.g. mokgen::Fp8Maps)."""
+    return ctypes.string_at(int(m.getPtr()), TENSOR_MAP_BYTES)
+
+
 def make_tensor_map_2d(tensor_or_ptr, rows: int, cols: int, row_stride_bytes: int,
                        box_rows: int, box_cols: int, dtype: str = "bf16",
                        swizzle: int = 128) -> cu.CUtensorMap:

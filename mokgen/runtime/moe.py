@@ -51,10 +51,16 @@ class LayerSpec:
     comm_sms: int
     max_rows: int
     comm_sms_bwd: int = 0
+    scale_block: int = 0  # routed experts in fp8: elements per scale along K (128 or 32)
 
     @property
     def local_experts(self) -> int:
         return self.num_experts // self.ep
+
+    @property
+    def routed_tile(self) -> int:
+        """Rows of a routed GEMM tile: the fp8 tiles are 64 x 256 (gemm_tile.cuh)."""
+        return 64 if self.scale_block else self.block_m
 
     @property
     def max_minibatches(self) -> int:
@@ -63,7 +69,7 @@ class LayerSpec:
     def counter_words(self) -> int:
         shared_rt = -(-self.tokens_per_rank // self.block_m)
         return 1 + 2 * self.max_minibatches + self.max_minibatches * (
-            self.minibatch // self.block_m) + shared_rt
+            self.minibatch // self.routed_tile) + shared_rt
 
 
 class RankBuffers:
@@ -87,6 +93,13 @@ class RankBuffers:
         self.h_shared = torch.empty(N, max(s.shared_dim, 64), dtype=BF16, device=dev)
         self.y_shared = torch.empty(N, s.hidden, dtype=torch.float32, device=dev)
         self.counters = torch.empty(s.counter_words(), **i32)
+        q, M = s.scale_block, s.macrobatch
+        if q:  # the routed experts' e4m3 rings and their scales (fp8.cuh)
+            f32 = dict(dtype=torch.float32, device=dev)
+            self.ring_x8 = torch.empty(M, s.hidden, dtype=torch.uint8, device=dev)
+            self.ring_a8 = torch.empty(M, s.intermediate, dtype=torch.uint8, device=dev)
+            self.ring_sx = torch.empty(s.hidden // q, M, **f32)
+            self.ring_sa = torch.empty(s.intermediate // q, M, **f32)
 
 
 class ForwardRuntime:
@@ -122,6 +135,7 @@ class ForwardRuntime:
         # Which forward the rings hold: bumped by every call; `saved` when that call kept the
         # gate/up pre-activations for a backward (the ring's macrobatch 0 is then reusable).
         self.generation, self.saved = 0, False
+        self.weights = WeightCache(spec.scale_block, len(self.ranks))
 
     def adopt_module(self, m) -> None:
         """Point a loaded module's watchdog globals (each module has its own copy) at this
@@ -140,6 +154,11 @@ class ForwardRuntime:
                       b.row_weight):
                 t.fill_(float("nan"))
             b.table.fill_(-2)
+            if self.spec.scale_block:
+                for t in (b.ring_x8, b.ring_a8):
+                    t.fill_(0xFF)  # e4m3 NaN
+                for t in (b.ring_sx, b.ring_sa):
+                    t.fill_(float("nan"))
         self.poison_outputs = True
 
     # ------------------------------------------------------------------ helpers
@@ -185,9 +204,11 @@ class ForwardRuntime:
     def forward(self, xs, logits, w1s, w2s, shared_w1, shared_w2, routes=None, save=False):
         """Per hosted rank lists; returns the list of y [n, D] bf16. `routes`: per hosted rank
         (experts int32 [n, k], weights fp32 [n, k]) chosen by the caller, instead of logits.
-        `save`: keep the gate/up pre-activations in the ring for a backward."""
+        `save`: keep the gate/up pre-activations in the ring for a backward (bf16 plans: the
+        fp8 forward's rings hold e4m3 rows, so its backward replays every minibatch)."""
         n = xs[0].shape[0]
         self.generation += 1
+        save = save and not self.spec.scale_block
         self.saved = save
         hosted = range(len(self.ranks))
         x_ptrs = self.peers.x_pointers(xs)  # staged before the barrier: peers read it after
@@ -217,6 +238,7 @@ class ForwardRuntime:
         EP deployment that benchmarks time on one GPU."""
         n = xs[0].shape[0]
         self.generation += 1
+        save = save and not self.spec.scale_block
         self.saved = save
         self.ranks[i].counters.zero_()
         self.route(i, logits[i], n)
@@ -265,15 +287,52 @@ class ForwardRuntime:
                 self._map(sw1, sw1.shape[0], sw1.shape[1], 128),
                 self._map(sw2, sw2.shape[0], sw2.shape[1], 256),
                 self._map(w1, L * 2 * I, D, 128), self._map(w2, L * D, I, 256)]
+        f8, fp8_ptrs = self._fp8_operands(b, w1, w2)
         peer_table = cuda.Raw(struct.pack(f"<{s.ep}Q", *x_ptrs) + self.peers.table("combine"))
-        bufs = struct.pack("<10Q3i", b.table.data_ptr(), b.row_weight.data_ptr(),
+        bufs = struct.pack("<16Q3i", b.table.data_ptr(), b.row_weight.data_ptr(),
                            b.meta.data_ptr(), b.offsets.data_ptr(), b.ring_x.data_ptr(),
                            b.ring_a.data_ptr(), b.ring_h.data_ptr() if save else 0,
                            b.h_shared.data_ptr(), b.y_shared.data_ptr(),
-                           b.counters.data_ptr(), n, s.max_minibatches,
+                           b.counters.data_ptr(), *fp8_ptrs, n, s.max_minibatches,
                            self.peers.hosted_ranks[i])
         cuda.launch(self.f_fwd, self.num_sms, 384, self.fwd_smem, self._stream(),
-                    maps + [peer_table, cuda.Raw(bufs)], cooperative=True)
+                    maps + [f8, peer_table, cuda.Raw(bufs)], cooperative=True)
+
+    def _fp8_operands(self, b, w1, w2):
+        """The fp8 forward's Fp8Maps (by value) and FwdBuffers pointers (ring_x8, ring_a8,
+        ring_sx, ring_sa, w1s, w2s); zeros for bf16 plans."""
+        s, q = self.spec, self.spec.scale_block
+        if not q:
+            return cuda.Raw(bytes(8 * cuda.TENSOR_MAP_BYTES)), (0,) * 6
+        L, D, I, M = s.local_experts, s.hidden, s.intermediate, s.macrobatch
+        w = self.weights.get(w1, w2)
+        u8 = dict(dtype="u8", swizzle=128)  # e4m3 boxes: 128 K bytes x 64 rows
+        f32 = dict(dtype="f32", swizzle=0)  # scales [K/q, rows]: 64 rows x the slice's steps
+        ks = 128 // q
+        maps = [self._map_as(b.ring_x8, M, D, 64, 128, **u8),
+                self._map_as(b.ring_a8, M, I, 64, 128, **u8),
+                self._map_as(w.w1, L * 2 * I, D, 64, 128, **u8),
+                self._map_as(w.w2, L * D, I, 64, 128, **u8),
+                self._map_as(b.ring_sx, D // q, M, ks, 64, **f32),
+                self._map_as(b.ring_sa, I // q, M, ks, 64, **f32)]
+        if q == 32:
+            maps += [self._map_as(w.s1, D // q, L * 2 * I, ks, 64, **f32),
+                     self._map_as(w.s2, I // q, L * D, ks, 64, **f32)]
+        else:  # blockwise B scales are read from global memory; the two slots stay unused
+            maps += maps[4:6]
+        raw = b"".join(cuda.tensor_map_bytes(m) for m in maps)
+        ptrs = (b.ring_x8.data_ptr(), b.ring_a8.data_ptr(), b.ring_sx.data_ptr(),
+                b.ring_sa.data_ptr(), w.s1.data_ptr() if q == 128 else 0,
+                w.s2.data_ptr() if q == 128 else 0)
+        return cuda.Raw(raw), ptrs
+
+    def _map_as(self, t, rows, cols, box_rows, box_cols, dtype, swizzle):
+        key = (t.data_ptr(), rows, cols, box_rows, box_cols, dtype)
+        if key not in self._maps:
+            esize = t.element_size()
+            self._maps[key] = cuda.make_tensor_map_2d(t, rows, cols, cols * esize, box_rows,
+                                                      box_cols, dtype=dtype, swizzle=swizzle)
+        return self._maps[key]
 
     def combine_sum(self, i, n):
         """Owner side: y = shared + the k pushed rows of each token, in route order. (The
@@ -289,3 +348,38 @@ class ForwardRuntime:
         if self.poison_outputs:
             return torch.full(shape, float("nan"), dtype=dtype, device=self.dev)
         return torch.empty(shape, dtype=dtype, device=self.dev)
+
+
+class WeightCache:
+    """The routed experts' fp8 weights (mokgen.quant), quantized once per weight version: a
+    training step's forward and backward share one quantization, and an unchanged weight is
+    never quantized twice. Kernel layouts: e4m3 data [rows, K] as uint8; blockwise scales
+    fp32 [rows/128, K/128]; MX scales fp32 2^(e - 127) transposed to [K/32, rows] (NaN for the
+    NaN byte), so one TMA box brings a slice's scales of 64 columns."""
+
+    def __init__(self, scale_block: int, slots: int):
+        self.q, self.slots = scale_block, slots  # slots: one per hosted rank
+        self._cache: dict = {}
+
+    def get(self, w1, w2):
+        key = tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in (w1, w2))
+        if key not in self._cache:
+            from types import SimpleNamespace
+
+            while len(self._cache) >= self.slots:
+                self._cache.pop(next(iter(self._cache)))  # the oldest
+            (d1, s1), (d2, s2) = (self.quantize(w) for w in (w1, w2))
+            self._cache[key] = SimpleNamespace(w1=d1, s1=s1, w2=d2, s2=s2)
+        return self._cache[key]
+
+    def quantize(self, w):
+        from .. import quant
+
+        w2d = w.reshape(-1, w.shape[-1])
+        if self.q == 128:
+            data, scales = quant.to_fp8_blockwise(w2d, quant.WEIGHT_BLOCK)
+            return data.view(torch.uint8), scales.contiguous()
+        data, scales = quant.quantize_weight(w2d)
+        s = torch.exp2(scales.float() - quant.SCALE_BIAS)
+        s = torch.where(scales == quant.SCALE_NAN, torch.full_like(s, float("nan")), s)
+        return data.view(torch.uint8), s.t().contiguous()

@@ -15,6 +15,18 @@
 // rows b_row1 + k (dgrad: W2 [D, I] as B of dy * W2); an MN-major A (weight gradients: both
 // operands are activations [rows, features]) at columns a_row0.. and the same rows b_row1 + k.
 //
+// fp8 tiles (Task::op bit kF8, only for Problems with kQ > 0; the shared expert stays bf16 in
+// the same kernel) are 64 x 256 and split N between the consumers: warpgroup w owns columns
+// [128 w, 128 w + 128) of all 64 rows, as 64 fp32 accumulators plus a 64-register scratch
+// that each wgmma writes and that is then added into the accumulators times the scales.
+// (An M-split 128 x 256 tile needs 128 + scratch registers per thread; ptxas spilled it.)
+// Operands are e4m3, K-major, 128-element K slices: A 64 rows (8 KB), B four 64-row pieces
+// (32 KB) - piece j: B rows of b_row0 + 64 j, or for dual-B gate rows (j even) and up rows
+// (j odd) alternating, so a warpgroup's half is 64 gate + 64 up columns of the same outputs.
+// Scales come with each slice: A per row (and 32-step for MX) by TMA; B per 128 x 128 block
+// (Q = 128, blockwise fp8: one promotion per slice) read from global memory, or per column and
+// 32-step (Q = 32, MXFP8: one promotion per 32-wide K step) by TMA.
+//
 // Pipeline state (ring slot + mbarrier phase) lives in registers of the producer thread and of
 // every consumer thread and PERSISTS across tiles: the megakernel runs many tiles per CTA and
 // the ring never drains between them, so the producer prefetches tile n+1 while consumers do
@@ -42,7 +54,7 @@ static_assert(sizeof(Task) == 32, "Task is 32 bytes");
 MOKGEN_DEV Task stop_task() { return Task{-1, 0, 0, -1, 0, 0, 0, 0}; }
 
 // Operand layout bits of Task::op; the low byte is the Problem's own opcode.
-enum : int { kOpcodeMask = 0xff, kBMN = 1 << 8, kAMN = 1 << 9 };
+enum : int { kOpcodeMask = 0xff, kBMN = 1 << 8, kAMN = 1 << 9, kF8 = 1 << 10 };
 MOKGEN_DEV int opcode(const Task& t) { return t.op & kOpcodeMask; }
 
 // Slot index + parity of a ring of S mbarrier-guarded slots.
@@ -55,9 +67,9 @@ struct PipeState {
   }
 };
 
-template <int BN_, int STAGES_, int TASK_SLOTS_ = 4>
+template <int BN_, int STAGES_, int Q_ = 0, int TASK_SLOTS_ = 4>
 struct GemmCfg {
-  static constexpr int BM = 128, BK = 64, BN = BN_;
+  static constexpr int BM = 128, BK = 64, BN = BN_, Q = Q_;
   static constexpr int STAGES = STAGES_, TASK_SLOTS = TASK_SLOTS_;
   static constexpr int kThreads = 384;
   static constexpr int kConsumerWarps = 8;
@@ -65,13 +77,23 @@ struct GemmCfg {
   static constexpr int A_BYTES = BM * BK * 2;
   static constexpr int B_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+  // fp8 slices: 128 e4m3 along K in the same A / B bytes; scales per slice (fp32): A per row
+  // and 32-step ([128/Q][BM]), B per column and 32-step for MX only ([2 halves][4][128])
+  static constexpr int BK8 = 128, BM8 = 64;
+  static constexpr int SA_BYTES = Q ? BM8 * (BK8 / Q) * 4 : 0;
+  static constexpr int SB_BYTES = Q == 32 ? BN * (BK8 / Q) * 4 : 0;
+  static constexpr int SC_BYTES = SA_BYTES + SB_BYTES;
+  static constexpr int XCHG_BYTES = Q ? 2 * BM8 * 4 : 0;  // per-row partials between consumers
   static constexpr int BAR_BYTES = 8 * (2 * STAGES + 2 * TASK_SLOTS);
   // 1024 B of slack: the 128B-swizzle atom must be 1024-aligned and the dynamic smem base is
   // not guaranteed to be.
-  static constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + BAR_BYTES + 32 * TASK_SLOTS;
+  static constexpr int SMEM_BYTES =
+      1024 + STAGES * (STAGE_BYTES + SC_BYTES) + BAR_BYTES + 32 * TASK_SLOTS + XCHG_BYTES;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for N = 128, 256");
   static_assert(STAGE_BYTES % 1024 == 0, "stages keep 1024 B alignment");
+  static_assert(Q == 0 || ((Q == 128 || Q == 32) && BN == 256 && BM8 * BK8 <= A_BYTES),
+                "fp8 tiles: Q = 128 or 32, 256 columns, slices fit bf16's stage");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
 };
 
@@ -84,9 +106,13 @@ struct GemmSmem {
   uint64_t* task_full;   // [TASK_SLOTS] task published (count 1)
   uint64_t* task_empty;  // [TASK_SLOTS] task read by all consumer warps
   Task* tasks;           // [TASK_SLOTS]
+  float* scales;         // [STAGES][SC_BYTES / 4] fp8 scales of each ring stage
+  float* xchg;           // [2][BM8] fp8 epilogues: one value per row from each consumer
 
   MOKGEN_DEV uint8_t* a_stage(int s) const { return ring + s * Cfg::STAGE_BYTES; }
   MOKGEN_DEV uint8_t* b_stage(int s) const { return ring + s * Cfg::STAGE_BYTES + Cfg::A_BYTES; }
+  MOKGEN_DEV float* sa_stage(int s) const { return scales + s * (Cfg::SC_BYTES / 4); }
+  MOKGEN_DEV float* sb_stage(int s) const { return sa_stage(s) + Cfg::SA_BYTES / 4; }
 
   static MOKGEN_DEV GemmSmem carve(uint8_t* dyn) {
     GemmSmem m;
@@ -98,6 +124,8 @@ struct GemmSmem {
     m.task_full = m.empty + Cfg::STAGES;
     m.task_empty = m.task_full + Cfg::TASK_SLOTS;
     m.tasks = reinterpret_cast<Task*>(m.task_empty + Cfg::TASK_SLOTS);
+    m.scales = reinterpret_cast<float*>(m.tasks + Cfg::TASK_SLOTS);
+    m.xchg = m.scales + Cfg::STAGES * (Cfg::SC_BYTES / 4);
     return m;
   }
   // One thread; the caller then __syncthreads() before the role split.
@@ -213,6 +241,108 @@ MOKGEN_DEV void consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task&
   if (lane0) mbar_arrive(&sm.empty[prev]);
 }
 
+// ---------------------------------------------------------------- fp8 tiles
+// B rows of piece j (see the header): dual-B alternates gate and up rows.
+MOKGEN_DEV int fp8_piece_row(const Task& t, int j) {
+  return t.b_row1 >= 0 ? (j % 2 ? t.b_row1 : t.b_row0) + 64 * (j / 2) : t.b_row0 + 64 * j;
+}
+
+// Maps: A e4m3 box 128 (K) x 64 rows, B e4m3 box 128 x 64 rows; sa: fp32 [K/Q, A rows], box
+// 64 x 128/Q; sb (MX only): fp32 [K/32, B rows], box 64 x 4.
+template <class Cfg>
+MOKGEN_DEV void produce_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const CUtensorMap* ta,
+                                 const CUtensorMap* tb, const CUtensorMap* tsa,
+                                 const CUtensorMap* tsb, const Task& t) {
+  constexpr int KQ = Cfg::BK8 / Cfg::Q, PIECE = 64 * Cfg::BK8;
+  constexpr int BYTES = Cfg::BM8 * Cfg::BK8 + Cfg::B_BYTES + Cfg::SC_BYTES;
+  for (int kb = 0; kb < t.k_blocks; ++kb) {
+    mbar_wait(&sm.empty[ps.idx], ps.phase ^ 1, 102);
+    uint64_t* bar = &sm.full[ps.idx];
+    mbar_arrive_expect_tx(bar, BYTES);
+    const int k0 = kb * Cfg::BK8;
+    tma_load_2d(sm.a_stage(ps.idx), ta, bar, k0, t.a_row0);
+    tma_load_2d(sm.sa_stage(ps.idx), tsa, bar, t.a_row0, kb * KQ);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      tma_load_2d(sm.b_stage(ps.idx) + j * PIECE, tb, bar, k0, fp8_piece_row(t, j));
+      if constexpr (Cfg::SB_BYTES > 0)
+        tma_load_2d(sm.sb_stage(ps.idx) + j * 64 * KQ, tsb, bar, fp8_piece_row(t, j), kb * KQ);
+    }
+    ps.template advance<Cfg::STAGES>();
+  }
+}
+
+// acc[i] += tmp[i] * scale(row half of i, column group of i), i < 64: register i holds row
+// r0 (r0 + 8 when (i / 2) is odd) and columns 8 (i / 4) + 2 (lane % 4) + {0, 1} (wgmma.cuh).
+template <class F>
+MOKGEN_DEV void promote(float (&acc)[64], const float (&tmp)[64], F&& scale) {
+#pragma unroll
+  for (int i = 0; i < 64; i += 2) {
+    const float2 s = scale((i >> 1) & 1, i >> 2);
+    acc[i] = fmaf(tmp[i], s.x, acc[i]);
+    acc[i + 1] = fmaf(tmp[i + 1], s.y, acc[i + 1]);
+  }
+}
+
+// Consumer warpgroup cwg: acc[0, 64) = its 64 x 128 block (columns 128 cwg ..); the wgmma
+// scratch is acc[64, 128): the registers the bf16 tiles' accumulators occupy anyway (a
+// separate scratch array made ptxas move the accumulators around it and spill). wsb:
+// blockwise B scales, fp32 [B rows / 128, k_blocks] (unused for MX).
+template <class Cfg>
+MOKGEN_DEV void consume_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const Task& t,
+                                 float (&acc_full)[Cfg::kAccRegs], int cwg, const float* wsb) {
+  static_assert(Cfg::kAccRegs == 128, "fp8 tiles split the 128 accumulators: block + scratch");
+  float(&acc)[64] = *reinterpret_cast<float(*)[64]>(&acc_full[0]);
+  float(&tmp)[64] = *reinterpret_cast<float(*)[64]>(&acc_full[64]);
+  constexpr int Q = Cfg::Q, KQ = Cfg::BK8 / Q, STEPS = Q / 32, PIECE = 64 * Cfg::BK8;
+  const bool lane0 = (threadIdx.x & 31) == 0;
+  const int l = threadIdx.x & 31;
+  const int r0 = 16 * ((threadIdx.x >> 5) & 3) + (l >> 2);  // rows r0, r0 + 8
+  // columns [0, 64) of this block come from piece 2 cwg, [64, 128) from piece 2 cwg + 1
+  const float* sb0 = wsb + (size_t)(fp8_piece_row(t, 2 * cwg) / 128) * t.k_blocks;
+  const float* sb1 = wsb + (size_t)(fp8_piece_row(t, 2 * cwg + 1) / 128) * t.k_blocks;
+  for (int kb = 0; kb < t.k_blocks; ++kb) {
+    float wb0 = 1.f, wb1 = 1.f;
+    if constexpr (Q == 128) { wb0 = __ldg(sb0 + kb); wb1 = __ldg(sb1 + kb); }
+    mbar_wait(&sm.full[ps.idx], ps.phase, 103);
+    const uint64_t da = make_desc_kmajor_sw128(sm.a_stage(ps.idx));
+    const uint64_t db = make_desc_kmajor_sw128(sm.b_stage(ps.idx) + 2 * cwg * PIECE);
+    const float* sa = sm.sa_stage(ps.idx);
+#pragma unroll
+    for (int s = 0; s < KQ; ++s) {  // Q = 128: one pass of 4 K steps; MX: 4 passes of 1
+      wgmma_fence();
+#pragma unroll
+      for (int kk = s * STEPS; kk < (s + 1) * STEPS; ++kk)
+        WgmmaFp8<128>::mma(tmp, desc_advance_k16(da, kk), desc_advance_k16(db, kk),
+                           kk != s * STEPS);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_regs(tmp);
+      const float a0 = sa[s * 64 + r0], a1 = sa[s * 64 + r0 + 8];
+      if constexpr (Q == 128) {
+        promote(acc, tmp, [&](int hi, int g) {
+          const float v = (hi ? a1 : a0) * (g < 8 ? wb0 : wb1);
+          return make_float2(v, v);
+        });
+      } else {  // B scales [piece][step][64 columns]. tmp is only read: a value written back
+        // into it would move the next wgmma's scratch to fresh registers (ptxas then spills)
+        const float* sb = sm.sb_stage(ps.idx) + 2 * cwg * 64 * KQ + s * 64 + 2 * (l & 3);
+#pragma unroll
+        for (int g = 0; g < 16; ++g) {
+          const float2 b = *reinterpret_cast<const float2*>(sb + (g / 8) * 64 * KQ + 8 * (g % 8));
+          acc[4 * g] = fmaf(tmp[4 * g] * b.x, a0, acc[4 * g]);
+          acc[4 * g + 1] = fmaf(tmp[4 * g + 1] * b.y, a0, acc[4 * g + 1]);
+          acc[4 * g + 2] = fmaf(tmp[4 * g + 2] * b.x, a1, acc[4 * g + 2]);
+          acc[4 * g + 3] = fmaf(tmp[4 * g + 3] * b.y, a1, acc[4 * g + 3]);
+        }
+      }
+    }
+    __syncwarp();
+    if (lane0) mbar_arrive(&sm.empty[ps.idx]);
+    ps.template advance<Cfg::STAGES>();
+  }
+}
+
 // ---------------------------------------------------------------- epilogue walkers
 // Accumulator layout (see wgmma.cuh): thread (warp w in its warpgroup, lane l) holds for
 // even r: row = 64*cwg + 16*w + l/4 + 8*((r/2)%2), cols c = 8*(r/4) + 2*(l%4) and c+1.
@@ -263,9 +393,11 @@ MOKGEN_DEV void raster_grouped(int t, int m_blocks, int n_blocks, int group, int
 // Problem must provide (device):
 //   static constexpr bool kMNOperands;         // tasks may set kAMN / kBMN
 //   void prefetch() const;                     // producer thread: tma_prefetch_desc(...)
+//   static constexpr int kQ;                   // 0, or Cfg::Q: tasks may set kF8
 //   Task next_task();                          // producer thread: next task or stop_task()
 //   const CUtensorMap* map_a(const Task&) const; const CUtensorMap* map_b(const Task&) const;
 //   void epilogue(const Task&, float (&acc)[Cfg::kAccRegs], int cwg);   // consumer threads
+//   fp8 (kQ > 0): map_sa(t), map_sb(t) (TMA maps of the scales) and const float* wsb(t).
 // Must be called by all 384 threads with the kernel's dynamic smem (>= Cfg::SMEM_BYTES) and
 // the kernel declared __launch_bounds__(384, 1) so setmaxnreg takes effect.
 template <class Cfg, class Problem>
@@ -283,6 +415,13 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
         const Task t = prob.next_task();
         task_push<Cfg>(sm, ts, t);
         if (t.op < 0) break;
+        if constexpr (Problem::kQ > 0) {
+          if (t.op & kF8) {
+            produce_tile_fp8<Cfg>(sm, ps, prob.map_a(t), prob.map_b(t), prob.map_sa(t),
+                                  prob.map_sb(t), t);
+            continue;
+          }
+        }
         produce_tile<Cfg>(sm, ps, prob.map_a(t), prob.map_b(t), t);
       }
     }
@@ -301,6 +440,10 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
       if constexpr (Problem::kMNOperands) {  // three mainloops; only the backward has them
         if (t.op & kAMN) consume_tile<Cfg, 1, 1>(sm, ps, t, acc, wg - 1);
         else if (t.op & kBMN) consume_tile<Cfg, 0, 1>(sm, ps, t, acc, wg - 1);
+        else consume_tile<Cfg>(sm, ps, t, acc, wg - 1);
+      } else if constexpr (Problem::kQ > 0) {
+        if (t.op & kF8)
+          consume_tile_fp8<Cfg>(sm, ps, t, acc, wg - 1, prob.wsb(t));
         else consume_tile<Cfg>(sm, ps, t, acc, wg - 1);
       } else {
         consume_tile<Cfg>(sm, ps, t, acc, wg - 1);

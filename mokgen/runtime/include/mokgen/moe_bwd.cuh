@@ -175,6 +175,7 @@ template <class C, class Cfg>
 struct BwdProblem {
   using S = BwdSchedule<C, Cfg>;
   static constexpr bool kMNOperands = true;
+  static constexpr int kQ = 0;
   static constexpr int BM = Cfg::BM, BN = Cfg::BN;
   static constexpr int k_d = C::D / 64, k_i2 = 2 * C::I / 64, k_is2 = 2 * C::IS / 64;
   const BwdMaps* maps;

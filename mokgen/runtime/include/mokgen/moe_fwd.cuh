@@ -14,6 +14,7 @@
 #pragma once
 #include <cuda_bf16.h>
 #include "mokgen/combine.cuh"
+#include "mokgen/fp8.cuh"
 #include "mokgen/gemm_tile.cuh"
 #include "mokgen/sync.cuh"
 
@@ -24,11 +25,19 @@ enum FwdOp : int { kSharedGateUp = 0, kSharedDown = 1, kGateUp = 2, kDown = 3 };
 // Watchdog phases of the forward (the host names them in its error).
 enum FwdPhase : int { kPhaseSharedDown = 1, kPhaseGateUp = 2, kPhaseDown = 3, kPhaseRingSlot = 4 };
 
-// Plan constants. B = minibatch rows, SLOTS = ring slots (ring rows = B * SLOTS).
-template <int D_, int I_, int IS_, int K_, int L_, int R_, int B_, int SLOTS_, int COMM_>
+// Plan constants. B = minibatch rows, SLOTS = ring slots (ring rows = B * SLOTS). Q: the
+// routed experts' operands, 0 = bf16, 128 = blockwise fp8, 32 = MXFP8 (fp8.cuh).
+template <int D_, int I_, int IS_, int K_, int L_, int R_, int B_, int SLOTS_, int COMM_,
+          int Q_ = 0>
 struct FwdConsts {
   static constexpr int D = D_, I = I_, IS = IS_, K = K_, L = L_, R = R_, B = B_, SLOTS = SLOTS_;
-  static constexpr int COMM = COMM_;
+  static constexpr int COMM = COMM_, Q = Q_, RING_ROWS = B_ * SLOTS_;
+};
+
+// The fp8 forward's extra operands (all unused, may be zero, for bf16 plans): e4m3 ring rows
+// and weights, their scales ([K/Q, rows] fp32 for activations; MX weights [K/32, rows] fp32).
+struct Fp8Maps {
+  CUtensorMap ring_x, ring_a, w1, w2, ring_sx, ring_sa, w1s, w2s;
 };
 
 template <int R>
@@ -52,6 +61,12 @@ struct FwdBuffers {
   __nv_bfloat16* h_shared;  // [N, IS]
   float* y_shared;          // [N, D]
   uint32_t* counters;
+  uint8_t* ring_x8;         // fp8 plans: [SLOTS*B, D] e4m3 ring rows, quantized on dispatch
+  uint8_t* ring_a8;         //   [SLOTS*B, I] e4m3 SwiGLU output, quantized in the epilogue
+  float* ring_sx;           //   [D/Q, SLOTS*B] their scales
+  float* ring_sa;           //   [I/Q, SLOTS*B]
+  const float* w1s;         //   blockwise fp8 weight scales [L*2I/128, D/128]
+  const float* w2s;         //   [L*D/128, I/128]
   int n_tokens;
   int max_minibatches;
   int rank;                 // this rank's index, for the watchdog's record
@@ -67,11 +82,12 @@ struct FwdBuffers {
 // every task waits only on tasks earlier in the list (or on comm, which waits only on those).
 template <class C, class Cfg>
 struct FwdSchedule {
-  static constexpr int BM = Cfg::BM, BN = Cfg::BN;
+  // BM: shared-expert row tiles (bf16); RBM: routed row tiles (fp8 tiles are 64 rows)
+  static constexpr int BM = Cfg::BM, BN = Cfg::BN, RBM = C::Q ? Cfg::BM8 : Cfg::BM;
   static constexpr int GU_N = C::I / (BN / 2);  // gate/up tiles per row tile (BN/2 outputs)
   static constexpr int DN_N = C::D / BN;        // down tiles per row tile
   static constexpr int SGU_N = C::IS / (BN / 2);
-  static constexpr int RT_FULL = C::B / BM;     // row tiles in a full minibatch
+  static constexpr int RT_FULL = C::B / RBM;    // row tiles in a full minibatch
   static_assert(C::B % BM == 0, "minibatch must be a multiple of the tile rows");
   static_assert(C::SLOTS >= 2, "the lagged task order needs a ring of at least 2 minibatches");
   static_assert(C::I % (BN / 2) == 0 && C::D % BN == 0 && (C::IS == 0 || C::IS % (BN / 2) == 0),
@@ -84,7 +100,7 @@ struct FwdSchedule {
     nm = (rows + C::B - 1) / C::B;
     n_macro = (nm + C::SLOTS - 1) / C::SLOTS;
     first_count = nm - (n_macro - 1) * C::SLOTS;  // minibatches of the macrobatch done first
-    rt_last = nm ? (rows - (nm - 1) * C::B) / BM : 0;
+    rt_last = nm ? (rows - (nm - 1) * C::B) / RBM : 0;
     shared_rt = C::IS ? (n_tokens + BM - 1) / BM : 0;
   }
   // q-th minibatch in processing order (reverse macrobatches, ascending inside each)
@@ -148,12 +164,17 @@ template <class C, class Cfg>
 struct FwdProblem {
   using S = FwdSchedule<C, Cfg>;
   static constexpr bool kMNOperands = false;
+  static constexpr int kQ = C::Q;
+  const Fp8Maps* f8;
   const CUtensorMap *x_map, *hs_map, *ring_x_map, *ring_a_map, *sw1_map, *sw2_map, *w1_map,
       *w2_map;
   const PeerTable<C::R>* peers;
   const FwdBuffers* buf;
   S s;
   static constexpr int k_d = C::D / 64, k_i = C::I / 64, k_is = C::IS / 64;  // K blocks
+  // routed tiles: their opcode bits and K blocks (fp8 slices are 128 wide)
+  static constexpr int kRouted = C::Q ? kF8 : 0;
+  static constexpr int k_rd = C::Q ? C::D / 128 : k_d, k_ri = C::Q ? C::I / 128 : k_i;
 
   // Counter arrays, derived where used rather than held: consumer registers are scarce.
   MOKGEN_DEV uint32_t* ready() const { return buf->counters + 1; }
@@ -171,14 +192,34 @@ struct FwdProblem {
     for (const CUtensorMap* m : {x_map, hs_map, ring_x_map, ring_a_map, sw1_map, sw2_map,
                                  w1_map, w2_map})
       tma_prefetch_desc(m);
+    if constexpr (C::Q > 0) {
+      for (const CUtensorMap* m : {&f8->ring_x, &f8->ring_a, &f8->w1, &f8->w2, &f8->ring_sx,
+                                   &f8->ring_sa})
+        tma_prefetch_desc(m);
+      if constexpr (C::Q == 32) { tma_prefetch_desc(&f8->w1s); tma_prefetch_desc(&f8->w2s); }
+    }
   }
   MOKGEN_DEV const CUtensorMap* map_a(const Task& t) const {
-    return t.op == kSharedGateUp ? x_map : t.op == kSharedDown ? hs_map
-         : t.op == kGateUp ? ring_x_map : ring_a_map;
+    const int op = opcode(t);
+    if (C::Q > 0 && op >= kGateUp) return op == kGateUp ? &f8->ring_x : &f8->ring_a;
+    return op == kSharedGateUp ? x_map : op == kSharedDown ? hs_map
+         : op == kGateUp ? ring_x_map : ring_a_map;
   }
   MOKGEN_DEV const CUtensorMap* map_b(const Task& t) const {
-    return t.op == kSharedGateUp ? sw1_map : t.op == kSharedDown ? sw2_map
-         : t.op == kGateUp ? w1_map : w2_map;
+    const int op = opcode(t);
+    if (C::Q > 0 && op >= kGateUp) return op == kGateUp ? &f8->w1 : &f8->w2;
+    return op == kSharedGateUp ? sw1_map : op == kSharedDown ? sw2_map
+         : op == kGateUp ? w1_map : w2_map;
+  }
+  // fp8 routed tiles' scales
+  MOKGEN_DEV const CUtensorMap* map_sa(const Task& t) const {
+    return opcode(t) == kGateUp ? &f8->ring_sx : &f8->ring_sa;
+  }
+  MOKGEN_DEV const CUtensorMap* map_sb(const Task& t) const {
+    return opcode(t) == kGateUp ? &f8->w1s : &f8->w2s;
+  }
+  MOKGEN_DEV const float* wsb(const Task& t) const {
+    return opcode(t) == kGateUp ? buf->w1s : buf->w2s;
   }
 
   MOKGEN_DEV int expert_of(int row) const { return expert_at<C::L>(buf->offsets, row); }
@@ -212,7 +253,7 @@ struct FwdProblem {
   }
 
   MOKGEN_DEV Task routed_task(int q, bool gu, int i) const {
-    const int BM = Cfg::BM, BN = Cfg::BN;
+    const int BM = S::RBM, BN = Cfg::BN;
     const int m = s.minibatch_at(q);
     const int rt_n = s.row_tiles(m);
     const int rt = i % rt_n, nt = i / rt_n;
@@ -224,14 +265,14 @@ struct FwdProblem {
       const int n0 = nt * (BN / 2);
       if (!wait_at_least(ready() + m, C::COMM, buf->rank, kPhaseGateUp, m)) return stop_task();
       fence_proxy_async_global();  // ring rows were written by the comm CTAs' plain stores
-      return Task{kGateUp, slot_row, e * 2 * C::I + n0, e * 2 * C::I + C::I + n0, p0, n0, BM,
-                  k_d};
+      return Task{kGateUp | kRouted, slot_row, e * 2 * C::I + n0, e * 2 * C::I + C::I + n0, p0,
+                  n0, BM, k_rd};
     }
     if (!wait_at_least(gu_done() + m * S::RT_FULL + rt, S::GU_N, buf->rank, kPhaseDown,
                        m * S::RT_FULL + rt))
       return stop_task();
     fence_proxy_async_global();
-    return Task{kDown, slot_row, e * C::D + nt * BN, -1, p0, nt * BN, BM, k_i};
+    return Task{kDown | kRouted, slot_row, e * C::D + nt * BN, -1, p0, nt * BN, BM, k_ri};
   }
 
   // Consumer threads (256). Stores from registers, then one thread publishes completion.
@@ -239,7 +280,14 @@ struct FwdProblem {
   // at 168 registers; see benchmarks/NOTES.md.)
   MOKGEN_DEV void epilogue(const Task& t, float (&acc)[Cfg::kAccRegs], int cwg) {
     constexpr int BN = Cfg::BN;
-    if (t.op == kSharedGateUp || t.op == kGateUp) {  // local rows, half-contiguous already
+    const int op = opcode(t);
+    if (C::Q > 0 && op >= kGateUp) {  // fp8 tiles: N-split layout (gemm_tile.cuh)
+      if constexpr (C::Q > 0) {
+        auto& a = reinterpret_cast<float(&)[64]>(acc);
+        if (op == kGateUp) swiglu_fp8(t, a, cwg);
+        else down_fp8(t, a, cwg);
+      }
+    } else if (op == kSharedGateUp || op == kGateUp) {  // local rows, half-contiguous already
       __nv_bfloat16* out = t.op == kSharedGateUp
           ? buf->h_shared + (size_t)t.c_row0 * C::IS + t.c_col0
           : buf->ring_a + (size_t)t.a_row0 * C::I + t.c_col0;
@@ -258,7 +306,7 @@ struct FwdProblem {
         }
       });
       fence_proxy_async_global();  // the down GEMM reads these rows through TMA
-    } else if (t.op == kSharedDown) {
+    } else if (op == kSharedDown) {
       float* out = buf->y_shared + (size_t)t.c_row0 * C::D + t.c_col0;
       for_each_acc_pair<BN>(acc, cwg, t.m_valid, [&](int r, int c, float v0, float v1) {
         *reinterpret_cast<float2*>(out + (size_t)r * C::D + c) = make_float2(v0, v1);
@@ -287,12 +335,95 @@ struct FwdProblem {
     }
     named_bar_sync(1, 256);
     if (threadIdx.x == 128) {
-      const int BM = Cfg::BM;
-      if (t.op == kSharedGateUp) signal_add(sgu_done() + t.c_row0 / BM);
-      else if (t.op == kGateUp)
-        signal_add(gu_done() + (t.c_row0 / C::B) * S::RT_FULL + (t.c_row0 % C::B) / BM);
-      else if (t.op == kDown) signal_add(dn_done() + t.c_row0 / C::B);
+      if (op == kSharedGateUp) signal_add(sgu_done() + t.c_row0 / S::BM);
+      else if (op == kGateUp)
+        signal_add(gu_done() + (t.c_row0 / C::B) * S::RT_FULL + (t.c_row0 % C::B) / S::RBM);
+      else if (op == kDown) signal_add(dn_done() + t.c_row0 / C::B);
     }
+  }
+
+  // fp8 tiles hold, per consumer warpgroup cwg, a 64 x 128 block in 64 registers: register
+  // i is row acc_row(i), column acc_col(i) (+ i % 2) of the block, which starts at column
+  // 128 cwg of a down tile, and for gate/up is 64 gate (i < 32) + 64 up columns of outputs
+  // 64 cwg .. 64 cwg + 63 of the tile's 128.
+
+  // Routed down (fp8 tile): times the router weight, pushed to the owners' combine rows.
+  MOKGEN_DEV void down_fp8(const Task& t, float (&acc)[64], int cwg) {
+    __nv_bfloat16* dst[2];
+    float w[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int p = t.c_row0 + acc_row(2 * h);
+      const int2 src = buf->table[p];
+      const bool ok = src.x >= 0 &&  // padding rows go nowhere
+          MOKGEN_OK(src.x < C::R && src.y < buf->n_tokens * C::K && p < s.rows, 5, src.x, p);
+      dst[h] = ok ? peers->combine[src.x] + (size_t)src.y * C::D + t.c_col0 + 128 * cwg : nullptr;
+      w[h] = buf->row_weight[p];
+    }
+#pragma unroll
+    for (int r = 0; r < 64; r += 2) {
+      __nv_bfloat16* d = dst[(r >> 1) & 1];
+      const float s_ = w[(r >> 1) & 1];
+      if (d != nullptr)
+        *reinterpret_cast<__nv_bfloat162*>(d + acc_col(r)) =
+            __floats2bfloat162_rn(acc[r] * s_, acc[r + 1] * s_);
+    }
+  }
+
+  // fp8 gate/up epilogue: a = silu(g) * u from the fp32 accumulators, quantized along I
+  // (the down GEMM's K) into ring_a8 + ring_sa. A thread holds 2 rows x 16 of its
+  // warpgroup's 64 outputs; the 4 lanes of a quad hold the rest of those rows, and the other
+  // warpgroup the tile's other 64 (Q = 128 exchanges row maxima through shared memory;
+  // Q = 32 blocks are 4 column groups of one warpgroup). The bf16 pre-activations (for a
+  // backward) are stored first, so `a` can overwrite the gate accumulators in place.
+  MOKGEN_DEV void swiglu_fp8(const Task& t, float (&acc)[64], int cwg) {
+    constexpr int G = C::Q / 8;  // column groups (8 wide) per block
+    const int col0 = t.c_col0 + 64 * cwg;
+    if (buf->ring_h != nullptr) {
+      __nv_bfloat16* pre = buf->ring_h + (size_t)t.a_row0 * 2 * C::I + col0;
+#pragma unroll
+      for (int r = 0; r < 32; r += 2) {
+        __nv_bfloat16* p = pre + (size_t)acc_row(r) * 2 * C::I + acc_col(r);
+        *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(acc[r], acc[r + 1]);
+        *reinterpret_cast<__nv_bfloat162*>(p + C::I) =
+            __floats2bfloat162_rn(acc[r + 32], acc[r + 33]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 32; ++r) acc[r] = silu(acc[r]) * acc[r + 32];
+    uint8_t* out = buf->ring_a8 + (size_t)t.a_row0 * C::I + col0;
+    float* xchg = GemmSmem<Cfg>::carve(dyn_smem()).xchg;  // Q = 128 only
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = acc_row(2 * h);
+#pragma unroll
+      for (int g0 = 0; g0 < 8; g0 += (G < 8 ? G : 8)) {  // a block's groups in this warpgroup
+        float amax = 0.f;
+#pragma unroll
+        for (int g = g0; g < g0 + (G < 8 ? G : 8); ++g) {
+          const int r = 4 * g + 2 * h;
+          amax = fmaxf(amax, fmaxf(amax_term(acc[r]), amax_term(acc[r + 1])));
+        }
+        amax = group_max<4>(amax);
+        if constexpr (C::Q == 128) {  // the other half of the row is in the other warpgroup
+          if ((threadIdx.x & 3) == 0) xchg[cwg * 64 + row] = amax;
+          named_bar_sync(2, 256);
+          amax = fmaxf(amax, xchg[(1 - cwg) * 64 + row]);
+        }
+        const float scale = fp8_scale<C::Q>(amax);
+#pragma unroll
+        for (int g = g0; g < g0 + (G < 8 ? G : 8); ++g) {
+          const int r = 4 * g + 2 * h;
+          const uint16_t pair = (uint16_t)(fp8_element(acc[r], scale) |
+                                           (fp8_element(acc[r + 1], scale) << 8));
+          *reinterpret_cast<uint16_t*>(out + (size_t)row * C::I + acc_col(r)) = pair;
+        }
+        if ((threadIdx.x & 3) == 0 && (C::Q == 32 || cwg == 0))
+          buf->ring_sa[(size_t)((col0 + 8 * g0) / C::Q) * C::RING_ROWS + t.a_row0 + row] =
+              scale;
+      }
+    }
+    fence_proxy_async_global();  // the down GEMM reads these rows through TMA
   }
 };
 
@@ -316,8 +447,13 @@ MOKGEN_DEV void fwd_comm(const PeerTable<C::R>& peers, const FwdBuffers& buf) {
       if (!go) return;  // the watchdog fired: stop pulling, let the kernel drain
     }
     const int p0 = m * C::B, p1 = min(p0 + C::B, s.rows);
-    pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, (q % C::SLOTS) * C::B,
-                          blockIdx.x * warps + threadIdx.x / 32, C::COMM * warps);
+    if constexpr (C::Q > 0)
+      pull_rows_fp8<C::D, C::K, C::Q, C::RING_ROWS>(
+          buf.table, peers.x, buf.ring_x8, buf.ring_sx, p0, p1, (q % C::SLOTS) * C::B,
+          blockIdx.x * warps + threadIdx.x / 32, C::COMM * warps);
+    else
+      pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, (q % C::SLOTS) * C::B,
+                            blockIdx.x * warps + threadIdx.x / 32, C::COMM * warps);
     fence_proxy_async_global();  // compute reads the ring through TMA (async proxy)
     __syncthreads();
     if (threadIdx.x == 0) signal_add(ready + m);

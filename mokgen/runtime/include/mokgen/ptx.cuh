@@ -15,6 +15,13 @@ MOKGEN_DEV uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The kernel's dynamic shared memory (every extern __shared__ array names its base), for
+// device code that is not handed the pointer.
+MOKGEN_DEV uint8_t* dyn_smem() {
+  extern __shared__ __align__(1024) uint8_t mokgen_dyn_smem[];
+  return mokgen_dyn_smem;
+}
+
 // ---------------------------------------------------------------- mbarrier
 MOKGEN_DEV void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count)

@@ -1,4 +1,4 @@
-// mokgen/wgmma.cuh -- warpgroup MMA (sm_90a) wrappers for bf16 x bf16 -> fp32.
+// mokgen/wgmma.cuh -- warpgroup MMA (sm_90a) wrappers: bf16 x bf16 and e4m3 x e4m3 -> fp32.
 //
 // Operand layouts in shared memory, all written by TMA with 128-byte swizzle:
 // - K-major (the forward: activations [rows, K] and nn.Linear weights [out, K]): one
@@ -117,6 +117,29 @@ struct Wgmma<256> {
       "}, %128, %129, p, 1, 1, %131, %132;\n}"
       : MOKGEN_F32(d, 0), MOKGEN_F32(d, 32), MOKGEN_F32(d, 64), MOKGEN_F32(d, 96)
       : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
+  }
+};
+
+// fp8: D[64 x N] (+)= A[64 x 32] * B[N x 32]^T, e4m3 x e4m3 -> fp32. Hopper's fp8 wgmma
+// takes K-major operands only (no imm-trans), 32 K elements = 32 bytes per step: the same +2
+// descriptor step as bf16's k16 (desc_advance_k16).
+template <int N>
+struct WgmmaFp8;
+
+template <>
+struct WgmmaFp8<128> {
+  static constexpr int kRegs = 64;
+  static MOKGEN_DEV void mma(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1;\n}"
+      : MOKGEN_F32(d, 0), MOKGEN_F32(d, 32)
+      : "l"(da), "l"(db), "r"(scale_d));
   }
 };
 

@@ -27,6 +27,7 @@ __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* p, float a, float b)
 // ------------------------------------------------------------------ plain
 struct PlainProblem {
   static constexpr bool kMNOperands = true;
+  static constexpr int kQ = 0;
   const CUtensorMap* ta;
   const CUtensorMap* tb;
   __nv_bfloat16* C;
@@ -81,6 +82,7 @@ gemm_plain_t(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CU
 // BM in the benchmark). Tiles are numbered expert by expert, then rasterized inside.
 struct GroupedProblem {
   static constexpr bool kMNOperands = false;
+  static constexpr int kQ = 0;
   const CUtensorMap* ta;
   const CUtensorMap* tb;
   const int* seg_off;

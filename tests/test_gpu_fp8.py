@@ -1,0 +1,118 @@
+"""The fp8 forward megakernel (dtype "fp8": blockwise, "mxfp8": OCP MX) on the GPU against the
+references (marked gpu: skipped without one)."""
+import pytest
+import torch
+
+import mokgen
+from mokgen import quant
+from mokgen.workloads import cosine, make_inputs, reference_grads, reference_outputs, rel_error
+
+pytestmark = pytest.mark.gpu
+FORMATS = ["fp8", "mxfp8"]
+
+
+def run_checked(fmt, shape, ep, tokens, skew=None, **overrides):
+    layer = mokgen.compile(shape, ep=ep, dtype=fmt, tokens_per_rank=tokens, virtual=True,
+                           **overrides)
+    inputs = make_inputs(shape, ep, tokens, skew=skew)
+    layer.runtime().poison()
+    ys = layer(**inputs)
+    torch.cuda.synchronize()
+    same = reference_outputs(shape, inputs, fp8=fmt)  # the same operands, quantized the same way
+    exact = reference_outputs(shape, inputs)
+    for r, (y, want, bf) in enumerate(zip(ys, same, exact)):
+        assert not y.isnan().any(), f"rank {r}: unwritten (NaN) output elements"
+        assert rel_error(y, want) <= 1e-2, f"rank {r}: vs quantized ref {rel_error(y, want):.3e}"
+        assert rel_error(y, bf) <= 6e-2, f"rank {r}: vs bf16 ref {rel_error(y, bf):.3e}"
+    return layer, inputs, ys
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("ep,tokens", [(1, 1000), (4, 777)])
+def test_fp8_forward_matches_the_quantized_reference(fmt, ep, tokens):
+    run_checked(fmt, mokgen.shapes.get("gpu-small"), ep, tokens)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fp8_ring_wraps_and_skew(fmt):
+    shape = mokgen.shapes.get("gpu-small")
+    run_checked(fmt, shape, 4, 900, minibatch=128, macrobatch=256)
+    run_checked(fmt, shape, 4, 600, skew="sparse")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fp8_preset_slice(fmt):
+    run_checked(fmt, mokgen.shapes.get("kimi-k2.7"), 8, 256)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fused_quantization_equals_mokgen_quant(fmt):
+    """Dispatch: every ring row is bit for bit mokgen.quant of the pulled bf16 row (data and
+    scales). SwiGLU epilogue: its output blocks are valid quantizations (requantizing the
+    dequantized values is the identity for MX) close to the reference's."""
+    shape = mokgen.shapes.get("gpu-small")
+    layer, inputs, _ = run_checked(fmt, shape, 2, 300)
+    rt = layer.runtime()
+    b, K, D, I = rt.ranks[0], shape.topk, shape.hidden, shape.intermediate
+    rows = min(int(b.meta[0].item()), rt.spec.macrobatch)  # the ring holds macrobatch 0
+    table = b.table[:rows].long().cpu()
+    live = table[:, 0] >= 0
+    src = torch.stack([inputs["x"][r][j // K] if r >= 0 else torch.zeros(D, dtype=torch.bfloat16,
+                                                                          device="cuda")
+                       for r, j in table.tolist()])
+    got_q = b.ring_x8[:rows].view(torch.float8_e4m3fn)
+    got_s = b.ring_sx[:, :rows].t()
+    if fmt == "mxfp8":
+        want_q, want_b = quant.to_mxfp8(src)
+        want_s = torch.exp2(want_b.float() - quant.SCALE_BIAS)
+    else:
+        want_q, want_s = quant.to_fp8_blockwise(src)
+    assert live.any()
+    assert torch.equal(got_q.view(torch.uint8), want_q.view(torch.uint8)), "dispatch data"
+    assert torch.equal(got_s, want_s), "dispatch scales"
+
+    a = quant.from_fp8_blockwise(b.ring_a8[:rows].view(torch.float8_e4m3fn),
+                                 b.ring_sa[:, :rows].t().contiguous(), (1, rt.spec.scale_block))
+    # the reference SwiGLU output of the live rows, from the same quantized operands
+    e = torch.searchsorted(b.offsets[1:].cpu(), torch.arange(rows), right=True)
+    w1 = inputs["w1"][0].float()
+    for i in torch.nonzero(live).flatten().tolist()[:64]:
+        g, u = (quant.fake_quant(src[i:i + 1].float(), fmt)
+                @ quant.fake_quant(w1[e[i]], fmt, weight=True).T).chunk(2, dim=-1)
+        want = torch.nn.functional.silu(g) * u
+        assert rel_error(a[i:i + 1], want) <= 3e-2, f"SwiGLU row {i}"
+    if fmt == "mxfp8":
+        q2, b2 = quant.to_mxfp8(a[live])
+        assert torch.equal(q2.view(torch.uint8),
+                           b.ring_a8[:rows][live]), "SwiGLU blocks are not MX-canonical"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fp8_forward_is_deterministic(fmt):
+    shape = mokgen.shapes.get("gpu-small")
+    layer, inputs, first = run_checked(fmt, shape, 4, 500)
+    again = layer(**inputs)
+    for a, b in zip(first, again):
+        assert torch.equal(a, b), "repeated calls differ bitwise"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fp8_layer_gradients(fmt):
+    """The fp8 forward's gradients (the bf16 backward megakernel over the master weights)
+    against the reference's explicit backward: cosine >= 0.996."""
+    shape = mokgen.shapes.get("gpu-small")
+    ep, n = 2, 400
+    layer = mokgen.compile(shape, ep=ep, dtype=fmt, tokens_per_rank=n, virtual=True)
+    inputs = make_inputs(shape, ep, n)
+    leaves = {k: ([t.detach().requires_grad_() for t in v] if isinstance(v, list)
+                  else v.detach().requires_grad_()) for k, v in inputs.items()}
+    ys = layer(**leaves)
+    dys = [torch.randn_like(y) for y in ys]
+    torch.autograd.backward(ys, dys)
+    want = reference_grads(shape, inputs, dys)
+    for k in ("x", "router_logits", "w1", "w2"):
+        for r in range(ep):
+            c = cosine(leaves[k][r].grad, want[k][r])
+            assert c >= 0.996, f"{k}[{r}] cosine {c:.5f}"
+    for k in ("shared_w1", "shared_w2"):
+        assert cosine(leaves[k].grad, want[k]) >= 0.996, k
