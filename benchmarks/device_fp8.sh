@@ -10,3 +10,6 @@ timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu -x tests/test_gpu_fp8.p
 if [ -n "${BENCH:-}" ]; then
   timeout ${BENCH_TIMEOUT:-250} python3 benchmarks/fp8.py $BENCH 2>&1 | tee "$OUT/bench_fp8.log" | tail -14
 fi
+if [ -n "${PROFILE:-}" ]; then
+  timeout ${PROFILE_TIMEOUT:-200} python3 benchmarks/profile_fp8.py $PROFILE 2>&1 | grep '^{' | tee "$OUT/profile_fp8.log"
+fi

@@ -44,19 +44,31 @@ class ScaledSlice(TorchSlice):
         self.q2, self.s2 = q2, s2.squeeze(-1)
 
     def scaled(self, all_routes, all_weights):
+        """The grouped pipeline with fp8 GEMMs. Each expert's rows are padded to a multiple
+        of 16 (the fp8 grouped GEMM's alignment; zero rows, scale 1)."""
         n, D = self.X.shape[1], self.X.shape[2]
         local = self._routes(all_routes)
         idx = (local < self.L).nonzero().squeeze(1)
         idx = idx[torch.argsort(local[idx], stable=True)]
-        rows = self.X.view(-1, D)[idx // self.k]
-        offs = torch.cumsum(torch.bincount(local[idx], minlength=self.L), 0).to(torch.int32)
-        qa, sa = rowwise(rows)
-        h = torch._scaled_grouped_mm(qa, self.q1.transpose(1, 2), sa.squeeze(-1), self.s1,
-                                     offs=offs, out_dtype=torch.bfloat16)
+        e = local[idx]
+        counts = torch.bincount(e, minlength=self.L)
+        padded = (counts + 15) // 16 * 16
+        ends = torch.cumsum(padded, 0)
+        dest = torch.arange(len(idx), device=idx.device) - (torch.cumsum(counts, 0) - counts)[e] \
+            + (ends - padded)[e]
+        total = int(padded.sum())  # one host sync, as grouped's nonzero
+        offs = ends.to(torch.int32)
+
+        def gemm(rows, q, s):
+            qa, sa = rowwise(rows)
+            qp = torch.zeros(total, rows.shape[1], dtype=E4M3, device=rows.device)
+            sp = torch.ones(total, dtype=torch.float32, device=rows.device)
+            qp[dest], sp[dest] = qa, sa.squeeze(-1)
+            return torch._scaled_grouped_mm(qp, q.transpose(1, 2), sp, s, offs=offs,
+                                            out_dtype=torch.bfloat16)[dest]
+        h = gemm(self.X.view(-1, D)[idx // self.k], self.q1, self.s1)
         I = h.shape[1] // 2
-        qa, sa = rowwise(F.silu(h[:, :I]) * h[:, I:])
-        out = torch._scaled_grouped_mm(qa, self.q2.transpose(1, 2), sa.squeeze(-1), self.s2,
-                                       offs=offs, out_dtype=torch.bfloat16)
+        out = gemm(F.silu(h[:, :I]) * h[:, I:], self.q2, self.s2)
         out = out * all_weights.flatten()[idx][:, None].to(out.dtype)
         return self._push_and_sum(idx, out, n, D)
 

@@ -68,8 +68,12 @@ def from_mxfp8(data: torch.Tensor, scales: torch.Tensor, dim: int = -1,
 # ---------------------------------------------------------------- DeepSeek-style blockwise fp8
 # The format Hopper users train with: e4m3 elements, one fp32 scale per block, scale =
 # amax / 448 (not a power of two): 1 x 128 blocks for activations, 128 x 128 for weights,
-# over the last two dims. An all-zero block gets scale 1 and zeros; a block holding NaN or
-# Inf gets a NaN scale and NaN elements.
+# over the last two dims. Elements are x * (448 / amax), the block's inverse scale computed
+# once (one IEEE division per block, as DeepSeek's casts do: a kernel multiplies, it does not
+# divide every element). All fp32, every division an element-wise IEEE one (torch turns a
+# division by a Python number into a multiplication by its reciprocal on CUDA, so none is
+# used). An all-zero block gets scale 1 and zeros; a block holding NaN or Inf gets a NaN
+# scale and NaN elements.
 ACT_BLOCK, WEIGHT_BLOCK = (1, 128), (128, 128)
 
 
@@ -94,9 +98,13 @@ def to_fp8_blockwise(t: torch.Tensor, block=ACT_BLOCK):
     """-> (data float8_e4m3fn like t, scales fp32 [..., R/br, C/bc])."""
     x = _tiles(t.float(), block)
     amax = x.abs().amax((-2, -1), keepdim=True)
-    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
-    scale = torch.where(torch.isfinite(amax), scale, torch.full_like(amax, float("nan")))
-    q = (x / scale).clamp(-E4M3_MAX, E4M3_MAX)
+    top = torch.full_like(amax, E4M3_MAX)
+    live = amax > 0
+    scale = torch.where(live, amax / top, torch.ones_like(amax))
+    inv = torch.where(live, top / torch.where(live, amax, top), torch.ones_like(amax))
+    finite = torch.isfinite(amax)
+    scale = torch.where(finite, scale, torch.full_like(amax, float("nan")))
+    q = torch.where(finite, (x * inv).clamp(-E4M3_MAX, E4M3_MAX), torch.full_like(x, float("nan")))
     return _untile(q.to(torch.float8_e4m3fn)), scale[..., 0, 0]
 
 

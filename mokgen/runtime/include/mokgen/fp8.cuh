@@ -1,9 +1,9 @@
 // mokgen/fp8.cuh -- the two fp8 activation formats the kernels quantize into, bit for bit
 // as mokgen.quant does (its docstrings are the spec), selected by Q = elements per scale:
 //   Q = 128: DeepSeek-style blockwise fp8, scale = amax / 448 in IEEE fp32 (1 for an
-//            all-zero block), element = v / scale;
+//            all-zero block), element = v * (448 / amax);
 //   Q = 32:  OCP MXFP8, scale = 2^(floor(log2 amax) - 8) (an e8m0 byte; 2^-127 for an all-zero
-//            block), element = v / scale (exact: a power of two).
+//            block), element = v / scale, computed as v * 2^-(...) (exact either way).
 // Elements are rounded to e4m3 (nearest even, subnormals kept) after clamping to +-448. A block
 // holding NaN or Inf gets a NaN scale and e4m3 NaN elements (0x7F), like the reference.
 // The kernels keep every scale as the fp32 value it stands for (MX: 2^(byte-127)): the GEMM
@@ -17,17 +17,28 @@
 
 namespace mokgen {
 
-// Scale of a block from its amax (+Inf when the block holds a non-finite value).
+// A block's scale (what dequantization multiplies by) and inverse (what quantization
+// multiplies by) from its amax (+Inf when the block holds a non-finite value).
+struct Fp8Scale {
+  float scale, inv;
+};
 template <int Q>
-MOKGEN_DEV float fp8_scale(float amax) {
+MOKGEN_DEV Fp8Scale fp8_scale(float amax) {
   static_assert(Q == 128 || Q == 32, "Q = 128 (blockwise fp8) or 32 (MXFP8)");
-  if (!isfinite(amax)) return __int_as_float(0x7fc00000);
-  if constexpr (Q == 128) return amax > 0.f ? __fdiv_rn(amax, 448.f) : 1.f;
-  else return mx_scale_value(mx_scale_byte(amax));
+  const float nan = __int_as_float(0x7fc00000);
+  if (!isfinite(amax)) return {nan, nan};
+  if constexpr (Q == 128) {
+    if (amax == 0.f) return {1.f, 1.f};
+    return {__fdiv_rn(amax, 448.f), __fdiv_rn(448.f, amax)};
+  } else {  // 2^(b - 127) and its exact inverse 2^(127 - b) = value of byte 254 - b
+    const uint8_t b = mx_scale_byte(amax);
+    return {mx_scale_value(b), mx_scale_value((uint8_t)(254 - b))};
+  }
 }
 
-MOKGEN_DEV uint8_t fp8_element(float v, float scale) {
-  const float q = __fdiv_rn(v, scale);
+// e4m3 of v * inv (one rounding: for MX the product is exact, as the reference's division)
+MOKGEN_DEV uint8_t fp8_element(float v, float inv) {
+  const float q = v * inv;
   if (isnan(q)) return 0x7F;  // fminf/fmaxf would drop the NaN
   return (uint8_t)__nv_cvt_float_to_fp8(fminf(fmaxf(q, -448.f), 448.f), __NV_SATFINITE,
                                         __NV_E4M3);
@@ -84,16 +95,16 @@ __device__ void pull_rows_fp8(const int2* __restrict__ table,
           f[2 * c + 1] = x.y;
           amax = fmaxf(amax, fmaxf(amax_term(x.x), amax_term(x.y)));
         }
-        const float scale = fp8_scale<Q>(group_max<LANES>(amax));
+        const Fp8Scale sc = fp8_scale<Q>(group_max<LANES>(amax));
         uint32_t lo = 0, hi = 0;
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          lo |= (uint32_t)fp8_element(f[c], scale) << (8 * c);
-          hi |= (uint32_t)fp8_element(f[4 + c], scale) << (8 * c);
+          lo |= (uint32_t)fp8_element(f[c], sc.inv) << (8 * c);
+          hi |= (uint32_t)fp8_element(f[4 + c], sc.inv) << (8 * c);
         }
         if (v < VEC) {
           to[v] = make_uint2(lo, hi);
-          if (lane % LANES == 0) ring_s[(size_t)(v * 8 / Q) * RING_ROWS + row] = scale;
+          if (lane % LANES == 0) ring_s[(size_t)(v * 8 / Q) * RING_ROWS + row] = sc.scale;
         }
       }
     }

@@ -301,6 +301,29 @@ MOKGEN_DEV void consume_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const T
   // columns [0, 64) of this block come from piece 2 cwg, [64, 128) from piece 2 cwg + 1
   const float* sb0 = wsb + (size_t)(fp8_piece_row(t, 2 * cwg) / 128) * t.k_blocks;
   const float* sb1 = wsb + (size_t)(fp8_piece_row(t, 2 * cwg + 1) / 128) * t.k_blocks;
+#ifdef MOKGEN_PROFILE_FP8_NO_PROMOTE  // profiling builds only (benchmarks/profile_fp8.py):
+  // the wgmma stream alone, one group in flight as the bf16 mainloop (wrong results)
+  int prev = -1;
+  for (int kb = 0; kb < t.k_blocks; ++kb) {
+    mbar_wait(&sm.full[ps.idx], ps.phase, 103);
+    const uint64_t da = make_desc_kmajor_sw128(sm.a_stage(ps.idx));
+    const uint64_t db = make_desc_kmajor_sw128(sm.b_stage(ps.idx) + 2 * cwg * PIECE);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      WgmmaFp8<128>::mma(acc, desc_advance_k16(da, kk), desc_advance_k16(db, kk), (kb | kk) != 0);
+    wgmma_commit();
+    wgmma_wait<1>();
+    if (prev >= 0) { __syncwarp(); if (lane0) mbar_arrive(&sm.empty[prev]); }
+    prev = (int)ps.idx;
+    ps.template advance<Cfg::STAGES>();
+  }
+  wgmma_wait<0>();
+  wgmma_fence_regs(acc);
+  __syncwarp();
+  if (lane0) mbar_arrive(&sm.empty[prev]);
+  return;
+#endif
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     float wb0 = 1.f, wb1 = 1.f;
     if constexpr (Q == 128) { wb0 = __ldg(sb0 + kb); wb1 = __ldg(sb1 + kb); }

@@ -389,6 +389,9 @@ struct FwdProblem {
             __floats2bfloat162_rn(acc[r + 32], acc[r + 33]);
       }
     }
+#ifdef MOKGEN_PROFILE_FP8_PLAIN_EPILOGUE  // profiling builds only: no SwiGLU / quantization
+    return;
+#endif
 #pragma unroll
     for (int r = 0; r < 32; ++r) acc[r] = silu(acc[r]) * acc[r + 32];
     uint8_t* out = buf->ring_a8 + (size_t)t.a_row0 * C::I + col0;
@@ -410,17 +413,17 @@ struct FwdProblem {
           named_bar_sync(2, 256);
           amax = fmaxf(amax, xchg[(1 - cwg) * 64 + row]);
         }
-        const float scale = fp8_scale<C::Q>(amax);
+        const Fp8Scale sc = fp8_scale<C::Q>(amax);
 #pragma unroll
         for (int g = g0; g < g0 + (G < 8 ? G : 8); ++g) {
           const int r = 4 * g + 2 * h;
-          const uint16_t pair = (uint16_t)(fp8_element(acc[r], scale) |
-                                           (fp8_element(acc[r + 1], scale) << 8));
+          const uint16_t pair = (uint16_t)(fp8_element(acc[r], sc.inv) |
+                                           (fp8_element(acc[r + 1], sc.inv) << 8));
           *reinterpret_cast<uint16_t*>(out + (size_t)row * C::I + acc_col(r)) = pair;
         }
         if ((threadIdx.x & 3) == 0 && (C::Q == 32 || cwg == 0))
           buf->ring_sa[(size_t)((col0 + 8 * g0) / C::Q) * C::RING_ROWS + t.a_row0 + row] =
-              scale;
+              sc.scale;
       }
     }
     fence_proxy_async_global();  // the down GEMM reads these rows through TMA
