@@ -58,18 +58,13 @@ class LayerSpec:
         return self.num_experts // self.ep
 
     @property
-    def routed_tile(self) -> int:
-        """Rows of a routed GEMM tile: the fp8 tiles are 64 x 256 (gemm_tile.cuh)."""
-        return 64 if self.scale_block else self.block_m
-
-    @property
     def max_minibatches(self) -> int:
         return -(-self.max_rows // self.minibatch)
 
     def counter_words(self) -> int:
         shared_rt = -(-self.tokens_per_rank // self.block_m)
         return 1 + 2 * self.max_minibatches + self.max_minibatches * (
-            self.minibatch // self.routed_tile) + shared_rt
+            self.minibatch // self.block_m) + shared_rt
 
 
 class RankBuffers:
@@ -306,18 +301,18 @@ class ForwardRuntime:
             return cuda.Raw(bytes(8 * cuda.TENSOR_MAP_BYTES)), (0,) * 6
         L, D, I, M = s.local_experts, s.hidden, s.intermediate, s.macrobatch
         w = self.weights.get(w1, w2)
-        u8 = dict(dtype="u8", swizzle=128)  # e4m3 boxes: 128 K bytes x 64 rows
-        f32 = dict(dtype="f32", swizzle=0)  # scales [K/q, rows]: 64 rows x the slice's steps
+        u8 = dict(dtype="u8", swizzle=128)  # e4m3 boxes: 128 K bytes x 128 rows
+        f32 = dict(dtype="f32", swizzle=0)  # scales [K/q, rows]: 128 rows x the slice's steps
         ks = 128 // q
-        maps = [self._map_as(b.ring_x8, M, D, 64, 128, **u8),
-                self._map_as(b.ring_a8, M, I, 64, 128, **u8),
-                self._map_as(w.w1, L * 2 * I, D, 64, 128, **u8),
-                self._map_as(w.w2, L * D, I, 64, 128, **u8),
-                self._map_as(b.ring_sx, D // q, M, ks, 64, **f32),
-                self._map_as(b.ring_sa, I // q, M, ks, 64, **f32)]
+        maps = [self._map_as(b.ring_x8, M, D, 128, 128, **u8),
+                self._map_as(b.ring_a8, M, I, 128, 128, **u8),
+                self._map_as(w.w1, L * 2 * I, D, 128, 128, **u8),
+                self._map_as(w.w2, L * D, I, 128, 128, **u8),
+                self._map_as(b.ring_sx, D // q, M, ks, 128, **f32),
+                self._map_as(b.ring_sa, I // q, M, ks, 128, **f32)]
         if q == 32:
-            maps += [self._map_as(w.s1, D // q, L * 2 * I, ks, 64, **f32),
-                     self._map_as(w.s2, I // q, L * D, ks, 64, **f32)]
+            maps += [self._map_as(w.s1, D // q, L * 2 * I, ks, 128, **f32),
+                     self._map_as(w.s2, I // q, L * D, ks, 128, **f32)]
         else:  # blockwise B scales are read from global memory; the two slots stay unused
             maps += maps[4:6]
         raw = b"".join(cuda.tensor_map_bytes(m) for m in maps)

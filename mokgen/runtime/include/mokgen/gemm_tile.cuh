@@ -16,16 +16,17 @@
 // operands are activations [rows, features]) at columns a_row0.. and the same rows b_row1 + k.
 //
 // fp8 tiles (Task::op bit kF8, only for Problems with kQ > 0; the shared expert stays bf16 in
-// the same kernel) are 64 x 256 and split N between the consumers: warpgroup w owns columns
-// [128 w, 128 w + 128) of all 64 rows, as 64 fp32 accumulators plus a 64-register scratch
-// that each wgmma writes and that is then added into the accumulators times the scales.
-// (An M-split 128 x 256 tile needs 128 + scratch registers per thread; ptxas spilled it.)
-// Operands are e4m3, K-major, 128-element K slices: A 64 rows (8 KB), B four 64-row pieces
-// (32 KB) - piece j: B rows of b_row0 + 64 j, or for dual-B gate rows (j even) and up rows
-// (j odd) alternating, so a warpgroup's half is 64 gate + 64 up columns of the same outputs.
-// Scales come with each slice: A per row (and 32-step for MX) by TMA; B per 128 x 128 block
-// (Q = 128, blockwise fp8: one promotion per slice) read from global memory, or per column and
-// 32-step (Q = 32, MXFP8: one promotion per 32-wide K step) by TMA.
+// the same kernel) have the bf16 tiles' geometry, 128 x 256 with each consumer warpgroup
+// owning 64 rows, so the epilogues and the schedule are shared. Operands are e4m3, K-major,
+// 128-element K slices (the same 16 KB A / 32 KB B stage as a bf16 64-element slice). A
+// warpgroup runs its two 128-column halves (B rows b_row0.. and b_half1_row: gate and up
+// for dual-B) one after the other through a 64-register scratch accumulator, then adds the
+// scratch into its 128 fp32 accumulators times the scales: once per slice for Q = 128
+// (blockwise fp8: A scale per row, B scale per 128 x 128 weight block, read from global
+// memory), once per 32-wide K step for Q = 32 (MXFP8: A scale per row and step, B scale per
+// column and step), the A (and MX B) scales brought into shared memory by TMA with the slice.
+// The scratch is the tail of one 192-register accumulator array: as a separate array, ptxas
+// moved the accumulators around it and spilled.
 //
 // Pipeline state (ring slot + mbarrier phase) lives in registers of the producer thread and of
 // every consumer thread and PERSISTS across tiles: the megakernel runs many tiles per CTA and
@@ -79,64 +80,65 @@ struct GemmCfg {
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   // fp8 slices: 128 e4m3 along K in the same A / B bytes; scales per slice (fp32): A per row
   // and 32-step ([128/Q][BM]), B per column and 32-step for MX only ([2 halves][4][128])
-  static constexpr int BK8 = 128, BM8 = 64;
-  static constexpr int SA_BYTES = Q ? BM8 * (BK8 / Q) * 4 : 0;
+  static constexpr int BK8 = 128;
+  static constexpr int kScratch = Q ? 64 : 0;  // fp8 scratch accumulators (after kAccRegs)
+  static constexpr int SA_BYTES = Q ? BM * (BK8 / Q) * 4 : 0;
   static constexpr int SB_BYTES = Q == 32 ? BN * (BK8 / Q) * 4 : 0;
   static constexpr int SC_BYTES = SA_BYTES + SB_BYTES;
-  static constexpr int XCHG_BYTES = Q ? 2 * BM8 * 4 : 0;  // per-row partials between consumers
   static constexpr int BAR_BYTES = 8 * (2 * STAGES + 2 * TASK_SLOTS);
   // 1024 B of slack: the 128B-swizzle atom must be 1024-aligned and the dynamic smem base is
   // not guaranteed to be.
   static constexpr int SMEM_BYTES =
-      1024 + STAGES * (STAGE_BYTES + SC_BYTES) + BAR_BYTES + 32 * TASK_SLOTS + XCHG_BYTES;
+      1024 + STAGES * (STAGE_BYTES + SC_BYTES) + BAR_BYTES + 32 * TASK_SLOTS;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for N = 128, 256");
   static_assert(STAGE_BYTES % 1024 == 0, "stages keep 1024 B alignment");
-  static_assert(Q == 0 || ((Q == 128 || Q == 32) && BN == 256 && BM8 * BK8 <= A_BYTES),
-                "fp8 tiles: Q = 128 or 32, 256 columns, slices fit bf16's stage");
+  static_assert(Q == 0 || ((Q == 128 || Q == 32) && BN == 256 && BM * BK8 == A_BYTES),
+                "fp8 tiles: Q = 128 or 32, two 128-column halves, slices as large as bf16's");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
 };
 
 // Pointers carved out of dynamic shared memory. Ring stage s: A at stage(s), B right after.
+// Only the ring base is held; everything else is a constant offset from it (a consumer
+// thread is short of registers: the fp8 tiles use 192 for accumulators).
 template <class Cfg>
 struct GemmSmem {
   uint8_t* ring;
-  uint64_t* full;        // [STAGES] TMA bytes landed (count 1 + tx)
-  uint64_t* empty;       // [STAGES] consumers done reading (count = consumer warps)
-  uint64_t* task_full;   // [TASK_SLOTS] task published (count 1)
-  uint64_t* task_empty;  // [TASK_SLOTS] task read by all consumer warps
-  Task* tasks;           // [TASK_SLOTS]
-  float* scales;         // [STAGES][SC_BYTES / 4] fp8 scales of each ring stage
-  float* xchg;           // [2][BM8] fp8 epilogues: one value per row from each consumer
+  static constexpr int kBars = Cfg::STAGES * Cfg::STAGE_BYTES;
+
+  MOKGEN_DEV uint64_t* full() const { return reinterpret_cast<uint64_t*>(ring + kBars); }
+  // [STAGES] TMA bytes landed (count 1 + tx)
+  MOKGEN_DEV uint64_t* empty() const { return full() + Cfg::STAGES; }
+  // [STAGES] consumers done reading (count = consumer warps)
+  MOKGEN_DEV uint64_t* task_full() const { return empty() + Cfg::STAGES; }  // [TASK_SLOTS]
+  MOKGEN_DEV uint64_t* task_empty() const { return task_full() + Cfg::TASK_SLOTS; }
+  MOKGEN_DEV Task* tasks() const {  // [TASK_SLOTS]
+    return reinterpret_cast<Task*>(task_empty() + Cfg::TASK_SLOTS);
+  }
+  MOKGEN_DEV float* scales() const {  // [STAGES][SC_BYTES / 4] fp8 scales of each stage
+    return reinterpret_cast<float*>(tasks() + Cfg::TASK_SLOTS);
+  }
 
   MOKGEN_DEV uint8_t* a_stage(int s) const { return ring + s * Cfg::STAGE_BYTES; }
   MOKGEN_DEV uint8_t* b_stage(int s) const { return ring + s * Cfg::STAGE_BYTES + Cfg::A_BYTES; }
-  MOKGEN_DEV float* sa_stage(int s) const { return scales + s * (Cfg::SC_BYTES / 4); }
+  MOKGEN_DEV float* sa_stage(int s) const { return scales() + s * (Cfg::SC_BYTES / 4); }
   MOKGEN_DEV float* sb_stage(int s) const { return sa_stage(s) + Cfg::SA_BYTES / 4; }
 
   static MOKGEN_DEV GemmSmem carve(uint8_t* dyn) {
     GemmSmem m;
     const uint32_t base = smem_u32(dyn);
     m.ring = dyn + (((base + 1023u) & ~1023u) - base);
-    uint8_t* p = m.ring + Cfg::STAGES * Cfg::STAGE_BYTES;
-    m.full = reinterpret_cast<uint64_t*>(p);
-    m.empty = m.full + Cfg::STAGES;
-    m.task_full = m.empty + Cfg::STAGES;
-    m.task_empty = m.task_full + Cfg::TASK_SLOTS;
-    m.tasks = reinterpret_cast<Task*>(m.task_empty + Cfg::TASK_SLOTS);
-    m.scales = reinterpret_cast<float*>(m.tasks + Cfg::TASK_SLOTS);
-    m.xchg = m.scales + Cfg::STAGES * (Cfg::SC_BYTES / 4);
     return m;
   }
   // One thread; the caller then __syncthreads() before the role split.
   MOKGEN_DEV void init() const {
     for (int s = 0; s < Cfg::STAGES; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], Cfg::kConsumerWarps);
+      mbar_init(&full()[s], 1);
+      mbar_init(&empty()[s], Cfg::kConsumerWarps);
     }
     for (int s = 0; s < Cfg::TASK_SLOTS; ++s) {
-      mbar_init(&task_full[s], 1);
-      mbar_init(&task_empty[s], Cfg::kConsumerWarps);
+      mbar_init(&task_full()[s], 1);
+      mbar_init(&task_empty()[s], Cfg::kConsumerWarps);
     }
     fence_mbarrier_init();
   }
@@ -147,18 +149,22 @@ struct GemmSmem {
 // ahead. Slot writes are plain smem stores ordered by the arrive's release semantics.
 template <class Cfg>
 MOKGEN_DEV void task_push(const GemmSmem<Cfg>& sm, PipeState& ts, const Task& t) {
-  mbar_wait(&sm.task_empty[ts.idx], ts.phase ^ 1, 100);
-  sm.tasks[ts.idx] = t;
-  mbar_arrive(&sm.task_full[ts.idx]);
+  mbar_wait(&sm.task_empty()[ts.idx], ts.phase ^ 1, 100);
+  sm.tasks()[ts.idx] = t;
+  mbar_arrive(&sm.task_full()[ts.idx]);
   ts.template advance<Cfg::TASK_SLOTS>();
 }
-// Called by every consumer thread (whole warps): one arrive per warp frees the slot.
+// Called by every consumer thread (whole warps): one arrive per warp frees the slot. A task
+// that never comes is recorded and read as stop (consumer code never traps: mbar_wait_lean).
 template <class Cfg>
 MOKGEN_DEV Task task_pop(const GemmSmem<Cfg>& sm, PipeState& ts) {
-  mbar_wait(&sm.task_full[ts.idx], ts.phase, 101);
-  const Task t = sm.tasks[ts.idx];
+  if (!mbar_wait_lean(&sm.task_full()[ts.idx], ts.phase)) {
+    record_timeout(101, ts.phase);
+    return stop_task();
+  }
+  const Task t = sm.tasks()[ts.idx];
   __syncwarp();
-  if ((threadIdx.x & 31) == 0) mbar_arrive(&sm.task_empty[ts.idx]);
+  if ((threadIdx.x & 31) == 0) mbar_arrive(&sm.task_empty()[ts.idx]);
   ts.template advance<Cfg::TASK_SLOTS>();
   return t;
 }
@@ -174,8 +180,8 @@ MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUten
   constexpr int kBox = 64 * 64 * 2;
   const bool amn = t.op & kAMN, bmn = t.op & kBMN;
   for (int kb = 0; kb < t.k_blocks; ++kb) {
-    mbar_wait(&sm.empty[ps.idx], ps.phase ^ 1, 102);
-    uint64_t* bar = &sm.full[ps.idx];
+    mbar_wait(&sm.empty()[ps.idx], ps.phase ^ 1, 102);
+    uint64_t* bar = &sm.full()[ps.idx];
     mbar_arrive_expect_tx(bar, Cfg::STAGE_BYTES);
     const int k0 = kb * Cfg::BK;
     if (amn) {
@@ -200,21 +206,23 @@ MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUten
 // One consumer warpgroup (cwg = 0/1 -> tile rows 64*cwg ..) accumulates its 64 x BN block.
 // One wgmma group stays in flight: after committing K-slice kb we wait for slice kb-1 and
 // only then hand its stage back, so the tensor core never idles on the release handshake.
-// TA / TB: A / B MN-major (see wgmma.cuh for the two descriptor forms).
+// TA / TB: A / B MN-major (see wgmma.cuh for the two descriptor forms). Returns false when
+// a stage never arrived (the caller records it and stops).
 template <class Cfg, int TA = 0, int TB = 0>
-MOKGEN_DEV void consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task& t,
+MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task& t,
                              float (&acc)[Cfg::kAccRegs], int cwg) {
   using Mma = Wgmma<Cfg::BN>;
   const bool lane0 = (threadIdx.x & 31) == 0;
   if (t.k_blocks <= 0) {
 #pragma unroll
     for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
-    return;
+    return true;
   }
   int prev = -1;
+  bool ok = true;
   wgmma_fence_regs(acc);
   for (int kb = 0; kb < t.k_blocks; ++kb) {
-    mbar_wait(&sm.full[ps.idx], ps.phase, 103);
+    ok &= mbar_wait_lean(&sm.full()[ps.idx], ps.phase);
     // a warpgroup's 64 A rows are 8 KB in either layout
     const uint8_t* a = sm.a_stage(ps.idx) + cwg * 64 * 128;
     const uint64_t da = TA ? make_desc_mnmajor_sw128(a) : make_desc_kmajor_sw128(a);
@@ -230,7 +238,7 @@ MOKGEN_DEV void consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task&
     wgmma_wait<1>();
     if (prev >= 0) {
       __syncwarp();
-      if (lane0) mbar_arrive(&sm.empty[prev]);
+      if (lane0) mbar_arrive(&sm.empty()[prev]);
     }
     prev = (int)ps.idx;
     ps.template advance<Cfg::STAGES>();
@@ -238,35 +246,33 @@ MOKGEN_DEV void consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task&
   wgmma_wait<0>();
   wgmma_fence_regs(acc);
   __syncwarp();
-  if (lane0) mbar_arrive(&sm.empty[prev]);
+  if (lane0) mbar_arrive(&sm.empty()[prev]);
+  return ok;
 }
 
 // ---------------------------------------------------------------- fp8 tiles
-// B rows of piece j (see the header): dual-B alternates gate and up rows.
-MOKGEN_DEV int fp8_piece_row(const Task& t, int j) {
-  return t.b_row1 >= 0 ? (j % 2 ? t.b_row1 : t.b_row0) + 64 * (j / 2) : t.b_row0 + 64 * j;
-}
+// B rows of the second 128-column half: the up rows (dual-B) or the next 128 rows.
+MOKGEN_DEV int b_half1_row(const Task& t) { return t.b_row1 >= 0 ? t.b_row1 : t.b_row0 + 128; }
 
-// Maps: A e4m3 box 128 (K) x 64 rows, B e4m3 box 128 x 64 rows; sa: fp32 [K/Q, A rows], box
-// 64 x 128/Q; sb (MX only): fp32 [K/32, B rows], box 64 x 4.
+// Maps: A and B e4m3 boxes 128 (K) x 128 rows; sa: fp32 [K/Q, A rows], box 128 x 128/Q; sb
+// (MX only): fp32 [K/32, B rows], box 128 x 4.
 template <class Cfg>
 MOKGEN_DEV void produce_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const CUtensorMap* ta,
                                  const CUtensorMap* tb, const CUtensorMap* tsa,
                                  const CUtensorMap* tsb, const Task& t) {
-  constexpr int KQ = Cfg::BK8 / Cfg::Q, PIECE = 64 * Cfg::BK8;
-  constexpr int BYTES = Cfg::BM8 * Cfg::BK8 + Cfg::B_BYTES + Cfg::SC_BYTES;
+  constexpr int KQ = Cfg::BK8 / Cfg::Q, HALF = 128 * Cfg::BK8;
   for (int kb = 0; kb < t.k_blocks; ++kb) {
-    mbar_wait(&sm.empty[ps.idx], ps.phase ^ 1, 102);
-    uint64_t* bar = &sm.full[ps.idx];
-    mbar_arrive_expect_tx(bar, BYTES);
+    mbar_wait(&sm.empty()[ps.idx], ps.phase ^ 1, 102);
+    uint64_t* bar = &sm.full()[ps.idx];
+    mbar_arrive_expect_tx(bar, Cfg::STAGE_BYTES + Cfg::SC_BYTES);
     const int k0 = kb * Cfg::BK8;
     tma_load_2d(sm.a_stage(ps.idx), ta, bar, k0, t.a_row0);
+    tma_load_2d(sm.b_stage(ps.idx), tb, bar, k0, t.b_row0);
+    tma_load_2d(sm.b_stage(ps.idx) + HALF, tb, bar, k0, b_half1_row(t));
     tma_load_2d(sm.sa_stage(ps.idx), tsa, bar, t.a_row0, kb * KQ);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      tma_load_2d(sm.b_stage(ps.idx) + j * PIECE, tb, bar, k0, fp8_piece_row(t, j));
-      if constexpr (Cfg::SB_BYTES > 0)
-        tma_load_2d(sm.sb_stage(ps.idx) + j * 64 * KQ, tsb, bar, fp8_piece_row(t, j), kb * KQ);
+    if constexpr (Cfg::SB_BYTES > 0) {
+      tma_load_2d(sm.sb_stage(ps.idx), tsb, bar, t.b_row0, kb * KQ);
+      tma_load_2d(sm.sb_stage(ps.idx) + 128 * KQ, tsb, bar, b_half1_row(t), kb * KQ);
     }
     ps.template advance<Cfg::STAGES>();
   }
@@ -275,7 +281,7 @@ MOKGEN_DEV void produce_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const C
 // acc[i] += tmp[i] * scale(row half of i, column group of i), i < 64: register i holds row
 // r0 (r0 + 8 when (i / 2) is odd) and columns 8 (i / 4) + 2 (lane % 4) + {0, 1} (wgmma.cuh).
 template <class F>
-MOKGEN_DEV void promote(float (&acc)[64], const float (&tmp)[64], F&& scale) {
+MOKGEN_DEV void promote(float* acc, const float* tmp, F&& scale) {
 #pragma unroll
   for (int i = 0; i < 64; i += 2) {
     const float2 s = scale((i >> 1) & 1, i >> 2);
@@ -284,86 +290,93 @@ MOKGEN_DEV void promote(float (&acc)[64], const float (&tmp)[64], F&& scale) {
   }
 }
 
-// Consumer warpgroup cwg: acc[0, 64) = its 64 x 128 block (columns 128 cwg ..); the wgmma
-// scratch is acc[64, 128): the registers the bf16 tiles' accumulators occupy anyway (a
-// separate scratch array made ptxas move the accumulators around it and spill). wsb:
-// blockwise B scales, fp32 [B rows / 128, k_blocks] (unused for MX).
+// Consumer warpgroup cwg (rows 64 cwg ..): acc[0, 128) its 64 x 256 block, acc[128, 192) the
+// scratch. wsb: blockwise B scales, fp32 [B rows / 128, k_blocks] (unused for MX). Returns
+// false when a stage never arrived (the caller records it and stops).
 template <class Cfg>
-MOKGEN_DEV void consume_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const Task& t,
-                                 float (&acc_full)[Cfg::kAccRegs], int cwg, const float* wsb) {
-  static_assert(Cfg::kAccRegs == 128, "fp8 tiles split the 128 accumulators: block + scratch");
-  float(&acc)[64] = *reinterpret_cast<float(*)[64]>(&acc_full[0]);
-  float(&tmp)[64] = *reinterpret_cast<float(*)[64]>(&acc_full[64]);
-  constexpr int Q = Cfg::Q, KQ = Cfg::BK8 / Q, STEPS = Q / 32, PIECE = 64 * Cfg::BK8;
+MOKGEN_DEV bool consume_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const Task& t,
+                                 float (&acc)[Cfg::kAccRegs + Cfg::kScratch], int cwg,
+                                 const float* wsb) {
+  static_assert(Cfg::kAccRegs == 128 && Cfg::kScratch == 64, "two 128-column halves");
+  constexpr int Q = Cfg::Q, KQ = Cfg::BK8 / Q, STEPS = Q / 32, HALF = 128 * Cfg::BK8;
+  float(&tmp)[64] = *reinterpret_cast<float(*)[64]>(&acc[128]);
   const bool lane0 = (threadIdx.x & 31) == 0;
   const int l = threadIdx.x & 31;
-  const int r0 = 16 * ((threadIdx.x >> 5) & 3) + (l >> 2);  // rows r0, r0 + 8
-  // columns [0, 64) of this block come from piece 2 cwg, [64, 128) from piece 2 cwg + 1
-  const float* sb0 = wsb + (size_t)(fp8_piece_row(t, 2 * cwg) / 128) * t.k_blocks;
-  const float* sb1 = wsb + (size_t)(fp8_piece_row(t, 2 * cwg + 1) / 128) * t.k_blocks;
-#ifdef MOKGEN_PROFILE_FP8_NO_PROMOTE  // profiling builds only (benchmarks/profile_fp8.py):
-  // the wgmma stream alone, one group in flight as the bf16 mainloop (wrong results)
+  const int r0 = 64 * cwg + 16 * ((threadIdx.x >> 5) & 3) + (l >> 2);  // rows r0, r0 + 8
+  const float* sb0 = wsb + (size_t)(t.b_row0 / 128) * t.k_blocks;
+  const float* sb1 = wsb + (size_t)(b_half1_row(t) / 128) * t.k_blocks;
+  bool ok = true;
+#ifdef MOKGEN_PROFILE_FP8_NO_PROMOTE  // profiling builds only (benchmarks/profile_fp8.py): the
+  // wgmma stream alone, accumulating straight into the accumulators (wrong results)
   int prev = -1;
   for (int kb = 0; kb < t.k_blocks; ++kb) {
-    mbar_wait(&sm.full[ps.idx], ps.phase, 103);
-    const uint64_t da = make_desc_kmajor_sw128(sm.a_stage(ps.idx));
-    const uint64_t db = make_desc_kmajor_sw128(sm.b_stage(ps.idx) + 2 * cwg * PIECE);
+    ok &= mbar_wait_lean(&sm.full()[ps.idx], ps.phase);
+    const uint64_t da = make_desc_kmajor_sw128(sm.a_stage(ps.idx) + cwg * 64 * 128);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      WgmmaFp8<128>::mma(acc, desc_advance_k16(da, kk), desc_advance_k16(db, kk), (kb | kk) != 0);
+    for (int h = 0; h < 2; ++h) {
+      const uint64_t db = make_desc_kmajor_sw128(sm.b_stage(ps.idx) + h * HALF);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        WgmmaFp8<128>::mma(*reinterpret_cast<float(*)[64]>(&acc[64 * h]),
+                           desc_advance_k16(da, kk), desc_advance_k16(db, kk), (kb | kk) != 0);
+    }
     wgmma_commit();
     wgmma_wait<1>();
-    if (prev >= 0) { __syncwarp(); if (lane0) mbar_arrive(&sm.empty[prev]); }
+    if (prev >= 0) { __syncwarp(); if (lane0) mbar_arrive(&sm.empty()[prev]); }
     prev = (int)ps.idx;
     ps.template advance<Cfg::STAGES>();
   }
   wgmma_wait<0>();
   wgmma_fence_regs(acc);
   __syncwarp();
-  if (lane0) mbar_arrive(&sm.empty[prev]);
-  return;
+  if (lane0 && prev >= 0) mbar_arrive(&sm.empty()[prev]);
+  return ok;
 #endif
   for (int kb = 0; kb < t.k_blocks; ++kb) {
-    float wb0 = 1.f, wb1 = 1.f;
-    if constexpr (Q == 128) { wb0 = __ldg(sb0 + kb); wb1 = __ldg(sb1 + kb); }
-    mbar_wait(&sm.full[ps.idx], ps.phase, 103);
-    const uint64_t da = make_desc_kmajor_sw128(sm.a_stage(ps.idx));
-    const uint64_t db = make_desc_kmajor_sw128(sm.b_stage(ps.idx) + 2 * cwg * PIECE);
+    float wb[2] = {1.f, 1.f};
+    if constexpr (Q == 128) { wb[0] = __ldg(sb0 + kb); wb[1] = __ldg(sb1 + kb); }
+    ok &= mbar_wait_lean(&sm.full()[ps.idx], ps.phase);
+    const uint64_t da = make_desc_kmajor_sw128(sm.a_stage(ps.idx) + cwg * 64 * 128);
     const float* sa = sm.sa_stage(ps.idx);
 #pragma unroll
     for (int s = 0; s < KQ; ++s) {  // Q = 128: one pass of 4 K steps; MX: 4 passes of 1
-      wgmma_fence();
+      const float a0 = sa[s * 128 + r0], a1 = sa[s * 128 + r0 + 8];
 #pragma unroll
-      for (int kk = s * STEPS; kk < (s + 1) * STEPS; ++kk)
-        WgmmaFp8<128>::mma(tmp, desc_advance_k16(da, kk), desc_advance_k16(db, kk),
-                           kk != s * STEPS);
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_regs(tmp);
-      const float a0 = sa[s * 64 + r0], a1 = sa[s * 64 + r0 + 8];
-      if constexpr (Q == 128) {
-        promote(acc, tmp, [&](int hi, int g) {
-          const float v = (hi ? a1 : a0) * (g < 8 ? wb0 : wb1);
-          return make_float2(v, v);
-        });
-      } else {  // B scales [piece][step][64 columns]. tmp is only read: a value written back
-        // into it would move the next wgmma's scratch to fresh registers (ptxas then spills)
-        const float* sb = sm.sb_stage(ps.idx) + 2 * cwg * 64 * KQ + s * 64 + 2 * (l & 3);
+      for (int h = 0; h < 2; ++h) {
+        const uint64_t db = make_desc_kmajor_sw128(sm.b_stage(ps.idx) + h * HALF);
+        wgmma_fence();
 #pragma unroll
-        for (int g = 0; g < 16; ++g) {
-          const float2 b = *reinterpret_cast<const float2*>(sb + (g / 8) * 64 * KQ + 8 * (g % 8));
-          acc[4 * g] = fmaf(tmp[4 * g] * b.x, a0, acc[4 * g]);
-          acc[4 * g + 1] = fmaf(tmp[4 * g + 1] * b.y, a0, acc[4 * g + 1]);
-          acc[4 * g + 2] = fmaf(tmp[4 * g + 2] * b.x, a1, acc[4 * g + 2]);
-          acc[4 * g + 3] = fmaf(tmp[4 * g + 3] * b.y, a1, acc[4 * g + 3]);
+        for (int kk = s * STEPS; kk < (s + 1) * STEPS; ++kk)
+          WgmmaFp8<128>::mma(tmp, desc_advance_k16(da, kk), desc_advance_k16(db, kk),
+                             kk != s * STEPS);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_regs(tmp);
+        if constexpr (Q == 128) {
+          const float s0 = a0 * wb[h], s1 = a1 * wb[h];
+          promote(acc + 64 * h, tmp, [&](int hi, int) { const float v = hi ? s1 : s0;
+                                                         return make_float2(v, v); });
+        } else {  // B scales [half][step][128 columns]. tmp is only read: a value written
+          // back into it would move the next wgmma's scratch to fresh registers
+          const float* sb = sm.sb_stage(ps.idx) + (h * KQ + s) * 128 + 2 * (l & 3);
+#pragma unroll
+          for (int g = 0; g < 16; ++g) {
+            const float2 b = *reinterpret_cast<const float2*>(sb + 8 * g);
+            float* a = acc + 64 * h + 4 * g;
+            a[0] = fmaf(tmp[4 * g] * b.x, a0, a[0]);
+            a[1] = fmaf(tmp[4 * g + 1] * b.y, a0, a[1]);
+            a[2] = fmaf(tmp[4 * g + 2] * b.x, a1, a[2]);
+            a[3] = fmaf(tmp[4 * g + 3] * b.y, a1, a[3]);
+          }
         }
       }
     }
     __syncwarp();
-    if (lane0) mbar_arrive(&sm.empty[ps.idx]);
+    if (lane0) mbar_arrive(&sm.empty()[ps.idx]);
     ps.template advance<Cfg::STAGES>();
   }
+  return ok;
 }
 
 // ---------------------------------------------------------------- epilogue walkers
@@ -455,23 +468,28 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
       // Zeroed per tile although the first wgmma overwrites it (scale_d = 0): "+f" operands of
       // an uninitialized array read the previous tile's registers in PTX, which keeps all
       // accumulators live through the epilogue and made ptxas spill them. 128 MOVs per tile.
-      float acc[Cfg::kAccRegs];
+      float acc[Cfg::kAccRegs + Cfg::kScratch];  // fp8: + the scratch (consume_tile_fp8)
 #pragma unroll
-      for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
+      for (int i = 0; i < Cfg::kAccRegs + Cfg::kScratch; ++i) acc[i] = 0.f;
+      float(&acc0)[Cfg::kAccRegs] = *reinterpret_cast<float(*)[Cfg::kAccRegs]>(&acc[0]);
       const Task t = task_pop<Cfg>(sm, ts);
       if (t.op < 0) break;
+      bool ok;
       if constexpr (Problem::kMNOperands) {  // three mainloops; only the backward has them
-        if (t.op & kAMN) consume_tile<Cfg, 1, 1>(sm, ps, t, acc, wg - 1);
-        else if (t.op & kBMN) consume_tile<Cfg, 0, 1>(sm, ps, t, acc, wg - 1);
-        else consume_tile<Cfg>(sm, ps, t, acc, wg - 1);
+        if (t.op & kAMN) ok = consume_tile<Cfg, 1, 1>(sm, ps, t, acc0, wg - 1);
+        else if (t.op & kBMN) ok = consume_tile<Cfg, 0, 1>(sm, ps, t, acc0, wg - 1);
+        else ok = consume_tile<Cfg>(sm, ps, t, acc0, wg - 1);
       } else if constexpr (Problem::kQ > 0) {
-        if (t.op & kF8)
-          consume_tile_fp8<Cfg>(sm, ps, t, acc, wg - 1, prob.wsb(t));
-        else consume_tile<Cfg>(sm, ps, t, acc, wg - 1);
+        ok = (t.op & kF8) ? consume_tile_fp8<Cfg>(sm, ps, t, acc, wg - 1, prob.wsb(t))
+                          : consume_tile<Cfg>(sm, ps, t, acc0, wg - 1);
       } else {
-        consume_tile<Cfg>(sm, ps, t, acc, wg - 1);
+        ok = consume_tile<Cfg>(sm, ps, t, acc0, wg - 1);
       }
-      prob.epilogue(t, acc, wg - 1);
+      if (!ok) {  // a stage never arrived: record it and stop (see mbar_wait_lean)
+        record_timeout(103, ps.phase);
+        break;
+      }
+      prob.epilogue(t, acc0, wg - 1);
     }
   }
 }

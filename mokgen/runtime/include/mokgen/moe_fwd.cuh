@@ -82,12 +82,11 @@ struct FwdBuffers {
 // every task waits only on tasks earlier in the list (or on comm, which waits only on those).
 template <class C, class Cfg>
 struct FwdSchedule {
-  // BM: shared-expert row tiles (bf16); RBM: routed row tiles (fp8 tiles are 64 rows)
-  static constexpr int BM = Cfg::BM, BN = Cfg::BN, RBM = C::Q ? Cfg::BM8 : Cfg::BM;
+  static constexpr int BM = Cfg::BM, BN = Cfg::BN;
   static constexpr int GU_N = C::I / (BN / 2);  // gate/up tiles per row tile (BN/2 outputs)
   static constexpr int DN_N = C::D / BN;        // down tiles per row tile
   static constexpr int SGU_N = C::IS / (BN / 2);
-  static constexpr int RT_FULL = C::B / RBM;    // row tiles in a full minibatch
+  static constexpr int RT_FULL = C::B / BM;     // row tiles in a full minibatch
   static_assert(C::B % BM == 0, "minibatch must be a multiple of the tile rows");
   static_assert(C::SLOTS >= 2, "the lagged task order needs a ring of at least 2 minibatches");
   static_assert(C::I % (BN / 2) == 0 && C::D % BN == 0 && (C::IS == 0 || C::IS % (BN / 2) == 0),
@@ -100,7 +99,7 @@ struct FwdSchedule {
     nm = (rows + C::B - 1) / C::B;
     n_macro = (nm + C::SLOTS - 1) / C::SLOTS;
     first_count = nm - (n_macro - 1) * C::SLOTS;  // minibatches of the macrobatch done first
-    rt_last = nm ? (rows - (nm - 1) * C::B) / RBM : 0;
+    rt_last = nm ? (rows - (nm - 1) * C::B) / BM : 0;
     shared_rt = C::IS ? (n_tokens + BM - 1) / BM : 0;
   }
   // q-th minibatch in processing order (reverse macrobatches, ascending inside each)
@@ -253,7 +252,7 @@ struct FwdProblem {
   }
 
   MOKGEN_DEV Task routed_task(int q, bool gu, int i) const {
-    const int BM = S::RBM, BN = Cfg::BN;
+    const int BM = Cfg::BM, BN = Cfg::BN;
     const int m = s.minibatch_at(q);
     const int rt_n = s.row_tiles(m);
     const int rt = i % rt_n, nt = i / rt_n;
@@ -281,12 +280,8 @@ struct FwdProblem {
   MOKGEN_DEV void epilogue(const Task& t, float (&acc)[Cfg::kAccRegs], int cwg) {
     constexpr int BN = Cfg::BN;
     const int op = opcode(t);
-    if (C::Q > 0 && op >= kGateUp) {  // fp8 tiles: N-split layout (gemm_tile.cuh)
-      if constexpr (C::Q > 0) {
-        auto& a = reinterpret_cast<float(&)[64]>(acc);
-        if (op == kGateUp) swiglu_fp8(t, a, cwg);
-        else down_fp8(t, a, cwg);
-      }
+    if (C::Q > 0 && op == kGateUp) {
+      if constexpr (C::Q > 0) swiglu_fp8(t, acc, cwg);
     } else if (op == kSharedGateUp || op == kGateUp) {  // local rows, half-contiguous already
       __nv_bfloat16* out = t.op == kSharedGateUp
           ? buf->h_shared + (size_t)t.c_row0 * C::IS + t.c_col0
@@ -335,94 +330,60 @@ struct FwdProblem {
     }
     named_bar_sync(1, 256);
     if (threadIdx.x == 128) {
-      if (op == kSharedGateUp) signal_add(sgu_done() + t.c_row0 / S::BM);
+      const int BM = Cfg::BM;
+      if (op == kSharedGateUp) signal_add(sgu_done() + t.c_row0 / BM);
       else if (op == kGateUp)
-        signal_add(gu_done() + (t.c_row0 / C::B) * S::RT_FULL + (t.c_row0 % C::B) / S::RBM);
+        signal_add(gu_done() + (t.c_row0 / C::B) * S::RT_FULL + (t.c_row0 % C::B) / BM);
       else if (op == kDown) signal_add(dn_done() + t.c_row0 / C::B);
     }
   }
 
-  // fp8 tiles hold, per consumer warpgroup cwg, a 64 x 128 block in 64 registers: register
-  // i is row acc_row(i), column acc_col(i) (+ i % 2) of the block, which starts at column
-  // 128 cwg of a down tile, and for gate/up is 64 gate (i < 32) + 64 up columns of outputs
-  // 64 cwg .. 64 cwg + 63 of the tile's 128.
-
-  // Routed down (fp8 tile): times the router weight, pushed to the owners' combine rows.
-  MOKGEN_DEV void down_fp8(const Task& t, float (&acc)[64], int cwg) {
-    __nv_bfloat16* dst[2];
-    float w[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int p = t.c_row0 + acc_row(2 * h);
-      const int2 src = buf->table[p];
-      const bool ok = src.x >= 0 &&  // padding rows go nowhere
-          MOKGEN_OK(src.x < C::R && src.y < buf->n_tokens * C::K && p < s.rows, 5, src.x, p);
-      dst[h] = ok ? peers->combine[src.x] + (size_t)src.y * C::D + t.c_col0 + 128 * cwg : nullptr;
-      w[h] = buf->row_weight[p];
-    }
-#pragma unroll
-    for (int r = 0; r < 64; r += 2) {
-      __nv_bfloat16* d = dst[(r >> 1) & 1];
-      const float s_ = w[(r >> 1) & 1];
-      if (d != nullptr)
-        *reinterpret_cast<__nv_bfloat162*>(d + acc_col(r)) =
-            __floats2bfloat162_rn(acc[r] * s_, acc[r + 1] * s_);
-    }
-  }
-
   // fp8 gate/up epilogue: a = silu(g) * u from the fp32 accumulators, quantized along I
-  // (the down GEMM's K) into ring_a8 + ring_sa. A thread holds 2 rows x 16 of its
-  // warpgroup's 64 outputs; the 4 lanes of a quad hold the rest of those rows, and the other
-  // warpgroup the tile's other 64 (Q = 128 exchanges row maxima through shared memory;
-  // Q = 32 blocks are 4 column groups of one warpgroup). The bf16 pre-activations (for a
-  // backward) are stored first, so `a` can overwrite the gate accumulators in place.
-  MOKGEN_DEV void swiglu_fp8(const Task& t, float (&acc)[64], int cwg) {
-    constexpr int G = C::Q / 8;  // column groups (8 wide) per block
-    const int col0 = t.c_col0 + 64 * cwg;
+  // (the down GEMM's K) into ring_a8 + ring_sa. A thread holds 2 rows x 32 of the tile's 128
+  // output columns, and the 4 lanes of a quad hold the rest of those rows: a block's amax
+  // is a thread max plus two quad shuffles (Q = 128: the tile's whole row; Q = 32: 4 column
+  // groups of 8). The bf16 pre-activations (for a backward) are stored first, so `a` can
+  // overwrite the gate accumulators in place (no second array of 64 live registers).
+  MOKGEN_DEV void swiglu_fp8(const Task& t, float (&acc)[Cfg::kAccRegs], int cwg) {
+    constexpr int BN = Cfg::BN, G = C::Q / 8;  // column groups (8 wide) per block
     if (buf->ring_h != nullptr) {
-      __nv_bfloat16* pre = buf->ring_h + (size_t)t.a_row0 * 2 * C::I + col0;
-#pragma unroll
-      for (int r = 0; r < 32; r += 2) {
-        __nv_bfloat16* p = pre + (size_t)acc_row(r) * 2 * C::I + acc_col(r);
-        *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(acc[r], acc[r + 1]);
-        *reinterpret_cast<__nv_bfloat162*>(p + C::I) =
-            __floats2bfloat162_rn(acc[r + 32], acc[r + 33]);
-      }
+      __nv_bfloat16* pre = buf->ring_h + (size_t)t.a_row0 * 2 * C::I + t.c_col0;
+      for_each_dual_pair<BN>(acc, cwg, t.m_valid,
+                             [&](int r, int c, float g0, float g1, float u0, float u1) {
+        *reinterpret_cast<__nv_bfloat162*>(pre + (size_t)r * 2 * C::I + c) =
+            __floats2bfloat162_rn(g0, g1);
+        *reinterpret_cast<__nv_bfloat162*>(pre + (size_t)r * 2 * C::I + C::I + c) =
+            __floats2bfloat162_rn(u0, u1);
+      });
     }
 #ifdef MOKGEN_PROFILE_FP8_PLAIN_EPILOGUE  // profiling builds only: no SwiGLU / quantization
     return;
 #endif
 #pragma unroll
-    for (int r = 0; r < 32; ++r) acc[r] = silu(acc[r]) * acc[r + 32];
-    uint8_t* out = buf->ring_a8 + (size_t)t.a_row0 * C::I + col0;
-    float* xchg = GemmSmem<Cfg>::carve(dyn_smem()).xchg;  // Q = 128 only
+    for (int r = 0; r < BN / 4; ++r) acc[r] = silu(acc[r]) * acc[r + BN / 4];
+    const int row0 = 64 * cwg + acc_row(0);  // rows row0 (h = 0) and row0 + 8 (h = 1)
+    uint8_t* out = buf->ring_a8 + (size_t)t.a_row0 * C::I + t.c_col0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = acc_row(2 * h);
 #pragma unroll
-      for (int g0 = 0; g0 < 8; g0 += (G < 8 ? G : 8)) {  // a block's groups in this warpgroup
+      for (int g0 = 0; g0 < BN / 16; g0 += G) {  // one block: column groups g0 .. g0 + G - 1
         float amax = 0.f;
 #pragma unroll
-        for (int g = g0; g < g0 + (G < 8 ? G : 8); ++g) {
+        for (int g = g0; g < g0 + G; ++g) {
           const int r = 4 * g + 2 * h;
           amax = fmaxf(amax, fmaxf(amax_term(acc[r]), amax_term(acc[r + 1])));
         }
-        amax = group_max<4>(amax);
-        if constexpr (C::Q == 128) {  // the other half of the row is in the other warpgroup
-          if ((threadIdx.x & 3) == 0) xchg[cwg * 64 + row] = amax;
-          named_bar_sync(2, 256);
-          amax = fmaxf(amax, xchg[(1 - cwg) * 64 + row]);
-        }
-        const Fp8Scale sc = fp8_scale<C::Q>(amax);
+        const Fp8Scale sc = fp8_scale<C::Q>(group_max<4>(amax));
+        const int row = row0 + 8 * h;
 #pragma unroll
-        for (int g = g0; g < g0 + (G < 8 ? G : 8); ++g) {
+        for (int g = g0; g < g0 + G; ++g) {
           const int r = 4 * g + 2 * h;
           const uint16_t pair = (uint16_t)(fp8_element(acc[r], sc.inv) |
                                            (fp8_element(acc[r + 1], sc.inv) << 8));
           *reinterpret_cast<uint16_t*>(out + (size_t)row * C::I + acc_col(r)) = pair;
         }
-        if ((threadIdx.x & 3) == 0 && (C::Q == 32 || cwg == 0))
-          buf->ring_sa[(size_t)((col0 + 8 * g0) / C::Q) * C::RING_ROWS + t.a_row0 + row] =
+        if ((threadIdx.x & 3) == 0)
+          buf->ring_sa[(size_t)((t.c_col0 + 8 * g0) / C::Q) * C::RING_ROWS + t.a_row0 + row] =
               sc.scale;
       }
     }

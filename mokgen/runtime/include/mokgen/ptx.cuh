@@ -69,24 +69,48 @@ extern "C" {
 __device__ unsigned int mokgen_diag[4];
 }
 
+// A wait that ran past its bound: record {magic, tag, block, thread} (the first record
+// wins) and trap.
+MOKGEN_DEV void record_timeout(int tag, uint32_t parity) {
+  if (atomicCAS(&mokgen_diag[0], 0u, 0xDEAD0000u | (parity & 1)) == 0u) {
+    mokgen_diag[1] = (unsigned)tag;
+    mokgen_diag[2] = blockIdx.x;
+    mokgen_diag[3] = threadIdx.x;
+  }
+  __threadfence_system();
+}
+MOKGEN_DEV void wait_timed_out(int tag, uint32_t parity) {
+  record_timeout(tag, parity);
+  __trap();
+}
+
 // Waits until the phase with the given parity has completed. `tag` identifies the waiter
 // in the diagnostic.
 MOKGEN_DEV void mbar_wait(uint64_t* bar, uint32_t parity, int tag = 0) {
 #if MOKGEN_SPIN_LIMIT
   uint32_t n = 0;
   while (!mbar_try_wait(bar, parity)) {
-    if (++n == MOKGEN_SPIN_LIMIT) {
-      mokgen_diag[1] = (unsigned)tag;
-      mokgen_diag[2] = blockIdx.x;
-      mokgen_diag[3] = threadIdx.x;
-      atomicExch(&mokgen_diag[0], 0xDEAD0000u | (parity & 1));
-      __threadfence_system();
-      __trap();
-    }
+    if (++n == MOKGEN_SPIN_LIMIT) wait_timed_out(tag, parity);
   }
 #else
   while (!mbar_try_wait(bar, parity)) {
   }
+#endif
+}
+
+// The same bounded wait for code at its register limit (the fp8 mainloop, 192 live
+// accumulators): it only reports whether the phase completed. A __trap() anywhere in that
+// code made ptxas spill, so its caller records the timeout and stops instead; the CTA's
+// producer then times out on its own bounded wait and traps.
+MOKGEN_DEV bool mbar_wait_lean(uint64_t* bar, uint32_t parity) {
+#if MOKGEN_SPIN_LIMIT
+  for (uint32_t n = 0; n < MOKGEN_SPIN_LIMIT; ++n)
+    if (mbar_try_wait(bar, parity)) return true;
+  return false;
+#else
+  while (!mbar_try_wait(bar, parity)) {
+  }
+  return true;
 #endif
 }
 
