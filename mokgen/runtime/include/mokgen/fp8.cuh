@@ -65,7 +65,7 @@ __device__ void pull_rows_fp8(const int2* __restrict__ table,
                               const __nv_bfloat16* const* peer_x, uint8_t* __restrict__ ring_q,
                               float* __restrict__ ring_s, int p_begin, int p_end, int ring_row0,
                               int worker, int workers) {
-  constexpr int VEC = D / 8, LANES = Q / 8, BATCH = 4;
+  constexpr int VEC = D / 8, LANES = Q / 8, BATCH = 8;
   static_assert(D % Q == 0 && Q % 8 == 0, "rows are whole blocks");
   const int lane = threadIdx.x % 32;
   for (int p = p_begin + worker; p < p_end; p += workers) {
