@@ -7,6 +7,9 @@ OUT=${OUT:-/tmp/out}
 nvidia-smi --query-gpu=name,clocks.sm,memory.used --format=csv,noheader
 timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu -x tests/test_gpu_fp8.py ${1:+-k "$1"} \
   2>&1 | tee "$OUT/pytest_fp8.log" | tail -25
+if [ -n "${EXTRA_TESTS:-}" ]; then  # regression: the bf16 kernels share the engine
+  timeout ${EXTRA_TIMEOUT:-300} python3 -m pytest -q -m gpu $EXTRA_TESTS 2>&1 | tee "$OUT/pytest_extra.log" | tail -8
+fi
 if [ -n "${BENCH:-}" ]; then
   timeout ${BENCH_TIMEOUT:-250} python3 benchmarks/fp8.py $BENCH 2>&1 | tee "$OUT/bench_fp8.log" | tail -14
 fi
