@@ -47,9 +47,10 @@ def test_fp8_preset_slice(fmt):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_fused_quantization_equals_mokgen_quant(fmt):
-    """Dispatch: every ring row is bit for bit mokgen.quant of the pulled bf16 row (data and
-    scales). SwiGLU epilogue: its output blocks are valid quantizations (requantizing the
-    dequantized values is the identity for MX) close to the reference's."""
+    """Dispatch: every ring row is bit for bit mokgen.quant of its source token (data and
+    scales; quantized once by the owner, pulled as e4m3). SwiGLU epilogue: its blocks are
+    valid quantizations (requantizing the dequantized values is the identity for MX) and
+    close to the reference's quantization of the same rows (the fp32 sums differ in order)."""
     shape = mokgen.shapes.get("gpu-small")
     layer, inputs, _ = run_checked(fmt, shape, 2, 300)
     rt = layer.runtime()
@@ -80,8 +81,8 @@ def test_fused_quantization_equals_mokgen_quant(fmt):
     for i in torch.nonzero(live).flatten().tolist()[:64]:
         g, u = (quant.fake_quant(src[i:i + 1].float(), fmt)
                 @ quant.fake_quant(w1[e[i]], fmt, weight=True).T).chunk(2, dim=-1)
-        want = torch.nn.functional.silu(g) * u
-        assert rel_error(a[i:i + 1], want) <= 3e-2, f"SwiGLU row {i}"
+        want = quant.fake_quant(torch.nn.functional.silu(g) * u, fmt)
+        assert rel_error(a[i:i + 1], want) <= 2e-2, f"SwiGLU row {i}"
     if fmt == "mxfp8":
         q2, b2 = quant.to_mxfp8(a[live])
         assert torch.equal(q2.view(torch.uint8),

@@ -96,7 +96,7 @@ def test_precision_pass():
     assert mx.scale_block == 32 and mx.shared_dtype == "bf16" and mx.act_dtype == "mxfp8_e4m3"
     assert any("swiglu" in q for q in mx.quant_fused)
     fp8 = passes.precision(base(dtype="fp8"))
-    assert fp8.scale_block == 128 and fp8.row_bytes == 2 * 7168  # rows travel as bf16
+    assert fp8.scale_block == 128 and fp8.row_bytes == 7168 + 4 * 56  # e4m3 + fp32 scales
     assert passes.precision(base()).scale_block == 0
 
 

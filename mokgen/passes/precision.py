@@ -4,8 +4,9 @@ operands into the routed experts' GEMMs, with one scale per `scale_block` elemen
   fp8    DeepSeek-style blockwise: fp32 scales per 1 x 128 (activations) and 128 x 128
          (weights): one promotion per 128-wide K slice, the format Hopper trains with.
 Weights are quantized once per weight version, ahead of the kernel. Activations are quantized
-where they are produced: on dispatch (the puller quantizes each bf16 row it brings over into
-the ring) and in the SwiGLU epilogue (straight from the fp32 accumulators). The shared expert
+where they are produced: each token once by its owner before dispatch (peers pull e4m3 rows
+and their scales: half the bytes) and the SwiGLU output in the gate/up epilogue (straight
+from the fp32 accumulators). The shared expert
 stays bf16 for training stability (paper 3.4)."""
 from __future__ import annotations
 
@@ -29,6 +30,6 @@ def precision(plan: Plan) -> Plan:
     return plan.replace(
         act_dtype=f"{plan.dtype}_e4m3", shared_dtype="bf16", scale_block=q,
         quant_fused=(f"weights: once per weight version, {weights}",
-                     f"x: on dispatch (the puller quantizes each bf16 row, per {q} along D)",
+                     f"x: once by its owner before dispatch, per {q} along D",
                      f"swiglu output: in the gate/up epilogue, per {q} along I"),
-        row_bytes=2 * d)  # rows travel as bf16: quantized on arrival
+        row_bytes=d + 4 * (d // q))  # e4m3 rows + fp32 scales travel

@@ -113,6 +113,7 @@ class ForwardRuntime:
         self.f_offsets = pro.function("mokgen_sched_offsets")
         self.f_place = pro.function("mokgen_sched_place")
         self.f_sum = pro.function("mokgen_combine_sum")
+        self.f_quant_x = pro.function("mokgen_quant_x") if spec.scale_block else None
         self.fwd_smem = struct.unpack("<i", cuda.read_global(fwd, "mokgen_fwd_smem_bytes"))[0]
         self.f_fwd = fwd.function("mokgen_fwd", self.fwd_smem)
         self.num_sms = torch.cuda.get_device_properties(self.dev).multi_processor_count
@@ -209,6 +210,7 @@ class ForwardRuntime:
         x_ptrs = self.peers.x_pointers(xs)  # staged before the barrier: peers read it after
         for i in hosted:
             self.ranks[i].counters.zero_()
+            self.quantize_x(i, xs[i])
             if routes is None:
                 self.route(i, logits[i], n)
             else:
@@ -236,11 +238,25 @@ class ForwardRuntime:
         save = save and not self.spec.scale_block
         self.saved = save
         self.ranks[i].counters.zero_()
+        self.quantize_x(i, xs[i])
         self.route(i, logits[i], n)
         self.schedule(i, n)
         self.experts(i, xs[i], self.peers.x_pointers(xs), w1s[i], w2s[i], shared_w1, shared_w2,
                      save)
         return self.combine_sum(i, n)
+
+    def quantize_x(self, i, x):
+        """fp8 plans: rank i's tokens into its peer-readable e4m3 rows + scales (xq), once,
+        before any peer pulls them (before the barrier)."""
+        if self.f_quant_x is None:
+            return
+        n = x.shape[0]
+        cuda.launch(self.f_quant_x, max(1, min(1024, -(-n // 8))), 256, 0, self._stream(),
+                    [x, n, self.peers.local(i)["xq"], cuda.I64(self.xq_scales_at)])
+
+    @property
+    def xq_scales_at(self) -> int:
+        return self.spec.tokens_per_rank * self.spec.hidden
 
     def _route_tables(self):
         """Every rank's gathered route and weight tables (RouteTables<R>, by value)."""
@@ -283,8 +299,10 @@ class ForwardRuntime:
                 self._map(sw2, sw2.shape[0], sw2.shape[1], 256),
                 self._map(w1, L * 2 * I, D, 128), self._map(w2, L * D, I, 256)]
         f8, fp8_ptrs = self._fp8_operands(b, w1, w2)
+        if s.scale_block:  # the ranks' quantized rows (quantize_x) instead of their x
+            x_ptrs = self.peers.ptrs["xq"]
         peer_table = cuda.Raw(struct.pack(f"<{s.ep}Q", *x_ptrs) + self.peers.table("combine"))
-        bufs = struct.pack("<16Q3i", b.table.data_ptr(), b.row_weight.data_ptr(),
+        bufs = struct.pack("<17Q3i", b.table.data_ptr(), b.row_weight.data_ptr(),
                            b.meta.data_ptr(), b.offsets.data_ptr(), b.ring_x.data_ptr(),
                            b.ring_a.data_ptr(), b.ring_h.data_ptr() if save else 0,
                            b.h_shared.data_ptr(), b.y_shared.data_ptr(),
@@ -294,11 +312,11 @@ class ForwardRuntime:
                     maps + [f8, peer_table, cuda.Raw(bufs)], cooperative=True)
 
     def _fp8_operands(self, b, w1, w2):
-        """The fp8 forward's Fp8Maps (by value) and FwdBuffers pointers (ring_x8, ring_a8,
-        ring_sx, ring_sa, w1s, w2s); zeros for bf16 plans."""
+        """The fp8 forward's Fp8Maps (by value) and FwdBuffers fields (ring_x8, ring_a8,
+        ring_sx, ring_sa, w1s, w2s, xq_scales_at); zeros for bf16 plans."""
         s, q = self.spec, self.spec.scale_block
         if not q:
-            return cuda.Raw(bytes(8 * cuda.TENSOR_MAP_BYTES)), (0,) * 6
+            return cuda.Raw(bytes(8 * cuda.TENSOR_MAP_BYTES)), (0,) * 7
         L, D, I, M = s.local_experts, s.hidden, s.intermediate, s.macrobatch
         w = self.weights.get(w1, w2)
         u8 = dict(dtype="u8", swizzle=128)  # e4m3 boxes: 128 K bytes x 128 rows
@@ -318,7 +336,7 @@ class ForwardRuntime:
         raw = b"".join(cuda.tensor_map_bytes(m) for m in maps)
         ptrs = (b.ring_x8.data_ptr(), b.ring_a8.data_ptr(), b.ring_sx.data_ptr(),
                 b.ring_sa.data_ptr(), w.s1.data_ptr() if q == 128 else 0,
-                w.s2.data_ptr() if q == 128 else 0)
+                w.s2.data_ptr() if q == 128 else 0, self.xq_scales_at)
         return cuda.Raw(raw), ptrs
 
     def _map_as(self, t, rows, cols, box_rows, box_cols, dtype, swizzle):

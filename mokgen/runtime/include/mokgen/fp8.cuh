@@ -7,8 +7,8 @@
 // Elements are rounded to e4m3 (nearest even, subnormals kept) after clamping to +-448. A block
 // holding NaN or Inf gets a NaN scale and e4m3 NaN elements (0x7F), like the reference.
 // The kernels keep every scale as the fp32 value it stands for (MX: 2^(byte-127)): the GEMM
-// multiplies by it directly. Activation scales are stored scale-major, [K/Q, rows], so one
-// TMA box brings a stage's scales of all tile rows.
+// multiplies by it directly. Ring scales are stored scale-major, [K/Q, rows], so one TMA box
+// brings a stage's scales of all tile rows.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -18,7 +18,7 @@
 namespace mokgen {
 
 // A block's scale (what dequantization multiplies by) and inverse (what quantization
-// multiplies by) from its amax (+Inf when the block holds a non-finite value).
+// multiplies by) from its amax (+Inf or NaN when the block holds a non-finite value).
 struct Fp8Scale {
   float scale, inv;
 };
@@ -36,78 +36,95 @@ MOKGEN_DEV Fp8Scale fp8_scale(float amax) {
   }
 }
 
-// e4m3 of v * inv (one rounding: for MX the product is exact, as the reference's division)
-MOKGEN_DEV uint8_t fp8_element(float v, float inv) {
-  const float q = v * inv;
-  if (isnan(q)) return 0x7F;  // fminf/fmaxf would drop the NaN
-  return (uint8_t)__nv_cvt_float_to_fp8(fminf(fmaxf(q, -448.f), 448.f), __NV_SATFINITE,
-                                        __NV_E4M3);
+// Two e4m3 of v * inv, low byte first: one rounding each (for MX the product is exact, as
+// the reference's division). satfinite clamps to +-448 like the reference's clamp and keeps
+// NaN (0x7F).
+MOKGEN_DEV uint16_t fp8x2(float a, float b, float inv) {
+  return (uint16_t)__nv_cvt_float2_to_fp8x2(make_float2(a * inv, b * inv), __NV_SATFINITE,
+                                            __NV_E4M3);
 }
 
-// |v| for the block's amax, with a non-finite v turned into +Inf so it survives fmaxf.
-MOKGEN_DEV float amax_term(float v) { return isfinite(v) ? fabsf(v) : __int_as_float(0x7f800000); }
+// max that propagates NaN (fmaxf drops it): a block's amax is NaN or Inf when it holds one.
+MOKGEN_DEV float max_nan(float a, float b) {
+  float d;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+}
 
 // Max over groups of LANES consecutive lanes (every lane of the warp must call it).
 template <int LANES>
 MOKGEN_DEV float group_max(float v) {
 #pragma unroll
-  for (int o = 1; o < LANES; o <<= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 1; o < LANES; o <<= 1) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
-// Pull dispatch with quantization (the fp8 forward): like pull_rows, but each ring row is
-// written as e4m3 (ring_q [rows, D]) plus its D/Q scales (ring_s [D/Q, RING_ROWS]). A lane
-// holds 8 consecutive elements (one 16-byte load), so Q/8 lanes share a block. The source
-// rows stay bf16: quantizing once per pulled row keeps the owner's x untouched and needs no
-// extra pass over it.
+// Token rows quantized once by their owner, before any peer pulls them (the fp8 forward's
+// dispatch then moves half the bytes and quantizes nothing): xq holds [n_cap, D] e4m3, then
+// at byte scales_at the fp32 scales [n_cap, D/Q]. One warp per row; a lane holds 8
+// consecutive elements (one 16-byte load), so Q/8 lanes share a block.
+template <int D, int Q>
+__device__ void quantize_rows(const __nv_bfloat16* __restrict__ x, int n, uint8_t* __restrict__ xq,
+                              size_t scales_at) {
+  constexpr int VEC = D / 8, LANES = Q / 8;
+  static_assert(D % 256 == 0 && Q % 8 == 0, "a warp covers whole blocks");
+  float* scales = reinterpret_cast<float*>(xq + scales_at);
+  const int lane = threadIdx.x % 32, warps = gridDim.x * blockDim.x / 32;
+  for (int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32; row < n; row += warps) {
+    const int4* from = reinterpret_cast<const int4*>(x + (size_t)row * D);
+    uint2* to = reinterpret_cast<uint2*>(xq + (size_t)row * D);
+#pragma unroll 4
+    for (int v = lane; v < VEC; v += 32) {
+      const int4 raw = from[v];
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+      float2 f[4];
+      float amax = 0.f;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        f[c] = __bfloat1622float2(h[c]);
+        amax = max_nan(amax, max_nan(fabsf(f[c].x), fabsf(f[c].y)));
+      }
+      const Fp8Scale sc = fp8_scale<Q>(group_max<LANES>(amax));
+      to[v] = make_uint2(fp8x2(f[0].x, f[0].y, sc.inv) | (uint32_t)fp8x2(f[1].x, f[1].y, sc.inv) << 16,
+                         fp8x2(f[2].x, f[2].y, sc.inv) | (uint32_t)fp8x2(f[3].x, f[3].y, sc.inv) << 16);
+      if (lane % LANES == 0) scales[(size_t)row * (D / Q) + v * 8 / Q] = sc.scale;
+    }
+  }
+}
+
+// Pull dispatch of quantized rows (the fp8 forward): like pull_rows, one warp per ring row,
+// copying the source's e4m3 row into ring_q [rows, D] and its D/Q scales into the
+// scale-major ring_s [D/Q, RING_ROWS]. Padding rows become zeros with the all-zero block's
+// scale (1 for blockwise, 2^-127 for MX), as mokgen.quant quantizes a zero row.
 template <int D, int K, int Q, int RING_ROWS>
-__device__ void pull_rows_fp8(const int2* __restrict__ table,
-                              const __nv_bfloat16* const* peer_x, uint8_t* __restrict__ ring_q,
+__device__ void pull_rows_fp8(const int2* __restrict__ table, const uint8_t* const* peer_xq,
+                              size_t scales_at, uint8_t* __restrict__ ring_q,
                               float* __restrict__ ring_s, int p_begin, int p_end, int ring_row0,
                               int worker, int workers) {
-  constexpr int VEC = D / 8, LANES = Q / 8, BATCH = 8;
-  static_assert(D % Q == 0 && Q % 8 == 0, "rows are whole blocks");
+  constexpr int VEC = D / 16, NS = D / Q, BATCH = 4;
   const int lane = threadIdx.x % 32;
   for (int p = p_begin + worker; p < p_end; p += workers) {
     const int2 src = table[p];
     const int row = ring_row0 + p - p_begin;
-    uint2* to = reinterpret_cast<uint2*>(ring_q + (size_t)row * D);
-    const bool pad = src.x < 0 || !MOKGEN_OK(src.x < 64 * 1024 && row >= 0, 8, src.x, src.y);
-    const int4* from = pad ? nullptr
-        : reinterpret_cast<const int4*>(peer_x[src.x] + (size_t)(src.y / K) * D);
-    for (int v0 = 0; v0 < VEC; v0 += 32 * BATCH) {  // uniform trip count: shuffles stay full
+    int4* to = reinterpret_cast<int4*>(ring_q + (size_t)row * D);
+    if (src.x < 0 || !MOKGEN_OK(src.x < 64 * 1024 && row >= 0, 8, src.x, src.y)) {
+      for (int v = lane; v < VEC; v += 32) to[v] = make_int4(0, 0, 0, 0);
+      for (int j = lane; j < NS; j += 32) ring_s[(size_t)j * RING_ROWS + row] = fp8_scale<Q>(0.f).scale;
+      continue;
+    }
+    const size_t tok = (size_t)(src.y / K);
+    const int4* from = reinterpret_cast<const int4*>(peer_xq[src.x] + tok * D);
+    const float* from_s = reinterpret_cast<const float*>(peer_xq[src.x] + scales_at) + tok * NS;
+    for (int j = lane; j < NS; j += 32) ring_s[(size_t)j * RING_ROWS + row] = from_s[j];
+    int v = lane;  // batches of loads before their stores: 2 KB of one row in flight per warp
+    for (; v + 32 * (BATCH - 1) < VEC; v += 32 * BATCH) {
       int4 buf[BATCH];
 #pragma unroll
-      for (int b = 0; b < BATCH; ++b) {
-        const int v = v0 + 32 * b + lane;
-        buf[b] = (from != nullptr && v < VEC) ? from[v] : make_int4(0, 0, 0, 0);
-      }
+      for (int b = 0; b < BATCH; ++b) buf[b] = from[v + 32 * b];
 #pragma unroll
-      for (int b = 0; b < BATCH; ++b) {
-        const int v = v0 + 32 * b + lane;
-        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&buf[b]);
-        float f[8];
-        float amax = 0.f;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const float2 x = __bfloat1622float2(h[c]);
-          f[2 * c] = x.x;
-          f[2 * c + 1] = x.y;
-          amax = fmaxf(amax, fmaxf(amax_term(x.x), amax_term(x.y)));
-        }
-        const Fp8Scale sc = fp8_scale<Q>(group_max<LANES>(amax));
-        uint32_t lo = 0, hi = 0;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          lo |= (uint32_t)fp8_element(f[c], sc.inv) << (8 * c);
-          hi |= (uint32_t)fp8_element(f[4 + c], sc.inv) << (8 * c);
-        }
-        if (v < VEC) {
-          to[v] = make_uint2(lo, hi);
-          if (lane % LANES == 0) ring_s[(size_t)(v * 8 / Q) * RING_ROWS + row] = sc.scale;
-        }
-      }
+      for (int b = 0; b < BATCH; ++b) to[v + 32 * b] = buf[b];
     }
+    for (; v < VEC; v += 32) to[v] = from[v];
   }
 }
 

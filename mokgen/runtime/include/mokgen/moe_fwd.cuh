@@ -42,7 +42,7 @@ struct Fp8Maps {
 
 template <int R>
 struct PeerTable {
-  const __nv_bfloat16* x[R];  // every rank's tokens [N, D]
+  const __nv_bfloat16* x[R];  // every rank's tokens [N, D] (fp8 plans: quantized, FwdBuffers)
   __nv_bfloat16* combine[R];  // every rank's combine buffer [N*K, D]
 };
 
@@ -67,6 +67,7 @@ struct FwdBuffers {
   float* ring_sa;           //   [I/Q, SLOTS*B]
   const float* w1s;         //   blockwise fp8 weight scales [L*2I/128, D/128]
   const float* w2s;         //   [L*D/128, I/128]
+  uint64_t xq_scales_at;    //   byte offset of the scales in every rank's quantized x (xq)
   int n_tokens;
   int max_minibatches;
   int rank;                 // this rank's index, for the watchdog's record
@@ -371,16 +372,15 @@ struct FwdProblem {
 #pragma unroll
         for (int g = g0; g < g0 + G; ++g) {
           const int r = 4 * g + 2 * h;
-          amax = fmaxf(amax, fmaxf(amax_term(acc[r]), amax_term(acc[r + 1])));
+          amax = max_nan(amax, max_nan(fabsf(acc[r]), fabsf(acc[r + 1])));
         }
         const Fp8Scale sc = fp8_scale<C::Q>(group_max<4>(amax));
         const int row = row0 + 8 * h;
 #pragma unroll
         for (int g = g0; g < g0 + G; ++g) {
           const int r = 4 * g + 2 * h;
-          const uint16_t pair = (uint16_t)(fp8_element(acc[r], sc.inv) |
-                                           (fp8_element(acc[r + 1], sc.inv) << 8));
-          *reinterpret_cast<uint16_t*>(out + (size_t)row * C::I + acc_col(r)) = pair;
+          *reinterpret_cast<uint16_t*>(out + (size_t)row * C::I + acc_col(r)) =
+              fp8x2(acc[r], acc[r + 1], sc.inv);
         }
         if ((threadIdx.x & 3) == 0)
           buf->ring_sa[(size_t)((t.c_col0 + 8 * g0) / C::Q) * C::RING_ROWS + t.a_row0 + row] =
@@ -411,9 +411,10 @@ MOKGEN_DEV void fwd_comm(const PeerTable<C::R>& peers, const FwdBuffers& buf) {
       if (!go) return;  // the watchdog fired: stop pulling, let the kernel drain
     }
     const int p0 = m * C::B, p1 = min(p0 + C::B, s.rows);
-    if constexpr (C::Q > 0)
+    if constexpr (C::Q > 0)  // peers.x are the ranks' quantized rows (xq) in fp8 plans
       pull_rows_fp8<C::D, C::K, C::Q, C::RING_ROWS>(
-          buf.table, peers.x, buf.ring_x8, buf.ring_sx, p0, p1, (q % C::SLOTS) * C::B,
+          buf.table, reinterpret_cast<const uint8_t* const*>(peers.x), buf.xq_scales_at,
+          buf.ring_x8, buf.ring_sx, p0, p1, (q % C::SLOTS) * C::B,
           blockIdx.x * warps + threadIdx.x / 32, C::COMM * warps);
     else
       pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, (q % C::SLOTS) * C::B,
