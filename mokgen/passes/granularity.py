@@ -18,7 +18,7 @@ def minibatch_cost(plan: Plan, b: int, gpu: hardware.GPU) -> float:
     s = plan.shape
     rows = plan.tokens_per_rank * s.topk
     compute_sms = gpu.num_sms - plan.comm_sms_fwd
-    rate = (gpu.fp8_flops if plan.scale_block else gpu.bf16_flops) / gpu.num_sms
+    rate = (gpu.fp8_flops if plan.scale_block == 128 else gpu.bf16_flops) / gpu.num_sms
     waste = gpu.flag_latency
     # (tiles, FLOPs per tile) of the gate/up GEMM and the down GEMM of one minibatch
     for tiles, k in (((b // plan.block_m) * (2 * s.intermediate // BLOCK_N), s.hidden),
@@ -58,7 +58,7 @@ def predict_forward_s(plan: Plan) -> float:
 
     gpu = hardware.get(plan.gpu)
     moved, flops = direction_costs(plan, backward=False)
-    rate = gpu.fp8_flops if plan.scale_block else gpu.bf16_flops
+    rate = gpu.fp8_flops if plan.scale_block == 128 else gpu.bf16_flops
     link = gpu.nvlink_bw if plan.ep > 1 else gpu.hbm_bw / 2
     t_comm = moved / min(link, plan.comm_sms_fwd * gpu.copy_bw_per_sm)
     t_comp = flops / (rate * (gpu.num_sms - plan.comm_sms_fwd) / gpu.num_sms)

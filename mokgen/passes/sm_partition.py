@@ -41,7 +41,7 @@ def best_comm_sms(moved: float, flops: float, gpu: hardware.GPU, rate: float, ep
 
 def sm_partition(plan: Plan) -> Plan:
     gpu = hardware.get(plan.gpu)
-    rate = gpu.fp8_flops if plan.scale_block else gpu.bf16_flops
+    rate = gpu.fp8_flops if plan.scale_block == 128 else gpu.bf16_flops
     out = {"num_sms": gpu.num_sms}
     for name, backward in (("comm_sms_fwd", False), ("comm_sms_bwd", True)):
         if not plan.is_forced(name):
