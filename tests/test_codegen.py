@@ -102,6 +102,28 @@ def test_preset_kernels_compile_without_spills(name):
             assert form in sass[1], form
 
 
+@needs_nvcc
+@pytest.mark.parametrize("dtype", ["fp8", "mxfp8"])
+@pytest.mark.parametrize("name", PRESETS)
+def test_fp8_kernels_compile_without_spills(name, dtype):
+    """The fp8 forward (and its prologue with the source-side quantizer) for each preset:
+    no spills, no stack, no serialized wgmma; the routed GEMMs run as QGMMA (e4m3) and the
+    shared expert's as HGMMA (bf16) in the same kernel."""
+    layer = mokgen.compile(mokgen.shapes.get(name), ep=64, dtype=dtype, tokens_per_rank=2048)
+    for unit, b in layer.binaries.items():
+        for fn, r in b.resources.items():
+            assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, \
+                (unit, fn, r)
+        log = b.path.with_name("kernel.cubin.log")
+        assert "C7512" not in (log.read_text() if log.exists() else ""), f"{unit}: serialized"
+    assert "mokgen_quant_x" in layer.binaries["prologue"].resources
+    cuobjdump = _cuobjdump()
+    if cuobjdump:
+        sass = subprocess.run([cuobjdump, "-sass", str(layer.binaries["fwd"].path)],
+                              capture_output=True, text=True).stdout
+        assert "QGMMA.64x128x32.F32.E4M3.E4M3" in sass and "HGMMA.64x256x16.F32.BF16" in sass
+
+
 def _cuobjdump():
     found = shutil.which("cuobjdump")
     if found:

@@ -58,13 +58,15 @@ MOKGEN_DEV Task stop_task() { return Task{-1, 0, 0, -1, 0, 0, 0, 0}; }
 enum : int { kOpcodeMask = 0xff, kBMN = 1 << 8, kAMN = 1 << 9, kF8 = 1 << 10 };
 MOKGEN_DEV int opcode(const Task& t) { return t.op & kOpcodeMask; }
 
-// Slot index + parity of a ring of S mbarrier-guarded slots.
+// Slot index + parity of a ring of S mbarrier-guarded slots, in one register (parity in
+// bit 31): the fp8 consumer holds two of these beside 192 accumulators.
 struct PipeState {
-  uint32_t idx = 0;
-  uint32_t phase = 0;
+  uint32_t bits = 0;
+  MOKGEN_DEV uint32_t idx() const { return bits & 0x7fffffffu; }
+  MOKGEN_DEV uint32_t phase() const { return bits >> 31; }
   template <int S>
   MOKGEN_DEV void advance() {
-    if (++idx == S) { idx = 0; phase ^= 1; }
+    bits = idx() + 1 == S ? (bits & 0x80000000u) ^ 0x80000000u : bits + 1;
   }
 };
 
@@ -149,24 +151,30 @@ struct GemmSmem {
 // ahead. Slot writes are plain smem stores ordered by the arrive's release semantics.
 template <class Cfg>
 MOKGEN_DEV void task_push(const GemmSmem<Cfg>& sm, PipeState& ts, const Task& t) {
-  mbar_wait(&sm.task_empty()[ts.idx], ts.phase ^ 1, 100);
-  sm.tasks()[ts.idx] = t;
-  mbar_arrive(&sm.task_full()[ts.idx]);
+  mbar_wait(&sm.task_empty()[ts.idx()], ts.phase() ^ 1, 100);
+  sm.tasks()[ts.idx()] = t;
+  mbar_arrive(&sm.task_full()[ts.idx()]);
   ts.template advance<Cfg::TASK_SLOTS>();
 }
-// Called by every consumer thread (whole warps): one arrive per warp frees the slot. A task
-// that never comes is recorded and read as stop (consumer code never traps: mbar_wait_lean).
+// Called by every consumer thread (whole warps). The task stays in its slot until
+// task_release (after the epilogue): read from shared memory where used, its fields need
+// no registers across the mainloop (the fp8 one has none to spare), and the producer still
+// runs TASK_SLOTS - 1 tasks ahead. A task that never comes is recorded and read as stop
+// (consumer code never traps: mbar_wait_lean); nullptr then.
 template <class Cfg>
-MOKGEN_DEV Task task_pop(const GemmSmem<Cfg>& sm, PipeState& ts) {
-  if (!mbar_wait_lean(&sm.task_full()[ts.idx], ts.phase)) {
-    record_timeout(101, ts.phase);
-    return stop_task();
+MOKGEN_DEV const Task* task_pop(const GemmSmem<Cfg>& sm, const PipeState& ts) {
+  if (!mbar_wait_lean(&sm.task_full()[ts.idx()], ts.phase())) {
+    record_timeout(101, ts.phase());
+    return nullptr;
   }
-  const Task t = sm.tasks()[ts.idx];
+  return &sm.tasks()[ts.idx()];
+}
+// One arrive per warp frees the slot.
+template <class Cfg>
+MOKGEN_DEV void task_release(const GemmSmem<Cfg>& sm, PipeState& ts) {
   __syncwarp();
-  if ((threadIdx.x & 31) == 0) mbar_arrive(&sm.task_empty()[ts.idx]);
+  if ((threadIdx.x & 31) == 0) mbar_arrive(&sm.task_empty()[ts.idx()]);
   ts.template advance<Cfg::TASK_SLOTS>();
-  return t;
 }
 
 // ---------------------------------------------------------------- producer
@@ -180,23 +188,23 @@ MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUten
   constexpr int kBox = 64 * 64 * 2;
   const bool amn = t.op & kAMN, bmn = t.op & kBMN;
   for (int kb = 0; kb < t.k_blocks; ++kb) {
-    mbar_wait(&sm.empty()[ps.idx], ps.phase ^ 1, 102);
-    uint64_t* bar = &sm.full()[ps.idx];
+    mbar_wait(&sm.empty()[ps.idx()], ps.phase() ^ 1, 102);
+    uint64_t* bar = &sm.full()[ps.idx()];
     mbar_arrive_expect_tx(bar, Cfg::STAGE_BYTES);
     const int k0 = kb * Cfg::BK;
     if (amn) {
       for (int j = 0; j < Cfg::BM / 64; ++j)
-        tma_load_2d(sm.a_stage(ps.idx) + j * kBox, ta, bar, t.a_row0 + 64 * j, t.b_row1 + k0);
+        tma_load_2d(sm.a_stage(ps.idx()) + j * kBox, ta, bar, t.a_row0 + 64 * j, t.b_row1 + k0);
     } else {
-      tma_load_2d(sm.a_stage(ps.idx), ta, bar, k0, t.a_row0);
+      tma_load_2d(sm.a_stage(ps.idx()), ta, bar, k0, t.a_row0);
     }
     if (bmn) {
       for (int j = 0; j < Cfg::BN / 64; ++j)
-        tma_load_2d(sm.b_stage(ps.idx) + j * kBox, tb, bar, t.b_row0 + 64 * j, t.b_row1 + k0);
+        tma_load_2d(sm.b_stage(ps.idx()) + j * kBox, tb, bar, t.b_row0 + 64 * j, t.b_row1 + k0);
     } else {
-      tma_load_2d(sm.b_stage(ps.idx), tb, bar, k0, t.b_row0);
+      tma_load_2d(sm.b_stage(ps.idx()), tb, bar, k0, t.b_row0);
       if (t.b_row1 >= 0)  // dual-B: second half (up rows) right below the first
-        tma_load_2d(sm.b_stage(ps.idx) + (Cfg::BN / 2) * 128, tb, bar, k0, t.b_row1);
+        tma_load_2d(sm.b_stage(ps.idx()) + (Cfg::BN / 2) * 128, tb, bar, k0, t.b_row1);
     }
     ps.template advance<Cfg::STAGES>();
   }
@@ -222,12 +230,12 @@ MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task&
   bool ok = true;
   wgmma_fence_regs(acc);
   for (int kb = 0; kb < t.k_blocks; ++kb) {
-    ok &= mbar_wait_lean(&sm.full()[ps.idx], ps.phase);
+    ok &= mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());
     // a warpgroup's 64 A rows are 8 KB in either layout
-    const uint8_t* a = sm.a_stage(ps.idx) + cwg * 64 * 128;
+    const uint8_t* a = sm.a_stage(ps.idx()) + cwg * 64 * 128;
     const uint64_t da = TA ? make_desc_mnmajor_sw128(a) : make_desc_kmajor_sw128(a);
-    const uint64_t db = TB ? make_desc_mnmajor_sw128(sm.b_stage(ps.idx))
-                           : make_desc_kmajor_sw128(sm.b_stage(ps.idx));
+    const uint64_t db = TB ? make_desc_mnmajor_sw128(sm.b_stage(ps.idx()))
+                           : make_desc_kmajor_sw128(sm.b_stage(ps.idx()));
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Cfg::BK / 16; ++kk)
@@ -240,7 +248,7 @@ MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task&
       __syncwarp();
       if (lane0) mbar_arrive(&sm.empty()[prev]);
     }
-    prev = (int)ps.idx;
+    prev = (int)ps.idx();
     ps.template advance<Cfg::STAGES>();
   }
   wgmma_wait<0>();
@@ -262,17 +270,17 @@ MOKGEN_DEV void produce_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const C
                                  const CUtensorMap* tsb, const Task& t) {
   constexpr int KQ = Cfg::BK8 / Cfg::Q, HALF = 128 * Cfg::BK8;
   for (int kb = 0; kb < t.k_blocks; ++kb) {
-    mbar_wait(&sm.empty()[ps.idx], ps.phase ^ 1, 102);
-    uint64_t* bar = &sm.full()[ps.idx];
+    mbar_wait(&sm.empty()[ps.idx()], ps.phase() ^ 1, 102);
+    uint64_t* bar = &sm.full()[ps.idx()];
     mbar_arrive_expect_tx(bar, Cfg::STAGE_BYTES + Cfg::SC_BYTES);
     const int k0 = kb * Cfg::BK8;
-    tma_load_2d(sm.a_stage(ps.idx), ta, bar, k0, t.a_row0);
-    tma_load_2d(sm.b_stage(ps.idx), tb, bar, k0, t.b_row0);
-    tma_load_2d(sm.b_stage(ps.idx) + HALF, tb, bar, k0, b_half1_row(t));
-    tma_load_2d(sm.sa_stage(ps.idx), tsa, bar, t.a_row0, kb * KQ);
+    tma_load_2d(sm.a_stage(ps.idx()), ta, bar, k0, t.a_row0);
+    tma_load_2d(sm.b_stage(ps.idx()), tb, bar, k0, t.b_row0);
+    tma_load_2d(sm.b_stage(ps.idx()) + HALF, tb, bar, k0, b_half1_row(t));
+    tma_load_2d(sm.sa_stage(ps.idx()), tsa, bar, t.a_row0, kb * KQ);
     if constexpr (Cfg::SB_BYTES > 0) {
-      tma_load_2d(sm.sb_stage(ps.idx), tsb, bar, t.b_row0, kb * KQ);
-      tma_load_2d(sm.sb_stage(ps.idx) + 128 * KQ, tsb, bar, b_half1_row(t), kb * KQ);
+      tma_load_2d(sm.sb_stage(ps.idx()), tsb, bar, t.b_row0, kb * KQ);
+      tma_load_2d(sm.sb_stage(ps.idx()) + 128 * KQ, tsb, bar, b_half1_row(t), kb * KQ);
     }
     ps.template advance<Cfg::STAGES>();
   }
@@ -310,12 +318,12 @@ MOKGEN_DEV bool consume_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const T
   // wgmma stream alone, accumulating straight into the accumulators (wrong results)
   int prev = -1;
   for (int kb = 0; kb < t.k_blocks; ++kb) {
-    ok &= mbar_wait_lean(&sm.full()[ps.idx], ps.phase);
-    const uint64_t da = make_desc_kmajor_sw128(sm.a_stage(ps.idx) + cwg * 64 * 128);
+    ok &= mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());
+    const uint64_t da = make_desc_kmajor_sw128(sm.a_stage(ps.idx()) + cwg * 64 * 128);
     wgmma_fence();
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const uint64_t db = make_desc_kmajor_sw128(sm.b_stage(ps.idx) + h * HALF);
+      const uint64_t db = make_desc_kmajor_sw128(sm.b_stage(ps.idx()) + h * HALF);
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
         WgmmaFp8<128>::mma(*reinterpret_cast<float(*)[64]>(&acc[64 * h]),
@@ -324,7 +332,7 @@ MOKGEN_DEV bool consume_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const T
     wgmma_commit();
     wgmma_wait<1>();
     if (prev >= 0) { __syncwarp(); if (lane0) mbar_arrive(&sm.empty()[prev]); }
-    prev = (int)ps.idx;
+    prev = (int)ps.idx();
     ps.template advance<Cfg::STAGES>();
   }
   wgmma_wait<0>();
@@ -336,15 +344,17 @@ MOKGEN_DEV bool consume_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const T
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     float wb[2] = {1.f, 1.f};
     if constexpr (Q == 128) { wb[0] = __ldg(sb0 + kb); wb[1] = __ldg(sb1 + kb); }
-    ok &= mbar_wait_lean(&sm.full()[ps.idx], ps.phase);
-    const uint64_t da = make_desc_kmajor_sw128(sm.a_stage(ps.idx) + cwg * 64 * 128);
-    const float* sa = sm.sa_stage(ps.idx);
-#pragma unroll
-    for (int s = 0; s < KQ; ++s) {  // Q = 128: one pass of 4 K steps; MX: 4 passes of 1
+    ok &= mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());
+    const uint64_t da = make_desc_kmajor_sw128(sm.a_stage(ps.idx()) + cwg * 64 * 128);
+    const float* sa = sm.sa_stage(ps.idx());
+    // Q = 128: one pass of 4 K steps; MX: 4 passes of 1, not unrolled (no index into the
+    // accumulators depends on the pass; unrolled, ptxas spilled)
+#pragma unroll(Q == 128 ? 1 : 1)
+    for (int s = 0; s < KQ; ++s) {
       const float a0 = sa[s * 128 + r0], a1 = sa[s * 128 + r0 + 8];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const uint64_t db = make_desc_kmajor_sw128(sm.b_stage(ps.idx) + h * HALF);
+        const uint64_t db = make_desc_kmajor_sw128(sm.b_stage(ps.idx()) + h * HALF);
         wgmma_fence();
 #pragma unroll
         for (int kk = s * STEPS; kk < (s + 1) * STEPS; ++kk)
@@ -359,7 +369,7 @@ MOKGEN_DEV bool consume_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const T
                                                          return make_float2(v, v); });
         } else {  // B scales [half][step][128 columns]. tmp is only read: a value written
           // back into it would move the next wgmma's scratch to fresh registers
-          const float* sb = sm.sb_stage(ps.idx) + (h * KQ + s) * 128 + 2 * (l & 3);
+          const float* sb = sm.sb_stage(ps.idx()) + (h * KQ + s) * 128 + 2 * (l & 3);
 #pragma unroll
           for (int g = 0; g < 16; ++g) {
             const float2 b = *reinterpret_cast<const float2*>(sb + 8 * g);
@@ -373,7 +383,7 @@ MOKGEN_DEV bool consume_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const T
       }
     }
     __syncwarp();
-    if (lane0) mbar_arrive(&sm.empty()[ps.idx]);
+    if (lane0) mbar_arrive(&sm.empty()[ps.idx()]);
     ps.template advance<Cfg::STAGES>();
   }
   return ok;
@@ -472,8 +482,9 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
 #pragma unroll
       for (int i = 0; i < Cfg::kAccRegs + Cfg::kScratch; ++i) acc[i] = 0.f;
       float(&acc0)[Cfg::kAccRegs] = *reinterpret_cast<float(*)[Cfg::kAccRegs]>(&acc[0]);
-      const Task t = task_pop<Cfg>(sm, ts);
-      if (t.op < 0) break;
+      const Task* slot = task_pop<Cfg>(sm, ts);
+      if (slot == nullptr || slot->op < 0) break;
+      const Task& t = *slot;
       bool ok;
       if constexpr (Problem::kMNOperands) {  // three mainloops; only the backward has them
         if (t.op & kAMN) ok = consume_tile<Cfg, 1, 1>(sm, ps, t, acc0, wg - 1);
@@ -486,10 +497,11 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
         ok = consume_tile<Cfg>(sm, ps, t, acc0, wg - 1);
       }
       if (!ok) {  // a stage never arrived: record it and stop (see mbar_wait_lean)
-        record_timeout(103, ps.phase);
+        record_timeout(103, ps.phase());
         break;
       }
       prob.epilogue(t, acc0, wg - 1);
+      task_release<Cfg>(sm, ts);
     }
   }
 }
