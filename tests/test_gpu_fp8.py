@@ -78,11 +78,15 @@ def test_fused_quantization_equals_mokgen_quant(fmt):
     # the reference SwiGLU output of the live rows, from the same quantized operands
     e = torch.searchsorted(b.offsets[1:].cpu(), torch.arange(rows), right=True)
     w1 = inputs["w1"][0].float()
-    for i in torch.nonzero(live).flatten().tolist()[:64]:
+    rows_checked = torch.nonzero(live).flatten().tolist()[:64]
+    want = []
+    for i in rows_checked:
         g, u = (quant.fake_quant(src[i:i + 1].float(), fmt)
                 @ quant.fake_quant(w1[e[i]], fmt, weight=True).T).chunk(2, dim=-1)
-        want = quant.fake_quant(torch.nn.functional.silu(g) * u, fmt)
-        assert rel_error(a[i:i + 1], want) <= 3e-2, f"SwiGLU row {i}"  # rounding flips
+        want.append(quant.fake_quant(torch.nn.functional.silu(g) * u, fmt))
+    # the fp32 sums differ in order, which flips an element's e4m3 rounding now and then
+    err = rel_error(a[rows_checked], torch.cat(want))
+    assert err <= 2e-2, f"SwiGLU output vs the reference's quantization: {err:.3e}"
     if fmt == "mxfp8":
         q2, b2 = quant.to_mxfp8(a[live])
         assert torch.equal(q2.view(torch.uint8),
