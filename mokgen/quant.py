@@ -159,6 +159,33 @@ def quantize_weight(w: torch.Tensor, transposed: bool = False):
     return data.view(torch.float8_e4m3fn), scales
 
 
+def quantize_weight_blockwise(w: torch.Tensor):
+    """Blockwise fp8 of a weight [..., rows, cols] (128 x 128 blocks over the last two dims):
+    bit for bit `to_fp8_blockwise(w, WEIGHT_BLOCK)`. CUDA tensors run the generated kernel
+    (mokgen/runtime/include/mokgen/fp8.cuh); others the reference."""
+    if not isinstance(w, torch.Tensor) or w.dim() < 2:
+        raise TypeError("w must be a torch.Tensor with at least 2 dimensions")
+    if w.dtype not in (torch.bfloat16, torch.float32):
+        raise TypeError(f"w must be bfloat16 or float32, got {w.dtype}")
+    rows, cols = w.shape[-2], w.shape[-1]
+    if rows % WEIGHT_BLOCK[0] or cols % WEIGHT_BLOCK[1]:
+        raise ValueError(f"shape {(rows, cols)} is not a multiple of the block {WEIGHT_BLOCK}")
+    if not w.is_cuda:
+        return to_fp8_blockwise(w, WEIGHT_BLOCK)
+    from .runtime import cuda
+
+    w = w.contiguous()
+    batch = w.numel() // (rows * cols)
+    data = torch.empty(w.shape, dtype=torch.uint8, device=w.device)
+    scales = torch.empty((*w.shape[:-2], rows // 128, cols // 128), dtype=torch.float32,
+                         device=w.device)
+    f = _quant_function(f"mokgen_fp8w_{'bf16' if w.dtype == torch.bfloat16 else 'f32'}")
+    blocks = rows * cols // (128 * 128)
+    cuda.launch(f, (max(1, min(4096, blocks)), batch), 256, 0, None,
+                [w, rows, cols, data, scales])
+    return data.view(torch.float8_e4m3fn), scales
+
+
 _QUANT_MODULE: list = []
 
 
@@ -172,6 +199,6 @@ def _quant_function(name: str):
         src = (Path(__file__).parent / "templates" / "quant.cu.j2").read_text()
         import jinja2
 
-        binary = build([Kernel("quant_mxfp8", jinja2.Template(src).render())])[0]
+        binary = build([Kernel("quant_fp8", jinja2.Template(src).render())])[0]
         _QUANT_MODULE.append(cuda.load_module(str(binary.path)))
     return _QUANT_MODULE[0].function(name)

@@ -181,3 +181,26 @@ def test_quantized_reference_layer_is_close_to_the_exact_one(fmt):
     want = quant.fake_quant(torch.nn.functional.silu(g_) * u, fmt) @ \
         quant.fake_quant(w2[0], fmt, weight=True).T
     assert torch.equal(e0, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_blockwise_weight_quantization_is_bit_exact(dtype):
+    """The blockwise fp8 weight kernel against the torch reference (on CPU): random blocks
+    at many magnitudes plus the special ones (zero, all equal, NaN, Inf, saturation)."""
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(4, 256, 384, generator=g) * torch.logspace(-20, 20, 4)[:, None, None]
+    w[0, :128, :128] = 0.0
+    w[0, :128, 128:256] = 3.0
+    w[0, 128:, :128] = torch.randn(128, 128, generator=g) * 1e-39
+    w[1, 5, 7] = float("nan")
+    w[1, 200, 300] = float("inf")
+    w[2, :128, 256:] = w[2, :128, 256:].sign() * torch.rand(128, 128, generator=g)
+    w = w.to(dtype)
+    d, s = quant.quantize_weight_blockwise(w.cuda())
+    rd, rs = quant.quantize_weight_blockwise(w)
+    assert torch.equal(s.cpu().isnan(), rs.isnan())
+    assert torch.equal(s.cpu().nan_to_num(), rs.nan_to_num()), "scales differ"
+    diff = (d.view(torch.uint8).cpu() != rd.view(torch.uint8)).sum().item()
+    assert diff == 0, f"{diff} elements differ"

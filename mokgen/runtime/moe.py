@@ -390,8 +390,8 @@ class WeightCache:
 
         w2d = w.reshape(-1, w.shape[-1])
         if self.q == 128:
-            data, scales = quant.to_fp8_blockwise(w2d, quant.WEIGHT_BLOCK)
-            return data.view(torch.uint8), scales.contiguous()
+            data, scales = quant.quantize_weight_blockwise(w2d)
+            return data.view(torch.uint8), scales
         data, scales = quant.quantize_weight(w2d)
         s = torch.exp2(scales.float() - quant.SCALE_BIAS)
         s = torch.where(scales == quant.SCALE_NAN, torch.full_like(s, float("nan")), s)

@@ -59,6 +59,65 @@ MOKGEN_DEV float group_max(float v) {
   return v;
 }
 
+// Blockwise fp8 weights, 128 x 128 blocks over the last two dims of `batch` matrices [rows,
+// cols] (blockIdx.y = matrix), bit for bit mokgen.quant.to_fp8_blockwise(w, WEIGHT_BLOCK):
+// data [rows, cols] e4m3, scales [rows/128, cols/128]. One CTA of 256 threads per block
+// (grid-strided); a thread holds 64 consecutive elements of one row.
+template <class T>
+__device__ void fp8_weight_blocks(const T* __restrict__ in, int rows, int cols,
+                                  uint8_t* __restrict__ data, float* __restrict__ scales) {
+  __shared__ float red[8];
+  const size_t mat = (size_t)rows * cols;
+  in += blockIdx.y * mat;
+  data += blockIdx.y * mat;
+  const int bc = cols / 128, nblocks = (rows / 128) * bc;
+  scales += (size_t)blockIdx.y * nblocks;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int b = blockIdx.x; b < nblocks; b += gridDim.x) {
+    const int r = (b / bc) * 128 + threadIdx.x / 2, c0 = (b % bc) * 128 + (threadIdx.x % 2) * 64;
+    const T* p = in + (size_t)r * cols + c0;
+    float v[64];
+    if constexpr (sizeof(T) == 2) {  // bf16: 16-byte loads
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const int4 raw = reinterpret_cast<const int4*>(p)[q];
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const float2 f = __bfloat1622float2(h[c]);
+          v[8 * q + 2 * c] = f.x;
+          v[8 * q + 2 * c + 1] = f.y;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) v[i] = to_f32(p[i]);
+    }
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) amax = max_nan(amax, fabsf(v[i]));
+    amax = group_max<32>(amax);
+    if (lane == 0) red[warp] = amax;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < 8; ++w) amax = max_nan(amax, red[w]);
+    __syncthreads();  // red is rewritten by the next block
+    const Fp8Scale sc = fp8_scale<128>(amax);
+    uint4* out = reinterpret_cast<uint4*>(data + (size_t)r * cols + c0);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      uint32_t w[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float* e = v + 16 * q + 4 * j;
+        w[j] = fp8x2(e[0], e[1], sc.inv) | (uint32_t)fp8x2(e[2], e[3], sc.inv) << 16;
+      }
+      out[q] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    if (threadIdx.x == 0) scales[b] = sc.scale;
+  }
+}
+
 // Token rows quantized once by their owner, before any peer pulls them (the fp8 forward's
 // dispatch then moves half the bytes and quantizes nothing): xq holds [n_cap, D] e4m3, then
 // at byte scales_at the fp32 scales [n_cap, D/Q]. One warp per row; a lane holds 8
