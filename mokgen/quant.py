@@ -70,7 +70,8 @@ def from_mxfp8(data: torch.Tensor, scales: torch.Tensor, dim: int = -1,
 # amax / 448 (not a power of two): 1 x 128 blocks for activations, 128 x 128 for weights,
 # over the last two dims. Elements are x * (448 / amax), the block's inverse scale computed
 # once (one IEEE division per block, as DeepSeek's casts do: a kernel multiplies, it does not
-# divide every element). All fp32, every division an element-wise IEEE one (torch turns a
+# divide every element), clamped to the largest float for blocks so small (amax < ~1.3e-36)
+# that it would overflow. All fp32, every division an element-wise IEEE one (torch turns a
 # division by a Python number into a multiplication by its reciprocal on CUDA, so none is
 # used). An all-zero block gets scale 1 and zeros; a block holding NaN or Inf gets a NaN
 # scale and NaN elements.
@@ -102,6 +103,7 @@ def to_fp8_blockwise(t: torch.Tensor, block=ACT_BLOCK):
     live = amax > 0
     scale = torch.where(live, amax / top, torch.ones_like(amax))
     inv = torch.where(live, top / torch.where(live, amax, top), torch.ones_like(amax))
+    inv = inv.clamp(max=torch.finfo(torch.float32).max)  # blocks below ~1.3e-36: finite
     finite = torch.isfinite(amax)
     scale = torch.where(finite, scale, torch.full_like(amax, float("nan")))
     q = torch.where(finite, (x * inv).clamp(-E4M3_MAX, E4M3_MAX), torch.full_like(x, float("nan")))

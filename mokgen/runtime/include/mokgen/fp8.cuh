@@ -1,7 +1,7 @@
 // mokgen/fp8.cuh -- the two fp8 activation formats the kernels quantize into, bit for bit
 // as mokgen.quant does (its docstrings are the spec), selected by Q = elements per scale:
 //   Q = 128: DeepSeek-style blockwise fp8, scale = amax / 448 in IEEE fp32 (1 for an
-//            all-zero block), element = v * (448 / amax);
+//            all-zero block), element = v * min(448 / amax, FLT_MAX);
 //   Q = 32:  OCP MXFP8, scale = 2^(floor(log2 amax) - 8) (an e8m0 byte; 2^-127 for an all-zero
 //            block), element = v / scale, computed as v * 2^-(...) (exact either way).
 // Elements are rounded to e4m3 (nearest even, subnormals kept) after clamping to +-448. A block
@@ -29,7 +29,8 @@ MOKGEN_DEV Fp8Scale fp8_scale(float amax) {
   if (!isfinite(amax)) return {nan, nan};
   if constexpr (Q == 128) {
     if (amax == 0.f) return {1.f, 1.f};
-    return {__fdiv_rn(amax, 448.f), __fdiv_rn(448.f, amax)};
+    // a block below 448 / FLT_MAX (~1.3e-36) would get an infinite inverse: clamp it
+    return {__fdiv_rn(amax, 448.f), fminf(__fdiv_rn(448.f, amax), 3.40282347e38f)};
   } else {  // 2^(b - 127) and its exact inverse 2^(127 - b) = value of byte 254 - b
     const uint8_t b = mx_scale_byte(amax);
     return {mx_scale_value(b), mx_scale_value((uint8_t)(254 - b))};
