@@ -26,6 +26,9 @@ from mokgen.bench import TorchSlice, dense_floor, make_slice, time_ms
 from mokgen.workloads import rel_error
 
 E4M3 = torch.float8_e4m3fn
+IMPLS = (("bf16", "mokgen bf16"), ("fp8", "mokgen fp8 (blockwise)"), ("mxfp8", "mokgen MXFP8"),
+         ("grouped", "torch _grouped_mm bf16"), ("floor_bf16", "dense bf16 floor"),
+         ("floor_fp8", "dense fp8 floor (rowwise _scaled_mm)"))
 
 
 def rowwise(t):
@@ -149,8 +152,15 @@ def main(argv=None):
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
                 commit=os.environ.get("MOKGEN_COMMIT", "?"), time=time.strftime("%Y-%m-%d %H:%M"))
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "moe_layer_fwd_fp8.json"), "w") as f:
+    path = os.path.join(a.out, "moe_layer_fwd_fp8.json")
+    with open(path, "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    try:
+        from mokgen.plot import plot
+
+        plot(path, path[:-5] + ".png", IMPLS, "MoE layer forward, bf16 / fp8 / MXFP8")
+    except ImportError as e:  # matplotlib is optional
+        print(f"no plot: {e}")
     print(f"\n{meta}\nTFLOP/s (6 N (k+1) D I / t)")
     print(f"{'shape':<18}{'ep':>3}{'N':>6} {'bf16':>6} {'fp8':>6} {'mxfp8':>6} {'grp':>6} "
           f"{'scaled':>6} {'fl16':>6} {'fl8':>6}  fp8/bf16 mx/bf16 fp8/best  err fp8/mx")
