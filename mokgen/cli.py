@@ -12,7 +12,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", required=True, help=f"preset: {', '.join(shapes.names())}")
     p.add_argument("--ep", type=int, default=8, help="expert-parallel degree")
     p.add_argument("--tokens", type=int, default=2048, help="tokens per rank")
-    p.add_argument("--dtype", default="bf16", help="bf16 | mxfp8")
+    p.add_argument("--dtype", default="bf16", help="bf16 | fp8 | mxfp8")
     for name in ("minibatch", "macrobatch", "comm-sms-fwd", "comm-sms-bwd"):
         p.add_argument(f"--{name}", type=int, default=None, help="override the pass")
 

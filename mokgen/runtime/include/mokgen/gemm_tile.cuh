@@ -106,13 +106,14 @@ struct GemmCfg {
 template <class Cfg>
 struct GemmSmem {
   uint8_t* ring;
-  static constexpr int kBars = Cfg::STAGES * Cfg::STAGE_BYTES;
+  static constexpr int kBarsAt = Cfg::STAGES * Cfg::STAGE_BYTES;  // barriers after the ring
 
-  MOKGEN_DEV uint64_t* full() const { return reinterpret_cast<uint64_t*>(ring + kBars); }
   // [STAGES] TMA bytes landed (count 1 + tx)
-  MOKGEN_DEV uint64_t* empty() const { return full() + Cfg::STAGES; }
+  MOKGEN_DEV uint64_t* full() const { return reinterpret_cast<uint64_t*>(ring + kBarsAt); }
   // [STAGES] consumers done reading (count = consumer warps)
-  MOKGEN_DEV uint64_t* task_full() const { return empty() + Cfg::STAGES; }  // [TASK_SLOTS]
+  MOKGEN_DEV uint64_t* empty() const { return full() + Cfg::STAGES; }
+  // [TASK_SLOTS] task published (count 1) / task done with by all consumer warps
+  MOKGEN_DEV uint64_t* task_full() const { return empty() + Cfg::STAGES; }
   MOKGEN_DEV uint64_t* task_empty() const { return task_full() + Cfg::TASK_SLOTS; }
   MOKGEN_DEV Task* tasks() const {  // [TASK_SLOTS]
     return reinterpret_cast<Task*>(task_empty() + Cfg::TASK_SLOTS);
@@ -147,8 +148,9 @@ struct GemmSmem {
 };
 
 // ---------------------------------------------------------------- task channel
-// Single producer thread -> all consumer threads. The producer may run TASK_SLOTS tasks
-// ahead. Slot writes are plain smem stores ordered by the arrive's release semantics.
+// Single producer thread -> all consumer threads. The producer may run TASK_SLOTS - 1 tasks
+// ahead (consumers keep the current one's slot until its epilogue is done). Slot writes are
+// plain smem stores ordered by the arrive's release semantics.
 template <class Cfg>
 MOKGEN_DEV void task_push(const GemmSmem<Cfg>& sm, PipeState& ts, const Task& t) {
   mbar_wait(&sm.task_empty()[ts.idx()], ts.phase() ^ 1, 100);
@@ -349,7 +351,7 @@ MOKGEN_DEV bool consume_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const T
     const float* sa = sm.sa_stage(ps.idx());
     // Q = 128: one pass of 4 K steps; MX: 4 passes of 1, not unrolled (no index into the
     // accumulators depends on the pass; unrolled, ptxas spilled)
-#pragma unroll(Q == 128 ? 1 : 1)
+#pragma unroll 1
     for (int s = 0; s < KQ; ++s) {
       const float a0 = sa[s * 128 + r0], a1 = sa[s * 128 + r0 + 8];
 #pragma unroll

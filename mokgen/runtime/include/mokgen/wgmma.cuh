@@ -126,28 +126,9 @@ struct Wgmma<256> {
 template <int N>
 struct WgmmaFp8;
 
-#define MOKGEN_W8(d, i)                                                                      \
-  "=f"(d[i + 0]), "=f"(d[i + 1]), "=f"(d[i + 2]), "=f"(d[i + 3]), "=f"(d[i + 4]),         \
-      "=f"(d[i + 5]), "=f"(d[i + 6]), "=f"(d[i + 7])
-#define MOKGEN_W32(d, i) MOKGEN_W8(d, i), MOKGEN_W8(d, i + 8), MOKGEN_W8(d, i + 16), MOKGEN_W8(d, i + 24)
-
 template <>
 struct WgmmaFp8<128> {
   static constexpr int kRegs = 64;
-  // D = A * B: write-only operands, so D's old values are not live before the instruction
-  // (the fp8 scratch would otherwise stay live across the whole mainloop).
-  static MOKGEN_DEV void mma_init(float (&d)[64], uint64_t da, uint64_t db) {
-    asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, 0, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, p, 1, 1;\n}"
-      : MOKGEN_W32(d, 0), MOKGEN_W32(d, 32)
-      : "l"(da), "l"(db));
-  }
   static MOKGEN_DEV void mma(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
     asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
@@ -162,8 +143,6 @@ struct WgmmaFp8<128> {
   }
 };
 
-#undef MOKGEN_W32
-#undef MOKGEN_W8
 #undef MOKGEN_F32
 #undef MOKGEN_F8
 
