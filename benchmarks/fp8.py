@@ -16,13 +16,12 @@ import gc
 import json
 import os
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 import mokgen
-from mokgen.bench import TorchSlice, dense_floor, make_slice, time_ms
+from mokgen.bench import TorchSlice, dense_floor, make_slice, save_results, time_ms
 from mokgen.workloads import rel_error
 
 E4M3 = torch.float8_e4m3fn
@@ -149,18 +148,8 @@ def main(argv=None):
                 r = bench(name, ep, n, a.iters, g)
                 print(json.dumps(r), flush=True)
                 rows.append(r)
-    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
-                commit=os.environ.get("MOKGEN_COMMIT", "?"), time=time.strftime("%Y-%m-%d %H:%M"))
-    os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, "moe_layer_fwd_fp8.json")
-    with open(path, "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    try:
-        from mokgen.plot import plot
-
-        plot(path, path[:-5] + ".png", IMPLS, "MoE layer forward, bf16 / fp8 / MXFP8")
-    except ImportError as e:  # matplotlib is optional
-        print(f"no plot: {e}")
+    meta = save_results(os.path.join(a.out, "moe_layer_fwd_fp8.json"), rows, impls=IMPLS,
+                        what="MoE layer forward, bf16 / fp8 / MXFP8")
     print(f"\n{meta}\nTFLOP/s (6 N (k+1) D I / t)")
     print(f"{'shape':<18}{'ep':>3}{'N':>6} {'bf16':>6} {'fp8':>6} {'mxfp8':>6} {'grp':>6} "
           f"{'scaled':>6} {'fl16':>6} {'fl8':>6}  fp8/bf16 mx/bf16 fp8/best  err fp8/mx")

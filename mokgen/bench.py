@@ -262,21 +262,9 @@ def main(argv=None):
         r["overrides"] = ov
         rows.append(r)
         print(json.dumps(r), flush=True)
-    commit = os.environ.get("MOKGEN_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "?"
-    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-                cuda=torch.version.cuda, commit=commit, time=time.strftime("%Y-%m-%d %H:%M"))
-    os.makedirs(args.out, exist_ok=True)
     fname = "moe_layer_fwd_bf16_sweep.json" if args.comm_sms or args.minibatch else \
         "moe_layer_fwdbwd_bf16.json" if args.backward else "moe_layer_fwd_bf16.json"
-    with open(os.path.join(args.out, fname), "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    try:
-        from .plot import plot
-
-        plot(os.path.join(args.out, fname), os.path.join(args.out, fname[:-5] + ".png"))
-    except ImportError as e:  # matplotlib is optional
-        print(f"no plot: {e}")
+    meta = save_results(os.path.join(args.out, fname), rows)
     print(f"\n{meta}")
     print(f"{'shape':<18}{'ep':>3}{'N':>6} {'comm':>4} {'mb':>5} {'mokgen':>8} {'grouped':>8} {'naive':>8} {'floor':>8}"
           f"  TFLOP/s   x_best  %floor  err      sched/mega/sum ms")
@@ -299,6 +287,25 @@ def main(argv=None):
                   f"{100 * b['mokgen_tflops'] / b['floor_tflops']:6.0f}%  "
                   f"{max(b['err_dw1_vs_grouped'], b['err_dw2_vs_grouped']):.1e}")
     return 0
+
+
+def save_results(path: str, rows: list, **plot_kw) -> dict:
+    """Write {meta, rows} JSON (GPU, versions, commit: $MOKGEN_COMMIT, else git's) and its PNG
+    next to it (plot_kw: mokgen.plot.plot's impls / what; skipped without matplotlib)."""
+    commit = os.environ.get("MOKGEN_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "?"
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                cuda=torch.version.cuda, commit=commit, time=time.strftime("%Y-%m-%d %H:%M"))
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    try:
+        from .plot import plot
+
+        plot(path, path[:-5] + ".png", **plot_kw)
+    except ImportError as e:  # matplotlib is optional
+        print(f"no plot: {e}")
+    return meta
 
 
 def _ints(text: str, what: str) -> list:
