@@ -11,6 +11,9 @@
 // every task waits only on tasks earlier in the list or on comm, so taking them in any
 // interleaving cannot deadlock and every output element is computed by exactly one tile in
 // a fixed K order: the result is bitwise reproducible. There is no cross-rank wait inside.
+// fp8 plans (FwdConsts::Q > 0) run the routed tiles in e4m3 (gemm_tile.cuh): the comm CTAs
+// pull rows their owners quantized (fp8.cuh), the gate/up epilogue quantizes the SwiGLU
+// output for the down GEMM; the shared expert's tiles stay bf16.
 #pragma once
 #include <cuda_bf16.h>
 #include "mokgen/combine.cuh"
@@ -61,7 +64,7 @@ struct FwdBuffers {
   __nv_bfloat16* h_shared;  // [N, IS]
   float* y_shared;          // [N, D]
   uint32_t* counters;
-  uint8_t* ring_x8;         // fp8 plans: [SLOTS*B, D] e4m3 ring rows, quantized on dispatch
+  uint8_t* ring_x8;         // fp8 plans: [SLOTS*B, D] e4m3 ring rows (pulled pre-quantized)
   uint8_t* ring_a8;         //   [SLOTS*B, I] e4m3 SwiGLU output, quantized in the epilogue
   float* ring_sx;           //   [D/Q, SLOTS*B] their scales
   float* ring_sa;           //   [I/Q, SLOTS*B]
