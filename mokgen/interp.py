@@ -12,7 +12,11 @@ What it mirrors, per rank (virtual ranks run one after another, as on one GPU):
   weight, pushed to the owner's combine row; the owner sums its k rows in route order;
 - backward: macrobatch 0 straight from the ring, the rest replayed (x re-pulled, gate/up
   recomputed), dy pulled, the router-weight gradient as <a, dy W2> (SonicMoE), dx pushed
-  back to the source, weight gradients summed in ring-position order.
+  back to the source, weight gradients summed in ring-position order;
+- fp8 plans (`scale_block`): the routed GEMMs multiply quantized operands (tokens quantized
+  per row by their owner, the SwiGLU output per row in the epilogue, weights per block: the
+  values mokgen.quant.fake_quant gives); the backward is the bf16 one over the master weights
+  and replays every minibatch (the forward's ring holds e4m3 rows).
 Every ring access checks the slot's tag, so a wrong slot, an overwrite of live data or a
 missing replay raises instead of producing a plausible number.
 """
@@ -24,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .plan import Plan
+from .quant import fake_quant
 from .reference import expert_ffn, ffn_backward, route, router_backward
 from .schedule import dispatch_schedule
 
@@ -52,6 +57,11 @@ class Interpreter:
         self.L = plan.local_experts
         self.b, self.M, self.tile = plan.minibatch, plan.macrobatch, plan.block_m
         self.slots = self.M // self.b
+        self.fp8 = {0: None, 128: "fp8", 32: "mxfp8"}[plan.scale_block]
+
+    def _q(self, t, weight=False):
+        """The values an fp8 kernel multiplies (identity for bf16 plans)."""
+        return t if self.fp8 is None else fake_quant(t, self.fp8, weight).to(t.dtype)
 
     # ------------------------------------------------------------------ layout
     def _layout(self, routes: torch.Tensor, c: int):
@@ -136,22 +146,23 @@ class Interpreter:
             for lo, hi in self._tiles(m, rows):
                 e = int(st.expert[lo])
                 rr = slice(lo + off, hi + off)
-                h = st.ring_x[rr] @ w1[e].T
+                h = st.ring_x[rr] @ self._q(w1[e], weight=True).T
                 g, u = h.chunk(2, dim=-1)
-                st.ring_h[rr], st.ring_a[rr] = h, F.silu(g) * u
-                out = st.ring_a[rr] @ w2[e].T
+                st.ring_h[rr], st.ring_a[rr] = h, self._q(F.silu(g) * u)
+                out = st.ring_a[rr] @ self._q(w2[e], weight=True).T
                 self._push(combine, st, slice(lo, hi), out)
 
         self._run_pipeline(st, self.forward_order(rows), 0,
-                           lambda m, slot: self._pull_x(st, X, m, slot), compute, "compute")
+                           lambda m, slot: self._pull_x(st, X, m, slot, quantize=True),
+                           compute, "compute")
         return st
 
-    def _pull_x(self, st, X, m, slot):
+    def _pull_x(self, st, X, m, slot, quantize=False):
         ring, lay = self._ring_rows(m, slot, st.rows)
         valid = st.src_rank[lay] >= 0
         rows = X.new_zeros(lay.stop - lay.start, X.shape[-1])
         rows[valid] = X[st.src_rank[lay][valid], st.src_index[lay][valid] // self.k]
-        st.ring_x[ring] = rows
+        st.ring_x[ring] = self._q(rows) if quantize else rows  # per-row blocks: owner's quant
 
     def _push(self, dst, st, lay, out, scale=True):
         """Push rows to their owners: dst[src_rank, src_index] (scaled by the route weight)."""
@@ -203,7 +214,7 @@ class Interpreter:
         st = self.states[c]
         rows = st.rows
         dw1, dw2 = torch.zeros_like(w1), torch.zeros_like(w2)
-        resident = {m for m in st.tags if m >= 0}
+        resident = {m for m in st.tags if m >= 0} if self.fp8 is None else set()
         order = self.backward_order(rows)
         replayed = set()
 

@@ -115,3 +115,40 @@ def test_explicit_reference_backward_matches_autograd(rng):
     got = ref.moe_backward(xs[0], zs[0], w1, w2, sw1, sw2, shape.topk, dy)
     for g, want in zip(got, [x.grad, z.grad] + [t.grad for t in leaves]):
         assert rel(g, want) <= 1e-5
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp8"])
+def test_fp8_plan_matches_the_quantized_reference(fmt, rng):
+    """fp8 plans: the forward multiplies the operands as mokgen.quant quantizes them (the
+    reference's quantized layer, to fp32 summation order), with the ring wrapping; the
+    backward is the exact one, replaying every minibatch."""
+    shape = mokgen.MoEShape(8, 256, 128, 2, name="fp8-tiny")
+    R, n = 2, 100
+    plan = mokgen.plan(shape, ep=R, dtype=fmt, tokens_per_rank=n, minibatch=128, macrobatch=256)
+    it = Interpreter(plan)
+    g = rng
+    E, D, I, L = shape.num_experts, shape.hidden, shape.intermediate, shape.num_experts // R
+    xs = [torch.randn(n, D, generator=g) for _ in range(R)]
+    zs = [torch.randn(n, E, generator=g) for _ in range(R)]
+    w1s = [torch.randn(L, 2 * I, D, generator=g) / D**0.5 for _ in range(R)]
+    w2s = [torch.randn(L, D, I, generator=g) / I**0.5 for _ in range(R)]
+    sw1, sw2 = torch.randn(2 * 128, D, generator=g) / D**0.5, torch.randn(D, 128, generator=g) / 128**0.5
+    ys = it.forward(xs, zs, w1s, w2s, sw1, sw2)
+    assert max(s.rows for s in it.states) > it.M, "the ring must wrap"
+    want = ref.moe_forward_ep(xs, zs, w1s, w2s, sw1, sw2, shape.topk, fp8=fmt)
+    exact = ref.moe_forward_ep(xs, zs, w1s, w2s, sw1, sw2, shape.topk)
+    for y, w, e in zip(ys, want, exact):
+        assert rel(y, w) <= 5e-3          # e4m3 roundings may flip with the sum order
+        assert 5e-3 < rel(y, e) <= 6e-2   # and the quantization is really there
+    dys = [torch.randn(n, D, generator=g) for _ in range(R)]
+    grads = it.backward(dys, zs, w1s, w2s, xs, sw1, sw2)
+    for st in it.states:  # nothing reused from the forward's ring: every minibatch replayed
+        kinds = [k for k, _ in st.log]
+        assert "resident" not in kinds and kinds.count("pull") == 2 * kinds.count("bwd")
+    leaves = [torch.cat(w1s).clone().requires_grad_(), torch.cat(w2s).clone().requires_grad_()]
+    xr = [x.clone().requires_grad_() for x in xs]
+    yr = [ref.moe_forward(xr[r], zs[r], *leaves, sw1, sw2, shape.topk) for r in range(R)]
+    torch.autograd.backward(yr, dys)
+    for r in range(R):
+        assert rel(grads["dx"][r], xr[r].grad) <= 1e-5
+    assert rel(torch.cat(grads["dw1"]), leaves[0].grad) <= 1e-5
