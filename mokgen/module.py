@@ -131,7 +131,8 @@ def layer_handle(plan, ep_group=None, backend: str = "kernels") -> int:
     int the ops take. Kernels are compiled on the first CUDA call; backend="reference" runs
     the PyTorch reference on every device (for comparisons)."""
     kernels = _LazyKernels(plan, ep_group) if backend == "kernels" else None
-    return ops.register(kernels, plan.shape.topk, plan.ep)
+    return ops.register(kernels, plan.shape.topk, plan.ep,
+                        None if plan.dtype == "bf16" else plan.dtype)
 
 
 class _LazyKernels:

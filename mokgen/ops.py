@@ -20,11 +20,13 @@ import torch
 
 from . import reference
 
-_LAYERS: list = []  # index -> (compiled callable or None, topk, ep)
+_LAYERS: list = []  # index -> (compiled callable or None, topk, ep, fp8 format or None)
 
 
-def register(compiled, topk: int, ep: int) -> int:
-    _LAYERS.append((compiled, topk, ep))
+def register(compiled, topk: int, ep: int, fp8: str | None = None) -> int:
+    """fp8: the layer's format ("fp8" | "mxfp8"), so the reference path quantizes the
+    routed experts' operands as the kernels do."""
+    _LAYERS.append((compiled, topk, ep, fp8))
     return len(_LAYERS) - 1
 
 
@@ -33,7 +35,7 @@ def _f32(tensors):
 
 
 def _local_only(layer: int) -> int:
-    _, topk, ep = _LAYERS[layer]
+    _, topk, ep, _ = _LAYERS[layer]
     if ep != 1:
         raise NotImplementedError("mokgen: the reference path holds every expert on one rank "
                                   f"(ep == 1); got ep={ep}: run it on CUDA with the kernels")
@@ -73,7 +75,8 @@ def moe_forward(x: torch.Tensor, router_logits: torch.Tensor, w1: torch.Tensor,
     topk = _local_only(layer)
     f = _f32((x, router_logits, w1, w2, shared_w1, shared_w2))
     experts, weights = reference.route(f[1], topk)
-    y = reference.moe_forward_routed(f[0], experts, weights, *f[2:]).to(x.dtype)
+    y = reference.moe_forward_routed(f[0], experts, weights, *f[2:],
+                                     fp8=_LAYERS[layer][3]).to(x.dtype)
     return [y, experts.int(), weights, _token(_NO_TOKEN)]
 
 
@@ -123,7 +126,8 @@ def moe_forward_routed(x: torch.Tensor, experts: torch.Tensor, weights: torch.Te
         return [y, _token(gen)]
     _local_only(layer)
     f = _f32((x, w1, w2, shared_w1, shared_w2))
-    y = reference.moe_forward_routed(f[0], experts, weights.float(), *f[1:]).to(x.dtype)
+    y = reference.moe_forward_routed(f[0], experts, weights.float(), *f[1:],
+                                     fp8=_LAYERS[layer][3]).to(x.dtype)
     return [y, _token(_NO_TOKEN)]
 
 

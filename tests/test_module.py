@@ -117,3 +117,19 @@ def test_routes_from_the_caller_match_reference_and_carry_weight_gradients():
         m(x, routes=(experts[:, :1], wts[:, :1]))
     with pytest.raises(TypeError, match="int32 or int64"):
         m(x, routes=(experts.float(), wts))
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp8"])
+def test_fp8_layer_on_cpu_quantizes_like_the_kernels(fmt):
+    """An fp8 layer's reference path (CPU) multiplies the operands quantized as the fp8
+    kernels do: equal to the quantized reference, measurably off the exact one."""
+    shape = mokgen.MoEShape(8, 256, 128, 2, name="fp8-tiny")
+    m = mokgen.MoE(shape, dtype=fmt, tokens_per_rank=64)
+    ref = ReferenceMoE(shape)
+    ref.load_state_dict({k: v.float() for k, v in m.state_dict().items()})
+    x = torch.randn(50, shape.hidden).bfloat16().float()
+    y = m(x)
+    want = mokgen.reference.moe_forward(x, ref.router(x), ref.w1, ref.w2, ref.shared_w1,
+                                        ref.shared_w2, shape.topk, fp8=fmt)
+    assert rel(y, want) <= 1e-2
+    assert rel(y, ref(x)) > 5e-3
