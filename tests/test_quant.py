@@ -204,3 +204,24 @@ def test_gpu_blockwise_weight_quantization_is_bit_exact(dtype):
     assert torch.equal(s.cpu().nan_to_num(), rs.nan_to_num()), "scales differ"
     diff = (d.view(torch.uint8).cpu() != rd.view(torch.uint8)).sum().item()
     assert diff == 0, f"{diff} elements differ"
+
+
+def test_weight_cache_requantizes_exactly_when_a_weight_changes():
+    """The fp8 forward's weight cache: same tensor objects at the same version hit; an
+    in-place update (optimizer step) or another tensor misses; one entry per hosted rank."""
+    from mokgen.runtime.moe import WeightCache
+
+    cache, calls = WeightCache(128, slots=2), []
+    cache.quantize = lambda w: (calls.append(w), (w, w))[1]
+    a, b = torch.zeros(2), torch.zeros(2)
+    cache.get(a, b)
+    cache.get(a, b)
+    assert len(calls) == 2
+    with torch.no_grad():
+        a.add_(1)  # bumps a._version
+    cache.get(a, b)
+    assert len(calls) == 4
+    x, y = torch.zeros(2), torch.zeros(2)
+    cache.get(x, y)
+    cache.get(a, b)  # still one of the two newest entries
+    assert len(calls) == 6

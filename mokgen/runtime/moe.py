@@ -366,23 +366,26 @@ class ForwardRuntime:
 class WeightCache:
     """The routed experts' fp8 weights (mokgen.quant), quantized once per weight version: a
     training step's forward and backward share one quantization, and an unchanged weight is
-    never quantized twice. Kernel layouts: e4m3 data [rows, K] as uint8; blockwise scales
-    fp32 [rows/128, K/128]; MX scales fp32 2^(e - 127) transposed to [K/32, rows] (NaN for the
-    NaN byte), so one TMA box brings a slice's scales of 64 columns."""
+    never quantized twice. A weight is the same when it is the same tensor object (the entry
+    holds it, so its id cannot be reused) at the same autograd version counter: in-place
+    updates (optimizer steps) bump it; writes through `.data` do not, and are not seen.
+    Kernel layouts: e4m3 data [rows, K] as uint8; blockwise scales fp32 [rows/128, K/128]; MX
+    scales fp32 2^(e - 127) transposed to [K/32, rows] (NaN for the NaN byte), so one TMA box
+    brings a slice's scales of 128 columns."""
 
     def __init__(self, scale_block: int, slots: int):
         self.q, self.slots = scale_block, slots  # slots: one per hosted rank
         self._cache: dict = {}
 
     def get(self, w1, w2):
-        key = tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in (w1, w2))
+        key = (id(w1), w1._version, id(w2), w2._version)
         if key not in self._cache:
             from types import SimpleNamespace
 
             while len(self._cache) >= self.slots:
                 self._cache.pop(next(iter(self._cache)))  # the oldest
             (d1, s1), (d2, s2) = (self.quantize(w) for w in (w1, w2))
-            self._cache[key] = SimpleNamespace(w1=d1, s1=s1, w2=d2, s2=s2)
+            self._cache[key] = SimpleNamespace(w1=d1, s1=s1, w2=d2, s2=s2, of=(w1, w2))
         return self._cache[key]
 
     def quantize(self, w):
