@@ -12,7 +12,6 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
-#include "mokgen/combine.cuh"
 #include "mokgen/quant.cuh"
 
 namespace mokgen {

@@ -288,16 +288,11 @@ MOKGEN_DEV void produce_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const C
   }
 }
 
-// acc[i] += tmp[i] * scale(row half of i, column group of i), i < 64: register i holds row
-// r0 (r0 + 8 when (i / 2) is odd) and columns 8 (i / 4) + 2 (lane % 4) + {0, 1} (wgmma.cuh).
-template <class F>
-MOKGEN_DEV void promote(float* acc, const float* tmp, F&& scale) {
+// acc[i] += tmp[i] * (scale of i's row), i < 64: register i holds row r0, or r0 + 8 when
+// (i / 2) is odd (wgmma.cuh).
+MOKGEN_DEV void promote_rows(float* acc, const float* tmp, float s0, float s1) {
 #pragma unroll
-  for (int i = 0; i < 64; i += 2) {
-    const float2 s = scale((i >> 1) & 1, i >> 2);
-    acc[i] = fmaf(tmp[i], s.x, acc[i]);
-    acc[i + 1] = fmaf(tmp[i + 1], s.y, acc[i + 1]);
-  }
+  for (int i = 0; i < 64; ++i) acc[i] = fmaf(tmp[i], (i >> 1) & 1 ? s1 : s0, acc[i]);
 }
 
 // Consumer warpgroup cwg (rows 64 cwg ..): acc[0, 128) its 64 x 256 block, acc[128, 192) the
@@ -366,9 +361,7 @@ MOKGEN_DEV bool consume_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const T
         wgmma_wait<0>();
         wgmma_fence_regs(tmp);
         if constexpr (Q == 128) {
-          const float s0 = a0 * wb[h], s1 = a1 * wb[h];
-          promote(acc + 64 * h, tmp, [&](int hi, int) { const float v = hi ? s1 : s0;
-                                                         return make_float2(v, v); });
+          promote_rows(acc + 64 * h, tmp, a0 * wb[h], a1 * wb[h]);
         } else {  // B scales [half][step][128 columns]. tmp is only read: a value written
           // back into it would move the next wgmma's scratch to fresh registers
           const float* sb = sm.sb_stage(ps.idx()) + (h * KQ + s) * 128 + 2 * (l & 3);
