@@ -178,7 +178,7 @@ def bench_one(name, ep, n, iters, g, backward=False, **overrides):
     res["err_vs_grouped"] = rel_error(rt.peers.bufs["combine"][0][mine],
                                       ts.grouped(all_routes, all_weights)[1][mine])
     res["mokgen_ms"] = time_ms(ours, iters)
-    b0, xp = rt.ranks[0], rt.peers.x_pointers(xs)
+    b0, xp = rt.ranks[0], rt.peer_rows(xs)
 
     def mega():
         b0.counters.zero_()

@@ -158,12 +158,16 @@ class ForwardRuntime:
         self.poison_outputs = True
 
     # ------------------------------------------------------------------ helpers
-    def _map(self, t: torch.Tensor, rows: int, cols: int, box_rows: int):
-        """TMA map of a row-major bf16 [rows, cols] matrix, box 64 columns x box_rows (128 or
-        256: K-major operand tiles; 64: MN-major ones). Cached by address and geometry."""
-        key = (t.data_ptr(), rows, cols, box_rows)
+    def _map(self, t: torch.Tensor, rows: int, cols: int, box_rows: int, box_cols: int = 64,
+             dtype: str = "bf16", swizzle: int = 128):
+        """TMA map of a row-major [rows, cols] matrix of t's elements, box box_cols x
+        box_rows (bf16 operands: 64 columns x 128 or 256 rows for K-major tiles, 64 for MN-major
+        ones). Cached by address and geometry."""
+        key = (t.data_ptr(), rows, cols, box_rows, box_cols, dtype)
         if key not in self._maps:
-            self._maps[key] = cuda.make_tensor_map_2d(t, rows, cols, cols * 2, box_rows, 64)
+            self._maps[key] = cuda.make_tensor_map_2d(t, rows, cols, cols * t.element_size(),
+                                                      box_rows, box_cols, dtype=dtype,
+                                                      swizzle=swizzle)
         return self._maps[key]
 
     def check(self) -> None:
@@ -207,7 +211,7 @@ class ForwardRuntime:
         save = save and not self.spec.scale_block
         self.saved = save
         hosted = range(len(self.ranks))
-        x_ptrs = self.peers.x_pointers(xs)  # staged before the barrier: peers read it after
+        x_ptrs = self.peer_rows(xs)  # staged before the barrier: peers read it after
         for i in hosted:
             self.ranks[i].counters.zero_()
             self.quantize_x(i, xs[i])
@@ -241,7 +245,7 @@ class ForwardRuntime:
         self.quantize_x(i, xs[i])
         self.route(i, logits[i], n)
         self.schedule(i, n)
-        self.experts(i, xs[i], self.peers.x_pointers(xs), w1s[i], w2s[i], shared_w1, shared_w2,
+        self.experts(i, xs[i], self.peer_rows(xs), w1s[i], w2s[i], shared_w1, shared_w2,
                      save)
         return self.combine_sum(i, n)
 
@@ -253,6 +257,12 @@ class ForwardRuntime:
         n = x.shape[0]
         cuda.launch(self.f_quant_x, max(1, min(1024, -(-n // 8))), 256, 0, self._stream(),
                     [x, n, self.peers.local(i)["xq"], cuda.I64(self.xq_scales_at)])
+
+    def peer_rows(self, xs) -> list:
+        """Where the comm CTAs pull every rank's token rows from: their x (a real rank stages
+        its own in symmetric memory) or, for fp8 plans, their quantized rows (quantize_x; x
+        itself is then not staged: the forward pulls none of it)."""
+        return self.peers.ptrs["xq"] if self.spec.scale_block else self.peers.x_pointers(xs)
 
     @property
     def xq_scales_at(self) -> int:
@@ -299,8 +309,6 @@ class ForwardRuntime:
                 self._map(sw2, sw2.shape[0], sw2.shape[1], 256),
                 self._map(w1, L * 2 * I, D, 128), self._map(w2, L * D, I, 256)]
         f8, fp8_ptrs = self._fp8_operands(b, w1, w2)
-        if s.scale_block:  # the ranks' quantized rows (quantize_x) instead of their x
-            x_ptrs = self.peers.ptrs["xq"]
         peer_table = cuda.Raw(struct.pack(f"<{s.ep}Q", *x_ptrs) + self.peers.table("combine"))
         bufs = struct.pack("<17Q3i", b.table.data_ptr(), b.row_weight.data_ptr(),
                            b.meta.data_ptr(), b.offsets.data_ptr(), b.ring_x.data_ptr(),
@@ -322,15 +330,15 @@ class ForwardRuntime:
         u8 = dict(dtype="u8", swizzle=128)  # e4m3 boxes: 128 K bytes x 128 rows
         f32 = dict(dtype="f32", swizzle=0)  # scales [K/q, rows]: 128 rows x the slice's steps
         ks = 128 // q
-        maps = [self._map_as(b.ring_x8, M, D, 128, 128, **u8),
-                self._map_as(b.ring_a8, M, I, 128, 128, **u8),
-                self._map_as(w.w1, L * 2 * I, D, 128, 128, **u8),
-                self._map_as(w.w2, L * D, I, 128, 128, **u8),
-                self._map_as(b.ring_sx, D // q, M, ks, 128, **f32),
-                self._map_as(b.ring_sa, I // q, M, ks, 128, **f32)]
+        maps = [self._map(b.ring_x8, M, D, 128, 128, **u8),
+                self._map(b.ring_a8, M, I, 128, 128, **u8),
+                self._map(w.w1, L * 2 * I, D, 128, 128, **u8),
+                self._map(w.w2, L * D, I, 128, 128, **u8),
+                self._map(b.ring_sx, D // q, M, ks, 128, **f32),
+                self._map(b.ring_sa, I // q, M, ks, 128, **f32)]
         if q == 32:
-            maps += [self._map_as(w.s1, D // q, L * 2 * I, ks, 128, **f32),
-                     self._map_as(w.s2, I // q, L * D, ks, 128, **f32)]
+            maps += [self._map(w.s1, D // q, L * 2 * I, ks, 128, **f32),
+                     self._map(w.s2, I // q, L * D, ks, 128, **f32)]
         else:  # blockwise B scales are read from global memory; the two slots stay unused
             maps += maps[4:6]
         raw = b"".join(cuda.tensor_map_bytes(m) for m in maps)
@@ -338,14 +346,6 @@ class ForwardRuntime:
                 b.ring_sa.data_ptr(), w.s1.data_ptr() if q == 128 else 0,
                 w.s2.data_ptr() if q == 128 else 0, self.xq_scales_at)
         return cuda.Raw(raw), ptrs
-
-    def _map_as(self, t, rows, cols, box_rows, box_cols, dtype, swizzle):
-        key = (t.data_ptr(), rows, cols, box_rows, box_cols, dtype)
-        if key not in self._maps:
-            esize = t.element_size()
-            self._maps[key] = cuda.make_tensor_map_2d(t, rows, cols, cols * esize, box_rows,
-                                                      box_cols, dtype=dtype, swizzle=swizzle)
-        return self._maps[key]
 
     def combine_sum(self, i, n):
         """Owner side: y = shared + the k pushed rows of each token, in route order. (The
