@@ -15,8 +15,12 @@ What it mirrors, per rank (virtual ranks run one after another, as on one GPU):
   back to the source, weight gradients summed in ring-position order;
 - fp8 plans (`scale_block`): the routed GEMMs multiply quantized operands (tokens quantized
   per row by their owner, the SwiGLU output per row in the epilogue, weights per block: the
-  values mokgen.quant.fake_quant gives); the backward is the bf16 one over the master weights
-  and replays every minibatch (the forward's ring holds e4m3 rows).
+  values mokgen.quant.fake_quant gives; the ring holds the values before quantization, as
+  the backward sees them: the kernels' backward pulls x in bf16 again for a resident
+  minibatch and the forward keeps a in bf16 for it); the backward quantizes its replay,
+  dgrad and dx operands each along its K (x and dy per row as pulled, dh per row after its
+  bf16 rounding, the weights transposed for dgrad and dx); the weight gradients stay in full
+  precision.
 Every ring access checks the slot's tag, so a wrong slot, an overwrite of live data or a
 missing replay raises instead of producing a plausible number.
 """
@@ -61,7 +65,7 @@ class Interpreter:
 
     def _q(self, t, weight=False):
         """The values an fp8 kernel multiplies (identity for bf16 plans)."""
-        return t if self.fp8 is None else fake_quant(t, self.fp8, weight).to(t.dtype)
+        return t if self.fp8 is None else fake_quant(t.contiguous(), self.fp8, weight).to(t.dtype)
 
     # ------------------------------------------------------------------ layout
     def _layout(self, routes: torch.Tensor, c: int):
@@ -146,23 +150,22 @@ class Interpreter:
             for lo, hi in self._tiles(m, rows):
                 e = int(st.expert[lo])
                 rr = slice(lo + off, hi + off)
-                h = st.ring_x[rr] @ self._q(w1[e], weight=True).T
+                h = self._q(st.ring_x[rr]) @ self._q(w1[e], weight=True).T
                 g, u = h.chunk(2, dim=-1)
-                st.ring_h[rr], st.ring_a[rr] = h, self._q(F.silu(g) * u)
-                out = st.ring_a[rr] @ self._q(w2[e], weight=True).T
+                st.ring_h[rr], st.ring_a[rr] = h, F.silu(g) * u
+                out = self._q(st.ring_a[rr]) @ self._q(w2[e], weight=True).T
                 self._push(combine, st, slice(lo, hi), out)
 
         self._run_pipeline(st, self.forward_order(rows), 0,
-                           lambda m, slot: self._pull_x(st, X, m, slot, quantize=True),
-                           compute, "compute")
+                           lambda m, slot: self._pull_x(st, X, m, slot), compute, "compute")
         return st
 
-    def _pull_x(self, st, X, m, slot, quantize=False):
+    def _pull_x(self, st, X, m, slot):
         ring, lay = self._ring_rows(m, slot, st.rows)
         valid = st.src_rank[lay] >= 0
         rows = X.new_zeros(lay.stop - lay.start, X.shape[-1])
         rows[valid] = X[st.src_rank[lay][valid], st.src_index[lay][valid] // self.k]
-        st.ring_x[ring] = self._q(rows) if quantize else rows  # per-row blocks: owner's quant
+        st.ring_x[ring] = rows
 
     def _push(self, dst, st, lay, out, scale=True):
         """Push rows to their owners: dst[src_rank, src_index] (scaled by the route weight)."""
@@ -214,7 +217,7 @@ class Interpreter:
         st = self.states[c]
         rows = st.rows
         dw1, dw2 = torch.zeros_like(w1), torch.zeros_like(w2)
-        resident = {m for m in st.tags if m >= 0} if self.fp8 is None else set()
+        resident = {m for m in st.tags if m >= 0}
         order = self.backward_order(rows)
         replayed = set()
 
@@ -231,7 +234,7 @@ class Interpreter:
                 e = int(st.expert[lo])
                 rr = slice(lo + off, hi + off)
                 if m in replayed:  # ring-aware replay: recompute only gate/up + SwiGLU
-                    h = st.ring_x[rr] @ w1[e].T
+                    h = self._q(st.ring_x[rr]) @ self._q(w1[e], True).T
                     g, u = h.chunk(2, dim=-1)
                     st.ring_h[rr], st.ring_a[rr] = h, F.silu(g) * u
                 self._backward_tile(st, slice(lo, hi), rr, e, DY, w1, w2, dw1, dw2,
@@ -251,12 +254,15 @@ class Interpreter:
         weight[valid] = self.weights[r, j]
         weight = weight[:, None].to(dy.dtype)
         a, h, x = st.ring_a[rr], st.ring_h[rr], st.ring_x[rr]
-        da_unscaled = dy @ w2[e]                                      # down-proj input grad
+        da_unscaled = self._q(dy) @ self._q(w2[e].T, True).T         # down-proj input grad
         dw_buf[r, j] = (a * da_unscaled).sum(-1)[valid].float()       # router-weight grad
         da = da_unscaled * weight
         dw2[e] += (dy * weight).T @ a
         g, u = h.chunk(2, dim=-1)
         sg = torch.sigmoid(g)
         dh = torch.cat([da * u * sg * (1 + g * (1 - sg)), da * g * sg], dim=-1)
+        if self.fp8 is not None:  # the kernel stores dh in bf16, then quantizes that
+            dh = dh.to(torch.bfloat16).to(dh.dtype)
         dw1[e] += dh.T @ x
-        self._push(dx_buf, st, lay, dh @ w1[e], scale=False)          # push reverse-dispatch
+        self._push(dx_buf, st, lay, self._q(dh) @ self._q(w1[e].T, True).T,
+                   scale=False)                                       # push reverse-dispatch

@@ -104,7 +104,8 @@ def moe_backward(dy: torch.Tensor, x: torch.Tensor, router_logits: torch.Tensor,
             dy, x, w1, w2, shared_w1, shared_w2, (experts, weights), int(token[0]))
         dlogits = reference.router_backward(router_logits.float(), experts.long(), dweights)
         return _cast((dx, dlogits, dw1, dw2, dsw1, dsw2), like)
-    grads = reference.moe_backward(*_f32(like), _local_only(layer), dy.float())
+    grads = reference.moe_backward(*_f32(like), _local_only(layer), dy.float(),
+                                   fp8=_LAYERS[layer][3])
     return _cast(grads, like)
 
 
@@ -150,7 +151,8 @@ def moe_backward_routed(dy: torch.Tensor, x: torch.Tensor, experts: torch.Tensor
         return _cast(grads, like)
     _local_only(layer)
     f = _f32((x, w1, w2, shared_w1, shared_w2))
-    grads = reference.moe_backward_routed(f[0], experts, weights.float(), *f[1:], dy.float())
+    grads = reference.moe_backward_routed(f[0], experts, weights.float(), *f[1:], dy.float(),
+                                          fp8=_LAYERS[layer][3])
     return _cast(grads, like)
 
 

@@ -41,14 +41,20 @@ def expert_ffn_quantized(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
     return fake_quant(a, fmt) @ fake_quant(w2, fmt, weight=True).T
 
 
-def ffn_backward(x, w1, w2, dy, scale=None):
+def ffn_backward(x, w1, w2, dy, scale=None, fp8: str | None = None):
     """SwiGLU FFN backward without autograd. With a per-row `scale` (the router weight:
     out = scale * f(x)) it also returns d scale = <a, dy W2> per row, the SonicMoE form: the
-    down projection's output is never needed. Returns (dx, dw1, dw2, dscale or None)."""
-    gate, up = (x @ w1.T).chunk(2, dim=-1)
+    down projection's output is never needed. Returns (dx, dw1, dw2, dscale or None).
+    `fp8` ("mxfp8" | "fp8"): the three activation-gradient GEMMs quantize their operands as the
+    fp8 backward kernel does, each along its own K (the recomputed gate/up as the forward;
+    dy and W2 along D; dh, rounded to bf16 first, and W1 along 2I); the weight gradients stay
+    in full precision."""
+    fq = (lambda t, weight=False: t) if fp8 is None else \
+        (lambda t, weight=False: _fake_quant(t, fp8, weight))
+    gate, up = (fq(x) @ fq(w1, True).T).chunk(2, dim=-1)
     sg = torch.sigmoid(gate)
     a = gate * sg * up
-    da = dy @ w2                                   # down-projection input gradient
+    da = fq(dy) @ fq(w2.T, True).T                 # down-projection input gradient
     dscale = None
     if scale is not None:
         dscale = (a * da).sum(-1)
@@ -56,7 +62,15 @@ def ffn_backward(x, w1, w2, dy, scale=None):
         dy = dy * scale[:, None]
     dw2 = dy.T @ a
     dh = torch.cat([da * up * sg * (1 + gate * (1 - sg)), da * gate * sg], dim=-1)
-    return dh @ w1, dh.T @ x, dw2, dscale
+    if fp8 is not None:
+        dh = dh.to(torch.bfloat16).to(dh.dtype)
+    return fq(dh) @ fq(w1.T, True).T, dh.T @ x, dw2, dscale
+
+
+def _fake_quant(t, fmt, weight):
+    from .quant import fake_quant
+
+    return fake_quant(t.contiguous(), fmt, weight=weight)
 
 
 def router_backward(logits, experts, dweights):
@@ -70,19 +84,22 @@ def router_backward(logits, experts, dweights):
     return s * (ds - (ds * s).sum(-1, keepdim=True))
 
 
-def moe_backward(x, router_logits, w1, w2, shared_w1, shared_w2, topk: int, dy):
+def moe_backward(x, router_logits, w1, w2, shared_w1, shared_w2, topk: int, dy,
+                 fp8: str | None = None):
     """Explicit backward of `moe_forward` (no autograd): grads of x, router_logits, w1, w2,
-    shared_w1, shared_w2 (None for an absent shared expert)."""
+    shared_w1, shared_w2 (None for an absent shared expert). `fp8`: see ffn_backward."""
     experts, weights = route(router_logits, topk)
     dx, dweights, dw1, dw2, dsw1, dsw2 = moe_backward_routed(
-        x, experts, weights, w1, w2, shared_w1, shared_w2, dy)
+        x, experts, weights, w1, w2, shared_w1, shared_w2, dy, fp8)
     dlogits = router_backward(router_logits, experts, dweights).to(router_logits.dtype)
     return dx, dlogits, dw1, dw2, dsw1, dsw2
 
 
-def moe_backward_routed(x, experts, weights, w1, w2, shared_w1, shared_w2, dy):
+def moe_backward_routed(x, experts, weights, w1, w2, shared_w1, shared_w2, dy,
+                        fp8: str | None = None):
     """Explicit backward of `moe_forward_routed`: grads of x, weights (the router-weight
-    gradient <a, dy W2>), w1, w2, shared_w1, shared_w2."""
+    gradient <a, dy W2>), w1, w2, shared_w1, shared_w2. `fp8`: the routed experts as the fp8
+    backward computes them (ffn_backward); the shared expert stays bf16."""
     dx = torch.zeros_like(x)
     dw1, dw2 = torch.zeros_like(w1), torch.zeros_like(w2)
     dweights = torch.zeros_like(weights)
@@ -90,7 +107,7 @@ def moe_backward_routed(x, experts, weights, w1, w2, shared_w1, shared_w2, dy):
         tok, slot = (experts == e).nonzero(as_tuple=True)
         if len(tok):
             gx, dw1[e], dw2[e], dscale = ffn_backward(
-                x[tok], w1[e], w2[e], dy[tok], weights[tok, slot].to(x.dtype))
+                x[tok], w1[e], w2[e], dy[tok], weights[tok, slot].to(x.dtype), fp8)
             dx = dx.index_add(0, tok, gx)
             dweights[tok, slot] = dscale.to(dweights.dtype)
     dsw1 = dsw2 = None

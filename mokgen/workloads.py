@@ -51,11 +51,12 @@ def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def reference_grads(shape: MoEShape, inputs: dict, dys: list) -> dict:
+def reference_grads(shape: MoEShape, inputs: dict, dys: list, fp8: str | None = None) -> dict:
     """fp32 gradients of every rank's inputs through the reference's explicit backward, one
     expert rank at a time (so a preset's full expert set never exists in fp32 at once): rank
     c's experts see every rank's tokens routed to them. -> dict of per-rank lists x,
-    router_logits, w1, w2 and single shared_w1, shared_w2 (summed over ranks' tokens)."""
+    router_logits, w1, w2 and single shared_w1, shared_w2 (summed over ranks' tokens). `fp8`
+    ("fp8" | "mxfp8"): the routed experts' GEMMs quantize as the fp8 kernels do."""
     R, n, k = len(inputs["x"]), inputs["x"][0].shape[0], shape.topk
     L = shape.num_experts // R
     x = torch.cat([t.float() for t in inputs["x"]])
@@ -71,7 +72,7 @@ def reference_grads(shape: MoEShape, inputs: dict, dys: list) -> dict:
         local = experts - c * L  # other ranks' experts fall outside [0, L): not matched
         sh = shared if c == 0 else [None, None]
         gx, gw, g1, g2, gs1, gs2 = reference.moe_backward_routed(
-            x, local, weights, inputs["w1"][c].float(), inputs["w2"][c].float(), *sh, dy)
+            x, local, weights, inputs["w1"][c].float(), inputs["w2"][c].float(), *sh, dy, fp8)
         dx += gx
         mine = (local >= 0) & (local < L)
         dweights[mine] = gw[mine]

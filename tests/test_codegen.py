@@ -106,9 +106,10 @@ def test_preset_kernels_compile_without_spills(name):
 @pytest.mark.parametrize("dtype", ["fp8", "mxfp8"])
 @pytest.mark.parametrize("name", PRESETS)
 def test_fp8_kernels_compile_without_spills(name, dtype):
-    """The fp8 forward (and its prologue with the source-side quantizer) for each preset:
-    no spills, no stack, no serialized wgmma; the routed GEMMs run as QGMMA (e4m3) and the
-    shared expert's as HGMMA (bf16) in the same kernel."""
+    """The fp8 forward and backward (and the prologue with the source-side quantizer) for
+    each preset: no spills, no stack, no serialized wgmma; the routed GEMMs (the backward's
+    replay, dgrad and dx) run as QGMMA (e4m3) and the shared expert's (and the weight
+    gradients) as HGMMA (bf16) in the same kernels."""
     layer = mokgen.compile(mokgen.shapes.get(name), ep=64, dtype=dtype, tokens_per_rank=2048)
     for unit, b in layer.binaries.items():
         for fn, r in b.resources.items():
@@ -119,9 +120,11 @@ def test_fp8_kernels_compile_without_spills(name, dtype):
     assert "mokgen_quant_x" in layer.binaries["prologue"].resources
     cuobjdump = _cuobjdump()
     if cuobjdump:
-        sass = subprocess.run([cuobjdump, "-sass", str(layer.binaries["fwd"].path)],
-                              capture_output=True, text=True).stdout
-        assert "QGMMA.64x128x32.F32.E4M3.E4M3" in sass and "HGMMA.64x256x16.F32.BF16" in sass
+        for unit in ("fwd", "bwd"):
+            sass = subprocess.run([cuobjdump, "-sass", str(layer.binaries[unit].path)],
+                                  capture_output=True, text=True).stdout
+            assert "QGMMA.64x128x32.F32.E4M3.E4M3" in sass, unit
+            assert "HGMMA.64x256x16.F32.BF16" in sass, unit
 
 
 def _cuobjdump():

@@ -102,23 +102,83 @@ def test_fp8_forward_is_deterministic(fmt):
         assert torch.equal(a, b), "repeated calls differ bitwise"
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_fp8_layer_gradients(fmt):
-    """The fp8 forward's gradients (the bf16 backward megakernel over the master weights)
-    against the reference's explicit backward: cosine >= 0.996."""
-    shape = mokgen.shapes.get("gpu-small")
-    ep, n = 2, 400
-    layer = mokgen.compile(shape, ep=ep, dtype=fmt, tokens_per_rank=n, virtual=True)
-    inputs = make_inputs(shape, ep, n)
+def grads_of(layer, inputs, dys):
+    """Our gradients through autograd over the compiled layer."""
     leaves = {k: ([t.detach().requires_grad_() for t in v] if isinstance(v, list)
                   else v.detach().requires_grad_()) for k, v in inputs.items()}
     ys = layer(**leaves)
-    dys = [torch.randn_like(y) for y in ys]
     torch.autograd.backward(ys, dys)
-    want = reference_grads(shape, inputs, dys)
-    for k in ("x", "router_logits", "w1", "w2"):
-        for r in range(ep):
-            c = cosine(leaves[k][r].grad, want[k][r])
-            assert c >= 0.996, f"{k}[{r}] cosine {c:.5f}"
-    for k in ("shared_w1", "shared_w2"):
-        assert cosine(leaves[k].grad, want[k]) >= 0.996, k
+    return {k: ([t.grad for t in v] if isinstance(v, list) else v.grad)
+            for k, v in leaves.items()}
+
+
+def check_grads(ours, same, exact):
+    """vs the reference that quantizes the same operands the same way: rel. error <= 2e-2
+    (the routed experts' products come from e4m3 operands whose rounding flips with the fp32
+    sum order, and the weight gradients take those products); vs the bf16 reference: cosine
+    >= 0.996 (the issue's bar)."""
+    bad = []
+    for k in ("x", "router_logits", "w1", "w2", "shared_w1", "shared_w2"):
+        pairs = zip(ours[k], same[k], exact[k]) if isinstance(ours[k], list) \
+            else [(ours[k], same[k], exact[k])]
+        for r, (g, w, e) in enumerate(pairs):
+            if g is None or not torch.isfinite(g).all():
+                bad.append(f"{k}[{r}]: missing or not finite")
+                continue
+            err, c = rel_error(g, w), cosine(g, e)
+            if err > 2e-2 or c < 0.996:
+                bad.append(f"{k}[{r}]: vs quantized ref {err:.3e}, cosine vs bf16 {c:.5f}")
+    assert not bad, "; ".join(bad)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("ep,tokens,overrides", [
+    (2, 400, {}),
+    # ~3600 rows through a 256-row ring: the ring wraps many times
+    (4, 900, dict(minibatch=128, macrobatch=256))])
+def test_fp8_backward_matches_the_quantized_reference(fmt, ep, tokens, overrides):
+    """The fp8 backward megakernel (replay, dgrad and dx in e4m3, weight gradients in bf16)
+    against the reference that quantizes as it does, and against the bf16 reference."""
+    shape = mokgen.shapes.get("gpu-small")
+    layer = mokgen.compile(shape, ep=ep, dtype=fmt, tokens_per_rank=tokens, virtual=True,
+                           **overrides)
+    inputs = make_inputs(shape, ep, tokens)
+    dys = [torch.randn_like(x) for x in inputs["x"]]
+    layer.runtime().poison()
+    layer.backward_runtime().poison()
+    ours = grads_of(layer, inputs, dys)
+    torch.cuda.synchronize()
+    check_grads(ours, reference_grads(shape, inputs, dys, fp8=fmt),
+                reference_grads(shape, inputs, dys))
+    if overrides:  # every ring slot was written: its e4m3 rows are mokgen.quant of its bf16
+        bw, b = layer.backward_runtime(), layer.runtime().ranks[-1]
+        for name, bf16, q8, sc in (("x", b.ring_x, b.ring_x8, b.ring_sx),
+                                   ("dy", bw.ring_dy, bw.ring_dy8, bw.ring_sdy),
+                                   ("dh", bw.ring_dh, bw.ring_dh8, bw.ring_sdh)):
+            assert_quantized(name, fmt, bf16, q8, sc)
+
+
+def assert_quantized(name, fmt, bf16, q8, scales):
+    """A ring's e4m3 rows and scale-major fp32 scales are bit for bit mokgen.quant of its
+    bf16 rows."""
+    if fmt == "mxfp8":  # the kernels keep 2^(e - 127) as fp32: compare the e8m0 bytes
+        want_q, want_s = quant.to_mxfp8(bf16)
+        bits = scales.t().contiguous().view(torch.int32)
+        got_s = torch.where(bits == 0x00400000, 0, (bits >> 23) & 0xFF).to(torch.uint8)
+    else:
+        want_q, want_s = quant.to_fp8_blockwise(bf16)
+        got_s = scales.t()
+    assert not bf16.isnan().any(), f"{name}: unwritten ring rows"
+    assert torch.equal(q8, want_q.view(torch.uint8)), f"{name}: e4m3 data"
+    assert torch.equal(got_s, want_s), f"{name}: scales"
+
+
+def test_fp8_backward_is_deterministic():
+    shape = mokgen.shapes.get("gpu-small")
+    layer = mokgen.compile(shape, ep=4, dtype="fp8", tokens_per_rank=500, virtual=True)
+    inputs = make_inputs(shape, 4, 500)
+    dys = [torch.randn_like(x) for x in inputs["x"]]
+    first, again = grads_of(layer, inputs, dys), grads_of(layer, inputs, dys)
+    for k in ("x", "w1", "w2", "router_logits"):
+        for a, b in zip(first[k], again[k]):
+            assert torch.equal(a, b), f"{k}: repeated backward calls differ bitwise"

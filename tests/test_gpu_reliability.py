@@ -40,6 +40,40 @@ def _checked(shape, ep, n, inputs, **kw):
     return layer
 
 
+def test_launch_from_a_thread_torch_has_not_bound():
+    """Autograd runs a CUDA backward on a device thread of its own, where torch binds its
+    context lazily: a backward whose first CUDA call is one of our launches (it replays, so
+    it rewrites the route tables first) found no current context. A fresh thread's first
+    call here is such a launch."""
+    import threading
+
+    from cuda.bindings import driver as cu
+
+    layer = mokgen.compile(SHAPE, ep=2, tokens_per_rank=64, virtual=True)
+    inputs = make_inputs(SHAPE, 2, 64)
+    layer(**inputs)
+    rt = layer.runtime()
+    experts, weights = rt.routes_of(0, 64)
+    torch.cuda.synchronize()
+    seen = {}
+
+    def fresh():
+        try:
+            seen["ctx"] = int(cu.cuCtxGetCurrent()[1])
+            rt.route_given(0, experts, weights, 64)
+            seen["ok"] = True
+        except Exception as e:  # noqa: BLE001 - re-raised below, in the test's thread
+            seen["error"] = e
+
+    t = threading.Thread(target=fresh)
+    t.start()
+    t.join()
+    assert seen.get("ctx") == 0, "the thread already had a context: the test shows nothing"
+    assert "error" not in seen, seen.get("error")
+    torch.cuda.synchronize()
+    assert torch.equal(rt.routes_of(0, 64)[0], experts)
+
+
 def test_one_rank_receives_every_route_the_others_none():
     ep, n = 4, 300
     inputs = make_inputs(SHAPE, ep, n)

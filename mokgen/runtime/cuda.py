@@ -218,15 +218,26 @@ def launch(func, grid: Sequence[int] | int, block: Sequence[int] | int, smem: in
         keep.append(k)
         addrs.append(addr)
     arr = (ctypes.c_void_p * max(1, len(addrs)))(*addrs)
-    if cooperative:  # persistent kernels whose CTAs wait on each other must be co-resident
-        check("cuLaunchCooperativeKernel", cu.cuLaunchCooperativeKernel(
-            func, g[0], g[1], g[2], b[0], b[1], b[2], int(smem), _stream_handle(stream),
-            ctypes.addressof(arr)))
-    else:
-        check("cuLaunchKernel", cu.cuLaunchKernel(func, g[0], g[1], g[2], b[0], b[1], b[2],
-                                                  int(smem), _stream_handle(stream),
-                                                  ctypes.addressof(arr), 0))
+
+    def once():
+        if cooperative:  # persistent kernels whose CTAs wait on each other: co-resident
+            return cu.cuLaunchCooperativeKernel(func, g[0], g[1], g[2], b[0], b[1], b[2],
+                                                int(smem), _stream_handle(stream),
+                                                ctypes.addressof(arr))
+        return cu.cuLaunchKernel(func, g[0], g[1], g[2], b[0], b[1], b[2], int(smem),
+                                 _stream_handle(stream), ctypes.addressof(arr), 0)
+    res = once()
+    if _code(res) == cu.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+        # a thread torch has not bound its context to yet (autograd's device thread runs a
+        # backward whose first CUDA call is ours): bind it, launch again
+        ensure_context()
+        res = once()
+    check("cuLaunchCooperativeKernel" if cooperative else "cuLaunchKernel", res)
     del keep, arr
+
+
+def _code(out):
+    return out[0] if isinstance(out, tuple) else out
 
 
 # ---------------------------------------------------------------- TMA descriptors

@@ -204,11 +204,10 @@ class ForwardRuntime:
     def forward(self, xs, logits, w1s, w2s, shared_w1, shared_w2, routes=None, save=False):
         """Per hosted rank lists; returns the list of y [n, D] bf16. `routes`: per hosted rank
         (experts int32 [n, k], weights fp32 [n, k]) chosen by the caller, instead of logits.
-        `save`: keep the gate/up pre-activations in the ring for a backward (bf16 plans: the
-        fp8 forward's rings hold e4m3 rows, so its backward replays every minibatch)."""
+        `save`: keep the gate/up pre-activations (and, fp8 plans, the SwiGLU output in bf16)
+        in the ring for a backward, which then replays only what the ring lost."""
         n = xs[0].shape[0]
         self.generation += 1
-        save = save and not self.spec.scale_block
         self.saved = save
         hosted = range(len(self.ranks))
         x_ptrs = self.peer_rows(xs)  # staged before the barrier: peers read it after
@@ -239,7 +238,6 @@ class ForwardRuntime:
         EP deployment that benchmarks time on one GPU."""
         n = xs[0].shape[0]
         self.generation += 1
-        save = save and not self.spec.scale_block
         self.saved = save
         self.ranks[i].counters.zero_()
         self.quantize_x(i, xs[i])
@@ -371,7 +369,10 @@ class WeightCache:
     updates (optimizer steps) bump it; writes through `.data` do not, and are not seen.
     Kernel layouts: e4m3 data [rows, K] as uint8; blockwise scales fp32 [rows/128, K/128]; MX
     scales fp32 2^(e - 127) transposed to [K/32, rows] (NaN for the NaN byte), so one TMA box
-    brings a slice's scales of 128 columns."""
+    brings a slice's scales of 128 columns. `transposed` gives the backward's W1^T [L*D, 2I]
+    and W2^T [L*I, D] (its dgrad and dx GEMMs' K is the forward's N; e4m3 wgmma reads K-major
+    operands only), made on first use: blockwise blocks are the forward's, transposed; MX
+    blocks run along the other dim, so those are quantized again from the weight."""
 
     def __init__(self, scale_block: int, slots: int):
         self.q, self.slots = scale_block, slots  # slots: one per hosted rank
@@ -388,6 +389,28 @@ class WeightCache:
             self._cache[key] = SimpleNamespace(w1=d1, s1=s1, w2=d2, s2=s2, of=(w1, w2))
         return self._cache[key]
 
+    def transposed(self, w1, w2):
+        e = self.get(w1, w2)
+        if not hasattr(e, "t"):
+            from types import SimpleNamespace
+
+            (d1, s1), (d2, s2) = (self._transpose(w, d, sc) for w, d, sc in
+                                  ((w1, e.w1, e.s1), (w2, e.w2, e.s2)))
+            e.t = SimpleNamespace(w1=d1, s1=s1, w2=d2, s2=s2)
+        return e.t
+
+    def _transpose(self, w, data, scales):
+        """w [L, rows, cols] and its forward quantization -> ([L*cols, rows], scales)."""
+        from .. import quant
+
+        L, rows, cols = w.shape
+        if self.q == 128:
+            blocks = (L, rows // 128, cols // 128)
+            return (data.view(L, rows, cols).transpose(1, 2).reshape(L * cols, rows),
+                    scales.view(blocks).transpose(1, 2).reshape(L * cols // 128, rows // 128))
+        d, sc = quant.quantize_weight(w, transposed=True)
+        return self._mx_layout(d.reshape(L * cols, rows), sc.reshape(L * cols, rows // 32))
+
     def quantize(self, w):
         from .. import quant
 
@@ -395,7 +418,12 @@ class WeightCache:
         if self.q == 128:
             data, scales = quant.quantize_weight_blockwise(w2d)
             return data.view(torch.uint8), scales
-        data, scales = quant.quantize_weight(w2d)
+        return self._mx_layout(*quant.quantize_weight(w2d))
+
+    @staticmethod
+    def _mx_layout(data, scales):
+        from .. import quant
+
         s = torch.exp2(scales.float() - quant.SCALE_BIAS)
         s = torch.where(scales == quant.SCALE_NAN, torch.full_like(s, float("nan")), s)
         return data.view(torch.uint8), s.t().contiguous()

@@ -8,7 +8,6 @@ the saved routes and replays everything. Either way the gradients are the same.
 """
 from __future__ import annotations
 
-import ctypes
 import struct
 
 import torch
@@ -43,6 +42,12 @@ class BackwardPass:
         self.segs = torch.empty(s.max_minibatches + L, 4, dtype=torch.int32, device=dev)
         self.seg_start = torch.empty(s.max_minibatches + 2, dtype=torch.int32, device=dev)
         self.counters = torch.empty(self.counter_words(), dtype=torch.int32, device=dev)
+        q = s.scale_block
+        if q:  # the fp8 backward's e4m3 rings of dy and dh and their scales [K/q, M]
+            u8, f32 = dict(dtype=torch.uint8, device=dev), dict(dtype=torch.float32, device=dev)
+            self.ring_dy8, self.ring_sdy = torch.empty(M, D, **u8), torch.empty(D // q, M, **f32)
+            self.ring_dh8 = torch.empty(M, 2 * I, **u8)
+            self.ring_sdh = torch.empty(2 * I // q, M, **f32)
 
     def counter_words(self) -> int:
         s = self.rt.spec
@@ -56,6 +61,11 @@ class BackwardPass:
         for t in (self.ring_dy, self.ring_do, self.ring_dh, self.dw_part, self.hs_pre, self.hs_a,
                   self.hs_dh, self.wg_acc):
             t.fill_(float("nan"))
+        if self.rt.spec.scale_block:
+            self.ring_dy8.fill_(0xFF)  # e4m3 NaN
+            self.ring_dh8.fill_(0xFF)
+            self.ring_sdy.fill_(float("nan"))
+            self.ring_sdh.fill_(float("nan"))
         for b in self.rt.ranks:
             b.dweight.fill_(float("nan"))
 
@@ -134,22 +144,55 @@ class BackwardPass:
                 mp(self.ring_dh, M, 2 * I, 128), mp(w1, L * 2 * I, D, 64),
                 mp(self.ring_do, M, D, 64), mp(b.ring_a, M, I, 64),
                 mp(self.ring_dh, M, 2 * I, 64), mp(b.ring_x, M, D, 64)]
-        maps_raw = b"".join(ctypes.string_at(int(m.getPtr()), 128) for m in maps)
+        maps_raw = b"".join(cuda.tensor_map_bytes(m) for m in maps)
+        f8, fp8_ptrs = self._fp8_operands(b, w1, w2)
         peers = struct.pack(f"<{s.ep}Q", *x_ptrs) + struct.pack(f"<{s.ep}Q", *dy_ptrs) \
             + rt.peers.table("combine") + rt.peers.table("dweight")
         ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
         bufs = struct.pack(
-            "<23Q4i", b.table.data_ptr(), b.row_weight.data_ptr(), b.meta.data_ptr(),
+            "<32Q4i", b.table.data_ptr(), b.row_weight.data_ptr(), b.meta.data_ptr(),
             b.offsets.data_ptr(), self.segs.data_ptr(), self.seg_start.data_ptr(),
             b.ring_x.data_ptr(), b.ring_h.data_ptr(), b.ring_a.data_ptr(),
             self.ring_dy.data_ptr(), self.ring_do.data_ptr(), self.ring_dh.data_ptr(),
             self.dw_part.data_ptr(), self.hs_pre.data_ptr(), self.hs_a.data_ptr(),
             self.hs_dh.data_ptr(), b.y_shared.data_ptr(), dw1.data_ptr(), dw2.data_ptr(),
             ptr(dsw1), ptr(dsw2), self.wg_acc.data_ptr(),
-            self.counters.data_ptr(), n, s.max_minibatches, rt.peers.hosted_ranks[i],
+            self.counters.data_ptr(), *fp8_ptrs, n, s.max_minibatches, rt.peers.hosted_ranks[i],
             int(resident))
         cuda.launch(self.f_bwd, rt.num_sms, 384, self.smem, st,
-                    [cuda.Raw(maps_raw), cuda.Raw(peers), cuda.Raw(bufs)], cooperative=True)
+                    [cuda.Raw(maps_raw), f8, cuda.Raw(peers), cuda.Raw(bufs)], cooperative=True)
+
+    def _fp8_operands(self, b, w1, w2):
+        """The fp8 backward's Fp8BwdMaps (by value) and BwdBuffers fields (ring_x8, ring_sx,
+        ring_dy8, ring_sdy, ring_dh8, ring_sdh, w1s, w2ts, w1ts); zeros for bf16 plans."""
+        rt, s, q = self.rt, self.rt.spec, self.rt.spec.scale_block
+        if not q:
+            return cuda.Raw(bytes(12 * cuda.TENSOR_MAP_BYTES)), (0,) * 9
+        L, D, I, M = s.local_experts, s.hidden, s.intermediate, s.macrobatch
+        w, wt = rt.weights.get(w1, w2), rt.weights.transposed(w1, w2)
+        mp, ks = rt._map, 128 // q
+        u8 = dict(dtype="u8", swizzle=128)  # e4m3 boxes: 128 K bytes x 128 rows
+        f32 = dict(dtype="f32", swizzle=0)  # scales [K/q, rows]: 128 rows x the slice's steps
+        maps = [mp(b.ring_x8, M, D, 128, 128, **u8), mp(w.w1, L * 2 * I, D, 128, 128, **u8),
+                mp(self.ring_dy8, M, D, 128, 128, **u8),
+                mp(wt.w2, L * I, D, 128, 128, **u8),
+                mp(self.ring_dh8, M, 2 * I, 128, 128, **u8),
+                mp(wt.w1, L * D, 2 * I, 128, 128, **u8),
+                mp(b.ring_sx, D // q, M, ks, 128, **f32),
+                mp(self.ring_sdy, D // q, M, ks, 128, **f32),
+                mp(self.ring_sdh, 2 * I // q, M, ks, 128, **f32)]
+        if q == 32:
+            maps += [mp(w.s1, D // q, L * 2 * I, ks, 128, **f32),
+                     mp(wt.s2, D // q, L * I, ks, 128, **f32),
+                     mp(wt.s1, 2 * I // q, L * D, ks, 128, **f32)]
+        else:  # blockwise B scales are read from global memory; the three slots stay unused
+            maps += maps[6:9]
+        blockwise = (w.s1.data_ptr(), wt.s2.data_ptr(), wt.s1.data_ptr()) if q == 128 \
+            else (0, 0, 0)
+        ptrs = (b.ring_x8.data_ptr(), b.ring_sx.data_ptr(), self.ring_dy8.data_ptr(),
+                self.ring_sdy.data_ptr(), self.ring_dh8.data_ptr(), self.ring_sdh.data_ptr(),
+                *blockwise)
+        return cuda.Raw(b"".join(cuda.tensor_map_bytes(m) for m in maps)), ptrs
 
 
 def _sum(ts):

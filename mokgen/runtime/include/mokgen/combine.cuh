@@ -60,25 +60,33 @@ __device__ void combine_sum(const __nv_bfloat16* __restrict__ combine,
 // the ring, one warp per row, 16-byte vectors. Padding rows (src -1) are written as zeros: the
 // backward's weight gradients sum over every row of a tile (K = rows), where 0 * NaN would
 // leak a stale row into the sum. With `scaled` (the backward's reverse-combine pull of dy),
-// each row is also written times its router weight into `scaled`.
-template <int D, int K>
+// each row is also written times its router weight into `scaled`. `sink(ring row, vector index,
+// the 16-byte vector)` sees every vector written (padding: zeros), from all 32 lanes
+// uniformly (the fp8 backward quantizes there, fp8.cuh QuantSink).
+struct NoSink {
+  MOKGEN_DEV void operator()(int, int, int4) const {}
+};
+template <int D, int K, class Sink = NoSink>
 __device__ void pull_rows(const int2* __restrict__ table, const __nv_bfloat16* const* peer_x,
                           __nv_bfloat16* __restrict__ ring_x, int p_begin, int p_end,
                           int ring_row0, int worker, int workers,
                           __nv_bfloat16* __restrict__ scaled = nullptr,
-                          const float* __restrict__ row_weight = nullptr) {
+                          const float* __restrict__ row_weight = nullptr, Sink sink = {}) {
   constexpr int VEC = D / 8;
+  static_assert(VEC % 32 == 0, "every lane runs every vector loop the same number of times");
   const int lane = threadIdx.x % 32;
   for (int p = p_begin + worker; p < p_end; p += workers) {
     const int2 src = table[p];
-    const size_t row = (size_t)(ring_row0 + p - p_begin) * D;
+    const int ring_row = ring_row0 + p - p_begin;
+    const size_t row = (size_t)ring_row * D;
     int4* to = reinterpret_cast<int4*>(ring_x + row);
     int4* to_s = scaled ? reinterpret_cast<int4*>(scaled + row) : nullptr;
-    if (src.x < 0 || !MOKGEN_OK(src.x < 64 * 1024 && ring_row0 + p - p_begin >= 0, 8, src.x,
+    if (src.x < 0 || !MOKGEN_OK(src.x < 64 * 1024 && ring_row >= 0, 8, src.x,
                                 src.y)) {
       for (int v = lane; v < VEC; v += 32) {
         to[v] = make_int4(0, 0, 0, 0);
         if (to_s) to_s[v] = make_int4(0, 0, 0, 0);
+        sink(ring_row, v, make_int4(0, 0, 0, 0));
       }
       continue;
     }
@@ -95,12 +103,14 @@ __device__ void pull_rows(const int2* __restrict__ table, const __nv_bfloat16* c
       for (int b = 0; b < BATCH; ++b) {
         to[v + 32 * b] = buf[b];
         if (to_s) to_s[v + 32 * b] = scale_bf16x8(buf[b], w);
+        sink(ring_row, v + 32 * b, buf[b]);
       }
     }
     for (; v < VEC; v += 32) {
       const int4 x = from[v];
       to[v] = x;
       if (to_s) to_s[v] = scale_bf16x8(x, w);
+      sink(ring_row, v, x);
     }
   }
 }

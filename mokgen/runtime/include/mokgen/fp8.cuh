@@ -51,6 +51,16 @@ MOKGEN_DEV float max_nan(float a, float b) {
   return d;
 }
 
+// A bf16 pair held in one 32-bit register (an epilogue keeping rounded values in its fp32
+// accumulator registers until their block's scale is known), low element first.
+MOKGEN_DEV float pack_bf16x2(__nv_bfloat162 v) {
+  return __uint_as_float(*reinterpret_cast<const uint32_t*>(&v));
+}
+MOKGEN_DEV float2 unpack_bf16x2(float bits) {
+  const uint32_t u = __float_as_uint(bits);
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
+}
+
 // Max over groups of LANES consecutive lanes (every lane of the warp must call it).
 template <int LANES>
 MOKGEN_DEV float group_max(float v) {
@@ -118,6 +128,26 @@ __device__ void fp8_weight_blocks(const T* __restrict__ in, int rows, int cols,
   }
 }
 
+// 8 consecutive bf16 of a row (one 16-byte vector per lane; Q/8 consecutive lanes hold one
+// block) quantized: the 8 e4m3 (low byte first) and the block's scale. Every lane of the warp
+// calls it (the block amax is a shuffle).
+template <int Q>
+MOKGEN_DEV uint2 quantize_bf16x8(int4 raw, float& scale) {
+  static_assert(Q % 8 == 0 && Q <= 256, "a block is whole vectors of one warp");
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  float2 f[4];
+  float amax = 0.f;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    f[c] = __bfloat1622float2(h[c]);
+    amax = max_nan(amax, max_nan(fabsf(f[c].x), fabsf(f[c].y)));
+  }
+  const Fp8Scale sc = fp8_scale<Q>(group_max<Q / 8>(amax));
+  scale = sc.scale;
+  return make_uint2(fp8x2(f[0].x, f[0].y, sc.inv) | (uint32_t)fp8x2(f[1].x, f[1].y, sc.inv) << 16,
+                    fp8x2(f[2].x, f[2].y, sc.inv) | (uint32_t)fp8x2(f[3].x, f[3].y, sc.inv) << 16);
+}
+
 // Token rows quantized once by their owner, before any peer pulls them (the fp8 forward's
 // dispatch then moves half the bytes and quantizes nothing): xq holds [n_cap, D] e4m3, then
 // at byte scales_at the fp32 scales [n_cap, D/Q]. One warp per row; a lane holds 8
@@ -125,8 +155,8 @@ __device__ void fp8_weight_blocks(const T* __restrict__ in, int rows, int cols,
 template <int D, int Q>
 __device__ void quantize_rows(const __nv_bfloat16* __restrict__ x, int n, uint8_t* __restrict__ xq,
                               size_t scales_at) {
-  constexpr int VEC = D / 8, LANES = Q / 8;
-  static_assert(D % 256 == 0 && Q % 8 == 0, "a warp covers whole blocks");
+  constexpr int VEC = D / 8;
+  static_assert(D % 256 == 0, "a warp covers whole blocks");
   float* scales = reinterpret_cast<float*>(xq + scales_at);
   const int lane = threadIdx.x % 32, warps = gridDim.x * blockDim.x / 32;
   for (int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32; row < n; row += warps) {
@@ -134,22 +164,27 @@ __device__ void quantize_rows(const __nv_bfloat16* __restrict__ x, int n, uint8_
     uint2* to = reinterpret_cast<uint2*>(xq + (size_t)row * D);
 #pragma unroll 4
     for (int v = lane; v < VEC; v += 32) {
-      const int4 raw = from[v];
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-      float2 f[4];
-      float amax = 0.f;
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        f[c] = __bfloat1622float2(h[c]);
-        amax = max_nan(amax, max_nan(fabsf(f[c].x), fabsf(f[c].y)));
-      }
-      const Fp8Scale sc = fp8_scale<Q>(group_max<LANES>(amax));
-      to[v] = make_uint2(fp8x2(f[0].x, f[0].y, sc.inv) | (uint32_t)fp8x2(f[1].x, f[1].y, sc.inv) << 16,
-                         fp8x2(f[2].x, f[2].y, sc.inv) | (uint32_t)fp8x2(f[3].x, f[3].y, sc.inv) << 16);
-      if (lane % LANES == 0) scales[(size_t)row * (D / Q) + v * 8 / Q] = sc.scale;
+      float scale;
+      to[v] = quantize_bf16x8<Q>(from[v], scale);
+      if (lane % (Q / 8) == 0) scales[(size_t)row * (D / Q) + v * 8 / Q] = scale;
     }
   }
 }
+
+// pull_rows' second destination in the fp8 backward: every pulled 16-byte vector (v of ring
+// row `row`) also quantized into an e4m3 ring [rows, D] and its scale-major scales
+// [D/Q, RING_ROWS], the same bits as quantize_rows (the forward's replay then sees the rows
+// the forward saw).
+template <int D, int Q, int RING_ROWS>
+struct QuantSink {
+  uint8_t* q;
+  float* s;
+  MOKGEN_DEV void operator()(int row, int v, int4 x) const {
+    float scale;
+    reinterpret_cast<uint2*>(q + (size_t)row * D)[v] = quantize_bf16x8<Q>(x, scale);
+    if ((threadIdx.x % 32) % (Q / 8) == 0) s[(size_t)(v * 8 / Q) * RING_ROWS + row] = scale;
+  }
+};
 
 // Pull dispatch of quantized rows (the fp8 forward): like pull_rows, one warp per ring row,
 // copying the source's e4m3 row into ring_q [rows, D] and its D/Q scales into the

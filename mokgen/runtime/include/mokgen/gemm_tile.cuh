@@ -430,6 +430,22 @@ MOKGEN_DEV void raster_grouped(int t, int m_blocks, int n_blocks, int group, int
   nb = r / gs;
 }
 
+// The mainloop a task's operand bits ask for: fp8 (kF8), MN-major operands (kAMN / kBMN), or
+// the plain K-major one; only the variants the Problem can issue are compiled.
+template <class Cfg, class Problem>
+MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState& ps,
+                        const Task& t, float (&acc)[Cfg::kAccRegs + Cfg::kScratch], int cwg) {
+  float(&acc0)[Cfg::kAccRegs] = *reinterpret_cast<float(*)[Cfg::kAccRegs]>(&acc[0]);
+  if constexpr (Problem::kQ > 0) {
+    if (t.op & kF8) return consume_tile_fp8<Cfg>(sm, ps, t, acc, cwg, prob.wsb(t));
+  }
+  if constexpr (Problem::kMNOperands) {
+    if (t.op & kAMN) return consume_tile<Cfg, 1, 1>(sm, ps, t, acc0, cwg);
+    if (t.op & kBMN) return consume_tile<Cfg, 0, 1>(sm, ps, t, acc0, cwg);
+  }
+  return consume_tile<Cfg>(sm, ps, t, acc0, cwg);
+}
+
 // ---------------------------------------------------------------- persistent driver
 // Problem must provide (device):
 //   static constexpr bool kMNOperands;         // tasks may set kAMN / kBMN
@@ -480,17 +496,7 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
       const Task* slot = task_pop<Cfg>(sm, ts);
       if (slot == nullptr || slot->op < 0) break;
       const Task& t = *slot;
-      bool ok;
-      if constexpr (Problem::kMNOperands) {  // three mainloops; only the backward has them
-        if (t.op & kAMN) ok = consume_tile<Cfg, 1, 1>(sm, ps, t, acc0, wg - 1);
-        else if (t.op & kBMN) ok = consume_tile<Cfg, 0, 1>(sm, ps, t, acc0, wg - 1);
-        else ok = consume_tile<Cfg>(sm, ps, t, acc0, wg - 1);
-      } else if constexpr (Problem::kQ > 0) {
-        ok = (t.op & kF8) ? consume_tile_fp8<Cfg>(sm, ps, t, acc, wg - 1, prob.wsb(t))
-                          : consume_tile<Cfg>(sm, ps, t, acc0, wg - 1);
-      } else {
-        ok = consume_tile<Cfg>(sm, ps, t, acc0, wg - 1);
-      }
+      const bool ok = consume<Cfg, Problem>(prob, sm, ps, t, acc, wg - 1);
       if (!ok) {  // a stage never arrived: record it and stop (see mbar_wait_lean)
         record_timeout(103, ps.phase());
         break;

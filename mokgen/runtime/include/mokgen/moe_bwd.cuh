@@ -18,6 +18,13 @@
 //       when the ring holds every minibatch (the planned case), else its rows inside one
 //       minibatch; an expert's segments are summed in minibatch order through an fp32
 //       buffer, each output tile waiting for the previous segment's: fixed order, no atomics.
+// fp8 plans (FwdConsts::Q > 0) run R, DG and DX of the routed experts in e4m3 (gemm_tile.cuh),
+// the weight gradients and the shared expert stay bf16: the comm CTAs pull x and dy as bf16
+// and also quantize them per token into e4m3 rings (the same bits as the forward's, so the
+// replay reproduces its pre-activations), the DG epilogue quantizes dh along 2I, and DG / DX
+// read the transposed fp8 weights (W2^T, W1^T: e4m3 wgmma takes K-major operands only).
+// Their forward's ring holds e4m3 x, so for a resident minibatch (no replay: the forward left
+// h and, in bf16, a) the comm CTAs still pull x in bf16 for the weight gradients.
 // The list is block b = [DX + WG](b-2) | DG(b-1) | R(b): every task waits only on tasks
 // earlier in the list, or on comm, which waits only on finished minibatches >= 2 units
 // earlier (at least 2 ring slots), so any interleaving of CTAs makes progress and every output
@@ -25,6 +32,7 @@
 #pragma once
 #include <cuda_bf16.h>
 #include "mokgen/combine.cuh"
+#include "mokgen/fp8.cuh"
 #include "mokgen/gemm_tile.cuh"
 #include "mokgen/moe_fwd.cuh"
 #include "mokgen/sync.cuh"
@@ -74,6 +82,16 @@ struct BwdBuffers {
   __nv_bfloat16* dsw2;      // [D, IS]
   float* wg_acc;            // [L, 3 I D] fp32 sums of experts spanning several minibatches
   uint32_t* counters;
+  // fp8 plans (unused otherwise): e4m3 rings [SLOTS*B, K] and their scales [K/Q, SLOTS*B]
+  uint8_t* ring_x8;         //   x (replay), quantized by the comm CTAs
+  float* ring_sx;
+  uint8_t* ring_dy8;        //   dy (dgrad), quantized by the comm CTAs
+  float* ring_sdy;
+  uint8_t* ring_dh8;        //   dh (dx), quantized by the dgrad epilogue
+  float* ring_sdh;
+  const float* w1s;         //   blockwise weight scales: W1 [L*2I/128, D/128] (replay),
+  const float* w2ts;        //   W2^T [L*I/128, D/128] (dgrad), W1^T [L*D/128, 2I/128] (dx)
+  const float* w1ts;
   int n_tokens;
   int max_minibatches;
   int rank;
@@ -85,6 +103,14 @@ struct BwdMaps {
   CUtensorMap x_k, sw1_k, dy_k, sw2_mn, hs_dh_k, sw1_mn, dy_mn, hs_a_mn, hs_dh_mn, x_mn,
       ring_x_k, w1_k, ring_dy_k, w2_mn, ring_dh_k, w1_mn, ring_do_mn, ring_a_mn, ring_dh_mn,
       ring_x_mn;
+};
+
+// The fp8 backward's operand maps (all zero for bf16 plans): e4m3 boxes 128 x 128 of the rings
+// and weights (W1 [L*2I, D], W2^T [L*I, D], W1^T [L*D, 2I]), activation scales [K/Q, rows]
+// and, MX only, weight scales [K/32, rows].
+struct Fp8BwdMaps {
+  CUtensorMap ring_x, w1, ring_dy, w2t, ring_dh, w1t, ring_sx, ring_sdy, ring_sdh, w1s, w2ts,
+      w1ts;
 };
 
 template <class C, class Cfg>
@@ -175,10 +201,12 @@ template <class C, class Cfg>
 struct BwdProblem {
   using S = BwdSchedule<C, Cfg>;
   static constexpr bool kMNOperands = true;
-  static constexpr int kQ = 0;
+  static constexpr int kQ = C::Q;
   static constexpr int BM = Cfg::BM, BN = Cfg::BN;
   static constexpr int k_d = C::D / 64, k_i2 = 2 * C::I / 64, k_is2 = 2 * C::IS / 64;
+  static constexpr int kRouted = C::Q ? kF8 : 0;  // the routed R / DG / DX tiles' bits
   const BwdMaps* maps;
+  const Fp8BwdMaps* f8;
   const BwdPeers<C::R>* peers;
   const BwdBuffers* buf;
   S s;
@@ -200,8 +228,16 @@ struct BwdProblem {
   MOKGEN_DEV void prefetch() const {
     const CUtensorMap* m = &maps->x_k;
     for (int i = 0; i < (int)(sizeof(BwdMaps) / sizeof(CUtensorMap)); ++i) tma_prefetch_desc(m + i);
+    if constexpr (C::Q > 0) {
+      m = &f8->ring_x;
+      constexpr int n = (C::Q == 32 ? sizeof(Fp8BwdMaps) : sizeof(Fp8BwdMaps) - 3 * sizeof(CUtensorMap))
+          / sizeof(CUtensorMap);  // blockwise weight scales are read from global memory
+      for (int i = 0; i < n; ++i) tma_prefetch_desc(m + i);
+    }
   }
   MOKGEN_DEV const CUtensorMap* map_a(const Task& t) const {
+    if (C::Q > 0 && (t.op & kF8))
+      return opcode(t) == kReplay ? &f8->ring_x : opcode(t) == kDgrad ? &f8->ring_dy : &f8->ring_dh;
     switch (opcode(t)) {
       case kSGateUp: return &maps->x_k;
       case kSDgrad: return &maps->dy_k;
@@ -216,6 +252,8 @@ struct BwdProblem {
     }
   }
   MOKGEN_DEV const CUtensorMap* map_b(const Task& t) const {
+    if (C::Q > 0 && (t.op & kF8))
+      return opcode(t) == kReplay ? &f8->w1 : opcode(t) == kDgrad ? &f8->w2t : &f8->w1t;
     switch (opcode(t)) {
       case kSGateUp: return &maps->sw1_k;
       case kSDgrad: return &maps->sw2_mn;
@@ -228,6 +266,17 @@ struct BwdProblem {
       case kWgrad2: return &maps->ring_a_mn;
       default: return &maps->ring_x_mn;
     }
+  }
+
+  // fp8 tiles' scales (kF8 tasks only)
+  MOKGEN_DEV const CUtensorMap* map_sa(const Task& t) const {
+    return opcode(t) == kReplay ? &f8->ring_sx : opcode(t) == kDgrad ? &f8->ring_sdy : &f8->ring_sdh;
+  }
+  MOKGEN_DEV const CUtensorMap* map_sb(const Task& t) const {
+    return opcode(t) == kReplay ? &f8->w1s : opcode(t) == kDgrad ? &f8->w2ts : &f8->w1ts;
+  }
+  MOKGEN_DEV const float* wsb(const Task& t) const {
+    return opcode(t) == kReplay ? buf->w1s : opcode(t) == kDgrad ? buf->w2ts : buf->w1ts;
   }
 
   MOKGEN_DEV int expert_of(int row) const { return expert_at<C::L>(buf->offsets, row); }
@@ -284,8 +333,8 @@ struct BwdProblem {
     const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * (BN / 2);
     const int p0 = m * C::B + rt * BM, e = expert_of(p0);
     if (!wait_ready(m, kPhaseReplay)) return stop_task();
-    return Task{kReplay, s.slot_row(m) + rt * BM, e * 2 * C::I + n0, e * 2 * C::I + C::I + n0,
-                p0, n0, BM, k_d};
+    return Task{kReplay | kRouted, s.slot_row(m) + rt * BM, e * 2 * C::I + n0,
+                e * 2 * C::I + C::I + n0, p0, n0, BM, C::Q ? C::D / 128 : k_d};
   }
   MOKGEN_DEV Task routed_dgrad(int m, int i) const {
     const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * BN;
@@ -295,6 +344,9 @@ struct BwdProblem {
       if (!wait_at_least(r_done() + m * S::RT_FULL + rt, S::GU_N, buf->rank, kPhaseDgrad, m))
         return stop_task();
     }
+    if (C::Q > 0)  // B = W2^T [L*I, D], K-major
+      return Task{kDgrad | kF8, s.slot_row(m) + rt * BM, e * C::I + n0, -1, p0, n0, BM,
+                  C::D / 128};
     return Task{kDgrad | kBMN, s.slot_row(m) + rt * BM, n0, e * C::D, p0, n0, BM, k_d};
   }
   MOKGEN_DEV Task routed_dx(int m, int i) const {
@@ -303,6 +355,9 @@ struct BwdProblem {
     if (!wait_at_least(dg_done() + m * S::RT_FULL + rt, S::DG_N, buf->rank, kPhaseDx, m))
       return stop_task();
     fence_proxy_async_global();
+    if (C::Q > 0)  // B = W1^T [L*D, 2I], K-major
+      return Task{kDx | kF8, s.slot_row(m) + rt * BM, e * C::D + n0, -1, p0, n0, BM,
+                  2 * C::I / 128};
     return Task{kDx | kBMN, s.slot_row(m) + rt * BM, n0, e * 2 * C::I, p0, n0, BM, k_i2};
   }
 
@@ -364,8 +419,10 @@ struct BwdProblem {
   // h = [g | u] (row stride 2*NI) at the tile's columns, writes dh = [dg | du] the same way.
   // Rows: the two rows of this thread, hp/dhp their h / dh rows (nullptr: not a row).
   // Returns <a, d_a> per row (the router-weight gradient's partial sum over these columns).
-  template <int NI>
-  MOKGEN_DEV void swiglu_backward(const float (&acc)[BN / 2], int col0,
+  // kKeep: leave dh in acc as stored, bf16 pairs packed in place (acc[r]: d gate of the pair,
+  // acc[r + 1]: d up) for quantize_dh.
+  template <int NI, bool kKeep = false>
+  MOKGEN_DEV void swiglu_backward(float (&acc)[BN / 2], int col0,
                                   const __nv_bfloat16* const (&hp)[2],
                                   __nv_bfloat16* const (&dhp)[2], const float (&w)[2],
                                   float (&dot)[2]) const {
@@ -387,8 +444,53 @@ struct BwdProblem {
         dg[q] = da * uu[q] * sg * (1.f + gg[q] * (1.f - sg));
         du[q] = da * sl;
       }
-      *reinterpret_cast<__nv_bfloat162*>(dhp[h] + c) = __floats2bfloat162_rn(dg[0], dg[1]);
-      *reinterpret_cast<__nv_bfloat162*>(dhp[h] + NI + c) = __floats2bfloat162_rn(du[0], du[1]);
+      const __nv_bfloat162 dg2 = __floats2bfloat162_rn(dg[0], dg[1]);
+      const __nv_bfloat162 du2 = __floats2bfloat162_rn(du[0], du[1]);
+      *reinterpret_cast<__nv_bfloat162*>(dhp[h] + c) = dg2;
+      *reinterpret_cast<__nv_bfloat162*>(dhp[h] + NI + c) = du2;
+      if constexpr (kKeep) {
+        acc[r] = pack_bf16x2(dg2);
+        acc[r + 1] = pack_bf16x2(du2);
+      }
+    }
+  }
+
+  // fp8 plans: a dgrad tile's dh, as swiglu_backward<., true> stored it and left it packed in
+  // acc, quantized along 2I (the dx GEMM's K) into ring_dh8 + ring_sdh. A thread holds 2 rows x
+  // 64 of the tile's 256 columns of each half (d gate, d up), the rest of a row in its quad:
+  // a block's amax is a thread max plus two quad shuffles.
+  MOKGEN_DEV void quantize_dh(const Task& t, const float (&acc)[BN / 2], int cwg) const {
+    if constexpr (C::Q > 0) {
+      constexpr int G = C::Q / 8;  // 8-column groups per block
+      const int row0 = 64 * cwg + acc_row(0);  // rows row0 (h = 0) and row0 + 8 (h = 1)
+      uint8_t* out = buf->ring_dh8 + (size_t)t.a_row0 * 2 * C::I + t.c_col0;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + 8 * h;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {  // d gate, then d up (columns + I)
+#pragma unroll
+          for (int g0 = 0; g0 < BN / 8; g0 += G) {
+            float amax = 0.f;
+#pragma unroll
+            for (int g = g0; g < g0 + G; ++g) {
+              const float2 v = unpack_bf16x2(acc[4 * g + 2 * h + half]);
+              amax = max_nan(amax, max_nan(fabsf(v.x), fabsf(v.y)));
+            }
+            const Fp8Scale sc = fp8_scale<C::Q>(group_max<4>(amax));
+#pragma unroll
+            for (int g = g0; g < g0 + G; ++g) {
+              const int r = 4 * g + 2 * h;
+              const float2 v = unpack_bf16x2(acc[r + half]);
+              *reinterpret_cast<uint16_t*>(out + (size_t)row * 2 * C::I + half * C::I +
+                                           acc_col(r)) = fp8x2(v.x, v.y, sc.inv);
+            }
+            if ((threadIdx.x & 3) == 0)
+              buf->ring_sdh[(size_t)((half * C::I + t.c_col0 + 8 * g0) / C::Q) * C::RING_ROWS +
+                            t.a_row0 + row] = sc.scale;
+          }
+        }
+      }
     }
   }
 
@@ -485,13 +587,14 @@ struct BwdProblem {
         hp[h] = buf->ring_h + at;
         dhp[h] = buf->ring_dh + at;
       }
-      swiglu_backward<C::I>(acc, t.c_col0, hp, dhp, w, dot);
+      swiglu_backward<C::I, (C::Q > 0)>(acc, t.c_col0, hp, dhp, w, dot);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // a row lives in the 4 lanes of a quad: fixed-order sum
         dot[h] += __shfl_xor_sync(0xffffffff, dot[h], 1);
         dot[h] += __shfl_xor_sync(0xffffffff, dot[h], 2);
         if ((threadIdx.x & 3) == 0) buf->dw_part[(size_t)p[h] * S::DG_N + t.c_col0 / BN] = dot[h];
       }
+      quantize_dh(t, acc, cwg);
     } else if (op == kSDx) {
       float* out = buf->dx_shared + (size_t)t.c_row0 * C::D + t.c_col0;
       for_each_acc_pair<BN>(acc, cwg, t.m_valid, [&](int r, int c, float v0, float v1) {
@@ -580,10 +683,21 @@ MOKGEN_DEV void bwd_comm(const BwdPeers<C::R>& peers, const BwdBuffers& buf) {
       if (!go) return;
     }
     const int p0 = m * C::B, p1 = min(p0 + C::B, s.rows), ring0 = s.slot_row(m);
-    if (s.replayed(m))
-      pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, ring0, worker, workers);
-    pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker, workers,
-                          buf.ring_do, buf.row_weight);
+    if constexpr (C::Q > 0) {  // the replay and dgrad read e4m3 rows; the weight gradients bf16
+      using Sink = QuantSink<C::D, C::Q, C::RING_ROWS>;
+      if (s.replayed(m))
+        pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, ring0, worker, workers,
+                              nullptr, nullptr, Sink{buf.ring_x8, buf.ring_sx});
+      else
+        pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, ring0, worker, workers);
+      pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker, workers,
+                            buf.ring_do, buf.row_weight, Sink{buf.ring_dy8, buf.ring_sdy});
+    } else {
+      if (s.replayed(m))
+        pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, ring0, worker, workers);
+      pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker, workers,
+                            buf.ring_do, buf.row_weight);
+    }
     fence_proxy_async_global();
     __syncthreads();
     if (threadIdx.x == 0) signal_add(ready + m);

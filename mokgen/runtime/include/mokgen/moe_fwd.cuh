@@ -58,7 +58,7 @@ struct FwdBuffers {
   const int* meta;          // [0] = ring-layout rows (padded), from the schedule kernels
   const int* offsets;       // [L+1] padded expert region starts
   __nv_bfloat16* ring_x;    // [SLOTS*B, D]
-  __nv_bfloat16* ring_a;    // [SLOTS*B, I] SwiGLU output
+  __nv_bfloat16* ring_a;    // [SLOTS*B, I] SwiGLU output (fp8 plans: only for a backward)
   __nv_bfloat16* ring_h;    // [SLOTS*B, 2I] gate/up pre-activations, kept for the backward;
                             // nullptr when no backward follows (inference)
   __nv_bfloat16* h_shared;  // [N, IS]
@@ -347,7 +347,8 @@ struct FwdProblem {
   // output columns, and the 4 lanes of a quad hold the rest of those rows: a block's amax
   // is a thread max plus two quad shuffles (Q = 128: the tile's whole row; Q = 32: 4 column
   // groups of 8). The bf16 pre-activations (for a backward) are stored first, so `a` can
-  // overwrite the gate accumulators in place (no second array of 64 live registers).
+  // overwrite the gate accumulators in place (no second array of 64 live registers); a
+  // backward also gets `a` in bf16 (its weight gradients are bf16 GEMMs).
   MOKGEN_DEV void swiglu_fp8(const Task& t, float (&acc)[Cfg::kAccRegs], int cwg) {
     constexpr int BN = Cfg::BN, G = C::Q / 8;  // column groups (8 wide) per block
     if (buf->ring_h != nullptr) {
@@ -365,6 +366,14 @@ struct FwdProblem {
 #endif
 #pragma unroll
     for (int r = 0; r < BN / 4; ++r) acc[r] = silu(acc[r]) * acc[r + BN / 4];
+    if (buf->ring_h != nullptr) {
+      __nv_bfloat16* act = buf->ring_a + (size_t)t.a_row0 * C::I + t.c_col0;
+      for_each_dual_pair<BN>(acc, cwg, t.m_valid,
+                             [&](int r, int c, float a0, float a1, float, float) {
+        *reinterpret_cast<__nv_bfloat162*>(act + (size_t)r * C::I + c) =
+            __floats2bfloat162_rn(a0, a1);
+      });
+    }
     const int row0 = 64 * cwg + acc_row(0);  // rows row0 (h = 0) and row0 + 8 (h = 1)
     uint8_t* out = buf->ring_a8 + (size_t)t.a_row0 * C::I + t.c_col0;
 #pragma unroll
