@@ -21,8 +21,10 @@ def direction_costs(plan: Plan, backward: bool) -> tuple[float, float]:
     if backward:
         flops *= 2
         # reverse-combine pulls dy, reverse-dispatch pushes dx. The replay's re-pull of x is
-        # left out: the ring is sized after this pass and usually holds every row.
-        moved = rows * 2 * s.hidden * 2
+        # left out: the ring is sized after this pass and usually holds every row. fp8 plans
+        # pull x for every row (their forward's ring holds it in e4m3; the weight gradients
+        # read bf16).
+        moved = rows * 2 * s.hidden * (3 if plan.scale_block else 2)
     return moved, flops
 
 

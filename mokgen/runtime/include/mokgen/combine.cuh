@@ -60,7 +60,8 @@ __device__ void combine_sum(const __nv_bfloat16* __restrict__ combine,
 // the ring, one warp per row, 16-byte vectors. Padding rows (src -1) are written as zeros: the
 // backward's weight gradients sum over every row of a tile (K = rows), where 0 * NaN would
 // leak a stale row into the sum. With `scaled` (the backward's reverse-combine pull of dy),
-// each row is also written times its router weight into `scaled`. `sink(ring row, vector index,
+// each row is also written times its router weight into `scaled`. ring_x may be nullptr (the
+// fp8 backward's dy: only its scaled and quantized copies are read). `sink(ring row, vector index,
 // the 16-byte vector)` sees every vector written (padding: zeros), from all 32 lanes
 // uniformly (the fp8 backward quantizes there, fp8.cuh QuantSink).
 struct NoSink {
@@ -79,12 +80,12 @@ __device__ void pull_rows(const int2* __restrict__ table, const __nv_bfloat16* c
     const int2 src = table[p];
     const int ring_row = ring_row0 + p - p_begin;
     const size_t row = (size_t)ring_row * D;
-    int4* to = reinterpret_cast<int4*>(ring_x + row);
+    int4* to = ring_x ? reinterpret_cast<int4*>(ring_x + row) : nullptr;
     int4* to_s = scaled ? reinterpret_cast<int4*>(scaled + row) : nullptr;
     if (src.x < 0 || !MOKGEN_OK(src.x < 64 * 1024 && ring_row >= 0, 8, src.x,
                                 src.y)) {
       for (int v = lane; v < VEC; v += 32) {
-        to[v] = make_int4(0, 0, 0, 0);
+        if (to) to[v] = make_int4(0, 0, 0, 0);
         if (to_s) to_s[v] = make_int4(0, 0, 0, 0);
         sink(ring_row, v, make_int4(0, 0, 0, 0));
       }
@@ -101,14 +102,14 @@ __device__ void pull_rows(const int2* __restrict__ table, const __nv_bfloat16* c
       for (int b = 0; b < BATCH; ++b) buf[b] = from[v + 32 * b];
 #pragma unroll
       for (int b = 0; b < BATCH; ++b) {
-        to[v + 32 * b] = buf[b];
+        if (to) to[v + 32 * b] = buf[b];
         if (to_s) to_s[v + 32 * b] = scale_bf16x8(buf[b], w);
         sink(ring_row, v + 32 * b, buf[b]);
       }
     }
     for (; v < VEC; v += 32) {
       const int4 x = from[v];
-      to[v] = x;
+      if (to) to[v] = x;
       if (to_s) to_s[v] = scale_bf16x8(x, w);
       sink(ring_row, v, x);
     }

@@ -68,7 +68,7 @@ struct BwdBuffers {
   __nv_bfloat16* ring_x;    // [SLOTS*B, D]   resident from the forward, or replayed
   __nv_bfloat16* ring_h;    // [SLOTS*B, 2I]  gate/up pre-activations
   __nv_bfloat16* ring_a;    // [SLOTS*B, I]
-  __nv_bfloat16* ring_dy;   // [SLOTS*B, D]   pulled dy
+  __nv_bfloat16* ring_dy;   // [SLOTS*B, D]   pulled dy (bf16 plans; fp8: ring_dy8)
   __nv_bfloat16* ring_do;   // [SLOTS*B, D]   pulled dy times the router weight
   __nv_bfloat16* ring_dh;   // [SLOTS*B, 2I]
   float* dw_part;           // [max rows, I/BN] router-weight gradient partial sums
@@ -460,6 +460,9 @@ struct BwdProblem {
   // 64 of the tile's 256 columns of each half (d gate, d up), the rest of a row in its quad:
   // a block's amax is a thread max plus two quad shuffles.
   MOKGEN_DEV void quantize_dh(const Task& t, const float (&acc)[BN / 2], int cwg) const {
+#ifdef MOKGEN_PROFILE_NO_DH_QUANT  // profiling builds only (benchmarks/profile_bwd.py)
+    return;
+#endif
     if constexpr (C::Q > 0) {
       constexpr int G = C::Q / 8;  // 8-column groups per block
       const int row0 = 64 * cwg + acc_row(0);  // rows row0 (h = 0) and row0 + 8 (h = 1)
@@ -690,7 +693,7 @@ MOKGEN_DEV void bwd_comm(const BwdPeers<C::R>& peers, const BwdBuffers& buf) {
                               nullptr, nullptr, Sink{buf.ring_x8, buf.ring_sx});
       else
         pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, ring0, worker, workers);
-      pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker, workers,
+      pull_rows<C::D, C::K>(buf.table, peers.dy, nullptr, p0, p1, ring0, worker, workers,
                             buf.ring_do, buf.row_weight, Sink{buf.ring_dy8, buf.ring_sdy});
     } else {
       if (s.replayed(m))
