@@ -225,3 +225,28 @@ def test_weight_cache_requantizes_exactly_when_a_weight_changes():
     cache.get(x, y)
     cache.get(a, b)  # still one of the two newest entries
     assert len(calls) == 6
+
+
+@pytest.mark.parametrize("q", [128, 32])
+def test_weight_cache_transposed_copies_are_the_transposes_quantizations(q):
+    """The fp8 backward's W^T: blockwise, the forward's 128 x 128 blocks transposed (the same
+    values); MX, the weight quantized along its other dim. Bit for bit mokgen.quant of w^T,
+    in the kernels' layouts ([L*cols, rows] data; blockwise scales [L*cols/128, rows/128], MX
+    fp32 scales [rows/32, L*cols])."""
+    from mokgen.runtime.moe import WeightCache
+
+    g = torch.Generator().manual_seed(3)
+    L, rows, cols = 2, 256, 384
+    w1 = torch.randn(L, rows, cols, generator=g).bfloat16()
+    w2 = torch.randn(L, cols, rows, generator=g).bfloat16()
+    t = WeightCache(q, slots=1).transposed(w1, w2)
+    for w, data, scales in ((w1, t.w1, t.s1), (w2, t.w2, t.s2)):
+        wt = w.transpose(1, 2).contiguous()
+        if q == 128:
+            want_q, want_s = quant.to_fp8_blockwise(wt, quant.WEIGHT_BLOCK)
+            want_s = want_s.reshape(-1, want_s.shape[-1])
+        else:
+            want_q, e8 = quant.to_mxfp8(wt)
+            want_s = torch.exp2(e8.float() - quant.SCALE_BIAS).reshape(-1, e8.shape[-1]).t()
+        assert torch.equal(data, want_q.view(torch.uint8).reshape(data.shape))
+        assert torch.equal(scales, want_s)
