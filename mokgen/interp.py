@@ -65,7 +65,7 @@ class Interpreter:
 
     def _q(self, t, weight=False):
         """The values an fp8 kernel multiplies (identity for bf16 plans)."""
-        return t if self.fp8 is None else fake_quant(t.contiguous(), self.fp8, weight).to(t.dtype)
+        return t if self.fp8 is None else fake_quant(t, self.fp8, weight).to(t.dtype)
 
     # ------------------------------------------------------------------ layout
     def _layout(self, routes: torch.Tensor, c: int):

@@ -119,7 +119,9 @@ def from_fp8_blockwise(data: torch.Tensor, scales: torch.Tensor, block=ACT_BLOCK
 def fake_quant(t: torch.Tensor, fmt: str, weight: bool = False) -> torch.Tensor:
     """The values a kernel multiplies after quantizing `t` along its last dim (its K):
     fmt "mxfp8" (OCP MX, 32-element blocks) or "fp8" (blockwise: 1 x 128 for activations,
-    128 x 128 for weights), dequantized to fp32."""
+    128 x 128 for weights), dequantized to fp32. Any strides (a transposed weight is
+    quantized along its new last dim)."""
+    t = t.contiguous()
     if fmt == "mxfp8":
         return from_mxfp8(*to_mxfp8(t))
     if fmt == "fp8":

@@ -49,8 +49,10 @@ def ffn_backward(x, w1, w2, dy, scale=None, fp8: str | None = None):
     fp8 backward kernel does, each along its own K (the recomputed gate/up as the forward;
     dy and W2 along D; dh, rounded to bf16 first, and W1 along 2I); the weight gradients stay
     in full precision."""
+    from .quant import fake_quant
+
     fq = (lambda t, weight=False: t) if fp8 is None else \
-        (lambda t, weight=False: _fake_quant(t, fp8, weight))
+        (lambda t, weight=False: fake_quant(t, fp8, weight))
     gate, up = (fq(x) @ fq(w1, True).T).chunk(2, dim=-1)
     sg = torch.sigmoid(gate)
     a = gate * sg * up
@@ -66,11 +68,6 @@ def ffn_backward(x, w1, w2, dy, scale=None, fp8: str | None = None):
         dh = dh.to(torch.bfloat16).to(dh.dtype)
     return fq(dh) @ fq(w1.T, True).T, dh.T @ x, dw2, dscale
 
-
-def _fake_quant(t, fmt, weight):
-    from .quant import fake_quant
-
-    return fake_quant(t.contiguous(), fmt, weight=weight)
 
 
 def router_backward(logits, experts, dweights):

@@ -325,25 +325,28 @@ class ForwardRuntime:
             return cuda.Raw(bytes(8 * cuda.TENSOR_MAP_BYTES)), (0,) * 7
         L, D, I, M = s.local_experts, s.hidden, s.intermediate, s.macrobatch
         w = self.weights.get(w1, w2)
-        u8 = dict(dtype="u8", swizzle=128)  # e4m3 boxes: 128 K bytes x 128 rows
-        f32 = dict(dtype="f32", swizzle=0)  # scales [K/q, rows]: 128 rows x the slice's steps
-        ks = 128 // q
-        maps = [self._map(b.ring_x8, M, D, 128, 128, **u8),
-                self._map(b.ring_a8, M, I, 128, 128, **u8),
-                self._map(w.w1, L * 2 * I, D, 128, 128, **u8),
-                self._map(w.w2, L * D, I, 128, 128, **u8),
-                self._map(b.ring_sx, D // q, M, ks, 128, **f32),
-                self._map(b.ring_sa, I // q, M, ks, 128, **f32)]
-        if q == 32:
-            maps += [self._map(w.s1, D // q, L * 2 * I, ks, 128, **f32),
-                     self._map(w.s2, I // q, L * D, ks, 128, **f32)]
-        else:  # blockwise B scales are read from global memory; the two slots stay unused
-            maps += maps[4:6]
-        raw = b"".join(cuda.tensor_map_bytes(m) for m in maps)
+        maps = self.fp8_maps([(b.ring_x8, M, D), (b.ring_a8, M, I), (w.w1, L * 2 * I, D),
+                              (w.w2, L * D, I)],
+                             [(b.ring_sx, D, M), (b.ring_sa, I, M)],
+                             [(w.s1, D, L * 2 * I), (w.s2, I, L * D)])
         ptrs = (b.ring_x8.data_ptr(), b.ring_a8.data_ptr(), b.ring_sx.data_ptr(),
                 b.ring_sa.data_ptr(), w.s1.data_ptr() if q == 128 else 0,
                 w.s2.data_ptr() if q == 128 else 0, self.xq_scales_at)
-        return cuda.Raw(raw), ptrs
+        return maps, ptrs
+
+    def fp8_maps(self, operands, scales, weight_scales) -> cuda.Raw:
+        """An fp8 kernel's map struct by value (Fp8Maps, Fp8BwdMaps), in field order: the e4m3
+        operands (tensor, rows, K), boxes of 128 K bytes x 128 rows; the activations' fp32
+        scales (tensor, K, rows), laid out [K/q, rows], boxes of 128 rows x one slice's 128/q
+        steps; then the weights' scales the same way (MX only: blockwise B scales are read from
+        global memory, and their slots repeat activation maps, unused)."""
+        q = self.spec.scale_block
+        maps = [self._map(t, rows, k, 128, 128, dtype="u8") for t, rows, k in operands]
+        scale_map = lambda t, k, rows: self._map(t, k // q, rows, 128 // q, 128,  # noqa: E731
+                                                 dtype="f32", swizzle=0)
+        act = [scale_map(*s) for s in scales]
+        wgt = [scale_map(*s) for s in weight_scales] if q == 32 else act[:len(weight_scales)]
+        return cuda.Raw(b"".join(cuda.tensor_map_bytes(m) for m in maps + act + wgt))
 
     def combine_sum(self, i, n):
         """Owner side: y = shared + the k pushed rows of each token, in route order. (The

@@ -170,29 +170,16 @@ class BackwardPass:
             return cuda.Raw(bytes(12 * cuda.TENSOR_MAP_BYTES)), (0,) * 9
         L, D, I, M = s.local_experts, s.hidden, s.intermediate, s.macrobatch
         w, wt = rt.weights.get(w1, w2), rt.weights.transposed(w1, w2)
-        mp, ks = rt._map, 128 // q
-        u8 = dict(dtype="u8", swizzle=128)  # e4m3 boxes: 128 K bytes x 128 rows
-        f32 = dict(dtype="f32", swizzle=0)  # scales [K/q, rows]: 128 rows x the slice's steps
-        maps = [mp(b.ring_x8, M, D, 128, 128, **u8), mp(w.w1, L * 2 * I, D, 128, 128, **u8),
-                mp(self.ring_dy8, M, D, 128, 128, **u8),
-                mp(wt.w2, L * I, D, 128, 128, **u8),
-                mp(self.ring_dh8, M, 2 * I, 128, 128, **u8),
-                mp(wt.w1, L * D, 2 * I, 128, 128, **u8),
-                mp(b.ring_sx, D // q, M, ks, 128, **f32),
-                mp(self.ring_sdy, D // q, M, ks, 128, **f32),
-                mp(self.ring_sdh, 2 * I // q, M, ks, 128, **f32)]
-        if q == 32:
-            maps += [mp(w.s1, D // q, L * 2 * I, ks, 128, **f32),
-                     mp(wt.s2, D // q, L * I, ks, 128, **f32),
-                     mp(wt.s1, 2 * I // q, L * D, ks, 128, **f32)]
-        else:  # blockwise B scales are read from global memory; the three slots stay unused
-            maps += maps[6:9]
+        maps = rt.fp8_maps([(b.ring_x8, M, D), (w.w1, L * 2 * I, D), (self.ring_dy8, M, D),
+                            (wt.w2, L * I, D), (self.ring_dh8, M, 2 * I), (wt.w1, L * D, 2 * I)],
+                           [(b.ring_sx, D, M), (self.ring_sdy, D, M), (self.ring_sdh, 2 * I, M)],
+                           [(w.s1, D, L * 2 * I), (wt.s2, D, L * I), (wt.s1, 2 * I, L * D)])
         blockwise = (w.s1.data_ptr(), wt.s2.data_ptr(), wt.s1.data_ptr()) if q == 128 \
             else (0, 0, 0)
         ptrs = (b.ring_x8.data_ptr(), b.ring_sx.data_ptr(), self.ring_dy8.data_ptr(),
                 self.ring_sdy.data_ptr(), self.ring_dh8.data_ptr(), self.ring_sdh.data_ptr(),
                 *blockwise)
-        return cuda.Raw(b"".join(cuda.tensor_map_bytes(m) for m in maps)), ptrs
+        return maps, ptrs
 
 
 def _sum(ts):

@@ -69,6 +69,29 @@ MOKGEN_DEV float group_max(float v) {
   return v;
 }
 
+// One Q-column block of a row that the 4 lanes of a quad hold in the wgmma accumulator layout
+// (gemm_tile.cuh): this thread's two values of 8-column group g are pair(g), at columns
+// 8 g + 2 (lane % 4) and + 1; the block is groups g0 .. g0 + Q/8 - 1. Quantized into the row
+// `out` (byte 0 = group 0's column 0); returns the block's scale. Every lane of the warp calls
+// it (the amax is a thread max plus two quad shuffles).
+template <int Q, class Pair>
+MOKGEN_DEV float quantize_quad_block(Pair&& pair, int g0, uint8_t* out) {
+  float amax = 0.f;
+#pragma unroll
+  for (int g = g0; g < g0 + Q / 8; ++g) {
+    const float2 v = pair(g);
+    amax = max_nan(amax, max_nan(fabsf(v.x), fabsf(v.y)));
+  }
+  const Fp8Scale sc = fp8_scale<Q>(group_max<4>(amax));
+  const int lane_col = 2 * (threadIdx.x & 3);
+#pragma unroll
+  for (int g = g0; g < g0 + Q / 8; ++g) {
+    const float2 v = pair(g);
+    *reinterpret_cast<uint16_t*>(out + 8 * g + lane_col) = fp8x2(v.x, v.y, sc.inv);
+  }
+  return sc.scale;
+}
+
 // Blockwise fp8 weights, 128 x 128 blocks over the last two dims of `batch` matrices [rows,
 // cols] (blockIdx.y = matrix), bit for bit mokgen.quant.to_fp8_blockwise(w, WEIGHT_BLOCK):
 // data [rows, cols] e4m3, scales [rows/128, cols/128]. One CTA of 256 threads per block

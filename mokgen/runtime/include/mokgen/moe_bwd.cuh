@@ -228,16 +228,18 @@ struct BwdProblem {
   MOKGEN_DEV void prefetch() const {
     const CUtensorMap* m = &maps->x_k;
     for (int i = 0; i < (int)(sizeof(BwdMaps) / sizeof(CUtensorMap)); ++i) tma_prefetch_desc(m + i);
-    if constexpr (C::Q > 0) {
-      m = &f8->ring_x;
-      constexpr int n = (C::Q == 32 ? sizeof(Fp8BwdMaps) : sizeof(Fp8BwdMaps) - 3 * sizeof(CUtensorMap))
-          / sizeof(CUtensorMap);  // blockwise weight scales are read from global memory
-      for (int i = 0; i < n; ++i) tma_prefetch_desc(m + i);
+    if constexpr (C::Q > 0) {  // the last 3 maps (MX weight scales) only for MX
+      static_assert(sizeof(Fp8BwdMaps) == 12 * sizeof(CUtensorMap), "Fp8BwdMaps layout");
+      for (int i = 0; i < (C::Q == 32 ? 12 : 9); ++i) tma_prefetch_desc(&f8->ring_x + i);
     }
   }
+  // The fp8 tiles' operand of each op: R, DG or DX.
+  template <class T>
+  static MOKGEN_DEV T fp8_of(const Task& t, T replay, T dgrad, T dx) {
+    return opcode(t) == kReplay ? replay : opcode(t) == kDgrad ? dgrad : dx;
+  }
   MOKGEN_DEV const CUtensorMap* map_a(const Task& t) const {
-    if (C::Q > 0 && (t.op & kF8))
-      return opcode(t) == kReplay ? &f8->ring_x : opcode(t) == kDgrad ? &f8->ring_dy : &f8->ring_dh;
+    if (C::Q > 0 && (t.op & kF8)) return fp8_of(t, &f8->ring_x, &f8->ring_dy, &f8->ring_dh);
     switch (opcode(t)) {
       case kSGateUp: return &maps->x_k;
       case kSDgrad: return &maps->dy_k;
@@ -252,8 +254,7 @@ struct BwdProblem {
     }
   }
   MOKGEN_DEV const CUtensorMap* map_b(const Task& t) const {
-    if (C::Q > 0 && (t.op & kF8))
-      return opcode(t) == kReplay ? &f8->w1 : opcode(t) == kDgrad ? &f8->w2t : &f8->w1t;
+    if (C::Q > 0 && (t.op & kF8)) return fp8_of(t, &f8->w1, &f8->w2t, &f8->w1t);
     switch (opcode(t)) {
       case kSGateUp: return &maps->sw1_k;
       case kSDgrad: return &maps->sw2_mn;
@@ -270,13 +271,13 @@ struct BwdProblem {
 
   // fp8 tiles' scales (kF8 tasks only)
   MOKGEN_DEV const CUtensorMap* map_sa(const Task& t) const {
-    return opcode(t) == kReplay ? &f8->ring_sx : opcode(t) == kDgrad ? &f8->ring_sdy : &f8->ring_sdh;
+    return fp8_of(t, &f8->ring_sx, &f8->ring_sdy, &f8->ring_sdh);
   }
   MOKGEN_DEV const CUtensorMap* map_sb(const Task& t) const {
-    return opcode(t) == kReplay ? &f8->w1s : opcode(t) == kDgrad ? &f8->w2ts : &f8->w1ts;
+    return fp8_of(t, &f8->w1s, &f8->w2ts, &f8->w1ts);
   }
   MOKGEN_DEV const float* wsb(const Task& t) const {
-    return opcode(t) == kReplay ? buf->w1s : opcode(t) == kDgrad ? buf->w2ts : buf->w1ts;
+    return fp8_of(t, buf->w1s, buf->w2ts, buf->w1ts);
   }
 
   MOKGEN_DEV int expert_of(int row) const { return expert_at<C::L>(buf->offsets, row); }
@@ -456,9 +457,8 @@ struct BwdProblem {
   }
 
   // fp8 plans: a dgrad tile's dh, as swiglu_backward<., true> stored it and left it packed in
-  // acc, quantized along 2I (the dx GEMM's K) into ring_dh8 + ring_sdh. A thread holds 2 rows x
-  // 64 of the tile's 256 columns of each half (d gate, d up), the rest of a row in its quad:
-  // a block's amax is a thread max plus two quad shuffles.
+  // acc, quantized along 2I (the dx GEMM's K) into ring_dh8 + ring_sdh, block by block
+  // (quantize_quad_block; each half, d gate and d up, is the tile's 256 columns).
   MOKGEN_DEV void quantize_dh(const Task& t, const float (&acc)[BN / 2], int cwg) const {
 #ifdef MOKGEN_PROFILE_NO_DH_QUANT  // profiling builds only (benchmarks/profile_bwd.py)
     return;
@@ -474,23 +474,12 @@ struct BwdProblem {
         for (int half = 0; half < 2; ++half) {  // d gate, then d up (columns + I)
 #pragma unroll
           for (int g0 = 0; g0 < BN / 8; g0 += G) {
-            float amax = 0.f;
-#pragma unroll
-            for (int g = g0; g < g0 + G; ++g) {
-              const float2 v = unpack_bf16x2(acc[4 * g + 2 * h + half]);
-              amax = max_nan(amax, max_nan(fabsf(v.x), fabsf(v.y)));
-            }
-            const Fp8Scale sc = fp8_scale<C::Q>(group_max<4>(amax));
-#pragma unroll
-            for (int g = g0; g < g0 + G; ++g) {
-              const int r = 4 * g + 2 * h;
-              const float2 v = unpack_bf16x2(acc[r + half]);
-              *reinterpret_cast<uint16_t*>(out + (size_t)row * 2 * C::I + half * C::I +
-                                           acc_col(r)) = fp8x2(v.x, v.y, sc.inv);
-            }
+            const float scale = quantize_quad_block<C::Q>(
+                [&](int g) { return unpack_bf16x2(acc[4 * g + 2 * h + half]); }, g0,
+                out + (size_t)row * 2 * C::I + half * C::I);
             if ((threadIdx.x & 3) == 0)
               buf->ring_sdh[(size_t)((half * C::I + t.c_col0 + 8 * g0) / C::Q) * C::RING_ROWS +
-                            t.a_row0 + row] = sc.scale;
+                            t.a_row0 + row] = scale;
           }
         }
       }

@@ -343,10 +343,8 @@ struct FwdProblem {
   }
 
   // fp8 gate/up epilogue: a = silu(g) * u from the fp32 accumulators, quantized along I
-  // (the down GEMM's K) into ring_a8 + ring_sa. A thread holds 2 rows x 32 of the tile's 128
-  // output columns, and the 4 lanes of a quad hold the rest of those rows: a block's amax
-  // is a thread max plus two quad shuffles (Q = 128: the tile's whole row; Q = 32: 4 column
-  // groups of 8). The bf16 pre-activations (for a backward) are stored first, so `a` can
+  // (the down GEMM's K) into ring_a8 + ring_sa, block by block (quantize_quad_block; Q = 128:
+  // the tile's whole 128 output columns of a row). The bf16 pre-activations (for a backward) are stored first, so `a` can
   // overwrite the gate accumulators in place (no second array of 64 live registers); a
   // backward also gets `a` in bf16 (its weight gradients are bf16 GEMMs).
   MOKGEN_DEV void swiglu_fp8(const Task& t, float (&acc)[Cfg::kAccRegs], int cwg) {
@@ -378,25 +376,15 @@ struct FwdProblem {
     uint8_t* out = buf->ring_a8 + (size_t)t.a_row0 * C::I + t.c_col0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
+      const int row = row0 + 8 * h;
 #pragma unroll
       for (int g0 = 0; g0 < BN / 16; g0 += G) {  // one block: column groups g0 .. g0 + G - 1
-        float amax = 0.f;
-#pragma unroll
-        for (int g = g0; g < g0 + G; ++g) {
-          const int r = 4 * g + 2 * h;
-          amax = max_nan(amax, max_nan(fabsf(acc[r]), fabsf(acc[r + 1])));
-        }
-        const Fp8Scale sc = fp8_scale<C::Q>(group_max<4>(amax));
-        const int row = row0 + 8 * h;
-#pragma unroll
-        for (int g = g0; g < g0 + G; ++g) {
-          const int r = 4 * g + 2 * h;
-          *reinterpret_cast<uint16_t*>(out + (size_t)row * C::I + acc_col(r)) =
-              fp8x2(acc[r], acc[r + 1], sc.inv);
-        }
+        const float scale = quantize_quad_block<C::Q>(
+            [&](int g) { return make_float2(acc[4 * g + 2 * h], acc[4 * g + 2 * h + 1]); }, g0,
+            out + (size_t)row * C::I);
         if ((threadIdx.x & 3) == 0)
           buf->ring_sa[(size_t)((t.c_col0 + 8 * g0) / C::Q) * C::RING_ROWS + t.a_row0 + row] =
-              sc.scale;
+              scale;
       }
     }
     fence_proxy_async_global();  // the down GEMM reads these rows through TMA
