@@ -26,38 +26,70 @@ class CompiledMoE:
         self.watchdog_s = CONFIG.watchdog_s if watchdog_s is None else watchdog_s
         self._runtime = None
         self._backward = None
+        self._weights = None
 
     @property
     def resources(self) -> dict:
         return {name: b.resources for name, b in self.binaries.items()}
 
     def runtime(self):
+        """The forward runtime: the workspace of every layer of this plan on this device and
+        group (one per model, not per layer; runtime/workspace.py), made on first use."""
         if self._runtime is None:
             if not torch.cuda.is_available():
                 raise RuntimeError("mokgen: running a compiled layer needs a CUDA GPU; "
                                    "none is visible (compiling works without one)")
-            from .runtime.moe import ForwardRuntime, LayerSpec
+            from .runtime.moe import ForwardRuntime, WeightCache
+            from .runtime.workspace import shared
 
-            p, s = self.plan, self.plan.shape
-            spec = LayerSpec(s.num_experts, s.hidden, s.intermediate, s.shared_dim, s.topk,
-                             p.ep, p.tokens_per_rank, p.block_m, p.minibatch, p.macrobatch,
-                             p.comm_sms_fwd, p.max_routed_rows, p.comm_sms_bwd,
-                             p.scale_block)
-            self._runtime = ForwardRuntime(spec, str(self.binaries["prologue"].path),
-                                           str(self.binaries["fwd"].path), self.virtual,
-                                           self.group, self.watchdog_s)
+            spec = layer_spec(self.plan)
+            # one rank has no peers: it needs no process group (nor symmetric memory)
+            hosted_virtual = self.virtual or self.plan.ep == 1
+            self._runtime = shared(
+                self._pool_key(), lambda: ForwardRuntime(
+                    spec, str(self.binaries["prologue"].path), str(self.binaries["fwd"].path),
+                    hosted_virtual, None if hosted_virtual else self.group, self.watchdog_s))
+            self._runtime.layers.add(self)
+            self._weights = WeightCache(spec.scale_block, len(self._runtime.ranks))
+        self._runtime.weights = self._weights  # this layer's fp8 weights (see ForwardRuntime)
         return self._runtime
 
     def backward_runtime(self):
-        """The backward megakernel's runtime, on this layer's forward buffers (lazy)."""
+        """The backward megakernel's runtime on the shared forward workspace (lazy)."""
         if self._backward is None:
             from .runtime.moe_bwd import BackwardPass
+            from .runtime.workspace import shared
 
             if "bwd" not in self.binaries:
                 raise ValueError(f"mokgen: no backward for this layer: "
                                  f"{codegen.backward_unsupported(self.plan)}")
-            self._backward = BackwardPass(self.runtime(), str(self.binaries["bwd"].path))
+            rt = self.runtime()
+            self._backward = shared(self._pool_key() + ("bwd",),
+                                    lambda: BackwardPass(rt, str(self.binaries["bwd"].path)))
+        self.runtime()  # binds this layer's weight cache
         return self._backward
+
+    def _pool_key(self) -> tuple:
+        """What makes two layers' workspaces interchangeable: the kernels (their plan), the
+        device, the ranks' group and the watchdog bound."""
+        g = self.group
+        group = None if self.virtual or self.plan.ep == 1 else (
+            getattr(g, "group_name", None) or id(g))
+        return (self.plan.key(), self.binaries["fwd"].key, torch.cuda.current_device(),
+                self.virtual, group, self.watchdog_s)
+
+    def memory(self) -> dict:
+        """Device bytes of this layer beyond its weights: `workspace` (allocated now, shared
+        with every live layer of the same plan on this device and group), `layers_sharing`
+        it, and `saved_per_call` (what one differentiable call keeps for its backward:
+        x, logits, routes). The plan's `memory_report` predicts the same before any GPU."""
+        from .runtime.workspace import nbytes, saved_bytes, tensors_of
+
+        rt, bwd = self._runtime, self._backward
+        ts = tensors_of(*rt.ranks, *rt.peers.bufs.values()) if rt is not None else []
+        ts = tensors_of(ts, bwd) if bwd is not None else ts
+        return {"workspace": nbytes(ts), "layers_sharing": len(rt.layers) if rt else 0,
+                "saved_per_call": saved_bytes(layer_spec(self.plan), self.plan.tokens_per_rank)}
 
     def __call__(self, x, router_logits, w1, w2, shared_w1=None, shared_w2=None, routes=None):
         """`routes=(experts [n, k], weights [n, k])` (lists of them for virtual ranks) replaces
@@ -157,6 +189,38 @@ class _MoEFunction(torch.autograd.Function):
             dzs = [dw.to(z.dtype) for z, dw in zip(zs, dws)]
         return (None, None, None, *[d.to(x.dtype) for d, x in zip(dxs, xs)], *dzs, *dw1s,
                 *dw2s, dsw1, dsw2)
+
+
+def layer_spec(plan: Plan):
+    """The runtime's view of a plan: plain sizes (the runtime knows no plans)."""
+    from .runtime.workspace import LayerSpec
+
+    p, s = plan, plan.shape
+    return LayerSpec(s.num_experts, s.hidden, s.intermediate, s.shared_dim, s.topk, p.ep,
+                     p.tokens_per_rank, p.block_m, p.minibatch, p.macrobatch, p.comm_sms_fwd,
+                     p.max_routed_rows, p.comm_sms_bwd, p.scale_block)
+
+
+def memory_report(plan: Plan) -> dict:
+    """Device bytes the plan's layers use beyond their weights, per rank, before any GPU:
+    the workspace (paid once per device, group and plan, shared by every layer of the plan;
+    by part), what one differentiable call keeps per layer for its backward, and whether
+    the backward needs its fp32 weight-gradient sums (a ring smaller than the worst case)."""
+    from .runtime.workspace import saved_bytes, workspace_bytes
+
+    spec = layer_spec(plan)
+    return {"workspace": workspace_bytes(spec),
+            "saved_per_layer": saved_bytes(spec, plan.tokens_per_rank),
+            "wg_acc": spec.needs_wg_acc}
+
+
+def format_memory(report: dict) -> str:
+    mb = lambda b: f"{b / 2**20:,.1f} MiB"  # noqa: E731
+    ws = report["workspace"]
+    parts = ", ".join(f"{k} {mb(v)}" for k, v in ws.items() if k != "total")
+    return (f"memory per rank: workspace {mb(ws['total'])} once per model ({parts}; "
+            f"fp32 weight-gradient sums {'included' if report['wg_acc'] else 'not needed'}); "
+            f"saved per layer call {mb(report['saved_per_layer'])}")
 
 
 def compile_layer(plan: Plan, virtual: bool = False, group=None,

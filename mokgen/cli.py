@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from . import plan as make_plan
@@ -52,7 +53,14 @@ def main(argv=None) -> int:
     if args.cmd == "compile":
         return _compile(plan, args.run)
     if args.cmd == "plan":
-        print(plan.to_json() if args.json else plan)
+        from .api import format_memory, memory_report
+
+        if args.json:
+            print(json.dumps({**plan.to_dict(), "memory": memory_report(plan)}, indent=2,
+                             sort_keys=True))
+        else:
+            print(plan)
+            print(format_memory(memory_report(plan)))
         if args.graph:
             from . import ir
             g = ir.build_graph(plan.shape, plan.ep, plan.tokens_per_rank)

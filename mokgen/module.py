@@ -48,9 +48,20 @@ class MoE(nn.Module):
             self.register_parameter("shared_w1", None)
             self.register_parameter("shared_w2", None)
         self.reset_parameters()
-        # the op's handle, registered now (not under torch.compile tracing); the kernels are
-        # compiled when the first CUDA call runs
-        self._layer = layer_handle(self.plan, ep_group, backend)
+        self._registration = LayerRegistration(self.plan, ep_group, backend)
+
+    @property
+    def _layer(self) -> int:
+        """The int the custom ops take for this layer."""
+        return self._registration.handle
+
+    def memory(self) -> dict:
+        """What this layer holds on the device beyond its parameters (see
+        CompiledMoE.memory; zeros before the first CUDA call or with backend="reference")."""
+        kernels = ops.kernels_of(self._layer)
+        if kernels is None or kernels.compiled is None:
+            return {"workspace": 0, "layers_sharing": 0, "saved_per_call": 0}
+        return kernels.compiled.memory()
 
     def reset_parameters(self) -> None:
         """Normal(0, 1/fan_in) expert weights: outputs stay O(1) whatever D and I are."""
@@ -126,13 +137,27 @@ def group_size_rank(ep_group) -> tuple:
     return dist.get_world_size(ep_group), dist.get_rank(ep_group)
 
 
-def layer_handle(plan, ep_group=None, backend: str = "kernels") -> int:
-    """Register a layer with the custom ops (not under torch.compile tracing) and return the
-    int the ops take. Kernels are compiled on the first CUDA call; backend="reference" runs
-    the PyTorch reference on every device (for comparisons)."""
-    kernels = _LazyKernels(plan, ep_group) if backend == "kernels" else None
-    return ops.register(kernels, plan.shape.topk, plan.ep,
-                        None if plan.dtype == "bf16" else plan.dtype)
+class LayerRegistration:
+    """A layer's entry in the custom ops' registry (ops take an int, not Python objects),
+    registered now (not under torch.compile tracing) and released with its module: the
+    entry holds the layer's kernels and, through them, its share of the workspace, which
+    goes with the last layer of its plan. A deep copy of the module registers anew.
+    Kernels are compiled on the first CUDA call; backend="reference" runs the PyTorch
+    reference on every device (for comparisons)."""
+
+    def __init__(self, plan, ep_group=None, backend: str = "kernels"):
+        self.args = (plan, ep_group, backend)
+        kernels = _LazyKernels(plan, ep_group) if backend == "kernels" else None
+        self.handle = ops.register(kernels, plan.shape.topk, plan.ep,
+                                   None if plan.dtype == "bf16" else plan.dtype)
+
+    def __deepcopy__(self, memo):
+        return LayerRegistration(*self.args)
+
+    def __del__(self):
+        unregister = getattr(ops, "unregister", None)  # None at interpreter shutdown
+        if unregister is not None:
+            unregister(self.handle)
 
 
 class _LazyKernels:

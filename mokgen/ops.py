@@ -16,18 +16,43 @@ elsewhere (which needs every expert local, ep == 1).
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from . import reference
 
-_LAYERS: list = []  # index -> (compiled callable or None, topk, ep, fp8 format or None)
+# handle -> (compiled callable or None, topk, ep, fp8 format or None); handles are never
+# reused, so a stale one fails loudly instead of reaching another layer
+_LAYERS: dict = {}
+_NEXT = itertools.count()
 
 
 def register(compiled, topk: int, ep: int, fp8: str | None = None) -> int:
     """fp8: the layer's format ("fp8" | "mxfp8"), so the reference path quantizes the
-    routed experts' operands as the kernels do."""
-    _LAYERS.append((compiled, topk, ep, fp8))
-    return len(_LAYERS) - 1
+    routed experts' operands as the kernels do. Pair with `unregister` (the modules do it
+    when they are collected): the entry holds the layer's kernels and, through them, its
+    share of the workspace."""
+    handle = next(_NEXT)
+    _LAYERS[handle] = (compiled, topk, ep, fp8)
+    return handle
+
+
+def unregister(handle: int) -> None:
+    _LAYERS.pop(handle, None)
+
+
+def kernels_of(handle: int):
+    """The registered layer's kernels (None for the reference backend)."""
+    return _entry(handle)[0]
+
+
+def _entry(layer: int):
+    try:
+        return _LAYERS[layer]
+    except KeyError:
+        raise RuntimeError(f"mokgen: layer handle {layer} was released (its module was "
+                           "deleted before this call or its backward)") from None
 
 
 def _f32(tensors):
@@ -35,7 +60,7 @@ def _f32(tensors):
 
 
 def _local_only(layer: int) -> int:
-    _, topk, ep, _ = _LAYERS[layer]
+    _, topk, ep, _ = _entry(layer)
     if ep != 1:
         raise NotImplementedError("mokgen: the reference path holds every expert on one rank "
                                   f"(ep == 1); got ep={ep}: run it on CUDA with the kernels")
@@ -56,7 +81,7 @@ def _token(v: int) -> torch.Tensor:
 def _kernels(layer: int, x: torch.Tensor, backward: bool = False):
     """The layer's compiled kernels for a CUDA call (for the backward: only if its shape has
     a backward kernel; the reference's explicit backward runs otherwise)."""
-    compiled = _LAYERS[layer][0]
+    compiled = _entry(layer)[0]
     if not (x.is_cuda and compiled is not None):
         return None
     return compiled if not backward or compiled.has_backward() else None
@@ -76,13 +101,13 @@ def moe_forward(x: torch.Tensor, router_logits: torch.Tensor, w1: torch.Tensor,
     f = _f32((x, router_logits, w1, w2, shared_w1, shared_w2))
     experts, weights = reference.route(f[1], topk)
     y = reference.moe_forward_routed(f[0], experts, weights, *f[2:],
-                                     fp8=_LAYERS[layer][3]).to(x.dtype)
+                                     fp8=_entry(layer)[3]).to(x.dtype)
     return [y, experts.int(), weights, _token(_NO_TOKEN)]
 
 
 @moe_forward.register_fake
 def _(x, router_logits, w1, w2, shared_w1, shared_w2, layer):
-    topk = _LAYERS[layer][1]
+    topk = _entry(layer)[1]
     n = x.shape[0]
     return [torch.empty_like(x), x.new_empty(n, topk, dtype=torch.int32),
             x.new_empty(n, topk, dtype=torch.float32), torch.empty(1, dtype=torch.int64)]
@@ -105,7 +130,7 @@ def moe_backward(dy: torch.Tensor, x: torch.Tensor, router_logits: torch.Tensor,
         dlogits = reference.router_backward(router_logits.float(), experts.long(), dweights)
         return _cast((dx, dlogits, dw1, dw2, dsw1, dsw2), like)
     grads = reference.moe_backward(*_f32(like), _local_only(layer), dy.float(),
-                                   fp8=_LAYERS[layer][3])
+                                   fp8=_entry(layer)[3])
     return _cast(grads, like)
 
 
@@ -128,7 +153,7 @@ def moe_forward_routed(x: torch.Tensor, experts: torch.Tensor, weights: torch.Te
     _local_only(layer)
     f = _f32((x, w1, w2, shared_w1, shared_w2))
     y = reference.moe_forward_routed(f[0], experts, weights.float(), *f[1:],
-                                     fp8=_LAYERS[layer][3]).to(x.dtype)
+                                     fp8=_entry(layer)[3]).to(x.dtype)
     return [y, _token(_NO_TOKEN)]
 
 
@@ -152,7 +177,7 @@ def moe_backward_routed(dy: torch.Tensor, x: torch.Tensor, experts: torch.Tensor
     _local_only(layer)
     f = _f32((x, w1, w2, shared_w1, shared_w2))
     grads = reference.moe_backward_routed(f[0], experts, weights.float(), *f[1:], dy.float(),
-                                          fp8=_LAYERS[layer][3])
+                                          fp8=_entry(layer)[3])
     return _cast(grads, like)
 
 

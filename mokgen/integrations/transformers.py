@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from .. import plan as make_plan
-from ..module import group_size_rank, layer_handle
+from ..module import LayerRegistration, group_size_rank
 from ..shapes import MoEShape
 from .. import ops
 
@@ -55,7 +55,7 @@ class PatchedMoEBlock(nn.Module):
         ep, rank = group_size_rank(ep_group)
         self.plan = make_plan(shape, ep=ep, dtype=dtype, tokens_per_rank=tokens_per_rank)
         self.rank, self.local = rank, shape.num_experts // ep
-        self._layer = layer_handle(self.plan, ep_group, backend)
+        self._registration = LayerRegistration(self.plan, ep_group, backend)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         lead, D = hidden_states.shape[:-1], hidden_states.shape[-1]
@@ -73,7 +73,7 @@ class PatchedMoEBlock(nn.Module):
             sw2 = se.down_proj.weight.to(w1.dtype)
         y = ops.moe_forward_routed(h.to(w1.dtype), experts.long().contiguous(),
                                    weights.float().contiguous(), w1, w2, sw1, sw2,
-                                   self._layer)[0]
+                                   self._registration.handle)[0]
         return y.to(hidden_states.dtype).reshape(*lead, D)
 
 

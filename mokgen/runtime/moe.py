@@ -9,14 +9,17 @@ on one GPU); otherwise this process is one rank and peers come from symmetric me
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+import weakref
+from collections import OrderedDict
 
 import torch
 
 from . import cuda
 from .peers import PeerSet
+from .workspace import LayerSpec, RankBuffers  # noqa: F401 - LayerSpec: re-exported
 
 BF16 = torch.bfloat16
+MAX_MAPS = 4096  # tensor maps kept (128 B each): a 48-layer model uses about 30 per layer
 WATCH_WORDS, WATCH_MAGIC = 8, 0x57A7C400  # sync.cuh: WatchWord, kWatchMagic
 WATCH_PHASES = {
     1: "a shared-expert down tile waiting for its gate/up tiles (row tile {index})",
@@ -34,67 +37,6 @@ WATCH_PHASES = {
     19: "a backward comm CTA waiting for minibatch {index} to free its ring slot",
     100: "the rank barrier, waiting for peer rank {index}",
 }
-
-
-@dataclass(frozen=True)
-class LayerSpec:
-    num_experts: int
-    hidden: int
-    intermediate: int
-    shared_dim: int
-    topk: int
-    ep: int
-    tokens_per_rank: int
-    block_m: int
-    minibatch: int
-    macrobatch: int
-    comm_sms: int
-    max_rows: int
-    comm_sms_bwd: int = 0
-    scale_block: int = 0  # routed experts in fp8: elements per scale along K (128 or 32)
-
-    @property
-    def local_experts(self) -> int:
-        return self.num_experts // self.ep
-
-    @property
-    def max_minibatches(self) -> int:
-        return -(-self.max_rows // self.minibatch)
-
-    def counter_words(self) -> int:
-        shared_rt = -(-self.tokens_per_rank // self.block_m)
-        return 1 + 2 * self.max_minibatches + self.max_minibatches * (
-            self.minibatch // self.block_m) + shared_rt
-
-
-class RankBuffers:
-    """One rank's device state. Buffers peers write into are allocated by the PeerSet."""
-
-    def __init__(self, spec: LayerSpec, dev, peer: dict):
-        s, R, N = spec, spec.ep, spec.tokens_per_rank
-        L, K = s.local_experts, s.topk
-        i32 = dict(dtype=torch.int32, device=dev)
-        self.routes, self.weights, self.combine = peer["routes"], peer["weights"], peer["combine"]
-        self.dweight = peer["dweight"]  # router-weight gradients pushed by the backward
-        self.ordinal = torch.empty(R * N * K, **i32)
-        self.counts = torch.empty(R * L, **i32)
-        self.offsets = torch.empty(L + 1, **i32)
-        self.meta = torch.empty(4, **i32)
-        self.table = torch.empty(s.max_rows, 2, **i32)
-        self.row_weight = torch.empty(s.max_rows, dtype=torch.float32, device=dev)
-        self.ring_x = torch.empty(s.macrobatch, s.hidden, dtype=BF16, device=dev)
-        self.ring_a = torch.empty(s.macrobatch, s.intermediate, dtype=BF16, device=dev)
-        self.ring_h = torch.empty(s.macrobatch, 2 * s.intermediate, dtype=BF16, device=dev)
-        self.h_shared = torch.empty(N, max(s.shared_dim, 64), dtype=BF16, device=dev)
-        self.y_shared = torch.empty(N, s.hidden, dtype=torch.float32, device=dev)
-        self.counters = torch.empty(s.counter_words(), **i32)
-        q, M = s.scale_block, s.macrobatch
-        if q:  # the routed experts' e4m3 rings and their scales (fp8.cuh)
-            f32 = dict(dtype=torch.float32, device=dev)
-            self.ring_x8 = torch.empty(M, s.hidden, dtype=torch.uint8, device=dev)
-            self.ring_a8 = torch.empty(M, s.intermediate, dtype=torch.uint8, device=dev)
-            self.ring_sx = torch.empty(s.hidden // q, M, **f32)
-            self.ring_sa = torch.empty(s.intermediate // q, M, **f32)
 
 
 class ForwardRuntime:
@@ -126,11 +68,16 @@ class ForwardRuntime:
         self.ranks = [RankBuffers(spec, self.dev, self.peers.local(i))
                       for i in range(len(self.peers.hosted_ranks))]
         self.f_barrier = pro.function("mokgen_barrier")
-        self._maps: dict = {}
+        self._maps: OrderedDict = OrderedDict()
         self.poison_outputs = False
-        # Which forward the rings hold: bumped by every call; `saved` when that call kept the
-        # gate/up pre-activations for a backward (the ring's macrobatch 0 is then reusable).
+        # Which forward the rings hold: bumped by every call of any layer sharing this
+        # runtime; `saved` when that call kept the gate/up pre-activations for a backward (the
+        # ring's macrobatch 0 is then reusable by that call's backward, and by no other).
         self.generation, self.saved = 0, False
+        self.layers = weakref.WeakSet()  # the layers using this runtime (memory reports)
+        self.stats = {"backward": 0, "replayed": 0}  # replayed: backward calls not resident
+        # The calling layer's fp8 weight cache: each layer owns one (CompiledMoE sets it
+        # before a call), so layers sharing this runtime do not evict each other's weights.
         self.weights = WeightCache(spec.scale_block, len(self.ranks))
 
     def adopt_module(self, m) -> None:
@@ -164,10 +111,14 @@ class ForwardRuntime:
         box_rows (bf16 operands: 64 columns x 128 or 256 rows for K-major tiles, 64 for MN-major
         ones). Cached by address and geometry."""
         key = (t.data_ptr(), rows, cols, box_rows, box_cols, dtype)
-        if key not in self._maps:
+        if key in self._maps:
+            self._maps.move_to_end(key)
+        else:
             self._maps[key] = cuda.make_tensor_map_2d(t, rows, cols, cols * t.element_size(),
                                                       box_rows, box_cols, dtype=dtype,
                                                       swizzle=swizzle)
+            if len(self._maps) > MAX_MAPS:  # many layers' weights and ever new activations
+                self._maps.popitem(last=False)
         return self._maps[key]
 
     def check(self) -> None:

@@ -13,54 +13,26 @@ import struct
 import torch
 
 from . import cuda
-
-BF16 = torch.bfloat16
-BN, BM = 256, 128  # GemmCfg<256, 4> of bwd.cu.j2
+from .workspace import BF16, BackwardScratch
 
 
-class BackwardPass:
+class BackwardPass(BackwardScratch):
+    """The backward kernel over its scratch (BackwardScratch) and the forward's runtime."""
+
     def __init__(self, rt, bwd_cubin: str):
+        super().__init__(rt.spec, rt.dev)
         self.rt = rt
-        s = rt.spec
         mod = cuda.load_module(bwd_cubin)
         rt.adopt_module(mod)
         self.smem = struct.unpack("<i", cuda.read_global(mod, "mokgen_bwd_smem_bytes"))[0]
         self.f_bwd = mod.function("mokgen_bwd", self.smem)
         self.f_segments = rt.modules[0].function("mokgen_sched_segments")
-        dev, M, D, I, N = rt.dev, s.macrobatch, s.hidden, s.intermediate, s.tokens_per_rank
-        IS, L = max(s.shared_dim, 64), s.local_experts
-        e = dict(dtype=BF16, device=dev)
-        # scratch shared by the hosted ranks: their kernels run one after another
-        self.ring_dy = torch.empty(M, D, **e)
-        self.ring_do = torch.empty(M, D, **e)
-        self.ring_dh = torch.empty(M, 2 * I, **e)
-        self.dw_part = torch.empty(s.max_rows, max(1, I // BN), dtype=torch.float32, device=dev)
-        self.hs_pre = torch.empty(N, 2 * IS, **e)
-        self.hs_a = torch.empty(N, IS, **e)
-        self.hs_dh = torch.empty(N, 2 * IS, **e)
-        self.wg_acc = torch.empty(L, 3 * I * D, dtype=torch.float32, device=dev)
-        self.segs = torch.empty(s.max_minibatches + L, 4, dtype=torch.int32, device=dev)
-        self.seg_start = torch.empty(s.max_minibatches + 2, dtype=torch.int32, device=dev)
-        self.counters = torch.empty(self.counter_words(), dtype=torch.int32, device=dev)
-        q = s.scale_block
-        if q:  # the fp8 backward's e4m3 rings of dy and dh and their scales [K/q, M]
-            u8, f32 = dict(dtype=torch.uint8, device=dev), dict(dtype=torch.float32, device=dev)
-            self.ring_dy8, self.ring_sdy = torch.empty(M, D, **u8), torch.empty(D // q, M, **f32)
-            self.ring_dh8 = torch.empty(M, 2 * I, **u8)
-            self.ring_sdh = torch.empty(2 * I // q, M, **f32)
-
-    def counter_words(self) -> int:
-        s = self.rt.spec
-        mb, rt_full = s.max_minibatches, s.minibatch // BM
-        srt = -(-s.tokens_per_rank // BM)
-        wt = (s.hidden // BM) * (s.intermediate // BN) \
-            + (2 * s.intermediate // BM) * (s.hidden // BN)  # weight-gradient tiles per expert
-        return 1 + mb * (2 + 2 * rt_full) + s.local_experts * wt + 2 * srt + 2
 
     def poison(self) -> None:
         for t in (self.ring_dy, self.ring_do, self.ring_dh, self.dw_part, self.hs_pre, self.hs_a,
                   self.hs_dh, self.wg_acc):
-            t.fill_(float("nan"))
+            if t is not None:
+                t.fill_(float("nan"))
         if self.rt.spec.scale_block:
             self.ring_dy8.fill_(0xFF)  # e4m3 NaN
             self.ring_dh8.fill_(0xFF)
@@ -81,6 +53,8 @@ class BackwardPass:
         resident = rt.saved and generation == rt.generation
         rt.generation += 1  # the backward's pulls overwrite the rings
         rt.saved = False
+        rt.stats["backward"] += 1
+        rt.stats["replayed"] += not resident
         # staged x and dy, and every rank done reading its combine rows (the dx rows reuse
         # them), before any rank's kernel touches a peer
         x_ptrs = rt.peers.x_pointers(xs)
@@ -156,7 +130,7 @@ class BackwardPass:
             self.ring_dy.data_ptr(), self.ring_do.data_ptr(), self.ring_dh.data_ptr(),
             self.dw_part.data_ptr(), self.hs_pre.data_ptr(), self.hs_a.data_ptr(),
             self.hs_dh.data_ptr(), b.y_shared.data_ptr(), dw1.data_ptr(), dw2.data_ptr(),
-            ptr(dsw1), ptr(dsw2), self.wg_acc.data_ptr(),
+            ptr(dsw1), ptr(dsw2), ptr(self.wg_acc),
             self.counters.data_ptr(), *fp8_ptrs, n, s.max_minibatches, rt.peers.hosted_ranks[i],
             int(resident))
         cuda.launch(self.f_bwd, rt.num_sms, 384, self.smem, st,

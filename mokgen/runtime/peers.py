@@ -17,7 +17,8 @@ KINDS = ("routes", "weights", "combine", "x", "dy", "dweight", "flags", "xq")
 STAGED = ("x", "dy")  # callers' tensors, staged in symmetric memory by real ranks only
 
 
-def _shapes(spec):
+def peer_shapes(spec) -> dict:
+    """kind -> (shape, dtype) of one rank's peer buffers."""
     R, N, K = spec.ep, spec.tokens_per_rank, spec.topk
     return {"routes": ((R, N * K), torch.int32), "weights": ((R, N * K), torch.float32),
             "combine": ((N * K, spec.hidden), torch.bfloat16),
@@ -36,7 +37,7 @@ class PeerSet:
     def __init__(self, spec, dev, virtual: bool, group=None):
         self.spec, self.virtual = spec, virtual
         self.epoch = 0
-        shapes = _shapes(spec)
+        shapes = peer_shapes(spec)
         if virtual:  # callers' x tensors are read in place: no staging buffers for x
             self.hosted_ranks = list(range(spec.ep))
             self.bufs = {k: [torch.empty(*shapes[k][0], dtype=shapes[k][1], device=dev)

@@ -1,0 +1,235 @@
+"""A model, not a layer: a stack of N MoE layers (residual, router; attention left out) trained
+one step at a time on one GPU, mokgen.MoE against the same stack in plain PyTorch (autograd
+through torch._grouped_mm), with and without activation checkpointing.
+
+Per configuration, on the same weights and inputs:
+- held: bytes allocated after a step beyond the weights and their gradients (mokgen: its
+  one shared workspace and what the layers keep), per layer;
+- peak: the most allocated during a step beyond what was allocated before it;
+- step: median time of a training step (forward + backward), CUDA events.
+Both stacks get the same weights (same seed, same initialization order) and inputs. A
+configuration that does not fit is recorded as out of memory; with --fit the most layers at
+which both fit (halving from N) is measured as well.
+
+    python benchmarks/model_stack.py --shapes qwen3-30b-a3b,olmoe-1b-7b --layers 4,48 \
+        --tokens 8192 --out benchmarks/results/model_stack.json
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import mokgen  # noqa: E402
+
+
+class GroupedMoE(nn.Module):
+    """The plain PyTorch MoE a user would write: softmax top-k router, tokens sorted by
+    expert, torch._grouped_mm for gate/up and down, weighted scatter-add back; the
+    parameters of mokgen.MoE (same names and layouts)."""
+
+    def __init__(self, shape, device):
+        super().__init__()
+        E, D, I = shape.num_experts, shape.hidden, shape.intermediate
+        self.shape = shape
+        bf = dict(device=device, dtype=torch.bfloat16)
+        # mokgen.MoE's parameters in its creation and initialization order: with one seed,
+        # both stacks hold the same weights
+        self.router = nn.Linear(D, E, bias=False, device=device)
+        self.w1 = nn.Parameter(torch.empty(E, 2 * I, D, **bf))
+        self.w2 = nn.Parameter(torch.empty(E, D, I, **bf))
+        self.shared_w1 = self.shared_w2 = None
+        if shape.shared_experts:
+            S = shape.shared_dim
+            self.shared_w1 = nn.Parameter(torch.empty(2 * S, D, **bf))
+            self.shared_w2 = nn.Parameter(torch.empty(D, S, **bf))
+        mokgen.MoE.reset_parameters(self)
+
+    def forward(self, x):
+        s, n = self.shape, x.shape[0]
+        probs = torch.softmax(self.router(x.float()), dim=-1)
+        w, e = probs.topk(s.topk, dim=-1)
+        w = w / w.sum(-1, keepdim=True)
+        order = torch.argsort(e.flatten(), stable=True)
+        token = order // s.topk
+        offs = torch.cumsum(torch.bincount(e.flatten(), minlength=s.num_experts), 0).int()
+        h = torch._grouped_mm(x[token], self.w1.transpose(1, 2), offs=offs)
+        I = s.intermediate
+        o = torch._grouped_mm(F.silu(h[:, :I]) * h[:, I:], self.w2.transpose(1, 2), offs=offs)
+        o = o * w.flatten()[order, None].to(o.dtype)
+        y = torch.zeros_like(x).index_add(0, token, o)
+        if self.shared_w1 is not None:
+            hs = x @ self.shared_w1.t()
+            S = s.shared_dim
+            y = y + (F.silu(hs[:, :S]) * hs[:, S:]) @ self.shared_w2.t()
+        return y
+
+
+class Block(nn.Module):
+    """Pre-norm residual MoE block: h + moe(rmsnorm(h))."""
+
+    def __init__(self, moe):
+        super().__init__()
+        self.norm = nn.RMSNorm(moe.shape.hidden, device=moe.w1.device, dtype=torch.bfloat16)
+        self.moe = moe
+
+    def forward(self, h):
+        return h + self.moe(self.norm(h))
+
+
+class Stack(nn.Module):
+    """Blocks one after another, each under activation checkpointing (non-reentrant) when
+    `ckpt`: its forward re-runs right before its backward."""
+
+    def __init__(self, moes, ckpt: bool):
+        super().__init__()
+        self.blocks, self.ckpt = nn.ModuleList(Block(m) for m in moes), ckpt
+
+    def forward(self, h):
+        for b in self.blocks:
+            h = checkpoint(b, h, use_reentrant=False) if self.ckpt else b(h)
+        return h
+
+
+def build(impl, shape, layers, tokens, ckpt):
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    if impl == "torch":
+        moes = [GroupedMoE(shape, dev) for _ in range(layers)]
+    else:
+        moes = [mokgen.MoE(shape, tokens_per_rank=tokens, device=dev) for _ in range(layers)]
+    return Stack(moes, ckpt)
+
+
+def measure(impl, shape, layers, tokens, ckpt, iters):
+    """-> dict of held/peak MB and step ms, or {"oom": True}."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    model = x = dy = None
+    try:
+        model = build(impl, shape, layers, tokens, ckpt)
+        params = sum(p.numel() * p.element_size() for p in model.parameters())
+        x = torch.randn(tokens, shape.hidden, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn_like(x)
+        inputs = 2 * x.numel() * x.element_size()
+
+        def step():
+            xg = x.detach().requires_grad_()
+            model(xg).backward(dy)
+
+        step()  # kernels, workspace, gradients allocated
+        torch.cuda.synchronize()
+        held = torch.cuda.memory_allocated() - 2 * params - inputs
+        times, peaks = [], []
+        for _ in range(iters):
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            step()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+            peaks.append(torch.cuda.max_memory_allocated() - before)
+        times.sort()
+        out = {"held_mb_per_layer": held / layers / 2**20, "peak_mb": max(peaks) / 2**20,
+               "step_ms": times[len(times) // 2]}
+        if impl == "mokgen":
+            m = model.blocks[0].moe.memory()
+            out["workspace_mb"] = m["workspace"] / 2**20
+            rt = mokgen.ops.kernels_of(model.blocks[0].moe._layer).compiled.runtime()
+            out["replayed_per_step"] = rt.stats["replayed"] / (iters + 1)
+        return out
+    except torch.OutOfMemoryError:
+        return {"oom": True}
+    finally:
+        del model, x, dy
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def row_of(name, shape, layers, tokens, ckpt, iters):
+    res = {impl: measure(impl, shape, layers, tokens, ckpt, iters) for impl in ("torch", "mokgen")}
+    row = {"shape": name, "layers": layers, "tokens": tokens, "checkpointing": ckpt}
+    for impl, r in res.items():
+        row[f"{impl}_oom"] = bool(r.get("oom"))
+        for k in ("held_mb_per_layer", "peak_mb", "step_ms"):
+            row[f"{impl}_{k}"] = r.get(k)
+    row["mokgen_workspace_mb"] = res["mokgen"].get("workspace_mb")
+    row["mokgen_replayed_per_step"] = res["mokgen"].get("replayed_per_step")
+    return row
+
+
+def rows_for(name, layers, tokens, ckpt, iters, fit):
+    """The row at `layers`; with `fit`, where either side ran out of memory, also the row at
+    the most layers (halving) where both fit."""
+    rows = [row_of(name, get_shape(name), layers, tokens, ckpt, iters)]
+    n = layers
+    while fit and n > 1 and (rows[-1]["torch_oom"] or rows[-1]["mokgen_oom"]):
+        n //= 2
+        rows.append(row_of(name, get_shape(name), n, tokens, ckpt, iters))
+    return rows
+
+
+SHAPES = {  # public configs (config.json of each model on the Hugging Face hub)
+    "qwen3-30b-a3b": mokgen.MoEShape(128, 2048, 768, 8, shared_experts=0, name="qwen3-30b-a3b"),
+    "olmoe-1b-7b": mokgen.MoEShape(64, 2048, 1024, 8, shared_experts=0, name="olmoe-1b-7b"),
+    "deepseek-v2-lite": mokgen.MoEShape(64, 2048, 1408, 6, shared_intermediate=2816,
+                                        name="deepseek-v2-lite"),
+}
+
+
+def get_shape(name):
+    return mokgen.shapes.get(name) if name in mokgen.shapes.names() else SHAPES[name]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--shapes", default="qwen3-30b-a3b,olmoe-1b-7b")
+    p.add_argument("--layers", default="4,48")
+    p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--ckpt", default="0,1", help="checkpointing off/on: 0, 1 or 0,1")
+    p.add_argument("--fit", action="store_true", help="halve the layers until both fit")
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    rows = []
+    for name in a.shapes.split(","):
+        for layers in (int(v) for v in a.layers.split(",")):
+            for ckpt in (bool(int(v)) for v in a.ckpt.split(",")):
+                for row in rows_for(name, layers, a.tokens, ckpt, a.iters, a.fit):
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    fmt = lambda v, f="{:.0f}": "OOM" if v is None else f.format(v)  # noqa: E731
+    print("| shape | layers | ckpt | held MB/layer mokgen | torch | peak MB mokgen | torch "
+          "| step ms mokgen | torch | x |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ratio = (r["torch_step_ms"] / r["mokgen_step_ms"]
+                 if r["torch_step_ms"] and r["mokgen_step_ms"] else None)
+        print(f"| {r['shape']} | {r['layers']} | {int(r['checkpointing'])} "
+              f"| {fmt(r['mokgen_held_mb_per_layer'])} | {fmt(r['torch_held_mb_per_layer'])} "
+              f"| {fmt(r['mokgen_peak_mb'])} | {fmt(r['torch_peak_mb'])} "
+              f"| {fmt(r['mokgen_step_ms'], '{:.1f}')} | {fmt(r['torch_step_ms'], '{:.1f}')} "
+              f"| {fmt(ratio, '{:.2f}')} |")
+    if a.out:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
+        meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                "commit": commit}
+        with open(a.out, "w") as fh:
+            json.dump({**meta, "rows": rows}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""A model, not a layer: N pre-norm residual MoE blocks of one shape share one mokgen
+workspace, so the memory beyond weights and gradients is the workspace once plus what each
+layer keeps for its backward (its input, router logits and routes).
+
+Two ways to train it, same gradients bit for bit:
+- plain: each layer's backward replays its gate/up GEMMs (the ring holds only the layer
+  that ran forward last);
+- checkpointed (`--ckpt`): torch.utils.checkpoint re-runs each block's forward right before
+  its backward, so the ring is fresh and the backward replays nothing.
+
+    python examples/04_model_stack.py --layers 48 --tokens 8192 [--ckpt]   # Qwen3-30B-A3B shape
+
+Without a GPU it prints the plan's memory report only.
+"""
+import argparse
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import mokgen
+from mokgen.api import format_memory, memory_report
+
+QWEN3_30B_A3B = mokgen.MoEShape(128, 2048, 768, 8, shared_experts=0, name="qwen3-30b-a3b")
+
+
+class Block(nn.Module):
+    def __init__(self, shape, tokens):
+        super().__init__()
+        self.norm = nn.RMSNorm(shape.hidden, dtype=torch.bfloat16)
+        self.moe = mokgen.MoE(shape, tokens_per_rank=tokens)
+
+    def forward(self, h):
+        return h + self.moe(self.norm(h))
+
+
+class Model(nn.Module):
+    def __init__(self, shape, layers, tokens, ckpt):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(shape, tokens) for _ in range(layers))
+        self.ckpt = ckpt
+
+    def forward(self, h):
+        for b in self.blocks:
+            h = checkpoint(b, h, use_reentrant=False) if self.ckpt else b(h)
+        return h
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--ckpt", action="store_true")
+    a = p.parse_args()
+    shape = QWEN3_30B_A3B
+    print(format_memory(memory_report(mokgen.plan(shape, ep=1, tokens_per_rank=a.tokens))))
+    if not torch.cuda.is_available():
+        return
+    model = Model(shape, a.layers, a.tokens, a.ckpt).cuda()
+    x = torch.randn(a.tokens, shape.hidden, device="cuda", dtype=torch.bfloat16,
+                    requires_grad=True)
+    model(x).float().square().mean().backward()
+    torch.cuda.synchronize()
+    m = model.blocks[0].moe.memory()
+    print(f"{a.layers} layers, checkpointing {'on' if a.ckpt else 'off'}: workspace "
+          f"{m['workspace'] / 2**20:,.0f} MiB shared by {m['layers_sharing']} layers; "
+          f"{torch.cuda.max_memory_allocated() / 2**30:,.1f} GiB peak in all")
+
+
+if __name__ == "__main__":
+    main()

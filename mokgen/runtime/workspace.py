@@ -1,0 +1,212 @@
+"""The layer's device workspace: every buffer the megakernels use during a call, sized from a
+`LayerSpec` alone, and the pool that shares one workspace among all layers that fit it.
+
+A model has tens of MoE layers of one shape. Nothing in the workspace outlives a call except
+what the ring holds for the layer that ran forward last (design.md, "Models, not layers"), so
+every layer of a spec on a device (and group) uses one workspace: `shared(key, make)` hands
+out the live one or makes it, and a workspace is freed when its last layer goes (the pool
+holds weak references only).
+
+The constructors below are also run on the meta device to size the workspace without a GPU
+(`workspace_bytes`): the plan's memory report and the allocation are the same code.
+Imports torch only (no driver), so the compiler side can size a plan on any machine.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from .peers import peer_shapes
+
+BF16 = torch.bfloat16
+BN, BM = 256, 128  # the backward's GemmCfg<256, 4> (bwd.cu.j2): N and M of a tile
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    num_experts: int
+    hidden: int
+    intermediate: int
+    shared_dim: int
+    topk: int
+    ep: int
+    tokens_per_rank: int
+    block_m: int
+    minibatch: int
+    macrobatch: int
+    comm_sms: int
+    max_rows: int
+    comm_sms_bwd: int = 0
+    scale_block: int = 0  # routed experts in fp8: elements per scale along K (128 or 32)
+
+    @property
+    def local_experts(self) -> int:
+        return self.num_experts // self.ep
+
+    @property
+    def max_minibatches(self) -> int:
+        return -(-self.max_rows // self.minibatch)
+
+    @property
+    def needs_wg_acc(self) -> bool:
+        """Whether an expert's rows can span several passes of the ring: only then does the
+        backward sum its weight gradients over segments in fp32 (schedule.cuh,
+        schedule_segments: a ring that holds every minibatch takes each expert whole)."""
+        return self.max_minibatches > self.macrobatch // self.minibatch
+
+    def counter_words(self) -> int:
+        shared_rt = -(-self.tokens_per_rank // self.block_m)
+        return 1 + 2 * self.max_minibatches + self.max_minibatches * (
+            self.minibatch // self.block_m) + shared_rt
+
+
+class RankBuffers:
+    """One hosted rank's forward state (its schedule, ring and shared-expert scratch); the
+    backward reads the same rings. Buffers peers write into are allocated by the PeerSet."""
+
+    def __init__(self, spec: LayerSpec, dev, peer: dict):
+        s, R, N = spec, spec.ep, spec.tokens_per_rank
+        L, K = s.local_experts, s.topk
+        i32 = dict(dtype=torch.int32, device=dev)
+        self.routes, self.weights, self.combine = peer["routes"], peer["weights"], peer["combine"]
+        self.dweight = peer["dweight"]  # router-weight gradients pushed by the backward
+        self.ordinal = torch.empty(R * N * K, **i32)
+        self.counts = torch.empty(R * L, **i32)
+        self.offsets = torch.empty(L + 1, **i32)
+        self.meta = torch.empty(4, **i32)
+        self.table = torch.empty(s.max_rows, 2, **i32)
+        self.row_weight = torch.empty(s.max_rows, dtype=torch.float32, device=dev)
+        self.ring_x = torch.empty(s.macrobatch, s.hidden, dtype=BF16, device=dev)
+        self.ring_a = torch.empty(s.macrobatch, s.intermediate, dtype=BF16, device=dev)
+        self.ring_h = torch.empty(s.macrobatch, 2 * s.intermediate, dtype=BF16, device=dev)
+        self.h_shared = torch.empty(N, max(s.shared_dim, 64), dtype=BF16, device=dev)
+        self.y_shared = torch.empty(N, s.hidden, dtype=torch.float32, device=dev)
+        self.counters = torch.empty(s.counter_words(), **i32)
+        q, M = s.scale_block, s.macrobatch
+        if q:  # the routed experts' e4m3 rings and their scales (fp8.cuh)
+            f32 = dict(dtype=torch.float32, device=dev)
+            self.ring_x8 = torch.empty(M, s.hidden, dtype=torch.uint8, device=dev)
+            self.ring_a8 = torch.empty(M, s.intermediate, dtype=torch.uint8, device=dev)
+            self.ring_sx = torch.empty(s.hidden // q, M, **f32)
+            self.ring_sa = torch.empty(s.intermediate // q, M, **f32)
+
+
+class BackwardScratch:
+    """The backward's own buffers, shared by the hosted ranks (their kernels run one after
+    another): the rings of dy, dy.W2 and dh, the shared expert's recomputed activations, the
+    tables of weight-gradient segments and, only where an expert's rows can span several
+    ring passes (`LayerSpec.needs_wg_acc`), the fp32 running sums of its weight gradients."""
+
+    def __init__(self, spec: LayerSpec, dev):
+        s = spec
+        M, D, I, N = s.macrobatch, s.hidden, s.intermediate, s.tokens_per_rank
+        IS, L = max(s.shared_dim, 64), s.local_experts
+        e = dict(dtype=BF16, device=dev)
+        self.ring_dy = torch.empty(M, D, **e)
+        self.ring_do = torch.empty(M, D, **e)
+        self.ring_dh = torch.empty(M, 2 * I, **e)
+        self.dw_part = torch.empty(s.max_rows, max(1, I // BN), dtype=torch.float32, device=dev)
+        self.hs_pre = torch.empty(N, 2 * IS, **e)
+        self.hs_a = torch.empty(N, IS, **e)
+        self.hs_dh = torch.empty(N, 2 * IS, **e)
+        # None: the kernel gets a null pointer and never reads it (every segment is whole)
+        self.wg_acc = (torch.empty(L, 3 * I * D, dtype=torch.float32, device=dev)
+                       if s.needs_wg_acc else None)
+        self.segs = torch.empty(s.max_minibatches + L, 4, dtype=torch.int32, device=dev)
+        self.seg_start = torch.empty(s.max_minibatches + 2, dtype=torch.int32, device=dev)
+        self.counters = torch.empty(backward_counter_words(s), dtype=torch.int32, device=dev)
+        q = s.scale_block
+        if q:  # the fp8 backward's e4m3 rings of dy and dh and their scales [K/q, M]
+            u8, f32 = dict(dtype=torch.uint8, device=dev), dict(dtype=torch.float32, device=dev)
+            self.ring_dy8, self.ring_sdy = torch.empty(M, D, **u8), torch.empty(D // q, M, **f32)
+            self.ring_dh8 = torch.empty(M, 2 * I, **u8)
+            self.ring_sdh = torch.empty(2 * I // q, M, **f32)
+
+
+def backward_counter_words(s: LayerSpec) -> int:
+    mb, rt_full = s.max_minibatches, s.minibatch // BM
+    srt = -(-s.tokens_per_rank // BM)
+    wt = (s.hidden // BM) * (s.intermediate // BN) \
+        + (2 * s.intermediate // BM) * (s.hidden // BN)  # weight-gradient tiles per expert
+    return 1 + mb * (2 + 2 * rt_full) + s.local_experts * wt + 2 * srt + 2
+
+
+def tensors_of(*things) -> list:
+    """The distinct tensors among `things`: tensors, lists of them, or objects holding them
+    as attributes (buffers, peer tables)."""
+    seen, out = set(), []
+
+    def visit(v, depth=0):
+        if isinstance(v, torch.Tensor):
+            if id(v) not in seen:
+                seen.add(id(v))
+                out.append(v)
+        elif isinstance(v, (list, tuple)):
+            for t in v:
+                visit(t, depth)
+        elif depth == 0 and hasattr(v, "__dict__"):
+            for t in vars(v).values():
+                visit(t, 1)
+
+    for t in things:
+        visit(t)
+    return out
+
+
+def nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def workspace_bytes(spec: LayerSpec) -> dict:
+    """Bytes of one real rank's workspace by part, sized on the meta device (no GPU needed):
+    `peer` (what peers read or write: routes, combine rows, staged x and dy), `forward`
+    (schedule, ring, shared-expert scratch), `backward` (BackwardScratch) and `total`. A GPU
+    hosting R virtual ranks holds R times peer (less the staging) + forward, and one backward."""
+    meta = torch.device("meta")
+    peer = {k: torch.empty(*shape, dtype=dt, device=meta)
+            for k, (shape, dt) in peer_shapes(spec).items()}
+    fwd = [t for t in tensors_of(RankBuffers(spec, meta, peer))
+           if not any(t is p for p in peer.values())]
+    parts = {"peer": nbytes(peer.values()), "forward": nbytes(fwd),
+             "backward": nbytes(tensors_of(BackwardScratch(spec, meta)))}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def saved_bytes(spec: LayerSpec, tokens: int, by_logits: bool = True) -> int:
+    """Bytes one layer keeps per call for its backward besides the ring: its input x (bf16),
+    router logits (fp32, when mokgen routes) and routes (int32 experts + fp32 weights)."""
+    n, K = tokens, spec.topk
+    return n * spec.hidden * 2 + (n * spec.num_experts * 4 if by_logits else 0) + n * K * 8
+
+
+# ---------------------------------------------------------------- the pool
+_POOL: dict = {}
+_LOCK = threading.Lock()
+
+
+def shared(key, make):
+    """The live object made for `key`, or `make()` registered under it. Weak: the object
+    goes when its last holder does, and a later call makes a fresh one."""
+    with _LOCK:
+        ref = _POOL.get(key)
+        obj = ref() if ref is not None else None
+        if obj is None:
+            obj = make()
+            _POOL[key] = weakref.ref(obj, lambda r, k=key: _forget(k, r))
+        return obj
+
+
+def _forget(key, ref) -> None:
+    with _LOCK:
+        if _POOL.get(key) is ref:
+            del _POOL[key]
+
+
+def live_workspaces() -> int:
+    """How many pooled objects (forward and backward runtimes) are alive."""
+    with _LOCK:
+        return sum(r() is not None for r in _POOL.values())

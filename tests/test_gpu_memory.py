@@ -1,0 +1,131 @@
+"""A model, not a layer (gpu): one workspace per plan and device shared by every layer, layers
+released with their modules, activation checkpointing without replay, ep = 1 without a
+process group."""
+import gc
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import mokgen
+from mokgen.workloads import make_inputs, reference_outputs, rel_error
+
+pytestmark = pytest.mark.gpu
+SHAPE = mokgen.shapes.get("gpu-small")
+TOKENS = 512
+
+
+class Stack(nn.Module):
+    """Residual MoE layers (router included), optionally each under activation checkpointing."""
+
+    def __init__(self, layers, ckpt=False, backend="kernels"):
+        super().__init__()
+        self.moes = nn.ModuleList(mokgen.MoE(SHAPE, tokens_per_rank=TOKENS, backend=backend)
+                                  for _ in range(layers))
+        self.ckpt = ckpt
+
+    def forward(self, h):
+        for moe in self.moes:
+            h = h + (checkpoint(moe, h, use_reentrant=False) if self.ckpt else moe(h))
+        return h
+
+
+def step(model, x, dy):
+    """One training step's gradients (x's and every parameter's), by name."""
+    model.zero_grad(set_to_none=True)
+    xg = x.clone().requires_grad_()
+    model(xg).backward(dy)
+    out = {"x": xg.grad}
+    out.update({n: p.grad for n, p in model.named_parameters()})
+    return out
+
+
+def runtime_of(moe):
+    return mokgen.ops.kernels_of(moe._layer).compiled.runtime()
+
+
+def test_layers_share_one_workspace_and_it_goes_with_the_last():
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    model = Stack(4).cuda()
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    x = torch.randn(300, SHAPE.hidden, device="cuda", dtype=torch.bfloat16)
+    step(model, x, torch.randn_like(x))
+    torch.cuda.synchronize()
+    reports = [m.memory() for m in model.moes]
+    assert all(r["layers_sharing"] == 4 for r in reports)
+    assert len({r["workspace"] for r in reports}) == 1 and reports[0]["workspace"] > 0
+    assert len({id(runtime_of(m)) for m in model.moes}) == 1
+    plan_ws = mokgen.api.memory_report(model.moes[0].plan)["workspace"]
+    # one rank hosted without staging: the plan's per-rank figure less the staged x and dy
+    staged = 2 * TOKENS * SHAPE.hidden * 2
+    assert reports[0]["workspace"] == plan_ws["total"] - staged
+    held = torch.cuda.memory_allocated() - base - 2 * params  # weights and their grads
+    assert held < reports[0]["workspace"] + 8 * 2**20, "a workspace per layer?"
+    del model, reports, x
+    gc.collect()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == base, "the workspace outlived its layers"
+
+
+def test_checkpointed_stack_replays_nothing_and_matches_bitwise():
+    torch.manual_seed(0)
+    plain = Stack(3).cuda()
+    ckpt = Stack(3, ckpt=True).cuda()
+    ckpt.load_state_dict(plain.state_dict())
+    ref = Stack(3, backend="reference").cuda()
+    ref.load_state_dict(plain.state_dict())
+    x = torch.randn(TOKENS, SHAPE.hidden, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn_like(x)
+    step(plain, x, dy)  # builds the kernels and the workspace
+    rt = runtime_of(plain.moes[0])
+    assert rt is runtime_of(ckpt.moes[0]), "one plan, one workspace"
+    before = dict(rt.stats)
+    g_plain = step(plain, x, dy)
+    mid = dict(rt.stats)
+    g_ckpt = step(ckpt, x, dy)
+    after = dict(rt.stats)
+    torch.cuda.synchronize()
+    # without checkpointing only the last layer finds its forward in the ring
+    assert mid["backward"] - before["backward"] == 3 and mid["replayed"] - before["replayed"] == 2
+    # checkpointed: each layer's forward re-runs right before its backward: no replay
+    assert after["backward"] - mid["backward"] == 3 and after["replayed"] == mid["replayed"]
+    for k, g in g_plain.items():
+        assert torch.equal(g, g_ckpt[k]), f"{k}: checkpointed gradient differs"
+    g_ref = step(ref, x, dy)
+    for k, g in g_plain.items():
+        assert rel_error(g, g_ref[k]) <= 3e-2, k
+
+
+def test_interleaved_layers_are_deterministic():
+    """Layer A's output and gradients do not depend on what another layer sharing its
+    workspace ran in between."""
+    a, b = mokgen.MoE(SHAPE, tokens_per_rank=TOKENS).cuda(), \
+        mokgen.MoE(SHAPE, tokens_per_rank=TOKENS).cuda()
+    x = torch.randn(TOKENS, SHAPE.hidden, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn_like(x)
+
+    def run(layer, interleave):
+        layer.zero_grad(set_to_none=True)
+        xg = x.clone().requires_grad_()
+        y = layer(xg)
+        if interleave:
+            b(x.clone().requires_grad_()).sum()  # overwrites the shared ring
+        y.backward(dy)
+        return [y.detach(), xg.grad, *[p.grad for p in layer.parameters()]]
+
+    alone, between = run(a, False), run(a, True)
+    for u, v in zip(alone, between):
+        assert torch.equal(u, v)
+
+
+def test_ep1_without_process_group():
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    layer = mokgen.compile(SHAPE, ep=1, tokens_per_rank=TOKENS)  # virtual=False: one real rank
+    inputs = make_inputs(SHAPE, 1, 400)
+    y = layer(inputs["x"][0], inputs["router_logits"][0], inputs["w1"][0], inputs["w2"][0],
+              inputs["shared_w1"], inputs["shared_w2"])
+    assert rel_error(y, reference_outputs(SHAPE, inputs)[0]) <= 1e-2
