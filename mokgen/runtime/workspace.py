@@ -83,7 +83,9 @@ class RankBuffers:
         self.ring_a = torch.empty(s.macrobatch, s.intermediate, dtype=BF16, device=dev)
         self.ring_h = torch.empty(s.macrobatch, 2 * s.intermediate, dtype=BF16, device=dev)
         self.h_shared = torch.empty(N, max(s.shared_dim, 64), dtype=BF16, device=dev)
-        self.y_shared = torch.empty(N, s.hidden, dtype=torch.float32, device=dev)
+        # the shared expert's fp32 output (forward) and dx (backward); unread without one
+        self.y_shared = torch.empty(N if s.shared_dim else 1, s.hidden, dtype=torch.float32,
+                                    device=dev)
         self.counters = torch.empty(s.counter_words(), **i32)
         q, M = s.scale_block, s.macrobatch
         if q:  # the routed experts' e4m3 rings and their scales (fp8.cuh)
