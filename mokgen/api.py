@@ -47,7 +47,7 @@ class CompiledMoE:
             hosted_virtual = self.virtual or self.plan.ep == 1
             self._runtime = shared(
                 self._pool_key(), lambda: ForwardRuntime(
-                    spec, str(self.binaries["prologue"].path), str(self.binaries["fwd"].path),
+                    spec, self.binaries["prologue"].image, self.binaries["fwd"].image,
                     hosted_virtual, None if hosted_virtual else self.group, self.watchdog_s))
             self._runtime.layers.add(self)
             self._weights = WeightCache(spec.scale_block, len(self._runtime.ranks))
@@ -65,7 +65,7 @@ class CompiledMoE:
                                  f"{codegen.backward_unsupported(self.plan)}")
             rt = self.runtime()
             self._backward = shared(self._pool_key() + ("bwd",),
-                                    lambda: BackwardPass(rt, str(self.binaries["bwd"].path)))
+                                    lambda: BackwardPass(rt, self.binaries["bwd"].image))
         self.runtime()  # binds this layer's weight cache
         return self._backward
 

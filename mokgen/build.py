@@ -6,7 +6,9 @@ everything that changes the binary: the source, the device headers it can includ
 the nvcc version, the arch and the package version. Builds happen in a private temp folder
 that is renamed into place, so eight ranks compiling at once leave one good binary and nobody
 reads a half-written one; a cached binary whose hash no longer matches (truncated, corrupted)
-is thrown away and rebuilt.
+is thrown away and rebuilt. Every build() call reads each binary once and checks its hash;
+the runtime loads those bytes (`Binary.image`), never the path again, so a file damaged after
+an earlier build in the same process is rebuilt too, not loaded.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ class Binary:
     resources: dict = field(hash=False)   # function -> {registers, smem, spill_stores, ...}
     build_seconds: float = 0.0
     cached: bool = True
+    image: bytes = field(default=b"", hash=False, repr=False, compare=False)  # verified bytes
 
     @property
     def spills(self) -> int:
@@ -107,29 +110,26 @@ def parse_ptxas(text: str) -> dict:
     return out
 
 
-_MEMO: dict = {}
-
-
 def build(kernels: list[Kernel], arch: str = "sm_90a", jobs: int | None = None) -> list[Binary]:
     """Compile every kernel not in the cache, in parallel through ninja; return them all."""
     CONFIG.cache.mkdir(parents=True, exist_ok=True)
     kernels = [_overridden(k) for k in kernels]
     keyed = [(k, cache_key(k, arch)) for k in kernels]
-    missing = [(k, key) for k, key in keyed
-               if (k.name, key) not in _MEMO and _load_meta(_folder(k, key)) is None]
+    # a binary is loaded from the bytes read and checked here, never from its path later:
+    # one damaged on disk since (this process or another) is rebuilt, not loaded
+    found = {(k.name, key): _load(_folder(k, key)) for k, key in keyed}
+    missing = [(k, key) for k, key in keyed if found[(k.name, key)] is None]
     if missing:
         _compile(missing, arch, jobs)
     out = []
     for k, key in keyed:
-        if (k.name, key) not in _MEMO:
-            meta = _load_meta(_folder(k, key))
-            if meta is None:
-                raise RuntimeError(f"mokgen: the cached build of {k.name} in "
-                                   f"{_folder(k, key)} is unreadable right after building it")
-            _MEMO[(k.name, key)] = Binary(k.name, _folder(k, key) / "kernel.cubin", key,
-                                          meta["resources"], meta["build_seconds"],
-                                          cached=(k, key) not in missing)
-        out.append(_MEMO[(k.name, key)])
+        loaded = found[(k.name, key)] or _load(_folder(k, key))
+        if loaded is None:
+            raise RuntimeError(f"mokgen: the cached build of {k.name} in "
+                               f"{_folder(k, key)} is unreadable right after building it")
+        meta, image = loaded
+        out.append(Binary(k.name, _folder(k, key) / "kernel.cubin", key, meta["resources"],
+                          meta["build_seconds"], cached=(k, key) not in missing, image=image))
     return out
 
 
@@ -137,19 +137,25 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _load_meta(folder: Path) -> dict | None:
-    """The folder's meta.json if the cubin beside it is intact; otherwise remove the folder
-    (a truncated or corrupted binary must be rebuilt, never loaded) and return None."""
+def _load(folder: Path) -> tuple[dict, bytes] | None:
+    """(meta.json, the cubin's bytes) if the cubin matches its recorded hash; otherwise remove
+    the folder (a truncated or corrupted binary must be rebuilt, never loaded) and None."""
     if not folder.exists():
         return None
     try:
         meta = json.loads((folder / "meta.json").read_text())
-        if _sha256(folder / "kernel.cubin") == meta["cubin_sha256"]:
-            return meta
+        image = (folder / "kernel.cubin").read_bytes()
+        if hashlib.sha256(image).hexdigest() == meta["cubin_sha256"]:
+            return meta, image
     except (OSError, ValueError, KeyError):
         pass
     shutil.rmtree(folder, ignore_errors=True)
     return None
+
+
+def _load_meta(folder: Path) -> dict | None:
+    loaded = _load(folder)
+    return None if loaded is None else loaded[0]
 
 
 def _folder(k: Kernel, key: str) -> Path:

@@ -9,6 +9,7 @@ import jinja2
 from .build import Kernel
 from .config import CONFIG
 from .plan import Plan
+from .runtime import abi
 
 TEMPLATES = Path(__file__).parent / "templates"
 _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES),
@@ -26,6 +27,37 @@ def constants(plan: Plan) -> dict:
                 macrobatch=plan.macrobatch, ring_slots=plan.ring_slots, ep=plan.ep,
                 comm_sms=plan.comm_sms_fwd, comm_sms_bwd=plan.comm_sms_bwd,
                 num_sms=plan.num_sms, scale_block=plan.scale_block)
+
+
+# what each unit's source checks of the host <-> device interface (runtime/abi.py)
+_ABI = {"fwd": (("FwdBuffers",), ("Fp8Maps",), abi.FWD_PHASES),
+        "bwd": (("BwdBuffers",), ("BwdMaps", "Fp8BwdMaps"), abi.BWD_PHASES)}
+
+
+def abi_checks(unit: str) -> str:
+    """static_asserts that fail the build when a header's struct or constant drifts from
+    runtime/abi.py, the description the host packs from: every field's offset and each
+    struct's size, every tensor-map field's slot, the phase numbers and watch-word indices."""
+    structs, map_structs, phases = _ABI[unit]
+    why = "drifted from mokgen/runtime/abi.py"
+    out = []
+    for name in structs:
+        offsets, size = abi.layout(abi.STRUCTS[name])
+        out += [f"static_assert(offsetof(mokgen::{name}, {f}) == {o}, \"{name}.{f} {why}\");"
+                for f, o in offsets.items()]
+        out.append(f"static_assert(sizeof(mokgen::{name}) == {size}, \"{name} {why}\");")
+    for name in map_structs:
+        fields, b = abi.MAP_STRUCTS[name], abi.TENSOR_MAP_BYTES
+        out += [f"static_assert(offsetof(mokgen::{name}, {f}) == {i * b}, \"{name}.{f} {why}\");"
+                for i, f in enumerate(fields)]
+        out.append(f"static_assert(sizeof(mokgen::{name}) == {len(fields) * b}, "
+                   f"\"{name} {why}\");")
+    out += [f"static_assert(mokgen::{k} == {v}, \"{k} {why}\");" for k, (v, _) in phases.items()]
+    out += [f"static_assert(mokgen::{k} == {i}, \"{k} {why}\");"
+            for i, k in enumerate(abi.WATCH_FIELDS)]
+    out.append(f"static_assert(mokgen::kWatchWords <= {abi.WATCH_WORDS}, \"kWatchWords {why}\");")
+    out.append(f"static_assert(mokgen::kWatchMagic == {abi.WATCH_MAGIC:#x}u, \"kWatchMagic {why}\");")
+    return "\n".join(out)
 
 
 def check_supported(plan: Plan) -> None:
@@ -59,7 +91,8 @@ def emit(plan: Plan, units=tuple(UNITS)) -> list[Kernel]:
         units = tuple(u for u in units if u != "bwd")
     consts = constants(plan)
     flags = ("-DMOKGEN_DEBUG",) if CONFIG.debug else ()
-    kernels = [Kernel(f"{u}_{plan.key()}", _ENV.get_template(UNITS[u]).render(**consts), flags)
+    kernels = [Kernel(f"{u}_{plan.key()}", _ENV.get_template(UNITS[u]).render(
+        **consts, abi_checks=abi_checks(u) if u in _ABI else "", fwd_maps=abi.FWD_MAPS), flags)
                for u in units]
     if CONFIG.dump:
         CONFIG.dump.mkdir(parents=True, exist_ok=True)

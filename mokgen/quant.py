@@ -204,5 +204,5 @@ def _quant_function(name: str):
         import jinja2
 
         binary = build([Kernel("quant_fp8", jinja2.Template(src).render())])[0]
-        _QUANT_MODULE.append(cuda.load_module(str(binary.path)))
+        _QUANT_MODULE.append(cuda.load_module(binary.image))
     return _QUANT_MODULE[0].function(name)

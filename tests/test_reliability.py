@@ -105,10 +105,9 @@ KERNEL = build.Kernel("integrity", '#include "mokgen/sync.cuh"\n'
 def test_corrupted_cached_binary_is_rebuilt(tmp_path, monkeypatch, damage):
     monkeypatch.setattr(build, "CONFIG", build.CONFIG.__class__(
         **{**build.CONFIG.__dict__, "cache": tmp_path}))
-    build._MEMO.clear()
     first = build.build([KERNEL])[0]
     good_bytes = first.path.read_bytes()
-    assert good_bytes[:4] == b"\x7fELF"
+    assert good_bytes[:4] == b"\x7fELF" and first.image == good_bytes  # what gets loaded
     if damage == "truncate":
         first.path.write_bytes(good_bytes[: len(good_bytes) // 2])
     elif damage == "flip":
@@ -117,14 +116,13 @@ def test_corrupted_cached_binary_is_rebuilt(tmp_path, monkeypatch, damage):
         first.path.unlink()
     else:
         (first.path.parent / "meta.json").write_text("{not json")
-    build._MEMO.clear()
     again = build.build([KERNEL])[0]
     assert not again.cached, "a damaged binary must be rebuilt, not loaded"
     # nvcc embeds the private build folder's path, so compare what matters: an intact ELF
     # whose hash is the one recorded beside it, with the same entry point
     assert again.path.read_bytes()[:4] == b"\x7fELF" and len(again.path.read_bytes()) > 1000
     assert build._load_meta(again.path.parent) is not None and "k" in again.resources
-    build._MEMO.clear()
+    assert again.image == again.path.read_bytes()
     assert build.build([KERNEL])[0].cached  # and the rebuilt one is trusted again
 
 

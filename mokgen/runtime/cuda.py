@@ -255,7 +255,7 @@ _SWIZZLE = {
 }
 
 
-TENSOR_MAP_BYTES = 128  # sizeof(CUtensorMap)
+from .abi import TENSOR_MAP_BYTES  # noqa: E402 - sizeof(CUtensorMap)
 
 
 def tensor_map_bytes(m: cu.CUtensorMap) -> bytes:

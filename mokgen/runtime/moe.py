@@ -1,7 +1,8 @@
 """The forward layer at run time: owns the device buffers, launches the generated kernels on
 the current torch stream, never synchronizes with the host.
 
-Knows nothing of plans or passes: it gets a `LayerSpec` (plain sizes) and the cubin paths.
+Knows nothing of plans or passes: it gets a `LayerSpec` (plain sizes) and the verified cubins
+(bytes; build.py checked their hashes).
 Ranks: `virtual=True` hosts all R ranks on this GPU (their kernels run one after another on
 the stream; the forward megakernel has no cross-rank waits, so this is the whole EP protocol
 on one GPU); otherwise this process is one rank and peers come from symmetric memory.
@@ -14,33 +15,16 @@ from collections import OrderedDict
 
 import torch
 
-from . import cuda
+from . import abi, cuda
 from .peers import PeerSet
 from .workspace import LayerSpec, RankBuffers  # noqa: F401 - LayerSpec: re-exported
 
 BF16 = torch.bfloat16
 MAX_MAPS = 4096  # tensor maps kept (128 B each): a 48-layer model uses about 30 per layer
-WATCH_WORDS, WATCH_MAGIC = 8, 0x57A7C400  # sync.cuh: WatchWord, kWatchMagic
-WATCH_PHASES = {
-    1: "a shared-expert down tile waiting for its gate/up tiles (row tile {index})",
-    2: "a gate/up tile waiting for minibatch {index}'s rows from the comm CTAs",
-    3: "a down tile waiting for its gate/up tiles (row tile {index})",
-    4: "a comm CTA waiting for minibatch {index} to free its ring slot",
-    11: "a shared-expert dgrad tile waiting for its gate/up recompute (row tile {index})",
-    12: "a shared-expert dx tile waiting for its dgrad tiles (row tile {index})",
-    13: "a shared-expert weight-gradient tile waiting for the activations",
-    14: "a replay tile waiting for minibatch {index}'s rows from the comm CTAs",
-    15: "a dgrad tile waiting for minibatch {index}'s dy rows or its replay",
-    16: "a dx tile waiting for minibatch {index}'s dgrad tiles",
-    17: "a weight-gradient tile waiting for minibatch {index}'s dgrad tiles",
-    18: "a weight-gradient tile waiting for the previous segment of its expert (tile {index})",
-    19: "a backward comm CTA waiting for minibatch {index} to free its ring slot",
-    100: "the rank barrier, waiting for peer rank {index}",
-}
 
 
 class ForwardRuntime:
-    def __init__(self, spec: LayerSpec, prologue_cubin: str, fwd_cubin: str, virtual: bool,
+    def __init__(self, spec: LayerSpec, prologue_cubin: bytes, fwd_cubin: bytes, virtual: bool,
                  group=None, watchdog_s: float = 5.0):
         self.spec = spec
         self.virtual = virtual
@@ -60,7 +44,7 @@ class ForwardRuntime:
         self.f_fwd = fwd.function("mokgen_fwd", self.fwd_smem)
         self.num_sms = torch.cuda.get_device_properties(self.dev).multi_processor_count
         self.modules = []
-        self.watch = cuda.HostMapped(4 * WATCH_WORDS)
+        self.watch = cuda.HostMapped(4 * abi.WATCH_WORDS)
         self.watchdog_s = watchdog_s
         for m in (pro, fwd):
             self.adopt_module(m)
@@ -124,10 +108,10 @@ class ForwardRuntime:
     def check(self) -> None:
         """Raise the watchdog's record of an earlier call as a RuntimeError. Reads host-mapped
         memory only: no device synchronization (a call's record is there once it finished)."""
-        w = self.watch.words(WATCH_WORDS)
-        if w[0] != WATCH_MAGIC:
+        w = self.watch.words(abi.WATCH_WORDS)
+        if w[0] != abi.WATCH_MAGIC:
             return
-        phase = WATCH_PHASES.get(w[2], f"phase {w[2]}").format(index=w[3])
+        phase = abi.phase_text(w[2]).format(index=w[3])
         self.watch.clear()
         for m in self.modules:  # re-arm, so the layer can be called again after the error
             cuda.set_global(m, "mokgen_abort", struct.pack("<I", 0))
@@ -251,53 +235,58 @@ class ForwardRuntime:
         IS = b.h_shared.shape[1]
         sw1 = shared_w1 if shared_w1 is not None else b.h_shared  # unused placeholders
         sw2 = shared_w2 if shared_w2 is not None else b.h_shared
-        maps = [self._map(x, n, D, 128), self._map(b.h_shared, n, IS, 128),
-                self._map(b.ring_x, s.macrobatch, D, 128),
-                self._map(b.ring_a, s.macrobatch, I, 128),
-                self._map(sw1, sw1.shape[0], sw1.shape[1], 128),
-                self._map(sw2, sw2.shape[0], sw2.shape[1], 256),
-                self._map(w1, L * 2 * I, D, 128), self._map(w2, L * D, I, 256)]
-        f8, fp8_ptrs = self._fp8_operands(b, w1, w2)
+        maps = {"x": self._map(x, n, D, 128), "hs": self._map(b.h_shared, n, IS, 128),
+                "ring_x": self._map(b.ring_x, s.macrobatch, D, 128),
+                "ring_a": self._map(b.ring_a, s.macrobatch, I, 128),
+                "sw1": self._map(sw1, sw1.shape[0], sw1.shape[1], 128),
+                "sw2": self._map(sw2, sw2.shape[0], sw2.shape[1], 256),
+                "w1": self._map(w1, L * 2 * I, D, 128), "w2": self._map(w2, L * D, I, 256)}
+        f8, fp8_fields = self._fp8_operands(b, w1, w2)
         peer_table = cuda.Raw(struct.pack(f"<{s.ep}Q", *x_ptrs) + self.peers.table("combine"))
-        bufs = struct.pack("<17Q3i", b.table.data_ptr(), b.row_weight.data_ptr(),
-                           b.meta.data_ptr(), b.offsets.data_ptr(), b.ring_x.data_ptr(),
-                           b.ring_a.data_ptr(), b.ring_h.data_ptr() if save else 0,
-                           b.h_shared.data_ptr(), b.y_shared.data_ptr(),
-                           b.counters.data_ptr(), *fp8_ptrs, n, s.max_minibatches,
-                           self.peers.hosted_ranks[i])
+        bufs = abi.pack(abi.FWD_BUFFERS, table=b.table, row_weight=b.row_weight, meta=b.meta,
+                        offsets=b.offsets, ring_x=b.ring_x, ring_a=b.ring_a,
+                        ring_h=b.ring_h if save else None, h_shared=b.h_shared,
+                        y_shared=b.y_shared, counters=b.counters, **fp8_fields, n_tokens=n,
+                        max_minibatches=s.max_minibatches, rank=self.peers.hosted_ranks[i])
         cuda.launch(self.f_fwd, self.num_sms, 384, self.fwd_smem, self._stream(),
-                    maps + [f8, peer_table, cuda.Raw(bufs)], cooperative=True)
+                    [maps[k] for k in abi.FWD_MAPS] + [f8, peer_table, cuda.Raw(bufs)],
+                    cooperative=True)
 
     def _fp8_operands(self, b, w1, w2):
-        """The fp8 forward's Fp8Maps (by value) and FwdBuffers fields (ring_x8, ring_a8,
-        ring_sx, ring_sa, w1s, w2s, xq_scales_at); zeros for bf16 plans."""
+        """The fp8 forward's Fp8Maps (by value) and its FwdBuffers fields; zero maps and
+        null pointers for bf16 plans."""
         s, q = self.spec, self.spec.scale_block
         if not q:
-            return cuda.Raw(bytes(8 * cuda.TENSOR_MAP_BYTES)), (0,) * 7
+            return (cuda.Raw(bytes(len(abi.FP8_MAPS) * abi.TENSOR_MAP_BYTES)),
+                    dict.fromkeys(("ring_x8", "ring_a8", "ring_sx", "ring_sa", "w1s", "w2s",
+                                   "xq_scales_at"), 0))
         L, D, I, M = s.local_experts, s.hidden, s.intermediate, s.macrobatch
         w = self.weights.get(w1, w2)
-        maps = self.fp8_maps([(b.ring_x8, M, D), (b.ring_a8, M, I), (w.w1, L * 2 * I, D),
-                              (w.w2, L * D, I)],
-                             [(b.ring_sx, D, M), (b.ring_sa, I, M)],
-                             [(w.s1, D, L * 2 * I), (w.s2, I, L * D)])
-        ptrs = (b.ring_x8.data_ptr(), b.ring_a8.data_ptr(), b.ring_sx.data_ptr(),
-                b.ring_sa.data_ptr(), w.s1.data_ptr() if q == 128 else 0,
-                w.s2.data_ptr() if q == 128 else 0, self.xq_scales_at)
-        return maps, ptrs
+        maps = self.fp8_maps(abi.FP8_MAPS,
+                             {"ring_x": (b.ring_x8, M, D), "ring_a": (b.ring_a8, M, I),
+                              "w1": (w.w1, L * 2 * I, D), "w2": (w.w2, L * D, I)},
+                             {"ring_sx": (b.ring_sx, D, M), "ring_sa": (b.ring_sa, I, M)},
+                             {"w1s": (w.s1, D, L * 2 * I), "w2s": (w.s2, I, L * D)})
+        blockwise = q == 128
+        return maps, dict(ring_x8=b.ring_x8, ring_a8=b.ring_a8, ring_sx=b.ring_sx,
+                          ring_sa=b.ring_sa, w1s=w.s1 if blockwise else None,
+                          w2s=w.s2 if blockwise else None, xq_scales_at=self.xq_scales_at)
 
-    def fp8_maps(self, operands, scales, weight_scales) -> cuda.Raw:
-        """An fp8 kernel's map struct by value (Fp8Maps, Fp8BwdMaps), in field order: the e4m3
-        operands (tensor, rows, K), boxes of 128 K bytes x 128 rows; the activations' fp32
-        scales (tensor, K, rows), laid out [K/q, rows], boxes of 128 rows x one slice's 128/q
-        steps; then the weights' scales the same way (MX only: blockwise B scales are read from
-        global memory, and their slots repeat activation maps, unused)."""
+    def fp8_maps(self, names, operands, scales, weight_scales) -> cuda.Raw:
+        """An fp8 kernel's map struct by value (abi.FP8_MAPS, FP8_BWD_MAPS) from maps by
+        field name: the e4m3 operands (tensor, rows, K), boxes of 128 K bytes x 128 rows; the
+        activations' fp32 scales (tensor, K, rows), laid out [K/q, rows], boxes of 128 rows x
+        one slice's 128/q steps; the weights' scales the same way (MX only: blockwise B scales
+        are read from global memory, and their slots hold an activation map, unused)."""
         q = self.spec.scale_block
-        maps = [self._map(t, rows, k, 128, 128, dtype="u8") for t, rows, k in operands]
         scale_map = lambda t, k, rows: self._map(t, k // q, rows, 128 // q, 128,  # noqa: E731
                                                  dtype="f32", swizzle=0)
-        act = [scale_map(*s) for s in scales]
-        wgt = [scale_map(*s) for s in weight_scales] if q == 32 else act[:len(weight_scales)]
-        return cuda.Raw(b"".join(cuda.tensor_map_bytes(m) for m in maps + act + wgt))
+        maps = {k: self._map(t, rows, kk, 128, 128, dtype="u8")
+                for k, (t, rows, kk) in operands.items()}
+        maps.update({k: scale_map(*v) for k, v in scales.items()})
+        unused = next(iter(maps.values()))
+        maps.update({k: scale_map(*v) if q == 32 else unused for k, v in weight_scales.items()})
+        return cuda.Raw(abi.pack_maps(names, maps, cuda.tensor_map_bytes))
 
     def combine_sum(self, i, n):
         """Owner side: y = shared + the k pushed rows of each token, in route order. (The

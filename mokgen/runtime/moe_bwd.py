@@ -12,14 +12,14 @@ import struct
 
 import torch
 
-from . import cuda
+from . import abi, cuda
 from .workspace import BF16, BackwardScratch
 
 
 class BackwardPass(BackwardScratch):
     """The backward kernel over its scratch (BackwardScratch) and the forward's runtime."""
 
-    def __init__(self, rt, bwd_cubin: str):
+    def __init__(self, rt, bwd_cubin: bytes):
         super().__init__(rt.spec, rt.dev)
         self.rt = rt
         mod = cuda.load_module(bwd_cubin)
@@ -108,52 +108,58 @@ class BackwardPass(BackwardScratch):
         sw1 = sw1 if sw1 is not None else self.hs_pre  # placeholders without a shared expert
         sw2 = sw2 if sw2 is not None else self.hs_a
         mp = rt._map
-        maps = [mp(x, n, D, 128), mp(sw1, sw1.shape[0], sw1.shape[1], 128),
-                mp(dy, n, D, 128), mp(sw2, sw2.shape[0], sw2.shape[1], 64),
-                mp(self.hs_dh, n, 2 * IS, 128), mp(sw1, sw1.shape[0], sw1.shape[1], 64),
-                mp(dy, n, D, 64), mp(self.hs_a, n, IS, 64), mp(self.hs_dh, n, 2 * IS, 64),
-                mp(x, n, D, 64),
-                mp(b.ring_x, M, D, 128), mp(w1, L * 2 * I, D, 128),
-                mp(self.ring_dy, M, D, 128), mp(w2, L * D, I, 64),
-                mp(self.ring_dh, M, 2 * I, 128), mp(w1, L * 2 * I, D, 64),
-                mp(self.ring_do, M, D, 64), mp(b.ring_a, M, I, 64),
-                mp(self.ring_dh, M, 2 * I, 64), mp(b.ring_x, M, D, 64)]
-        maps_raw = b"".join(cuda.tensor_map_bytes(m) for m in maps)
-        f8, fp8_ptrs = self._fp8_operands(b, w1, w2)
+        maps = {"x_k": mp(x, n, D, 128), "sw1_k": mp(sw1, sw1.shape[0], sw1.shape[1], 128),
+                "dy_k": mp(dy, n, D, 128), "sw2_mn": mp(sw2, sw2.shape[0], sw2.shape[1], 64),
+                "hs_dh_k": mp(self.hs_dh, n, 2 * IS, 128),
+                "sw1_mn": mp(sw1, sw1.shape[0], sw1.shape[1], 64), "dy_mn": mp(dy, n, D, 64),
+                "hs_a_mn": mp(self.hs_a, n, IS, 64), "hs_dh_mn": mp(self.hs_dh, n, 2 * IS, 64),
+                "x_mn": mp(x, n, D, 64),
+                "ring_x_k": mp(b.ring_x, M, D, 128), "w1_k": mp(w1, L * 2 * I, D, 128),
+                "ring_dy_k": mp(self.ring_dy, M, D, 128), "w2_mn": mp(w2, L * D, I, 64),
+                "ring_dh_k": mp(self.ring_dh, M, 2 * I, 128), "w1_mn": mp(w1, L * 2 * I, D, 64),
+                "ring_do_mn": mp(self.ring_do, M, D, 64), "ring_a_mn": mp(b.ring_a, M, I, 64),
+                "ring_dh_mn": mp(self.ring_dh, M, 2 * I, 64),
+                "ring_x_mn": mp(b.ring_x, M, D, 64)}
+        maps_raw = abi.pack_maps(abi.BWD_MAPS, maps, cuda.tensor_map_bytes)
+        f8, fp8_fields = self._fp8_operands(b, w1, w2)
         peers = struct.pack(f"<{s.ep}Q", *x_ptrs) + struct.pack(f"<{s.ep}Q", *dy_ptrs) \
             + rt.peers.table("combine") + rt.peers.table("dweight")
-        ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
-        bufs = struct.pack(
-            "<32Q4i", b.table.data_ptr(), b.row_weight.data_ptr(), b.meta.data_ptr(),
-            b.offsets.data_ptr(), self.segs.data_ptr(), self.seg_start.data_ptr(),
-            b.ring_x.data_ptr(), b.ring_h.data_ptr(), b.ring_a.data_ptr(),
-            self.ring_dy.data_ptr(), self.ring_do.data_ptr(), self.ring_dh.data_ptr(),
-            self.dw_part.data_ptr(), self.hs_pre.data_ptr(), self.hs_a.data_ptr(),
-            self.hs_dh.data_ptr(), b.y_shared.data_ptr(), dw1.data_ptr(), dw2.data_ptr(),
-            ptr(dsw1), ptr(dsw2), ptr(self.wg_acc),
-            self.counters.data_ptr(), *fp8_ptrs, n, s.max_minibatches, rt.peers.hosted_ranks[i],
-            int(resident))
+        bufs = abi.pack(
+            abi.BWD_BUFFERS, table=b.table, row_weight=b.row_weight, meta=b.meta,
+            offsets=b.offsets, segs=self.segs, seg_start=self.seg_start, ring_x=b.ring_x,
+            ring_h=b.ring_h, ring_a=b.ring_a, ring_dy=self.ring_dy, ring_do=self.ring_do,
+            ring_dh=self.ring_dh, dw_part=self.dw_part, hs_pre=self.hs_pre, hs_a=self.hs_a,
+            hs_dh=self.hs_dh, dx_shared=b.y_shared, dw1=dw1, dw2=dw2, dsw1=dsw1, dsw2=dsw2,
+            wg_acc=self.wg_acc, counters=self.counters, **fp8_fields, n_tokens=n,
+            max_minibatches=s.max_minibatches, rank=rt.peers.hosted_ranks[i],
+            resident=int(resident))
         cuda.launch(self.f_bwd, rt.num_sms, 384, self.smem, st,
                     [cuda.Raw(maps_raw), f8, cuda.Raw(peers), cuda.Raw(bufs)], cooperative=True)
 
     def _fp8_operands(self, b, w1, w2):
-        """The fp8 backward's Fp8BwdMaps (by value) and BwdBuffers fields (ring_x8, ring_sx,
-        ring_dy8, ring_sdy, ring_dh8, ring_sdh, w1s, w2ts, w1ts); zeros for bf16 plans."""
+        """The fp8 backward's Fp8BwdMaps (by value) and its BwdBuffers fields; zero maps and
+        null pointers for bf16 plans."""
         rt, s, q = self.rt, self.rt.spec, self.rt.spec.scale_block
+        fields = ("ring_x8", "ring_sx", "ring_dy8", "ring_sdy", "ring_dh8", "ring_sdh", "w1s",
+                  "w2ts", "w1ts")
         if not q:
-            return cuda.Raw(bytes(12 * cuda.TENSOR_MAP_BYTES)), (0,) * 9
+            return (cuda.Raw(bytes(len(abi.FP8_BWD_MAPS) * abi.TENSOR_MAP_BYTES)),
+                    dict.fromkeys(fields, 0))
         L, D, I, M = s.local_experts, s.hidden, s.intermediate, s.macrobatch
         w, wt = rt.weights.get(w1, w2), rt.weights.transposed(w1, w2)
-        maps = rt.fp8_maps([(b.ring_x8, M, D), (w.w1, L * 2 * I, D), (self.ring_dy8, M, D),
-                            (wt.w2, L * I, D), (self.ring_dh8, M, 2 * I), (wt.w1, L * D, 2 * I)],
-                           [(b.ring_sx, D, M), (self.ring_sdy, D, M), (self.ring_sdh, 2 * I, M)],
-                           [(w.s1, D, L * 2 * I), (wt.s2, D, L * I), (wt.s1, 2 * I, L * D)])
-        blockwise = (w.s1.data_ptr(), wt.s2.data_ptr(), wt.s1.data_ptr()) if q == 128 \
-            else (0, 0, 0)
-        ptrs = (b.ring_x8.data_ptr(), b.ring_sx.data_ptr(), self.ring_dy8.data_ptr(),
-                self.ring_sdy.data_ptr(), self.ring_dh8.data_ptr(), self.ring_sdh.data_ptr(),
-                *blockwise)
-        return maps, ptrs
+        maps = rt.fp8_maps(abi.FP8_BWD_MAPS,
+                           {"ring_x": (b.ring_x8, M, D), "w1": (w.w1, L * 2 * I, D),
+                            "ring_dy": (self.ring_dy8, M, D), "w2t": (wt.w2, L * I, D),
+                            "ring_dh": (self.ring_dh8, M, 2 * I), "w1t": (wt.w1, L * D, 2 * I)},
+                           {"ring_sx": (b.ring_sx, D, M), "ring_sdy": (self.ring_sdy, D, M),
+                            "ring_sdh": (self.ring_sdh, 2 * I, M)},
+                           {"w1s": (w.s1, D, L * 2 * I), "w2ts": (wt.s2, D, L * I),
+                            "w1ts": (wt.s1, 2 * I, L * D)})
+        blockwise = q == 128
+        return maps, dict(ring_x8=b.ring_x8, ring_sx=b.ring_sx, ring_dy8=self.ring_dy8,
+                          ring_sdy=self.ring_sdy, ring_dh8=self.ring_dh8,
+                          ring_sdh=self.ring_sdh, w1s=w.s1 if blockwise else None,
+                          w2ts=wt.s2 if blockwise else None, w1ts=wt.s1 if blockwise else None)
 
 
 def _sum(ts):

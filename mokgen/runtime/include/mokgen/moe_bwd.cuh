@@ -44,7 +44,7 @@ enum BwdOp : int {
   kReplay = 5, kDgrad = 6, kDx = 7, kWgrad2 = 8, kWgrad1 = 9,       // routed
 };
 
-// Watchdog phases of the backward (runtime/moe.py names them).
+// Watchdog phases of the backward (runtime/abi.py names them; the build checks the numbers).
 enum BwdPhase : int {
   kPhaseSDgrad = 11, kPhaseSDx = 12, kPhaseSWgrad = 13, kPhaseReplay = 14, kPhaseDgrad = 15,
   kPhaseDx = 16, kPhaseWgrad = 17, kPhaseWgradOrder = 18, kPhaseBwdRingSlot = 19,

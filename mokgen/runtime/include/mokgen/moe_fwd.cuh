@@ -25,7 +25,7 @@ namespace mokgen {
 
 enum FwdOp : int { kSharedGateUp = 0, kSharedDown = 1, kGateUp = 2, kDown = 3 };
 
-// Watchdog phases of the forward (the host names them in its error).
+// Watchdog phases of the forward (runtime/abi.py names them; the build checks the numbers).
 enum FwdPhase : int { kPhaseSharedDown = 1, kPhaseGateUp = 2, kPhaseDown = 3, kPhaseRingSlot = 4 };
 
 // Plan constants. B = minibatch rows, SLOTS = ring slots (ring rows = B * SLOTS). Q: the

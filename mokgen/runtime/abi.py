@@ -1,0 +1,123 @@
+"""The host <-> device interface, described once.
+
+The kernels take structs by value (FwdBuffers, BwdBuffers, BwdMaps, Fp8Maps, Fp8BwdMaps) and
+report watchdog phases by number. This module is the one description of them: the host packs
+every struct from it by field name (`pack`, `pack_maps`: a missing or unknown name is an
+error, never a shifted field), and codegen renders from it the static_asserts that fail the
+build when a header's struct drifts (`mokgen.codegen.abi_checks`: offset of every field and
+the struct's size; the value of every phase constant). The runtime imports nothing from the
+compiler: codegen reads this module, not the other way round.
+"""
+from __future__ import annotations
+
+import struct
+
+# (field, kind): "ptr" (a device pointer, 8 bytes), "u64", "i32"; in declaration order.
+FWD_BUFFERS = (
+    ("table", "ptr"), ("row_weight", "ptr"), ("meta", "ptr"), ("offsets", "ptr"),
+    ("ring_x", "ptr"), ("ring_a", "ptr"), ("ring_h", "ptr"), ("h_shared", "ptr"),
+    ("y_shared", "ptr"), ("counters", "ptr"),
+    ("ring_x8", "ptr"), ("ring_a8", "ptr"), ("ring_sx", "ptr"), ("ring_sa", "ptr"),
+    ("w1s", "ptr"), ("w2s", "ptr"), ("xq_scales_at", "u64"),
+    ("n_tokens", "i32"), ("max_minibatches", "i32"), ("rank", "i32"),
+)
+BWD_BUFFERS = (
+    ("table", "ptr"), ("row_weight", "ptr"), ("meta", "ptr"), ("offsets", "ptr"),
+    ("segs", "ptr"), ("seg_start", "ptr"), ("ring_x", "ptr"), ("ring_h", "ptr"),
+    ("ring_a", "ptr"), ("ring_dy", "ptr"), ("ring_do", "ptr"), ("ring_dh", "ptr"),
+    ("dw_part", "ptr"), ("hs_pre", "ptr"), ("hs_a", "ptr"), ("hs_dh", "ptr"),
+    ("dx_shared", "ptr"), ("dw1", "ptr"), ("dw2", "ptr"), ("dsw1", "ptr"), ("dsw2", "ptr"),
+    ("wg_acc", "ptr"), ("counters", "ptr"),
+    ("ring_x8", "ptr"), ("ring_sx", "ptr"), ("ring_dy8", "ptr"), ("ring_sdy", "ptr"),
+    ("ring_dh8", "ptr"), ("ring_sdh", "ptr"), ("w1s", "ptr"), ("w2ts", "ptr"), ("w1ts", "ptr"),
+    ("n_tokens", "i32"), ("max_minibatches", "i32"), ("rank", "i32"), ("resident", "i32"),
+)
+# Tensor-map structs: CUtensorMap fields in declaration order. The forward's bf16 maps are
+# kernel parameters of their own (codegen renders the parameter list from FWD_MAPS).
+FWD_MAPS = ("x", "hs", "ring_x", "ring_a", "sw1", "sw2", "w1", "w2")
+BWD_MAPS = ("x_k", "sw1_k", "dy_k", "sw2_mn", "hs_dh_k", "sw1_mn", "dy_mn", "hs_a_mn",
+            "hs_dh_mn", "x_mn", "ring_x_k", "w1_k", "ring_dy_k", "w2_mn", "ring_dh_k", "w1_mn",
+            "ring_do_mn", "ring_a_mn", "ring_dh_mn", "ring_x_mn")
+FP8_MAPS = ("ring_x", "ring_a", "w1", "w2", "ring_sx", "ring_sa", "w1s", "w2s")
+FP8_BWD_MAPS = ("ring_x", "w1", "ring_dy", "w2t", "ring_dh", "w1t", "ring_sx", "ring_sdy",
+                "ring_sdh", "w1s", "w2ts", "w1ts")
+STRUCTS = {"FwdBuffers": FWD_BUFFERS, "BwdBuffers": BWD_BUFFERS}
+MAP_STRUCTS = {"BwdMaps": BWD_MAPS, "Fp8Maps": FP8_MAPS, "Fp8BwdMaps": FP8_BWD_MAPS}
+TENSOR_MAP_BYTES = 128
+
+# The watchdog's record (sync.cuh WatchWord) and the phases a wait reports (moe_fwd.cuh
+# FwdPhase, moe_bwd.cuh BwdPhase): constant -> (value, what was waiting).
+WATCH_WORDS, WATCH_MAGIC = 8, 0x57A7C400
+WATCH_FIELDS = ("kWatchCode", "kWatchRank", "kWatchPhase", "kWatchIndex", "kWatchValue",
+                "kWatchTarget", "kWatchBlock")
+FWD_PHASES = {
+    "kPhaseSharedDown": (1, "a shared-expert down tile waiting for its gate/up tiles "
+                            "(row tile {index})"),
+    "kPhaseGateUp": (2, "a gate/up tile waiting for minibatch {index}'s rows from the comm CTAs"),
+    "kPhaseDown": (3, "a down tile waiting for its gate/up tiles (row tile {index})"),
+    "kPhaseRingSlot": (4, "a comm CTA waiting for minibatch {index} to free its ring slot"),
+}
+BWD_PHASES = {
+    "kPhaseSDgrad": (11, "a shared-expert dgrad tile waiting for its gate/up recompute "
+                         "(row tile {index})"),
+    "kPhaseSDx": (12, "a shared-expert dx tile waiting for its dgrad tiles (row tile {index})"),
+    "kPhaseSWgrad": (13, "a shared-expert weight-gradient tile waiting for the activations"),
+    "kPhaseReplay": (14, "a replay tile waiting for minibatch {index}'s rows from the comm CTAs"),
+    "kPhaseDgrad": (15, "a dgrad tile waiting for minibatch {index}'s dy rows or its replay"),
+    "kPhaseDx": (16, "a dx tile waiting for minibatch {index}'s dgrad tiles"),
+    "kPhaseWgrad": (17, "a weight-gradient tile waiting for minibatch {index}'s dgrad tiles"),
+    "kPhaseWgradOrder": (18, "a weight-gradient tile waiting for the previous segment of its "
+                             "expert (tile {index})"),
+    "kPhaseBwdRingSlot": (19, "a backward comm CTA waiting for minibatch {index} to free its "
+                              "ring slot"),
+}
+PHASES = {**FWD_PHASES, **BWD_PHASES}
+BARRIER_PHASE = (100, "the rank barrier, waiting for peer rank {index}")  # sync.cuh barrier
+
+
+def phase_text(code: int) -> str:
+    for value, text in (*PHASES.values(), BARRIER_PHASE):
+        if value == code:
+            return text
+    return f"phase {code}"
+
+
+_FORMAT = {"ptr": "Q", "u64": "Q", "i32": "i"}
+
+
+def layout(fields) -> tuple[dict, int]:
+    """{field: byte offset} and the struct's size under the C ABI (natural alignment,
+    size rounded up to the largest member's alignment)."""
+    offsets, off, align = {}, 0, 1
+    for name, kind in fields:
+        size = struct.calcsize(_FORMAT[kind])
+        off = -(-off // size) * size
+        offsets[name] = off
+        off += size
+        align = max(align, size)
+    return offsets, -(-off // align) * align
+
+
+def pack(fields, **values) -> bytes:
+    """The struct's bytes from field values by name; a pointer may be given as a tensor or
+    None (a null pointer)."""
+    names = [n for n, _ in fields]
+    if set(values) != set(names):
+        missing, unknown = set(names) - set(values), set(values) - set(names)
+        raise ValueError(f"struct fields missing {sorted(missing)}, unknown {sorted(unknown)}")
+    offsets, size = layout(fields)
+    out = bytearray(size)
+    for name, kind in fields:
+        v = values[name]
+        if kind == "ptr" and not isinstance(v, int):
+            v = 0 if v is None else v.data_ptr()
+        struct.pack_into("<" + _FORMAT[kind], out, offsets[name], v)
+    return bytes(out)
+
+
+def pack_maps(names, maps: dict, encode) -> bytes:
+    """A tensor-map struct's bytes from maps by field name; `encode(map) -> 128 bytes`."""
+    if set(maps) != set(names):
+        raise ValueError(f"tensor maps missing {sorted(set(names) - set(maps))}, "
+                         f"unknown {sorted(set(maps) - set(names))}")
+    return b"".join(encode(maps[n]) for n in names)

@@ -1,0 +1,53 @@
+"""The host <-> device interface has one description (runtime/abi.py): the host packs by field
+name, and the generated sources assert the headers' layout against it (a drift fails nvcc)."""
+import shutil
+import subprocess
+
+import pytest
+
+from mokgen import codegen
+from mokgen.build import INCLUDE_DIR
+from mokgen.runtime import abi
+
+
+def test_pack_by_name_refuses_missing_and_unknown_fields():
+    fields = (("a", "ptr"), ("n", "i32"), ("m", "i32"))
+    assert abi.layout(fields) == ({"a": 0, "n": 8, "m": 12}, 16)
+    assert abi.layout((("a", "ptr"), ("n", "i32")))[1] == 16  # padded to the pointer
+    assert abi.pack(fields, a=None, n=1, m=2) == bytes(8) + (1).to_bytes(4, "little") + (
+        2).to_bytes(4, "little")
+    with pytest.raises(ValueError, match="missing \\['m'\\]"):
+        abi.pack(fields, a=0, n=1)
+    with pytest.raises(ValueError, match="unknown \\['x'\\]"):
+        abi.pack(fields, a=0, n=1, m=2, x=3)
+    with pytest.raises(ValueError, match="tensor maps missing"):
+        abi.pack_maps(("p", "q"), {"p": 1}, lambda m: bytes(128))
+
+
+def test_every_phase_has_a_message_and_unique_number():
+    values = [v for v, _ in abi.PHASES.values()] + [abi.BARRIER_PHASE[0]]
+    assert len(values) == len(set(values))
+    assert abi.phase_text(2).startswith("a gate/up tile") and abi.phase_text(77) == "phase 77"
+
+
+def _compile(unit: str, checks: str, tmp_path):
+    header = {"fwd": "moe_fwd.cuh", "bwd": "moe_bwd.cuh"}[unit]
+    src = tmp_path / f"{unit}.cu"
+    src.write_text(f'#include <cstddef>\n#include "mokgen/{header}"\n{checks}\n')
+    return subprocess.run(["nvcc", "-std=c++17", "--expt-relaxed-constexpr",
+                           "-gencode=arch=compute_90a,code=sm_90a", "-cubin", str(src), "-o",
+                           str(tmp_path / f"{unit}.cubin"), f"-I{INCLUDE_DIR}"],
+                          capture_output=True, text=True)
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_headers_match_the_description_and_a_drift_fails_the_build(tmp_path, monkeypatch):
+    for unit in ("fwd", "bwd"):
+        r = _compile(unit, codegen.abi_checks(unit), tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+    swapped = list(abi.FWD_BUFFERS)
+    swapped[0], swapped[1] = swapped[1], swapped[0]  # host would pack row_weight first
+    monkeypatch.setitem(abi.STRUCTS, "FwdBuffers", tuple(swapped))
+    r = _compile("fwd", codegen.abi_checks("fwd"), tmp_path)
+    assert r.returncode != 0 and "FwdBuffers.row_weight drifted" in r.stderr
