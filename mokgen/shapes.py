@@ -82,10 +82,11 @@ _PRESETS = {
     "glm-5.2": MoEShape(256, 6144, 2048, 8, name="glm-5.2"),
     "qwen3.5-397b-a17b": MoEShape(512, 4096, 1024, 10, name="qwen3.5-397b-a17b"),
     "deepseek-v4-pro": MoEShape(384, 7168, 3072, 6, name="deepseek-v4-pro"),
-    # Small shapes for tests: same structure, CPU-sized.
-    "tiny": MoEShape(8, 64, 32, 2, name="tiny"),
-    "small": MoEShape(16, 128, 64, 4, name="small"),
-    "small-noshared": MoEShape(16, 128, 64, 4, shared_experts=0, name="small-noshared"),
+    # Small shapes for tests: same structure, CPU-sized, and within the kernels' widths
+    # (mokgen.limits) so the same plans serve the interpreter and nvcc.
+    "tiny": MoEShape(8, 256, 128, 2, name="tiny"),
+    "small": MoEShape(16, 256, 256, 4, name="small"),
+    "small-noshared": MoEShape(16, 256, 256, 4, shared_experts=0, name="small-noshared"),
     "gpu-small": MoEShape(32, 1024, 512, 4, name="gpu-small"),
 }
 
