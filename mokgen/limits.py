@@ -40,8 +40,13 @@ def forward_width_rules(plan: "Plan") -> list[tuple[str, int, int, str]]:
     why_d = ("the forward pulls rows 32 lanes x 16 bytes at a time and its down tiles are "
              "256 wide")
     why_i = "gate/up tiles produce 128 columns of the SwiGLU output"
-    return [(f, v, 256, why_d) if f == "hidden" else (f, v, 128, why_i)
-            for f, v in _widths(plan)]
+    rules = [(f, v, 256, why_d) if f == "hidden" else (f, v, 128, why_i)
+             for f, v in _widths(plan)]
+    q = plan.scale_block
+    if q:  # the routed experts' K dimensions, in whole scale blocks (mokgen.quant)
+        why_q = f"{plan.dtype} scales every {q} elements along K"
+        rules += [(f, getattr(plan.shape, f), q, why_q) for f in ("hidden", "intermediate")]
+    return rules
 
 
 def backward_width_rules(plan: "Plan") -> list[tuple[str, int, int, str]]:
@@ -69,8 +74,10 @@ def violations(plan: "Plan") -> list[str]:
         if got is not None and got != want:
             out.append(f"{op} must be {want!r} (the only direction the kernels implement), "
                        f"got {got!r}")
+    broken = set()  # one sentence per field: its first rule broken
     for field, v, m, why in forward_width_rules(plan):
-        if v % m:
+        if v % m and field not in broken:
+            broken.add(field)
             out.append(f"{field} must be a multiple of {m} for the sm_90a kernels ({why}), "
                        f"got {v}")
     return out
