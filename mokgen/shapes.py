@@ -13,6 +13,8 @@ class MoEShape:
     """One MoE layer: E routed experts of width I, k routes per token, hidden size D.
 
     Weights follow nn.Linear: w1 [L, 2I, D] (gate rows then up rows), w2 [L, D, I].
+    `shared_experts` is 0 or 1: a model's n shared experts of width s are one of width n * s
+    (`shared_intermediate`), since their outputs are summed.
     """
 
     num_experts: int

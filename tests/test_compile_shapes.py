@@ -1,6 +1,7 @@
 """Shapes beyond the four main presets: random shapes either plan or are refused with a
-ValueError naming a kernel rule; a sample of the planned ones, and a few public models'
-presets, compile with nvcc, forward and backward, without spills (nvcc-marked tests)."""
+ValueError naming a kernel rule; a sample of the planned ones, every public model's preset
+the planner accepts and the routing extremes compile with nvcc, forward and backward, without
+spills (nvcc-marked tests)."""
 import functools
 import random
 import re
@@ -10,6 +11,8 @@ import pytest
 
 import mokgen
 from mokgen import codegen, limits
+from mokgen.shapes import PRESETS_MODELS
+from test_limits import REFUSED, ep_over_one
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 SEED = 16  # fixed: CI compiles the same sample every run
@@ -97,12 +100,29 @@ def test_sampled_random_shapes_compile_without_spills(i):
 
 @pytest.mark.nvcc
 @needs_nvcc
-@pytest.mark.parametrize("name,ep", [("qwen1.5-moe-a2.7b", 4), ("granite-3.0-3b-a800m", 8),
-                                     ("llama-4-scout", 1)])
-def test_model_presets_compile_without_spills(name, ep):
-    """60 experts (no backward: intermediate 1408), 40 experts over 8 ranks (5 local, k = 8),
-    and top-1 with a shared expert."""
-    layer = mokgen.compile(mokgen.shapes.get(name), ep=ep, tokens_per_rank=2048)
+@pytest.mark.parametrize("name", [n for n in PRESETS_MODELS if n not in REFUSED])
+def test_model_presets_compile_without_spills(name):
+    """Every public model's preset the planner accepts: models of 16 experts or fewer at ep 1
+    (one GPU holds them), the others at their largest ep <= 64; about 10 s each here."""
+    s = mokgen.shapes.get(name)
+    ep = 1 if s.num_experts <= 16 else ep_over_one(s.num_experts)
+    layer = mokgen.compile(s, ep=ep, tokens_per_rank=2048)
     want = ("prologue", "fwd") if limits.backward_unsupported(layer.plan) else \
         ("prologue", "fwd", "bwd")
     assert_builds_clean(layer, want)
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_routing_extremes_compile_without_spills():
+    """The prologue (routing, schedule) at the ends of the expert and top-k ranges: one expert,
+    33 (one lane-column past 32), 1024 with k = 32 (32 logits per lane)."""
+    from mokgen import build
+
+    plans = [mokgen.plan(mokgen.MoEShape(e, 256, 128, k), ep=ep, tokens_per_rank=256)
+             for e, k, ep in ((1, 1, 1), (33, 32, 3), (1024, 32, 8))]
+    kernels = [k for p in plans for k in codegen.emit(p, units=("prologue",))]
+    for b in build.build(kernels):
+        for fn, r in b.resources.items():
+            assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, \
+                (b.name, fn, r)
