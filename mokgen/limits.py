@@ -19,7 +19,8 @@ MAX_EXPERTS = 1024
 # Routes are tested up to 32 per token (route.cuh keeps a token's picks in registers).
 MAX_TOPK = 32
 # Every rank's peer pointers reach the kernels by value (the backward's BwdPeers: 32 bytes a
-# rank beside 4 KB of tensor maps), inside CUDA's 32 KB kernel-parameter space.
+# rank beside 4 KB of tensor maps), inside CUDA's 32 KB kernel-parameter space: ep 512
+# compiles, ep 1024 needs 37136 bytes.
 MAX_EP = 512
 # Row indices (the schedule table, ring positions, route ordinals) are 32-bit ints.
 MAX_ROUTED_ROWS = 2**31 - 1
