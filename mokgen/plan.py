@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 
 from . import hardware
+from .limits import backward_unsupported
 from .shapes import MoEShape
 
 DTYPES = ("bf16", "fp8", "mxfp8")
@@ -128,6 +129,7 @@ class Plan:
             ("expected replay rows", self.expected_replay_rows),
             ("fused quantization", ", ".join(self.quant_fused) or "none"),
             ("forced", ", ".join(self.forced) or "none"),
+            ("backward", f"no: {why}" if (why := backward_unsupported(self)) else "yes"),
         ]
         width = max(len(k) for k, _ in rows)
         lines = [f"{k:<{width}}  {v}" for k, v in rows]

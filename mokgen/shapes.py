@@ -13,6 +13,8 @@ class MoEShape:
     """One MoE layer: E routed experts of width I, k routes per token, hidden size D.
 
     Weights follow nn.Linear: w1 [L, 2I, D] (gate rows then up rows), w2 [L, D, I].
+    `shared_experts` is 0 or 1: a model's n shared experts of width s are one of width n * s
+    (`shared_intermediate`), since their outputs are summed.
     """
 
     num_experts: int
@@ -77,19 +79,74 @@ def _check_positive_int(field: str, value) -> None:
         raise ValueError(f"{field} must be a positive int, got {value!r}")
 
 
+def _hf(name: str, e: int, d: int, i: int, k: int, shared: int = 0) -> MoEShape:
+    """A public model's MoE layer from its config.json: routed experts, hidden_size, the
+    routed expert's intermediate size, experts per token, and the shared experts' total
+    intermediate size (0: none). n shared experts of width s are one of width n * s: their
+    outputs are summed, so the concatenated weights compute the same function."""
+    return MoEShape(e, d, i, k, shared_experts=int(shared > 0),
+                    shared_intermediate=shared or None, name=name)
+
+
 _PRESETS = {
     "kimi-k2.7": MoEShape(384, 7168, 2048, 8, name="kimi-k2.7"),
     "glm-5.2": MoEShape(256, 6144, 2048, 8, name="glm-5.2"),
     "qwen3.5-397b-a17b": MoEShape(512, 4096, 1024, 10, name="qwen3.5-397b-a17b"),
     "deepseek-v4-pro": MoEShape(384, 7168, 3072, 6, name="deepseek-v4-pro"),
-    # Small shapes for tests: same structure, CPU-sized.
-    "tiny": MoEShape(8, 64, 32, 2, name="tiny"),
-    "small": MoEShape(16, 128, 64, 4, name="small"),
-    "small-noshared": MoEShape(16, 128, 64, 4, shared_experts=0, name="small-noshared"),
+    # Public models, from huggingface.co/<repo>/blob/main/config.json (repo in the comment).
+    # These are layer shapes: mokgen's own router is softmax top-k renormalized (design.md);
+    # a model that routes otherwise (sigmoid scores, unnormalized or scaled weights) passes
+    # its routes to the layer (`routes=`), as mokgen.patch does for transformers models.
+    # Qwen/Qwen3-30B-A3B: num_experts, hidden_size, moe_intermediate_size, num_experts_per_tok
+    "qwen3-30b-a3b": _hf("qwen3-30b-a3b", 128, 2048, 768, 8),
+    # Qwen/Qwen3-235B-A22B
+    "qwen3-235b-a22b": _hf("qwen3-235b-a22b", 128, 4096, 1536, 8),
+    # Qwen/Qwen3-Next-80B-A3B-Instruct: + shared_expert_intermediate_size 512
+    "qwen3-next-80b-a3b": _hf("qwen3-next-80b-a3b", 512, 2048, 512, 10, shared=512),
+    # Qwen/Qwen1.5-MoE-A2.7B: shared_expert_intermediate_size 5632 (norm_topk_prob false)
+    "qwen1.5-moe-a2.7b": _hf("qwen1.5-moe-a2.7b", 60, 2048, 1408, 4, shared=5632),
+    # deepseek-ai/DeepSeek-V2-Lite: n_routed_experts, moe_intermediate_size, n_shared_experts 2
+    "deepseek-v2-lite": _hf("deepseek-v2-lite", 64, 2048, 1408, 6, shared=2 * 1408),
+    # deepseek-ai/DeepSeek-V2: n_shared_experts 2 (group-limited routing)
+    "deepseek-v2": _hf("deepseek-v2", 160, 5120, 1536, 6, shared=2 * 1536),
+    # deepseek-ai/DeepSeek-V3: n_shared_experts 1 (sigmoid, group-limited routing)
+    "deepseek-v3": _hf("deepseek-v3", 256, 7168, 2048, 8, shared=2048),
+    # zai-org/GLM-4.5-Air: n_routed_experts, moe_intermediate_size, n_shared_experts 1 (sigmoid)
+    "glm-4.5-air": _hf("glm-4.5-air", 128, 4096, 1408, 8, shared=1408),
+    # mistralai/Mixtral-8x7B-v0.1: num_local_experts, intermediate_size
+    "mixtral-8x7b": _hf("mixtral-8x7b", 8, 4096, 14336, 2),
+    # mistralai/Mixtral-8x22B-v0.1
+    "mixtral-8x22b": _hf("mixtral-8x22b", 8, 6144, 16384, 2),
+    # allenai/OLMoE-1B-7B-0924: num_experts, intermediate_size (norm_topk_prob false)
+    "olmoe-1b-7b": _hf("olmoe-1b-7b", 64, 2048, 1024, 8),
+    # openai/gpt-oss-20b: num_local_experts, intermediate_size, num_experts_per_tok. Shape only:
+    # its experts are a clamped SwiGLU with biases, not mokgen's SwiGLU.
+    "gpt-oss-20b": _hf("gpt-oss-20b", 32, 2880, 2880, 4),
+    # openai/gpt-oss-120b: shape only, as gpt-oss-20b
+    "gpt-oss-120b": _hf("gpt-oss-120b", 128, 2880, 2880, 4),
+    # meta-llama/Llama-4-Scout-17B-16E (text_config): num_local_experts, intermediate_size,
+    # one shared expert of intermediate_size (sigmoid router weight)
+    "llama-4-scout": _hf("llama-4-scout", 16, 5120, 8192, 1, shared=8192),
+    # meta-llama/Llama-4-Maverick-17B-128E (text_config); every other layer is MoE
+    "llama-4-maverick": _hf("llama-4-maverick", 128, 5120, 8192, 1, shared=8192),
+    # ibm-granite/granite-3.0-3b-a800m-base: num_local_experts, intermediate_size
+    "granite-3.0-3b-a800m": _hf("granite-3.0-3b-a800m", 40, 1536, 512, 8),
+    # microsoft/Phi-3.5-MoE-instruct: num_local_experts, intermediate_size (sparsemixer router)
+    "phi-3.5-moe": _hf("phi-3.5-moe", 16, 4096, 6400, 2),
+    # databricks/dbrx-base: ffn_config moe_num_experts, ffn_hidden_size, moe_top_k; d_model
+    "dbrx": _hf("dbrx", 16, 6144, 10752, 4),
+    # Small shapes for tests: same structure, CPU-sized, and within the kernels' widths
+    # (mokgen.limits) so the same plans serve the interpreter and nvcc.
+    "tiny": MoEShape(8, 256, 128, 2, name="tiny"),
+    "small": MoEShape(16, 256, 256, 4, name="small"),
+    "small-noshared": MoEShape(16, 256, 256, 4, shared_experts=0, name="small-noshared"),
     "gpu-small": MoEShape(32, 1024, 512, 4, name="gpu-small"),
 }
 
 PRESETS_MAIN = ("kimi-k2.7", "glm-5.2", "qwen3.5-397b-a17b", "deepseek-v4-pro")
+# The public models above, in the order of the table.
+PRESETS_MODELS = tuple(n for n in _PRESETS if n not in PRESETS_MAIN
+                       and n not in ("tiny", "small", "small-noshared", "gpu-small"))
 
 
 def names() -> list[str]:

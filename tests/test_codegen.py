@@ -21,12 +21,16 @@ def test_render_instantiates_plan_constants():
     assert f"/*COMM*/ {p.comm_sms_fwd}" in fwd and p.key() in fwd
 
 
-def test_unsupported_plans_are_refused():
+def test_unsupported_plans_are_refused_by_the_planner_and_by_emit():
     s = mokgen.shapes.get("glm-5.2")
-    with pytest.raises(ValueError, match="dispatch"):
-        codegen.emit(mokgen.plan(s, ep=8, dispatch="push"))
-    with pytest.raises(ValueError, match="multiple of 128"):
-        codegen.emit(mokgen.plan(mokgen.MoEShape(8, 64, 32, 2), ep=2))
+    with pytest.raises(ValueError, match="dispatch must be 'pull'"):
+        mokgen.plan(s, ep=8, dispatch="push")
+    with pytest.raises(ValueError, match="intermediate must be a multiple of 128"):
+        mokgen.plan(mokgen.MoEShape(8, 256, 32, 2), ep=2)
+    # a plan that skipped the planner's check (built by hand, read from JSON) is refused too
+    bad = mokgen.plan(s, ep=8).replace(shape=mokgen.MoEShape(256, 6144, 2000, 8))
+    with pytest.raises(ValueError, match="intermediate must be a multiple of 128"):
+        codegen.emit(bad)
 
 
 def test_parse_ptxas_report():

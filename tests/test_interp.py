@@ -47,7 +47,10 @@ def run_both(shape, R, N, g, skew=False, **overrides):
     for r in range(R):
         assert rel(ys[r], yr[r]) <= 1e-5
         assert rel(grads["dx"][r], xr[r].grad) <= 1e-5
-        assert rel(grads["dlogits"][r], zr[r].grad) <= 1e-5
+        if shape.topk > 1:
+            assert rel(grads["dlogits"][r], zr[r].grad) <= 1e-5
+        else:  # one route's weight is 1 whatever the logits: their gradient is rounding only
+            assert max(grads["dlogits"][r].abs().max(), zr[r].grad.abs().max()) <= 1e-4
     assert rel(torch.cat(grads["dw1"]), leaves[0].grad) <= 1e-5
     assert rel(torch.cat(grads["dw2"]), leaves[1].grad) <= 1e-5
     if sw1 is not None:

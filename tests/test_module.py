@@ -7,7 +7,7 @@ import mokgen
 from mokgen import ops
 from mokgen.reference import ReferenceMoE
 
-SHAPE = mokgen.shapes.get("small")  # E=16 D=128 I=64 k=4, shared expert
+SHAPE = mokgen.shapes.get("small")  # E=16 D=256 I=256 k=4, shared expert
 
 
 def rel(a, b):

@@ -54,6 +54,20 @@ def test_matches_brute_force(R, kind, rng):
         assert torch.equal(table, want)
 
 
+@pytest.mark.parametrize("R,L,k", [(1, 60, 8), (4, 15, 4), (8, 5, 8), (6, 10, 1), (3, 1, 1)])
+def test_any_local_expert_count(R, L, k, rng):
+    """Local expert counts that are not powers of two (Qwen1.5-MoE's 60 over 4 ranks is 15),
+    and fewer local experts than routes per token."""
+    routes = make_routes("random", R, 20, k, R * L, rng)
+    for rank in sorted({0, R - 1}):
+        want = brute_force(routes, rank, L)
+        assert torch.equal(dispatch_schedule(routes, rank, L).table, want)
+        r, j, p = dispatch_positions(routes, rank, L)
+        table = torch.empty_like(want)
+        table[p, 0], table[p, 1] = r, j
+        assert torch.equal(table, want)
+
+
 def test_skewed_all_on_one_expert(rng):
     R, N, k, L = 4, 16, 2, 2
     routes = make_routes("skewed", R, N, k, R * L, rng)

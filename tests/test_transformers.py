@@ -10,24 +10,25 @@ transformers = pytest.importorskip("transformers")
 import mokgen  # noqa: E402
 from mokgen.integrations.transformers import PatchedMoEBlock, patch  # noqa: E402
 
-COMMON = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+# Widths within the kernels' rules (mokgen.limits): mokgen.plan refuses others, whatever the backend.
+COMMON = dict(vocab_size=128, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2)
 
 
 def qwen3(norm=True):
-    return transformers.Qwen3MoeConfig(**COMMON, intermediate_size=128, moe_intermediate_size=32,
+    return transformers.Qwen3MoeConfig(**COMMON, intermediate_size=128, moe_intermediate_size=128,
                                        num_experts=8, num_experts_per_tok=2, head_dim=16,
                                        norm_topk_prob=norm)
 
 
 def mixtral():
-    return transformers.MixtralConfig(**COMMON, intermediate_size=32, num_local_experts=8,
+    return transformers.MixtralConfig(**COMMON, intermediate_size=128, num_local_experts=8,
                                       num_experts_per_tok=2, head_dim=16)
 
 
 def deepseek():
     return transformers.DeepseekV3Config(
-        **COMMON, intermediate_size=128, moe_intermediate_size=32, n_routed_experts=8,
+        **COMMON, intermediate_size=128, moe_intermediate_size=128, n_routed_experts=8,
         n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
         first_k_dense_replace=1, routed_scaling_factor=2.5, kv_lora_rank=16, q_lora_rank=32,
         qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16)
@@ -57,7 +58,7 @@ def test_patched_blocks_and_model_match_the_originals(family):
     names = patch(patched, backend="reference")
     assert names and all(isinstance(patched.get_submodule(n), PatchedMoEBlock) for n in names)
     assert patched.state_dict().keys() == model.state_dict().keys()  # checkpoints still load
-    x = torch.randn(2, 9, 64)
+    x = torch.randn(2, 9, COMMON["hidden_size"])
     for name in names:
         assert rel(patched.get_submodule(name)(x), model.get_submodule(name)(x)) <= 1e-5
     ids = torch.randint(0, 128, (2, 12))

@@ -22,9 +22,11 @@ struct RouteTables {
 template <int E, int K>
 __device__ void route_tokens(const float* __restrict__ logits, int n_tokens, int rank,
                              int* const* peer_routes, float* const* peer_weights, int ranks) {
-  static_assert(E % 32 == 0 || E < 32, "experts must be < 32 or a multiple of 32");
+  // Lane l holds experts l, l + 32, ...; when 32 does not divide E the last column's lanes
+  // past E hold -inf and are never candidates (the e < E test below), so any E works.
   constexpr int PER_LANE = (E + 31) / 32;
-  static_assert(PER_LANE <= 32, "the picked-expert mask is one 32-bit word per lane");
+  static_assert(PER_LANE <= 32, "at most 1024 experts: the picked-expert mask is one 32-bit "
+                                "word per lane (mokgen.limits refuses more at plan time)");
   const int lane = threadIdx.x % 32;
   const int warps = gridDim.x * blockDim.x / 32;
   for (int t = (blockIdx.x * blockDim.x + threadIdx.x) / 32; t < n_tokens; t += warps) {

@@ -1,0 +1,100 @@
+"""What the sm_90a kernels implement today, as rules on a Plan: the one place they live.
+
+`check(plan)` raises a ValueError naming the field and the rule for anything the compiled layer
+cannot run; `mokgen.plan` calls it last and codegen again before it emits, so nvcc never sees
+a plan the planner accepted and then fails. `backward_unsupported(plan)` says why a plan whose
+forward runs gets no backward kernel (None when it gets one); the plan's table shows it.
+Kernels that learn edge tiles relax the width rules here and nowhere else.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .plan import Plan
+
+# route.cuh: one warp per token, lane l holding the logits of experts l, l + 32, ... and a
+# 32-bit mask of the ones already picked, so 32 * 32 experts at most.
+MAX_EXPERTS = 1024
+# Routes are tested up to 32 per token (route.cuh keeps a token's picks in registers).
+MAX_TOPK = 32
+# Every rank's peer pointers reach the kernels by value (the backward's BwdPeers: 32 bytes a
+# rank beside 4 KB of tensor maps), inside CUDA's 32 KB kernel-parameter space: ep 512
+# compiles, ep 1024 needs 37136 bytes.
+MAX_EP = 512
+# Row indices (the schedule table, ring positions, route ordinals) are 32-bit ints.
+MAX_ROUTED_ROWS = 2**31 - 1
+# The comm directions the kernels implement (moe_fwd.cuh, moe_bwd.cuh); the plan's other
+# directions exist for the cost model (passes.comm_direction) only.
+DIRECTIONS = {"dispatch": "pull", "combine": "push", "reverse_combine": "pull",
+              "reverse_dispatch": "push"}
+
+
+def _widths(plan: "Plan") -> list[tuple[str, int]]:
+    s = plan.shape
+    return [("hidden", s.hidden), ("intermediate", s.intermediate)] + \
+        ([("shared_intermediate", s.shared_dim)] if s.shared_experts else [])
+
+
+def forward_width_rules(plan: "Plan") -> list[tuple[str, int, int, str]]:
+    """(field, value, multiple it must be, why) for the forward and the prologue."""
+    why_d = ("the forward pulls rows 32 lanes x 16 bytes at a time and its down tiles are "
+             "256 wide")
+    why_i = "gate/up tiles produce 128 columns of the SwiGLU output"
+    rules = [(f, v, 256, why_d) if f == "hidden" else (f, v, 128, why_i)
+             for f, v in _widths(plan)]
+    q = plan.scale_block
+    if q:  # the routed experts' K dimensions, in whole scale blocks (mokgen.quant)
+        why_q = f"{plan.dtype} scales every {q} elements along K"
+        rules += [(f, getattr(plan.shape, f), q, why_q) for f in ("hidden", "intermediate")]
+    return rules
+
+
+def backward_width_rules(plan: "Plan") -> list[tuple[str, int, int, str]]:
+    why = "the backward's dgrad and dx tiles are 256 wide"
+    return [(f, v, 256, why) for f, v in _widths(plan)]
+
+
+def violations(plan: "Plan") -> list[str]:
+    """Every rule of the compiled layer (its forward) that `plan` breaks, as sentences."""
+    s, out = plan.shape, []
+    if s.num_experts > MAX_EXPERTS:
+        out.append(f"num_experts must be <= {MAX_EXPERTS} (routing keeps E/32 logits and a "
+                   f"32-bit picked mask per lane of one warp), got {s.num_experts}")
+    if s.topk > MAX_TOPK:
+        out.append(f"topk must be <= {MAX_TOPK}, got {s.topk}")
+    if plan.ep > MAX_EP:
+        out.append(f"ep must be <= {MAX_EP} (every rank's peer pointers are kernel "
+                   f"parameters, 32 KB at most), got {plan.ep}")
+    rows = plan.ep * plan.tokens_per_rank * s.topk
+    if rows > MAX_ROUTED_ROWS:
+        out.append(f"ep * tokens_per_rank * topk must be < 2**31 (32-bit row indices), "
+                   f"got {rows}")
+    for op, want in DIRECTIONS.items():
+        got = getattr(plan, op)
+        if got is not None and got != want:
+            out.append(f"{op} must be {want!r} (the only direction the kernels implement), "
+                       f"got {got!r}")
+    broken = set()  # one sentence per field: its first rule broken
+    for field, v, m, why in forward_width_rules(plan):
+        if v % m and field not in broken:
+            broken.add(field)
+            out.append(f"{field} must be a multiple of {m} for the sm_90a kernels ({why}), "
+                       f"got {v}")
+    return out
+
+
+def check(plan: "Plan") -> None:
+    """Raise ValueError listing every rule the compiled layer breaks (nothing: it can run)."""
+    bad = violations(plan)
+    if bad:
+        raise ValueError("; ".join(bad))
+
+
+def backward_unsupported(plan: "Plan") -> str | None:
+    """Why the backward kernel can't be built for a plan that passes `check` (None: it
+    can). Such a plan still gets its forward."""
+    for field, v, m, why in backward_width_rules(plan):
+        if v % m:
+            return f"the backward kernel needs {field} to be a multiple of {m} ({why}), got {v}"
+    return None

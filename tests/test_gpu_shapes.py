@@ -1,0 +1,61 @@
+"""Expert counts that are not multiples of 32 and top-k 1, 4, 8 on the GPU, forward and
+backward against the reference, on fresh random inputs with poisoned outputs (marked gpu)."""
+import dataclasses
+
+import pytest
+import torch
+
+import mokgen
+from mokgen.workloads import make_inputs, reference_grads, reference_outputs, rel_error
+from test_gpu_backward import check, grads_of
+
+pytestmark = pytest.mark.gpu
+
+
+def reduced(e: int, k: int) -> mokgen.MoEShape:
+    """40 experts: Granite-3.0-3B-A800M's layer (D 1536, I 512, no shared expert) with top-k
+    k. 60 experts: Qwen1.5-MoE-A2.7B's count and shared expert, at widths that have a backward
+    kernel (its intermediate 1408 has none yet: test_qwen15_moe_forward_at_its_widths)."""
+    if e == 40:
+        return dataclasses.replace(mokgen.shapes.get("granite-3.0-3b-a800m"), topk=k)
+    return mokgen.MoEShape(60, 1024, 512, k, shared_intermediate=1024, name="qwen1.5-reduced")
+
+
+def check_forward(shape, layer, inputs):
+    layer.runtime().poison()
+    ys = layer(**inputs)
+    torch.cuda.synchronize()
+    for r, (y, want) in enumerate(zip(ys, reference_outputs(shape, inputs))):
+        assert not y.isnan().any(), f"rank {r}: unwritten (NaN) output elements"
+        assert rel_error(y, want) <= 1e-2, f"rank {r}: rel. error {rel_error(y, want):.3e}"
+
+
+# (E, k, ep): local experts 60, 15, 30, 5 (< k = 8 too), 40, 5
+@pytest.mark.parametrize("e,k,ep", [(60, 1, 1), (60, 4, 4), (60, 8, 2), (40, 1, 8), (40, 4, 1),
+                                    (40, 8, 8)])
+def test_odd_expert_counts_forward_and_backward(e, k, ep):
+    shape, tokens = reduced(e, k), 333
+    layer = mokgen.compile(shape, ep=ep, tokens_per_rank=tokens, virtual=True)
+    inputs = make_inputs(shape, ep, tokens)
+    check_forward(shape, layer, inputs)
+    dys = [torch.randn_like(x) for x in inputs["x"]]
+    layer.runtime().poison()
+    layer.backward_runtime().poison()
+    ours = grads_of(layer, inputs, dys)
+    torch.cuda.synchronize()
+    layer.synchronize()
+    ref = reference_grads(shape, inputs, dys)
+    if k == 1:  # one route's weight is 1 whatever the logits: their gradient is zero
+        for r, g in enumerate(ours.pop("router_logits")):
+            assert g is not None and g.abs().max() <= 1e-3, f"router_logits[{r}]"
+        ref.pop("router_logits")
+    check(ours, ref)
+
+
+def test_qwen15_moe_forward_at_its_widths():
+    """60 experts with Qwen1.5-MoE-A2.7B's own widths (I 1408, shared 5632): a forward, and
+    no backward kernel (the plan says why)."""
+    shape = mokgen.shapes.get("qwen1.5-moe-a2.7b")
+    layer = mokgen.compile(shape, ep=4, tokens_per_rank=200, virtual=True)
+    assert "bwd" not in layer.binaries
+    check_forward(shape, layer, make_inputs(shape, 4, 200))

@@ -1,0 +1,87 @@
+"""The kernels' rules at plan time (mokgen.limits) and the public models' presets (CPU)."""
+import re
+
+import pytest
+
+import mokgen
+from mokgen import codegen, limits
+from mokgen.shapes import PRESETS_MODELS, get
+
+# Presets the kernels refuse today, with the field that says why; kernels that learn edge
+# tiles empty this.
+REFUSED = {"gpt-oss-20b": "hidden", "gpt-oss-120b": "hidden"}
+
+
+def backward_row(plan, text: str):
+    """The plan table's backward row, if it starts with `text`."""
+    return re.search(rf"^backward +{re.escape(text)}", str(plan), re.M)
+
+
+def ep_over_one(e: int) -> int:
+    """The largest ep <= 64 (an EP-64 deployment at most) dividing E, above 1."""
+    return max(d for d in range(2, min(e, 64) + 1) if e % d == 0)
+
+
+@pytest.mark.parametrize("name", PRESETS_MODELS)
+def test_every_model_preset_plans_at_ep1_and_ep_over_one(name):
+    s = get(name)
+    for ep in (1, ep_over_one(s.num_experts)):
+        if name in REFUSED:
+            with pytest.raises(ValueError, match=f"{REFUSED[name]} must be a multiple of"):
+                mokgen.plan(s, ep=ep)
+            continue
+        p = mokgen.plan(s, ep=ep, tokens_per_rank=4096)
+        assert p.local_experts * ep == s.num_experts
+        assert bool(backward_row(p, "yes")) == (limits.backward_unsupported(p) is None)
+
+
+def test_model_presets_numbers():
+    assert len(PRESETS_MODELS) >= 12
+    assert set(PRESETS_MODELS).isdisjoint(mokgen.shapes.PRESETS_MAIN)
+    want = {  # E, D, I, k, shared intermediate (config.json; see mokgen/shapes.py)
+        "qwen3-30b-a3b": (128, 2048, 768, 8, 0), "qwen3-235b-a22b": (128, 4096, 1536, 8, 0),
+        "qwen1.5-moe-a2.7b": (60, 2048, 1408, 4, 5632),
+        "deepseek-v2-lite": (64, 2048, 1408, 6, 2816), "deepseek-v3": (256, 7168, 2048, 8, 2048),
+        "mixtral-8x7b": (8, 4096, 14336, 2, 0), "mixtral-8x22b": (8, 6144, 16384, 2, 0),
+        "olmoe-1b-7b": (64, 2048, 1024, 8, 0), "gpt-oss-20b": (32, 2880, 2880, 4, 0),
+        "llama-4-scout": (16, 5120, 8192, 1, 8192), "granite-3.0-3b-a800m": (40, 1536, 512, 8, 0),
+    }
+    for name, numbers in want.items():
+        s = get(name)
+        assert (s.num_experts, s.hidden, s.intermediate, s.topk, s.shared_dim) == numbers, name
+        assert s.name == name
+
+
+@pytest.mark.parametrize("e,k,ep", [(60, 1, 1), (60, 4, 4), (60, 8, 6), (40, 8, 8), (40, 32, 2),
+                                    (1, 1, 1), (7, 7, 7), (1000, 32, 8), (1024, 10, 512)])
+def test_any_expert_count_and_topk_up_to_32_plan(e, k, ep):
+    p = mokgen.plan(mokgen.MoEShape(e, 512, 256, k), ep=ep, tokens_per_rank=256)
+    assert p.local_experts == e // ep and limits.backward_unsupported(p) is None
+
+
+@pytest.mark.parametrize("shape,kw,match", [
+    (mokgen.MoEShape(1025, 512, 256, 8), {}, "num_experts must be <= 1024"),
+    (mokgen.MoEShape(64, 512, 256, 33), {}, "topk must be <= 32"),
+    (mokgen.MoEShape(1024, 512, 256, 8), dict(ep=1024), "ep must be <= 512"),
+    (mokgen.MoEShape(64, 512, 256, 32), dict(ep=64, tokens_per_rank=2**20), "32-bit"),
+    (mokgen.MoEShape(64, 384, 256, 8), {}, "hidden must be a multiple of 256"),
+    (mokgen.MoEShape(64, 512, 192, 8), {}, "intermediate must be a multiple of 128"),
+    (mokgen.MoEShape(64, 512, 256, 8, shared_intermediate=80), {},
+     "shared_intermediate must be a multiple of 128"),
+    (mokgen.MoEShape(64, 512, 256, 8), dict(combine="pull"), "combine must be 'push'"),
+    (mokgen.MoEShape(64, 512, 256, 8), dict(reverse_combine="push"),
+     "reverse_combine must be 'pull'"),
+])
+def test_every_kernel_rule_is_a_plan_time_error_naming_the_field(shape, kw, match):
+    with pytest.raises(ValueError, match=match):
+        mokgen.plan(shape, **(dict(ep=1, tokens_per_rank=256) | kw))
+
+
+def test_backward_support_is_in_the_plan_table_and_decides_the_units():
+    yes = mokgen.plan(get("granite-3.0-3b-a800m"), ep=8)
+    no = mokgen.plan(get("qwen1.5-moe-a2.7b"), ep=4)
+    assert backward_row(yes, "yes")
+    assert backward_row(no, "no: the backward kernel needs intermediate to be a multiple of 256")
+    names = lambda p: sorted(k.name.split("_")[0] for k in codegen.emit(p))  # noqa: E731
+    assert names(yes) == ["bwd", "fwd", "prologue"] and names(no) == ["fwd", "prologue"]
+    assert codegen.backward_unsupported(no) == limits.backward_unsupported(no)
