@@ -17,7 +17,7 @@ BLOCK_N = 128  # output columns per tile in both GEMMs
 def minibatch_cost(plan: Plan, b: int, gpu: hardware.GPU) -> float:
     s = plan.shape
     rows = plan.tokens_per_rank * s.topk
-    compute_sms = gpu.num_sms - plan.comm_sms_fwd
+    compute_sms = plan.num_sms - plan.comm_sms_fwd  # num_sms: CTAs, after any reserve
     rate = (gpu.fp8_flops if plan.scale_block == 128 else gpu.bf16_flops) / gpu.num_sms
     waste = gpu.flag_latency
     # (tiles, FLOPs per tile) of the gate/up GEMM and the down GEMM of one minibatch
@@ -61,5 +61,5 @@ def predict_forward_s(plan: Plan) -> float:
     rate = gpu.fp8_flops if plan.scale_block == 128 else gpu.bf16_flops
     link = gpu.nvlink_bw if plan.ep > 1 else gpu.hbm_bw / 2
     t_comm = moved / min(link, plan.comm_sms_fwd * gpu.copy_bw_per_sm)
-    t_comp = flops / (rate * (gpu.num_sms - plan.comm_sms_fwd) / gpu.num_sms)
+    t_comp = flops / (rate * (plan.num_sms - plan.comm_sms_fwd) / gpu.num_sms)
     return max(t_comm, t_comp) + minibatch_cost(plan, plan.minibatch, gpu)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from . import cuda
+from .checks import check_ctas
 from .peers import PeerSet
 
 BF16 = torch.bfloat16
@@ -117,6 +118,9 @@ class ForwardRuntime:
         self.fwd_smem = struct.unpack("<i", cuda.read_global(fwd, "mokgen_fwd_smem_bytes"))[0]
         self.f_fwd = fwd.function("mokgen_fwd", self.fwd_smem)
         self.num_sms = torch.cuda.get_device_properties(self.dev).multi_processor_count
+        # the plan's CTA count (SMs less its reserve for collectives), compiled into the cubin
+        self.fwd_ctas = check_ctas("forward", struct.unpack(
+            "<i", cuda.read_global(fwd, "mokgen_fwd_ctas"))[0], self.num_sms)
         self.modules = []
         self.watch = cuda.HostMapped(4 * WATCH_WORDS)
         self.watchdog_s = watchdog_s
@@ -314,7 +318,7 @@ class ForwardRuntime:
                            b.h_shared.data_ptr(), b.y_shared.data_ptr(),
                            b.counters.data_ptr(), *fp8_ptrs, n, s.max_minibatches,
                            self.peers.hosted_ranks[i])
-        cuda.launch(self.f_fwd, self.num_sms, 384, self.fwd_smem, self._stream(),
+        cuda.launch(self.f_fwd, self.fwd_ctas, 384, self.fwd_smem, self._stream(),
                     maps + [f8, peer_table, cuda.Raw(bufs)], cooperative=True)
 
     def _fp8_operands(self, b, w1, w2):

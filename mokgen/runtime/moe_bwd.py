@@ -13,6 +13,7 @@ import struct
 import torch
 
 from . import cuda
+from .checks import check_ctas
 
 BF16 = torch.bfloat16
 BN, BM = 256, 128  # GemmCfg<256, 4> of bwd.cu.j2
@@ -26,6 +27,8 @@ class BackwardPass:
         rt.adopt_module(mod)
         self.smem = struct.unpack("<i", cuda.read_global(mod, "mokgen_bwd_smem_bytes"))[0]
         self.f_bwd = mod.function("mokgen_bwd", self.smem)
+        self.ctas = check_ctas("backward", struct.unpack(  # the plan's CTAs (after its reserve)
+            "<i", cuda.read_global(mod, "mokgen_bwd_ctas"))[0], rt.num_sms)
         self.f_segments = rt.modules[0].function("mokgen_sched_segments")
         dev, M, D, I, N = rt.dev, s.macrobatch, s.hidden, s.intermediate, s.tokens_per_rank
         IS, L = max(s.shared_dim, 64), s.local_experts
@@ -159,7 +162,7 @@ class BackwardPass:
             ptr(dsw1), ptr(dsw2), self.wg_acc.data_ptr(),
             self.counters.data_ptr(), *fp8_ptrs, n, s.max_minibatches, rt.peers.hosted_ranks[i],
             int(resident))
-        cuda.launch(self.f_bwd, rt.num_sms, 384, self.smem, st,
+        cuda.launch(self.f_bwd, self.ctas, 384, self.smem, st,
                     [cuda.Raw(maps_raw), f8, cuda.Raw(peers), cuda.Raw(bufs)], cooperative=True)
 
     def _fp8_operands(self, b, w1, w2):
