@@ -30,6 +30,9 @@ def constants(plan: Plan) -> dict:
 
 def check_supported(plan: Plan) -> None:
     """What the Hopper kernels implement today; say so instead of emitting wrong code."""
+    if plan.arch != "sm_90a":
+        raise ValueError(f"the kernels are built for sm_90a (Hopper) only, got a plan for "
+                         f"{plan.gpu} ({plan.arch}); such plans serve mokgen.simulate")
     if (plan.dispatch, plan.combine) != ("pull", "push"):
         raise ValueError("the forward kernel implements dispatch='pull', combine='push' only, "
                          f"got dispatch={plan.dispatch!r}, combine={plan.combine!r}")
