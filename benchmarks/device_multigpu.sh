@@ -42,8 +42,8 @@ for R in $SIZES; do
 done
 cp "$OUT"/moe_layer_multigpu_R*.json "$OUT"/fsdp_overlap_R*.json benchmarks/results/ 2>/dev/null
 echo "== simulator (h200-nvl8) vs measured"
-python3 -m mokgen simulate --validate --results "$OUT" | tail -12 \
-  | tee "$OUT/simulate_validate.txt"
+python3 -m mokgen simulate --validate --results "$OUT" | tee "$OUT/simulate_validate.txt" \
+  | tail -4
 echo "== summary"
 python3 - "$OUT" <<'EOF'
 import glob, json, sys
