@@ -10,7 +10,8 @@ training step (forward + backward) of one rank's load (benchmarks/multigpu.py's 
   layer_ms    the layer's call alone
   gather_ms   all_gather_into_tensor of --gather-mib MiB per rank alone, on a side stream
   overlap_ms  the gather issued on the side stream just before the layer call, until both end
-  target_ms   layer_ms + 0.15 * gather_ms (issue #19's target for overlap_ms)
+  target_ms   layer_ms + 0.15 * gather_ms (issue #19's target for overlap_ms); and
+              target_vs_reserve0_ms, the same from the layer's time with every SM
   hidden      (layer_ms + gather_ms - overlap_ms) / gather_ms: the share of the gather hidden
 The gather runs on its own process group whose NCCL config caps its CTAs at the reserve
 (`ProcessGroupNCCL.Options().config.max_ctas`; reserve 0: NCCL's default), as a user running
@@ -162,6 +163,10 @@ def main():
         rows += run(args, reserve, inputs, args.gather_mib)
         if rank == 0:
             print(json.dumps(rows[-2]), json.dumps(rows[-1]), sep="\n", flush=True)
+    full = {r["mode"]: r["layer_ms"] for r in rows if r["reserve_sms"] == 0}
+    for r in rows:  # the stricter reading: against the layer with every SM
+        if r["mode"] in full:
+            r["target_vs_reserve0_ms"] = full[r["mode"]] + 0.15 * r["gather_ms"]
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, f"fsdp_overlap_R{R}.json")
