@@ -7,9 +7,10 @@
 #   4. benchmarks/fsdp_overlap.py (a 256 MiB all-gather beside the layer, reserve 0 and 16)
 #   5. a short table: the results, and the simulator's error against them
 # JSON and logs go to $OUT (and benchmarks/results/). NVLink multicast stays off.
-# Usage: MOKGEN_COMMIT=<sha> bash benchmarks/device_multigpu.sh [tokens, default 2048,4096]
-# Expected: ~1 min prebuild without a carried cache (~0 with), ~1.5 min tests, ~2.5 min
-# benchmark, ~0.5 min overlap at R = 2.
+# Usage: MOKGEN_COMMIT=<sha> bash benchmarks/device_multigpu.sh [tokens, default 2048]
+# Expected at R = 2: prebuild ~0 with a carried .mokgen-cache/ (1-2 min on 32 cores without),
+# tests ~1 min, benchmark ~1.5 min at one N (8 rows; "2048,4096" doubles it), overlap ~0.5 min.
+# Each step has a timeout, so the whole stays under ~9 min even if one hangs.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 if [ -d .mokgen-cache ]; then export MOKGEN_CACHE=${MOKGEN_CACHE:-$PWD/.mokgen-cache}; fi
@@ -17,7 +18,7 @@ export MOKGEN_CACHE=${MOKGEN_CACHE:-/tmp/mokgen-cache}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" benchmarks/results
-TOKENS=${1:-2048,4096}
+TOKENS=${1:-2048}
 GPUS=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=name,clocks.sm,memory.used --format=csv,noheader
 nvidia-smi topo -m | head -6
@@ -25,19 +26,19 @@ SIZES=""
 for R in 2 4 8; do [ "$R" -le "$GPUS" ] && SIZES="$SIZES $R"; done
 for R in $SIZES; do
   echo "== prebuild, world size $R ($MOKGEN_CACHE)"
-  timeout 300 python3 benchmarks/prebuild.py --world "$R" --tokens "$TOKENS" 2>&1 | tail -3
+  timeout 150 python3 benchmarks/prebuild.py --world "$R" --tokens "$TOKENS" 2>&1 | tail -3
 done
 for R in $SIZES; do
   echo "== tests, world size $R"
-  timeout 240 torchrun --nproc-per-node=$R -m pytest -q -m multigpu tests/test_multigpu.py \
+  timeout 150 torchrun --nproc-per-node=$R -m pytest -q -m multigpu tests/test_multigpu.py \
     2>&1 | tee "$OUT/pytest_multigpu_R$R.log" | grep -E "passed|failed|error|Error" | tail -6
 done
 for R in $SIZES; do
   echo "== EP benchmark, R = $R"
-  timeout 300 torchrun --nproc-per-node=$R benchmarks/multigpu.py --tokens "$TOKENS" \
+  timeout 200 torchrun --nproc-per-node=$R benchmarks/multigpu.py --tokens "$TOKENS" \
     --out "$OUT" 2>&1 | tee "$OUT/bench_multigpu_R$R.log" | grep -v '^{' | tail -22
   echo "== FSDP-style gather beside the layer, R = $R"
-  timeout 150 torchrun --nproc-per-node=$R benchmarks/fsdp_overlap.py --out "$OUT" 2>&1 \
+  timeout 90 torchrun --nproc-per-node=$R benchmarks/fsdp_overlap.py --out "$OUT" 2>&1 \
     | tee "$OUT/fsdp_overlap_R$R.log" | grep -v '^{' | tail -7
 done
 cp "$OUT"/moe_layer_multigpu_R*.json "$OUT"/fsdp_overlap_R*.json benchmarks/results/ 2>/dev/null
