@@ -254,20 +254,19 @@ def main():
     init_dist()
     R = dist.get_world_size()
     link = measure_link_gbps()
-    rows = []
+    rows, path = [], os.path.join(args.out, f"moe_layer_multigpu_R{R}.json")
     for name, load, n in configs(args.shapes, args.loads, args.tokens, R):
         rows.append(bench(name, load, n, args.iters, link, naive=not args.no_naive))
         rows[-1]["nvlink_gbps_measured"] = link
-        if dist.get_rank() == 0:
+        if dist.get_rank() == 0:  # written after every row: a cut-short run keeps its rows
             print(json.dumps(rows[-1]), flush=True)
+            os.makedirs(args.out, exist_ok=True)
+            with open(path, "w") as f:
+                json.dump(dict(world=R, meta=meta(), nvlink_gbps_measured=link, rows=rows),
+                          f, indent=1)
         gc.collect()
         torch.cuda.empty_cache()
     if dist.get_rank() == 0:
-        os.makedirs(args.out, exist_ok=True)
-        path = os.path.join(args.out, f"moe_layer_multigpu_R{R}.json")
-        with open(path, "w") as f:
-            json.dump(dict(world=R, meta=meta(), nvlink_gbps_measured=link, rows=rows), f,
-                      indent=1)
         print(f"wrote {path}; NCCL all_to_all reaches {link:.0f} GB/s per direction")
         print(table(rows))
     dist.barrier()
