@@ -5,7 +5,9 @@
 #   2. torchrun --nproc-per-node=R -m pytest -q -m multigpu tests/test_multigpu.py
 #   3. benchmarks/multigpu.py (forward + training step vs NCCL all_to_all + grouped_mm, floors)
 #   4. benchmarks/fsdp_overlap.py (a 256 MiB all-gather beside the layer, reserve 0 and 16)
-#   5. a short table: the results, and the simulator's error against them
+#   5. examples/04_train_fsdp_ep.py: FSDP2 + EP = 2 through mokgen.MoE, loss vs the
+#      single-process reference, tokens/s vs the torch-native EP layer (FSDP_EXAMPLE=0 skips)
+#   6. a short table: the results, and the simulator's error against them
 # JSON and logs go to $OUT (and benchmarks/results/). NVLink multicast stays off.
 # Usage: MOKGEN_COMMIT=<sha> bash benchmarks/device_multigpu.sh [tokens, default 2048]
 # Expected at R = 2: prebuild ~0 with a carried .mokgen-cache/ (1-2 min on 32 cores without),
@@ -41,6 +43,16 @@ for R in $SIZES; do
   timeout 90 torchrun --nproc-per-node=$R benchmarks/fsdp_overlap.py --out "$OUT" 2>&1 \
     | tee "$OUT/fsdp_overlap_R$R.log" | grep -v '^{' | tail -7
 done
+if [ "${FSDP_EXAMPLE:-1}" = 1 ] && [ "$GPUS" -ge 2 ]; then  # ~1 min; FSDP_EXAMPLE=0 skips
+  echo "== FSDP2 + EP = 2 training example (examples/04_train_fsdp_ep.py)"
+  timeout 70 torchrun --nproc-per-node=2 examples/04_train_fsdp_ep.py --moe mokgen --steps 100 \
+    --out "$OUT/train_fsdp_ep2_vs_reference.json" > "$OUT/train_fsdp_ep2.log" 2>&1
+  for MOE in mokgen torch; do  # tokens/s without the reference beside it
+    timeout 45 torchrun --nproc-per-node=2 examples/04_train_fsdp_ep.py --moe $MOE --steps 100 \
+      --no-reference --out "$OUT/train_fsdp_ep2_$MOE.json" >> "$OUT/train_fsdp_ep2.log" 2>&1
+  done
+  grep -iE "error|Traceback" "$OUT/train_fsdp_ep2.log" | head -5
+fi
 cp "$OUT"/moe_layer_multigpu_R*.json "$OUT"/fsdp_overlap_R*.json benchmarks/results/ 2>/dev/null
 echo "== simulator (h200-nvl8) vs measured"
 python3 -m mokgen simulate --validate --results "$OUT" | tee "$OUT/simulate_validate.txt" \
@@ -58,6 +70,14 @@ for f in sorted(glob.glob(f"{sys.argv[1]}/moe_layer_multigpu_R*.json")):
               f"{100 * r['floor_fwd_ms'] / r['mokgen_fwd_ms']:6.0f} "
               f"{r['nccl_grouped_train_ms'] / r['mokgen_train_ms']:7.2f} "
               f"{100 * r['floor_train_ms'] / r['mokgen_train_ms']:6.0f}")
+for name in ("vs_reference", "mokgen", "torch"):
+    try:
+        d = json.load(open(f"{sys.argv[1]}/train_fsdp_ep2_{name}.json"))
+    except OSError:
+        continue
+    gap = f", max loss gap to the reference {d['max_rel_gap']:.2e}" if "max_rel_gap" in d else ""
+    print(f"FSDP2+EP2 example ({name}): {d['moe']}, {d['tokens_per_s']:.0f} tokens/s, "
+          f"loss {d['first']:.3f} -> {d['last']:.3f}{gap}")
 for f in sorted(glob.glob(f"{sys.argv[1]}/fsdp_overlap_R*.json")):
     for r in json.load(open(f))["rows"]:
         ok = "ok" if r["overlap_ms"] <= r["target_ms"] else "MISS"

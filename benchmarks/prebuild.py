@@ -3,8 +3,9 @@
     MOKGEN_CACHE=$PWD/.mokgen-cache python benchmarks/prebuild.py --world 2
 
 tests/test_multigpu.py's layers, benchmarks/multigpu.py's and benchmarks/fsdp_overlap.py's
-(their default arguments). Kernels already in $MOKGEN_CACHE are kept (the cache key covers
-source, headers, flags and nvcc version), so this is cheap where a carried cache matches.
+(their default arguments), and examples/04_train_fsdp_ep.py's. Kernels already in
+$MOKGEN_CACHE are kept (the cache key covers source, headers, flags and nvcc version), so
+this is cheap where a carried cache matches.
 """
 from __future__ import annotations
 
@@ -27,6 +28,14 @@ def test_plans(R: int) -> list:
         [mokgen.plan(s, ep=R, tokens_per_rank=700, reserve_sms=16)]
 
 
+def example_plans(R: int) -> list:
+    """examples/04_train_fsdp_ep.py's layers (--moe mokgen, default sizes, with and without
+    overlap_comm)."""
+    s, tokens = mokgen.MoEShape(16, 512, 256, 2, name="lm"), 8 * 128
+    return [mokgen.plan(s, ep=R, tokens_per_rank=tokens, **kw)
+            for kw in ({}, {"overlap_comm": True})]
+
+
 def main(argv=None) -> int:
     import fsdp_overlap
     import multigpu
@@ -38,7 +47,7 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-bench", action="store_true", help="the tests' kernels only")
     args = ap.parse_args(argv)
     R = args.world
-    plans = test_plans(R)
+    plans = test_plans(R) + example_plans(R)
     if not args.skip_bench:
         bench_args = multigpu.parse(["--tokens", args.tokens] if args.tokens else [])
         plans += multigpu.plans(bench_args, R)
