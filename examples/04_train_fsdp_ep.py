@@ -116,6 +116,7 @@ def build(args, shape, R, rank, dev, dtype):
 
     mesh = init_device_mesh(dev.type, (R,))
     for moe in model.moes:  # one FSDP unit per layer: its gathers overlap the layer before
+        fully_shard(moe.router, mesh=mesh)  # fp32, the shared expert bf16: a unit holds one dtype
         fully_shard(moe, mesh=mesh, ignored_params={moe.w1, moe.w2})
     fully_shard(model, mesh=mesh, ignored_params=set(model.experts()))
     return model, ref
@@ -143,6 +144,8 @@ def main(argv=None):
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--experts", type=int, default=16)
     ap.add_argument("--no-overlap", action="store_true", help="mokgen: reserve no SMs")
+    ap.add_argument("--expert-dtype", choices=("auto", "bf16", "fp32"), default="auto",
+                    help="routed and shared experts (auto: bf16 on GPUs, fp32 on CPU)")
     ap.add_argument("--no-reference", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -162,7 +165,8 @@ def main(argv=None):
     R, rank = dist.get_world_size(), dist.get_rank()
     shape = SHAPE if args.experts == SHAPE.num_experts else \
         mokgen.MoEShape(args.experts, 512, 256, 2, name="lm")
-    dtype = torch.bfloat16 if cuda else torch.float32
+    dtype = torch.bfloat16 if args.expert_dtype == "bf16" or (
+        args.expert_dtype == "auto" and cuda) else torch.float32
     model, ref = build(args, shape, R, rank, dev, dtype)
     # foreach=False: the parameters mix FSDP's DTensors and the experts' plain tensors
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
