@@ -153,6 +153,11 @@ def main(argv=None):
     if cuda:
         for k in ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "NCCL_NVLS_ENABLE"):
             os.environ[k] = "1" if k.startswith("TORCH") else "0"
+        if args.moe == "mokgen" and not args.no_overlap:  # NCCL (FSDP) within the SMs the
+            from mokgen.passes.sm_partition import collective_sms  # layers leave free
+
+            sms = collective_sms(mokgen.hardware.get("H200"))
+            os.environ.setdefault("NCCL_MAX_CTAS", str(sms))
         local = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local)
         dist.init_process_group("nccl", device_id=torch.device("cuda", local))
