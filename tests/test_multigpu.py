@@ -108,24 +108,6 @@ def test_bitwise_identical_over_calls(group):
         assert torch.equal(g1[k], g2[k]), k
 
 
-def test_a_peer_that_never_arrives_raises_on_the_others(group):
-    R, r = dist.get_world_size(), dist.get_rank()
-    if R < 2:
-        pytest.skip("needs at least 2 ranks")
-    shape, n = mokgen.shapes.get("gpu-small"), 256
-    layer = mokgen.compile(shape, ep=R, tokens_per_rank=n, group=group, watchdog_s=1.0)
-    inputs, _ = global_inputs(shape, R, n)
-    args = mine(inputs, r)
-    layer.runtime()  # the symmetric-memory rendezvous is collective: every rank sets up
-    if r == R - 1:  # then this rank "dies": it never calls the layer
-        dist.barrier()
-        return
-    with pytest.raises(RuntimeError, match="watchdog"):
-        layer(**args)
-        layer.synchronize()
-    dist.barrier()
-
-
 def gather_group(max_ctas: int):
     """A process group for the side collective whose NCCL kernels use at most `max_ctas`
     CTAs (the SMs the layer leaves free), as an FSDP setup would configure its own."""
@@ -167,3 +149,22 @@ def test_reserved_sms_let_a_side_all_gather_run_beside_the_layer(group):
         assert torch.equal(full.view(R, numel), torch.stack(shards))
     dist.barrier()
     dist.destroy_process_group(gg)
+
+
+def test_a_peer_that_never_arrives_raises_on_the_others(group):
+    R, r = dist.get_world_size(), dist.get_rank()
+    if R < 2:
+        pytest.skip("needs at least 2 ranks")
+    shape, n = mokgen.shapes.get("gpu-small"), 256
+    layer = mokgen.compile(shape, ep=R, tokens_per_rank=n, group=group, watchdog_s=1.0)
+    inputs, _ = global_inputs(shape, R, n)
+    args = mine(inputs, r)
+    layer.runtime()  # the symmetric-memory rendezvous is collective: every rank sets up
+    if r == R - 1:  # then this rank "dies": it never calls the layer
+        dist.barrier()
+        return
+    with pytest.raises(RuntimeError, match="watchdog"):
+        layer(**args)
+        layer.synchronize()
+    dist.barrier()
+
