@@ -1,168 +1,275 @@
-"""Expert parallelism across GPUs, one process per GPU:
+"""Expert parallelism across GPUs, one process per GPU (issue #19):
 
-    torchrun --nproc-per-node=R benchmarks/multigpu.py [--shapes ...] [--tokens 1024,2048,4096]
+    torchrun --nproc-per-node=R benchmarks/multigpu.py [--loads ep64,ep8] [--tokens 2048,4096]
 
-Per preset, experts scaled to fit: E = R x (the preset's experts per rank at ep=64, at least
-ceil(k / R)), so each GPU holds an ep=64 rank's experts and receives N*k routed rows. Every rank makes the same
-global inputs (one seed) and times its own layer call; a row reports the slowest rank's median.
-  mokgen        forward / forward+backward of the compiled layer (symmetric-memory peers)
-  nccl+grouped  route, all_to_all_single of counts (host sync for the splits, as users do) and
-                of the rows + expert ids, torch._grouped_mm experts, all_to_all_single back,
-                weighted sum; backward by autograd (torch.distributed.nn all_to_all_single)
-  nccl+naive    the same with a per-expert loop
-  floor         max(FLOPs / 750 TFLOP/s, off-rank bytes / 450 GB/s NVLink per direction)
-NVLink GB/s = the bytes that cross GPUs in dispatch + combine (rows sent to other ranks, out
-and back) / the call's time: a lower bound on the links' rate. NVLink multicast stays off.
+Loads. Each GPU carries the per-rank load of a preset's EP deployment: L = E/64 ("ep64") or
+E/8 ("ep8") local experts (at least ceil(k/R), so a token's k routes fit), N tokens per rank,
+so it receives N*k routed rows on average: the same work as the single-GPU slices of
+README / NOTES (mokgen.bench), now with real peers. The layer run has E' = R*L experts, so at
+R = 2 about half of the routes stay on their own GPU (a real ep=64 deployment sends 63/64
+off-rank); the NVLink floor and GB/s below count the bytes that really cross.
+
+Columns (slowest rank's median over --iters CUDA-event-timed calls; every rank builds the same
+global inputs from one broadcast seed):
+  mokgen         forward / training step (forward + backward megakernel, autograd) of the
+                 compiled layer over symmetric-memory peers
+  nccl_grouped   route, all_to_all of counts (host sync for the splits), rows and local expert
+                 ids, torch._grouped_mm experts, all_to_all back, weighted sum
+                 (mokgen.ep_baseline); training step by autograd
+  nccl_naive     the same with a per-expert loop
+  floor          max(compute, NVLink): compute = dense cuBLAS GEMMs of the same FLOPs timed on
+                 this GPU (training: 3x the forward's); NVLink = bytes this rank sends over the
+                 link (its off-rank rows out in dispatch, the peers' rows back in combine;
+                 twice that for training) / the link rate, both the nominal (mokgen.hardware,
+                 450 GB/s per direction on H200) and the rate an NCCL all_to_all reaches here
+                 (nvlink_gbps_measured); floor_* uses the faster one (the lower floor)
+  predicted      mokgen.simulate's forward / backward time of the plan (the cost model)
+
+Compile ahead (nvcc, no GPU): `python benchmarks/prebuild.py --world R` builds every kernel
+this script, fsdp_overlap.py and tests/test_multigpu.py need into $MOKGEN_CACHE, in parallel.
+A cache built so inside the checkout (MOKGEN_CACHE=$PWD/.mokgen-cache, git-ignored) can be
+carried to the device machine (carry [".mokgen-cache"]); kernels whose key (source, headers,
+nvcc version, ...) differ there are rebuilt, nothing else. NVLink multicast stays off.
 DeepEP is not built here (the GPU machines have no network to fetch its source).
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import subprocess
 import sys
+import time
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import mokgen  # noqa: E402
-from mokgen import reference  # noqa: E402
-from mokgen.bench import time_ms  # noqa: E402
-from mokgen.workloads import make_inputs  # noqa: E402
+from mokgen import hardware, reference  # noqa: E402
+from mokgen.ep_baseline import EPBaseline, dist_exchange  # noqa: E402
 
-PEAK_FLOPS, NVLINK_BPS = 750e12, 450e9
+PRESETS = "kimi-k2.7,glm-5.2,qwen3.5-397b-a17b,deepseek-v4-pro"
+LOADS = {"ep64": 64, "ep8": 8}
 
 
+def load_shape(name: str, load: str, R: int) -> mokgen.MoEShape:
+    """The layer R GPUs run so that each carries one rank's load of `name` at ep=LOADS[load]."""
+    p = mokgen.shapes.get(name)
+    L = max(p.num_experts // LOADS[load], -(-p.topk // R))
+    return mokgen.MoEShape(R * L, p.hidden, p.intermediate, p.topk, p.shared_experts,
+                           p.shared_intermediate, name=f"{name}-{load}")
+
+
+def configs(shapes: str, loads: str, tokens: str, R: int) -> list:
+    return [(name, load, int(n)) for name in shapes.split(",") for load in loads.split(",")
+            for n in tokens.split(",")]
+
+
+def plans(args, R: int) -> list:
+    """Every plan the run compiles (benchmarks/prebuild.py builds them ahead)."""
+    return [mokgen.plan(load_shape(name, load, R), ep=R, tokens_per_rank=n)
+            for name, load, n in configs(args.shapes, args.loads, args.tokens, R)]
+
+
+# ---------------------------------------------------------------------------- on the GPUs
 def slowest_ms(fn, iters):
     """The median of this rank's timed runs (mokgen.bench.time_ms), maxed over the ranks."""
+    import torch.distributed as dist
+    from mokgen.bench import time_ms
+
     t = torch.tensor([time_ms(fn, iters, warmup=5)], device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
 
 
-class NcclMoE:
-    """The all-to-all + PyTorch baseline of one rank (holds experts r*L .. r*L+L-1)."""
+def shared_seed() -> int:
+    import torch.distributed as dist
 
-    def __init__(self, shape, R, r, w1, w2, sw1, sw2, grouped=True):
-        self.k, self.R, self.r, self.L = shape.topk, R, r, shape.num_experts // R
-        self.w1, self.w2, self.sw1, self.sw2, self.grouped = w1, w2, sw1, sw2, grouped
-
-    def __call__(self, x, z):
-        from torch.distributed.nn.functional import all_to_all_single
-
-        n, D, k = x.shape[0], x.shape[1], self.k
-        experts, weights = reference.route(z, k)
-        dest = (experts // self.L).flatten()
-        order = torch.argsort(dest, stable=True)
-        send = torch.bincount(dest, minlength=self.R)
-        recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send)
-        s_split, r_split = send.tolist(), recv.tolist()  # host sync: the splits
-        rows = x[order // k]
-        got = all_to_all_single(x.new_empty(sum(r_split), D), rows, r_split, s_split)
-        eid = torch.empty(sum(r_split), dtype=torch.long, device=x.device)
-        dist.all_to_all_single(eid, experts.flatten()[order] - self.r * self.L, r_split, s_split)
-        out = self._experts(got, eid)
-        back = all_to_all_single(x.new_empty(n * k, D), out, s_split, r_split)
-        routed = torch.empty_like(back).index_copy(0, order, back)
-        y = (routed.view(n, k, D) * weights.unsqueeze(-1).to(x.dtype)).sum(1)
-        return y + reference.expert_ffn(x, self.sw1, self.sw2)
-
-    def _experts(self, rows, eid):
-        perm = torch.argsort(eid, stable=True)
-        srt = rows[perm]
-        if self.grouped:
-            counts = torch.bincount(eid, minlength=self.L)
-            offs = torch.cumsum(counts, 0).to(torch.int32)
-            h = torch._grouped_mm(srt, self.w1.transpose(1, 2), offs=offs)
-            I = h.shape[1] // 2
-            out = torch._grouped_mm(F.silu(h[:, :I]) * h[:, I:], self.w2.transpose(1, 2), offs=offs)
-        else:
-            parts, lo = [], 0
-            for e, c in enumerate(torch.bincount(eid, minlength=self.L).tolist()):  # host sync
-                parts.append(reference.expert_ffn(srt[lo:lo + c], self.w1[e], self.w2[e]))
-                lo += c
-            out = torch.cat(parts)
-        return torch.empty_like(out).index_copy(0, perm, out)
+    s = torch.randint(0, 2**31 - 1, (1,), device="cuda")
+    dist.broadcast(s, 0)
+    return int(s.item())
 
 
-def bench(name, n, iters, group):
+def measure_link_gbps(mib: int = 256) -> float:
+    """Per-direction GB/s an NCCL all_to_all_single reaches: each rank sends `mib` MiB to
+    every peer; bytes leaving this GPU / time, slowest rank."""
+    import torch.distributed as dist
+
+    R = dist.get_world_size()
+    if R == 1:
+        return 0.0
+    per_peer = mib << 20
+    src = torch.empty(R * per_peer // 2, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    ms = slowest_ms(lambda: dist.all_to_all_single(dst, src), 10)
+    return (R - 1) * per_peer / (ms * 1e-3) / 1e9
+
+
+def offrank_rows(experts, L: int, r: int, R: int) -> int:
+    """Rows leaving this GPU in one forward (as many arrive): in dispatch, its own routes to
+    other ranks' experts (peers pull them); in combine, the outputs of the other ranks'
+    routes to its experts (pushed back to their owners). The largest rank's count."""
+    import torch.distributed as dist
+
+    owner = torch.div(experts, L, rounding_mode="floor")
+    sent = (owner != r).sum()
+    got = torch.zeros((), dtype=sent.dtype, device=sent.device)
+    counts = torch.stack([(owner == c).sum() for c in range(R)])
+    everyone = [torch.zeros_like(counts) for _ in range(R)]
+    dist.all_gather(everyone, counts)
+    for src in range(R):
+        if src != r:
+            got += everyone[src][r]
+    out = (sent + got).float()
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return int(out.item())
+
+
+def bench(name, load, n, iters, link_gbps, naive=True):
+    import torch.distributed as dist
+    from mokgen.bench import dense_floor
+    from mokgen.simulate import predict_plan
+    from mokgen.workloads import make_inputs, rel_error
+
     R, r = dist.get_world_size(), dist.get_rank()
-    p = mokgen.shapes.get(name)
-    L = max(p.num_experts // 64, -(-p.topk // R))  # at least top-k experts in all
-    shape = mokgen.MoEShape(R * L, p.hidden, p.intermediate, p.topk)
-    seed = torch.randint(0, 2**31 - 1, (1,), device="cuda")
-    dist.broadcast(seed, 0)
-    inp = make_inputs(shape, R, n, seed=int(seed.item()))
+    shape = load_shape(name, load, R)
+    L = shape.num_experts // R
+    inp = make_inputs(shape, R, n, seed=shared_seed())
     x, z, w1, w2 = (inp[k_][r] for k_ in ("x", "router_logits", "w1", "w2"))
     sw1, sw2 = inp["shared_w1"], inp["shared_w2"]
-    dy = torch.randn_like(x)
-    layer = mokgen.compile(shape, ep=R, tokens_per_rank=n, group=group)
-    leaves = [t.detach().requires_grad_() for t in (x, w1, w2, sw1, sw2)]
-    res = dict(shape=name, experts=shape.num_experts, ep=R, tokens=n,
-               flops=shape.forward_flops(n))
-    res["mokgen_fwd_ms"] = slowest_ms(lambda: layer(x, z, w1, w2, sw1, sw2), iters)
-
-    def train():
-        y = layer(leaves[0], z, *leaves[1:])
-        y.backward(dy)
-    res["mokgen_train_ms"] = slowest_ms(train, iters)
-    for label, grouped in (("grouped", True), ("naive", False)):
-        base = NcclMoE(shape, R, r, *leaves[1:], grouped=grouped)
-        res[f"nccl_{label}_fwd_ms"] = slowest_ms(lambda: base(x, z), iters)
-        res[f"nccl_{label}_train_ms"] = slowest_ms(lambda: base(leaves[0], z).backward(dy), iters)
+    del inp
+    dy = torch.randn(x.shape, device="cuda", generator=torch.Generator(device="cuda")
+                     .manual_seed(shared_seed() + r)).bfloat16()
+    layer = mokgen.compile(shape, ep=R, tokens_per_rank=n, group=dist.group.WORLD)
+    leaves = [t.detach().requires_grad_() for t in (x, z, w1, w2, sw1, sw2)]
+    res = dict(shape=name, load=load, experts=shape.num_experts, local_experts=L, ep=R,
+               tokens=n, hidden=shape.hidden, intermediate=shape.intermediate,
+               topk=shape.topk, flops=shape.forward_flops(n),
+               plan=dict(comm_sms_fwd=layer.plan.comm_sms_fwd,
+                         comm_sms_bwd=layer.plan.comm_sms_bwd,
+                         minibatch=layer.plan.minibatch, macrobatch=layer.plan.macrobatch))
     with torch.no_grad():
-        want = NcclMoE(shape, R, r, w1, w2, sw1, sw2)(x, z)
-        ours = layer(x, z, w1, w2, sw1, sw2)
-    res["err_vs_nccl"] = ((ours.float() - want.float()).norm() / want.float().norm()).item()
-    # rows this rank sends to other ranks (dispatch) and gets back (combine), bytes
-    experts = reference.route(z, shape.topk)[0]
-    off = (experts // L != r).sum().float()
-    dist.all_reduce(off, op=dist.ReduceOp.MAX)
-    bytes_off = 2 * off.item() * shape.hidden * 2
-    res["offrank_bytes"] = bytes_off
-    res["floor_fwd_ms"] = 1e3 * max(res["flops"] / PEAK_FLOPS, bytes_off / NVLINK_BPS)
-    res["floor_train_ms"] = 1e3 * max(3 * res["flops"] / PEAK_FLOPS, 2 * bytes_off / NVLINK_BPS)
-    res["nvlink_gbps_fwd"] = bytes_off / res["mokgen_fwd_ms"] / 1e6
+        res["mokgen_fwd_ms"] = slowest_ms(lambda: layer(x, z, w1, w2, sw1, sw2), iters)
+
+    def step(fn):
+        def run():
+            for t in leaves:
+                t.grad = None
+            fn(*leaves).backward(dy)
+        return run
+    res["mokgen_train_ms"] = slowest_ms(step(layer), iters)
+    mine = {k: leaves[i].grad.clone() for i, k in enumerate(("x", "z", "w1"))}
+    ex = dist_exchange()
+    impls = (("grouped", True), ("naive", False)) if naive else (("grouped", True),)
+    for label, grouped in impls:
+        base = EPBaseline(shape, R, *leaves[2:], exchange=ex, grouped=grouped)
+        with torch.no_grad():
+            res[f"nccl_{label}_fwd_ms"] = slowest_ms(lambda: base(x, z), iters)
+        res[f"nccl_{label}_train_ms"] = slowest_ms(
+            step(lambda x_, z_, *_: base(x_, z_)), iters)
+    # correctness against the baseline (grouped: the leaves' grads of its last step)
+    base = EPBaseline(shape, R, *leaves[2:], exchange=ex)
+    step(lambda x_, z_, *_: base(x_, z_))()
+    with torch.no_grad():
+        want, ours = base(x, z), layer(x, z, w1, w2, sw1, sw2)
+    res["err_vs_nccl"] = rel_error(ours, want)
+    for i, k in enumerate(("x", "z", "w1")):
+        res[f"err_d{k}_vs_nccl"] = rel_error(mine[k], leaves[i].grad)
+    # floors
+    rows_off = offrank_rows(reference.route(z, shape.topk)[0], L, r, R)
+    res["offrank_rows"] = rows_off
+    res["link_bytes_fwd"] = rows_off * shape.hidden * 2  # bf16 rows, per direction
+    res["floor_compute_fwd_ms"] = slowest_ms(dense_floor(shape, n, "cuda", torch.Generator(
+        device="cuda").manual_seed(0)), iters)
+    res["floor_compute_train_ms"] = 3 * res["floor_compute_fwd_ms"]
+    gpu = hardware.get("H200")
+    best_bw = max(gpu.nvlink_bw, link_gbps * 1e9)
+    for kind, mult in (("fwd", 1), ("train", 2)):
+        link_ms = 1e3 * mult * res["link_bytes_fwd"] / best_bw
+        res[f"floor_link_{kind}_ms"] = link_ms
+        res[f"floor_{kind}_ms"] = max(res[f"floor_compute_{kind}_ms"], link_ms)
+    res["nvlink_gbps_fwd"] = res["link_bytes_fwd"] / res["mokgen_fwd_ms"] / 1e6
+    pred = predict_plan(layer.plan, "h200-nvl8")
+    res["predicted_fwd_ms"], res["predicted_bwd_ms"] = pred["fwd_ms"], pred["bwd_ms"]
+    res["predicted_train_ms"] = pred["fwd_ms"] + pred["bwd_ms"]
     return res
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", default="kimi-k2.7,glm-5.2,qwen3.5-397b-a17b,deepseek-v4-pro")
-    ap.add_argument("--tokens", default="1024,2048,4096")
+def meta() -> dict:
+    commit = os.environ.get("MOKGEN_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "?"
+    return dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                cuda=torch.version.cuda, commit=commit, time=time.strftime("%Y-%m-%d %H:%M"),
+                nccl=str(torch.cuda.nccl.version()))
+
+
+def table(rows) -> str:
+    head = (f"{'shape':<18}{'load':>5}{'L':>4}{'N':>6}  ms: fwd mokgen nccl floor x  | "
+            f"train mokgen nccl floor x  | GB/s  pred fwd/bwd")
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"{r['shape']:<18}{r['load']:>5}{r['local_experts']:>4}{r['tokens']:>6}  "
+            f"{r['mokgen_fwd_ms']:7.3f} {r['nccl_grouped_fwd_ms']:7.3f} {r['floor_fwd_ms']:6.3f} "
+            f"{r['nccl_grouped_fwd_ms'] / r['mokgen_fwd_ms']:4.2f} | "
+            f"{r['mokgen_train_ms']:7.3f} {r['nccl_grouped_train_ms']:7.3f} "
+            f"{r['floor_train_ms']:6.3f} {r['nccl_grouped_train_ms'] / r['mokgen_train_ms']:4.2f}"
+            f" | {r['nvlink_gbps_fwd']:5.0f}  {r['predicted_fwd_ms']:.3f}/"
+            f"{r['predicted_bwd_ms']:.3f}")
+    return "\n".join(lines)
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default=PRESETS)
+    ap.add_argument("--loads", default="ep64,ep8", help="comma list of ep64, ep8")
+    ap.add_argument("--tokens", default="2048,4096")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--no-naive", action="store_true", help="skip the per-expert-loop baseline")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    for load in args.loads.split(","):
+        if load not in LOADS:
+            ap.error(f"--loads: unknown load {load!r}; known: {', '.join(LOADS)}")
+    return args
+
+
+def init_dist():
+    import torch.distributed as dist
+
     for k, v in (("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NCCL_NVLS_ENABLE", "0"),
                  ("NVSHMEM_DISABLE_NVLS", "1")):
         os.environ[k] = v
     local = int(os.environ.get("LOCAL_RANK", 0))
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    rows = []
-    for name in args.shapes.split(","):
-        for n in [int(v) for v in args.tokens.split(",")]:
-            rows.append(bench(name, n, args.iters, dist.group.WORLD))
-            if dist.get_rank() == 0:
-                print(json.dumps(rows[-1]), flush=True)
-            torch.cuda.empty_cache()
+
+
+def main():
+    import torch.distributed as dist
+
+    args = parse()
+    init_dist()
+    R = dist.get_world_size()
+    link = measure_link_gbps()
+    rows, path = [], os.path.join(args.out, f"moe_layer_multigpu_R{R}.json")
+    for name, load, n in configs(args.shapes, args.loads, args.tokens, R):
+        rows.append(bench(name, load, n, args.iters, link, naive=not args.no_naive))
+        rows[-1]["nvlink_gbps_measured"] = link
+        if dist.get_rank() == 0:  # written after every row: a cut-short run keeps its rows
+            print(json.dumps(rows[-1]), flush=True)
+            os.makedirs(args.out, exist_ok=True)
+            with open(path, "w") as f:
+                json.dump(dict(world=R, meta=meta(), nvlink_gbps_measured=link, rows=rows),
+                          f, indent=1)
+        gc.collect()
+        torch.cuda.empty_cache()
     if dist.get_rank() == 0:
-        R = dist.get_world_size()
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, f"moe_layer_multigpu_ep{R}.json"), "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(), world=R, rows=rows), f, indent=1)
-        print(f"{'shape':<18}{'E':>4}{'ep':>3}{'N':>6}  fwd TFLOP/s: mokgen nccl+grouped "
-              f"nccl+naive floor | train TFLOP/s: mokgen nccl+grouped floor | NVLink GB/s")
-        for r in rows:
-            f, t = r["flops"], 3 * r["flops"]
-            print(f"{r['shape']:<18}{r['experts']:>4}{r['ep']:>3}{r['tokens']:>6}  "
-                  f"{f / r['mokgen_fwd_ms'] / 1e9:6.0f} {f / r['nccl_grouped_fwd_ms'] / 1e9:6.0f} "
-                  f"{f / r['nccl_naive_fwd_ms'] / 1e9:6.0f} {f / r['floor_fwd_ms'] / 1e9:6.0f} | "
-                  f"{t / r['mokgen_train_ms'] / 1e9:6.0f} {t / r['nccl_grouped_train_ms'] / 1e9:6.0f} "
-                  f"{t / r['floor_train_ms'] / 1e9:6.0f} | {r['nvlink_gbps_fwd']:6.0f}")
+        print(f"wrote {path}; NCCL all_to_all reaches {link:.0f} GB/s per direction")
+        print(table(rows))
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -32,7 +32,9 @@ def compile(shape: MoEShape, ep: int, dtype: str = "bf16", tokens_per_rank: int 
     wait (default $MOKGEN_WATCHDOG, 5 s): past it the call is abandoned and the layer raises
     RuntimeError naming the rank, phase and flag (at the next call or `moe.synchronize()`).
     A result of `python -m mokgen tune` for this problem supplies minibatch and comm SMs
-    unless either is overridden here."""
+    unless either is overridden here (or SMs are reserved). `overlap_comm=True`: collectives
+    run beside the layer (FSDP gathers on a side stream); the kernels leave them SMs (H200:
+    16, passes/sm_partition.py); `reserve_sms=n` forces the count."""
     from .api import compile_layer
     from .tune import with_tuned
 

@@ -1,4 +1,4 @@
-"""python -m mokgen plan|compile|bench ..."""
+"""python -m mokgen plan|compile|bench|tune|simulate ..."""
 from __future__ import annotations
 
 import argparse
@@ -14,26 +14,30 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ep", type=int, default=8, help="expert-parallel degree")
     p.add_argument("--tokens", type=int, default=2048, help="tokens per rank")
     p.add_argument("--dtype", default="bf16", help="bf16 | fp8 | mxfp8")
-    for name in ("minibatch", "macrobatch", "comm-sms-fwd", "comm-sms-bwd"):
+    for name in ("minibatch", "macrobatch", "comm-sms-fwd", "comm-sms-bwd", "reserve-sms"):
         p.add_argument(f"--{name}", type=int, default=None, help="override the pass")
+    p.add_argument("--overlap-comm", action="store_true",
+                   help="collectives run beside the layer: leave them SMs")
 
 
 def _plan(args):
     overrides = {k: getattr(args, k) for k in
-                 ("minibatch", "macrobatch", "comm_sms_fwd", "comm_sms_bwd")
+                 ("minibatch", "macrobatch", "comm_sms_fwd", "comm_sms_bwd", "reserve_sms")
                  if getattr(args, k) is not None}
+    if args.overlap_comm:
+        overrides["overlap_comm"] = True
     return make_plan(shapes.get(args.shape), ep=args.ep, dtype=args.dtype,
                      tokens_per_rank=args.tokens, **overrides)
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("bench", "tune"):  # their own argument parsers
+    if argv and argv[0] in ("bench", "tune", "simulate"):  # their own argument parsers
         from importlib import import_module
 
         return import_module(f"mokgen.{argv[0]}").main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m mokgen",
-                                     epilog="also: bench ..., tune ... (see their --help)")
+    parser = argparse.ArgumentParser(
+        prog="python -m mokgen", epilog="also: bench ..., tune ..., simulate ... (see their --help)")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("plan", help="run the planning passes and print the plan")
     _common(p)

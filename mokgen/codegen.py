@@ -66,6 +66,9 @@ backward_unsupported = limits.backward_unsupported
 
 
 def emit(plan: Plan, units=tuple(UNITS)) -> list[Kernel]:
+    if plan.arch != "sm_90a":
+        raise ValueError(f"the kernels are built for sm_90a (Hopper) only, got a plan for "
+                         f"{plan.gpu} ({plan.arch}); such plans serve mokgen.simulate")
     limits.check(plan)  # a plan built by hand or from JSON gets the planner's rules too
     if backward_unsupported(plan):
         units = tuple(u for u in units if u != "bwd")

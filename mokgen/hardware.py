@@ -30,7 +30,21 @@ H200 = GPU(
     copy_bw_per_sm=40e9, flag_latency=2e-6, memory=141 * 10**9,
 )
 
-_GPUS = {"H200": H200, "H100": H200}
+# Blackwell (the GPU of a GB200 superchip), for mokgen.simulate only: no kernel is built for
+# sm_100a yet, so nothing here is measured. Datasheet (NVIDIA GB200 NVL72, per GPU = rack / 72):
+# dense BF16 2.5 PFLOP/s and FP8 5 PFLOP/s (360 / 720 PFLOP/s per rack with sparsity, halved),
+# HBM3e 8 TB/s (576 TB/s per rack), NVLink 5 1.8 TB/s both ways (130 TB/s per rack), i.e.
+# 900 GB/s per direction; 186 GB (13.4 TB per rack); 148 SMs (B200), 228 KB shared memory
+# per SM. Tensor and HBM rates are derated as the H200's measured ones are to its datasheet
+# (bf16 750 of 989 TFLOP/s = 0.76, HBM 4.2 of 4.8 TB/s = 0.875); the per-SM copy rate and the
+# flag latency are the H200's (unmeasured on Blackwell).
+GB200 = GPU(
+    name="GB200", arch="sm_100a", num_sms=148, smem_per_sm=227 * 1024,
+    bf16_flops=0.76 * 2.5e15, fp8_flops=0.76 * 5.0e15, hbm_bw=0.875 * 8.0e12,
+    nvlink_bw=900e9, copy_bw_per_sm=40e9, flag_latency=2e-6, memory=186 * 10**9,
+)
+
+_GPUS = {"H200": H200, "H100": H200, "GB200": GB200, "B200": GB200}
 _ARCH_DEFAULT = {"sm_90a": H200}
 
 

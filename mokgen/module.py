@@ -19,8 +19,13 @@ _DTYPES = {"bf16": torch.bfloat16}
 class MoE(nn.Module):
     def __init__(self, shape: MoEShape, ep_group=None, dtype: str = "bf16",
                  tokens_per_rank: int = 2048, router: bool = True, device=None,
-                 backend: str = "kernels", **overrides):
+                 backend: str = "kernels", overlap_comm: bool = False, **overrides):
+        """overlap_comm=True: collectives (FSDP gathers, gradient reduce-scatters) run beside
+        this layer; its kernels leave them SMs (the plan's reserve_sms, H200: 16; see
+        mokgen/passes/sm_partition.py). Cap NCCL to as many CTAs (NCCL_MAX_CTAS)."""
         super().__init__()
+        if overlap_comm:
+            overrides = {"overlap_comm": True, **overrides}
         from . import plan as make_plan
 
         if not isinstance(shape, MoEShape):

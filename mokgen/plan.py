@@ -22,7 +22,7 @@ BLOCK_M = 128  # GEMM tile rows: two consumer warpgroups of 64 rows (wgmma m64)
 
 # Fields a caller may force. Everything else is derived.
 OVERRIDABLE = COMM_OPS + ("comm_sms_fwd", "comm_sms_bwd", "minibatch", "macrobatch",
-                          "ring_budget_bytes", "arch")
+                          "ring_budget_bytes", "arch", "reserve_sms", "overlap_comm")
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,9 @@ class Plan:
     scale_block: int = 0             # elements per scale along K: 0 (bf16), 128 (fp8), 32 (mx)
     row_bytes: int | None = None     # bytes of one dispatched token row (data + scales)
     # sm_partition
-    num_sms: int | None = None
+    overlap_comm: bool = False   # the user runs collectives (FSDP gathers) beside the layer
+    reserve_sms: int = 0         # SMs left free for them: no CTA of the megakernels runs there
+    num_sms: int | None = None   # CTAs of each persistent launch: the GPU's SMs - reserve_sms
     comm_sms_fwd: int | None = None
     comm_sms_bwd: int | None = None
     # granularity
@@ -116,7 +118,9 @@ class Plan:
             ("ep / local experts", f"{self.ep} / {self.local_experts}"),
             ("tokens per rank", self.tokens_per_rank),
             ("dtype", f"{self.dtype} (routed GEMMs {self.act_dtype}, shared {self.shared_dtype})"),
-            ("target", f"{self.gpu} {self.arch}, {self.num_sms} SMs"),
+            ("target", f"{self.gpu} {self.arch}, {self.num_sms} CTAs per launch"
+                       + (f" ({self.reserve_sms} SMs left to collectives)"
+                          if self.reserve_sms else "")),
             ("forward comm", f"dispatch={self.dispatch} combine={self.combine}"),
             ("backward comm", f"reverse_combine={self.reverse_combine} "
                               f"reverse_dispatch={self.reverse_dispatch}"),
@@ -163,10 +167,18 @@ def initial_plan(shape: MoEShape, ep: int, dtype: str, tokens_per_rank: int,
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
     gpu = hardware.get(overrides.get("arch", "sm_90a"))
+    if "reserve_sms" in overrides:
+        v = overrides["reserve_sms"]
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= gpu.num_sms // 2:
+            raise ValueError(f"reserve_sms must be an int in [0, {gpu.num_sms // 2}] (at most "
+                             f"half of the GPU's {gpu.num_sms} SMs), got {v!r}")
+    if "overlap_comm" in overrides and not isinstance(overrides["overlap_comm"], bool):
+        raise ValueError(f"overlap_comm must be True or False, got {overrides['overlap_comm']!r}")
+    usable = gpu.num_sms - overrides.get("reserve_sms", 0)
     for name in ("comm_sms_fwd", "comm_sms_bwd"):
-        if name in overrides and overrides[name] >= gpu.num_sms:
-            raise ValueError(f"{name} must be < {gpu.num_sms} (the GPU's SMs), "
-                             f"got {overrides[name]}")
+        if name in overrides and overrides[name] >= usable:
+            raise ValueError(f"{name} must be < {usable} (the GPU's {gpu.num_sms} SMs less "
+                             f"reserve_sms), got {overrides[name]}")
     if "minibatch" in overrides and overrides["minibatch"] % BLOCK_M:
         raise ValueError(f"minibatch must be a multiple of the GEMM tile {BLOCK_M}, "
                          f"got {overrides['minibatch']}")

@@ -41,8 +41,10 @@ def load_tuned(shape, ep: int, dtype: str, tokens: int) -> dict:
 
 def with_tuned(shape, ep: int, dtype: str, tokens: int, overrides: dict) -> dict:
     """`overrides` completed by a stored tuning result, unless the caller already forces one
-    of the tuned fields (explicit choices always win)."""
-    if any(k in overrides for k in TUNED):
+    of the tuned fields (explicit choices always win) or leaves SMs to collectives (the
+    result was tuned with every SM)."""
+    if any(k in overrides for k in TUNED) or overrides.get("reserve_sms") \
+            or overrides.get("overlap_comm"):
         return overrides
     return {**load_tuned(shape, ep, dtype, tokens), **overrides}
 

@@ -133,3 +133,11 @@ def test_fp8_layer_on_cpu_quantizes_like_the_kernels(fmt):
                                         ref.shared_w2, shape.topk, fp8=fmt)
     assert rel(y, want) <= 1e-2
     assert rel(y, ref(x)) > 5e-3
+
+
+def test_overlap_comm_reserves_sms_in_the_layers_plan():
+    assert mokgen.MoE(SHAPE, tokens_per_rank=256).plan.reserve_sms == 0
+    m = mokgen.MoE(SHAPE, tokens_per_rank=256, overlap_comm=True)
+    assert m.plan.overlap_comm and m.plan.reserve_sms == 16 and m.plan.num_sms == 116
+    assert mokgen.MoE(SHAPE, tokens_per_rank=256, overlap_comm=True,
+                      reserve_sms=8).plan.num_sms == 124

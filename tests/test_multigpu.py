@@ -108,6 +108,49 @@ def test_bitwise_identical_over_calls(group):
         assert torch.equal(g1[k], g2[k]), k
 
 
+def gather_group(max_ctas: int):
+    """A process group for the side collective whose NCCL kernels use at most `max_ctas`
+    CTAs (the SMs the layer leaves free), as an FSDP setup would configure its own."""
+    opts = dist.ProcessGroupNCCL.Options()
+    opts.config.max_ctas = max_ctas
+    return dist.new_group(list(range(dist.get_world_size())), pg_options=opts)
+
+
+def test_reserved_sms_let_a_side_all_gather_run_beside_the_layer(group):
+    """reserve_sms: the megakernels launch the plan's CTA count, an all_gather_into_tensor
+    issued on a side stream right before each call runs beside them: no watchdog, outputs
+    and gradients bitwise those of the calls without it, the gather's result right."""
+    R, r = dist.get_world_size(), dist.get_rank()
+    if R < 2:
+        pytest.skip("needs at least 2 ranks")
+    shape, n, reserve = mokgen.shapes.get("gpu-small"), 700, 16
+    layer = mokgen.compile(shape, ep=R, tokens_per_rank=n, group=group, reserve_sms=reserve)
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    assert layer.plan.num_sms == 132 - reserve
+    assert layer.runtime().fwd_ctas == layer.plan.num_sms <= sms
+    inputs, dys = global_inputs(shape, R, n)
+    y0, g0 = run_rank(layer, inputs, dys[r], r)
+    layer.synchronize()
+    side, gg = torch.cuda.Stream(), gather_group(reserve)
+    numel = 32 << 20  # 64 MiB of bf16 per rank
+    shards = [torch.full((numel,), float(c + 1), dtype=torch.bfloat16, device="cuda")
+              for c in range(R)]
+    for _ in range(3):
+        full = torch.empty(R * numel, dtype=torch.bfloat16, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            dist.all_gather_into_tensor(full, shards[r], group=gg)
+        y1, g1 = run_rank(layer, inputs, dys[r], r)
+        torch.cuda.current_stream().wait_stream(side)
+        layer.synchronize()  # raises the watchdog's record, if any
+        assert torch.equal(y0, y1)
+        for k in g0:
+            assert torch.equal(g0[k], g1[k]), k
+        assert torch.equal(full.view(R, numel), torch.stack(shards))
+    dist.barrier()
+    dist.destroy_process_group(gg)
+
+
 def test_a_peer_that_never_arrives_raises_on_the_others(group):
     R, r = dist.get_world_size(), dist.get_rank()
     if R < 2:
@@ -124,3 +167,4 @@ def test_a_peer_that_never_arrives_raises_on_the_others(group):
         layer(**args)
         layer.synchronize()
     dist.barrier()
+

@@ -147,3 +147,46 @@ def test_cli_plan(capsys):
     assert "ep" in capsys.readouterr().err
     assert main(["plan", "--shape", "tiny", "--ep", "2", "--graph", "dot"]) == 0
     assert "digraph" in capsys.readouterr().out
+
+
+def test_reserve_sms_leaves_sms_to_collectives():
+    """reserve_sms (forced) or overlap_comm (the pass's default) shrinks the launch; the
+    comm/compute split is re-chosen within the CTAs left; the source's CTA constant follows."""
+    from mokgen import codegen
+    from mokgen.passes.sm_partition import collective_sms
+    from mokgen.runtime.checks import check_ctas
+
+    s = mokgen.shapes.get("kimi-k2.7")
+    full = mokgen.plan(s, ep=64, tokens_per_rank=2048)
+    assert (full.num_sms, full.reserve_sms) == (132, 0)
+    auto = mokgen.plan(s, ep=64, tokens_per_rank=2048, overlap_comm=True)
+    assert auto.reserve_sms == collective_sms(mokgen.hardware.H200) == 16
+    assert auto.num_sms == 116 and auto.comm_sms_fwd < auto.num_sms
+    assert "16 SMs left to collectives" in str(auto)
+    forced = mokgen.plan(s, ep=64, tokens_per_rank=2048, reserve_sms=40, overlap_comm=True)
+    assert (forced.num_sms, forced.reserve_sms) == (92, 40)  # the forced count wins
+    assert mokgen.Plan.from_json(forced.to_json()) == forced
+    src = {k.name.split("_")[0]: k.source for k in codegen.emit(forced)}
+    full_src = {k.name.split("_")[0]: k.source for k in codegen.emit(full)}
+    for unit in ("fwd", "bwd"):
+        assert f"int mokgen_{unit}_ctas = 92;" in src[unit]
+        assert f"int mokgen_{unit}_ctas = 132;" in full_src[unit]
+    assert check_ctas("forward", 116, 132) == 116
+    with pytest.raises(ValueError, match="132 CTAs .* has 114 SMs"):
+        check_ctas("forward", 132, 114)
+
+
+@pytest.mark.parametrize("kw,arg", [
+    (dict(reserve_sms=-1), "reserve_sms"), (dict(reserve_sms=67), "reserve_sms"),
+    (dict(reserve_sms=True), "reserve_sms"), (dict(overlap_comm=1), "overlap_comm"),
+    (dict(reserve_sms=60, comm_sms_fwd=72), "comm_sms_fwd"),
+])
+def test_reserve_sms_is_checked(kw, arg):
+    with pytest.raises(ValueError, match=arg):
+        mokgen.plan(mokgen.shapes.get("glm-5.2"), ep=8, tokens_per_rank=1024, **kw)
+
+
+def test_overlap_comm_forced_comm_sms_must_fit_the_launch():
+    with pytest.raises(ValueError, match="comm_sms_bwd must be < 116"):
+        mokgen.plan(mokgen.shapes.get("glm-5.2"), ep=8, tokens_per_rank=1024,
+                    overlap_comm=True, comm_sms_bwd=120)

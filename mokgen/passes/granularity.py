@@ -14,10 +14,11 @@ from ..plan import Plan
 BLOCK_N = 128  # output columns per tile in both GEMMs
 
 
-def minibatch_cost(plan: Plan, b: int, gpu: hardware.GPU) -> float:
+def minibatch_cost(plan: Plan, b: int, gpu: hardware.GPU, link: float | None = None) -> float:
+    """`link`: the fabric's bytes/s (default: NVLink; one rank: HBM copies)."""
     s = plan.shape
     rows = plan.tokens_per_rank * s.topk
-    compute_sms = gpu.num_sms - plan.comm_sms_fwd
+    compute_sms = plan.num_sms - plan.comm_sms_fwd  # num_sms: CTAs, after any reserve
     rate = (gpu.fp8_flops if plan.scale_block == 128 else gpu.bf16_flops) / gpu.num_sms
     waste = gpu.flag_latency
     # (tiles, FLOPs per tile) of the gate/up GEMM and the down GEMM of one minibatch
@@ -26,7 +27,8 @@ def minibatch_cost(plan: Plan, b: int, gpu: hardware.GPU) -> float:
         tile_time = 2 * plan.block_m * BLOCK_N * k / rate
         waves = tiles / compute_sms
         waste += (math.ceil(waves) - waves) * tile_time
-    link = gpu.nvlink_bw if plan.ep > 1 else gpu.hbm_bw / 2
+    if link is None:
+        link = gpu.nvlink_bw if plan.ep > 1 else gpu.hbm_bw / 2
     bw = min(link, plan.comm_sms_fwd * gpu.copy_bw_per_sm)
     t_dispatch = b * plan.row_bytes / bw
     t_combine = b * 2 * s.hidden / bw
@@ -61,5 +63,5 @@ def predict_forward_s(plan: Plan) -> float:
     rate = gpu.fp8_flops if plan.scale_block == 128 else gpu.bf16_flops
     link = gpu.nvlink_bw if plan.ep > 1 else gpu.hbm_bw / 2
     t_comm = moved / min(link, plan.comm_sms_fwd * gpu.copy_bw_per_sm)
-    t_comp = flops / (rate * (gpu.num_sms - plan.comm_sms_fwd) / gpu.num_sms)
+    t_comp = flops / (rate * (plan.num_sms - plan.comm_sms_fwd) / gpu.num_sms)
     return max(t_comm, t_comp) + minibatch_cost(plan, plan.minibatch, gpu)

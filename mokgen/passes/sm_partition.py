@@ -1,12 +1,29 @@
-"""Split the SMs between communication and compute, forward and backward separately.
+"""Split the SMs between communication and compute, forward and backward separately, after
+leaving `reserve_sms` of them to collectives that run beside the layer.
+
+Reserve: the persistent kernels hold one CTA per SM for their whole run, so a collective
+launched beside them (an FSDP all-gather on a side stream) waits for the layer to end. With
+`overlap_comm=True` the plan keeps `collective_sms(gpu)` SMs free (H200: 16) and the kernels
+launch `num_sms = SMs - reserve_sms` CTAs; `reserve_sms` forces any count (0 turns it off).
 
 Cost model per direction: comm time = bytes moved / min(link bandwidth, c * per-SM copy rate);
-compute time = FLOPs / (rate * (S - c) / S). Overlapped, the layer takes the max of the two;
-pick the c that minimizes it (smallest c on ties: compute SMs are the scarce ones)."""
+compute time = FLOPs / (rate per SM * (num_sms - c)). Overlapped, the layer takes the max of
+the two; pick the c that minimizes it (smallest c on ties: compute SMs are the scarce ones)."""
 from __future__ import annotations
 
 from .. import hardware
 from ..plan import Plan
+
+
+def collective_sms(gpu: hardware.GPU) -> int:
+    """SMs to leave to a collective beside the layer: enough that their copy rate covers one
+    direction of the link (NCCL's channels are one CTA each, and a channel moves about what a
+    copying SM moves), rounded up to a power of two, as NCCL picks its channel counts. H200:
+    450 GB/s / 40 GB/s = 11.3 -> 16, 12% of the SMs (the layer's compute loses as much while
+    the collective gains the whole link). Tell NCCL to use no more: NCCL_MAX_CTAS, or the
+    process group's `ProcessGroupNCCL.Options().config.max_ctas`."""
+    need = -(-gpu.nvlink_bw // gpu.copy_bw_per_sm)
+    return min(gpu.num_sms // 2, 1 << (int(need) - 1).bit_length())
 
 
 def direction_costs(plan: Plan, backward: bool) -> tuple[float, float]:
@@ -28,13 +45,18 @@ def direction_costs(plan: Plan, backward: bool) -> tuple[float, float]:
     return moved, flops
 
 
-def best_comm_sms(moved: float, flops: float, gpu: hardware.GPU, rate: float, ep: int) -> int:
-    # On one rank (ep=1) rows are local copies over HBM, not NVLink.
-    link = gpu.nvlink_bw if ep > 1 else gpu.hbm_bw / 2
+def best_comm_sms(moved: float, flops: float, gpu: hardware.GPU, rate: float, ep: int,
+                  sms: int | None = None, link: float | None = None) -> int:
+    """The comm CTA count of `sms` CTAs (default: every SM) minimizing max(comm, compute).
+    `link`: the fabric's bytes/s (default: NVLink; on one rank rows are local HBM copies)."""
+    sms = sms or gpu.num_sms
+    if link is None:
+        link = gpu.nvlink_bw if ep > 1 else gpu.hbm_bw / 2
+    per_sm = rate / gpu.num_sms
     best = None
-    for c in range(1, gpu.num_sms // 2 + 1):
+    for c in range(1, sms // 2 + 1):
         t_comm = moved / min(link, c * gpu.copy_bw_per_sm)
-        t_comp = flops / (rate * (gpu.num_sms - c) / gpu.num_sms)
+        t_comp = flops / (per_sm * (sms - c))
         t = max(t_comm, t_comp)
         if best is None or t < best[0] * (1 - 1e-9):
             best = (t, c)
@@ -44,9 +66,16 @@ def best_comm_sms(moved: float, flops: float, gpu: hardware.GPU, rate: float, ep
 def sm_partition(plan: Plan) -> Plan:
     gpu = hardware.get(plan.gpu)
     rate = gpu.fp8_flops if plan.scale_block == 128 else gpu.bf16_flops
-    out = {"num_sms": gpu.num_sms}
+    reserve = plan.reserve_sms if plan.is_forced("reserve_sms") else \
+        collective_sms(gpu) if plan.overlap_comm else 0
+    sms = gpu.num_sms - reserve
+    out = {"num_sms": sms, "reserve_sms": reserve}
     for name, backward in (("comm_sms_fwd", False), ("comm_sms_bwd", True)):
-        if not plan.is_forced(name):
+        if plan.is_forced(name):
+            if getattr(plan, name) >= sms:
+                raise ValueError(f"{name} must be < {sms} (the CTAs left after reserving "
+                                 f"{reserve} SMs), got {getattr(plan, name)}")
+        else:
             moved, flops = direction_costs(plan, backward)
-            out[name] = best_comm_sms(moved, flops, gpu, rate, plan.ep)
+            out[name] = best_comm_sms(moved, flops, gpu, rate, plan.ep, sms)
     return plan.replace(**out)

@@ -22,6 +22,16 @@ def _device(name, t, device):
         raise ValueError(f"{name} must be on {where}, got {t.device}")
 
 
+def check_ctas(kernel: str, ctas: int, device_sms: int) -> int:
+    """A persistent kernel's CTA count, compiled in from the plan (the GPU's SMs less the
+    reserve left to collectives), must fit this GPU: one CTA per SM, all resident at once."""
+    if not 0 < ctas <= device_sms:
+        raise ValueError(f"mokgen: the {kernel} kernel was planned for {ctas} CTAs (one per "
+                         f"SM) but this GPU has {device_sms} SMs: plan it for this GPU, or "
+                         f"leave SMs free with reserve_sms")
+    return ctas
+
+
 def check_inputs(plan, xs, zs, w1s, w2s, shared_w1, shared_w2, many: bool):
     """Every argument's type, dtype, shape and layout first, then devices, so a mistake is
     named precisely (and checkable without a GPU). Returns the router logits as fp32

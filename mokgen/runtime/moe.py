@@ -16,6 +16,7 @@ from collections import OrderedDict
 import torch
 
 from . import abi, cuda
+from .checks import check_ctas
 from .peers import PeerSet
 from .workspace import LayerSpec, RankBuffers  # noqa: F401 - LayerSpec: re-exported
 
@@ -43,6 +44,9 @@ class ForwardRuntime:
         self.fwd_smem = struct.unpack("<i", cuda.read_global(fwd, "mokgen_fwd_smem_bytes"))[0]
         self.f_fwd = fwd.function("mokgen_fwd", self.fwd_smem)
         self.num_sms = torch.cuda.get_device_properties(self.dev).multi_processor_count
+        # the plan's CTA count (SMs less its reserve for collectives), compiled into the cubin
+        self.fwd_ctas = check_ctas("forward", struct.unpack(
+            "<i", cuda.read_global(fwd, "mokgen_fwd_ctas"))[0], self.num_sms)
         self.modules = []
         self.watch = cuda.HostMapped(4 * abi.WATCH_WORDS)
         self.watchdog_s = watchdog_s
@@ -248,7 +252,7 @@ class ForwardRuntime:
                         ring_h=b.ring_h if save else None, h_shared=b.h_shared,
                         y_shared=b.y_shared, counters=b.counters, **fp8_fields, n_tokens=n,
                         max_minibatches=s.max_minibatches, rank=self.peers.hosted_ranks[i])
-        cuda.launch(self.f_fwd, self.num_sms, 384, self.fwd_smem, self._stream(),
+        cuda.launch(self.f_fwd, self.fwd_ctas, 384, self.fwd_smem, self._stream(),
                     [maps[k] for k in abi.FWD_MAPS] + [f8, peer_table, cuda.Raw(bufs)],
                     cooperative=True)
 

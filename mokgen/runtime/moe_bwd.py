@@ -13,6 +13,7 @@ import struct
 import torch
 
 from . import abi, cuda
+from .checks import check_ctas
 from .workspace import BF16, BackwardScratch
 
 
@@ -26,6 +27,8 @@ class BackwardPass(BackwardScratch):
         rt.adopt_module(mod)
         self.smem = struct.unpack("<i", cuda.read_global(mod, "mokgen_bwd_smem_bytes"))[0]
         self.f_bwd = mod.function("mokgen_bwd", self.smem)
+        self.ctas = check_ctas("backward", struct.unpack(  # the plan's CTAs (after its reserve)
+            "<i", cuda.read_global(mod, "mokgen_bwd_ctas"))[0], rt.num_sms)
         self.f_segments = rt.modules[0].function("mokgen_sched_segments")
 
     def poison(self) -> None:
@@ -133,7 +136,7 @@ class BackwardPass(BackwardScratch):
             wg_acc=self.wg_acc, counters=self.counters, **fp8_fields, n_tokens=n,
             max_minibatches=s.max_minibatches, rank=rt.peers.hosted_ranks[i],
             resident=int(resident))
-        cuda.launch(self.f_bwd, rt.num_sms, 384, self.smem, st,
+        cuda.launch(self.f_bwd, self.ctas, 384, self.smem, st,
                     [cuda.Raw(maps_raw), f8, cuda.Raw(peers), cuda.Raw(bufs)], cooperative=True)
 
     def _fp8_operands(self, b, w1, w2):
