@@ -15,7 +15,6 @@ import torch
 from . import cuda
 
 BF16 = torch.bfloat16
-BN, BM = 256, 128  # GemmCfg<256, 4> of bwd.cu.j2
 
 
 class BackwardPass:
@@ -25,6 +24,10 @@ class BackwardPass:
         mod = cuda.load_module(bwd_cubin)
         rt.adopt_module(mod)
         self.smem = struct.unpack("<i", cuda.read_global(mod, "mokgen_bwd_smem_bytes"))[0]
+        # the kernel's tile counts (bwd.cu.j2): dgrad tiles across I, weight-gradient tiles
+        # per expert; the host sizes dw_part and the counters by them
+        self.dg_tiles, self.wg_tiles = struct.unpack(
+            "<2i", cuda.read_global(mod, "mokgen_bwd_tiles"))
         self.f_bwd = mod.function("mokgen_bwd", self.smem)
         self.f_segments = rt.modules[0].function("mokgen_sched_segments")
         dev, M, D, I, N = rt.dev, s.macrobatch, s.hidden, s.intermediate, s.tokens_per_rank
@@ -34,7 +37,7 @@ class BackwardPass:
         self.ring_dy = torch.empty(M, D, **e)
         self.ring_do = torch.empty(M, D, **e)
         self.ring_dh = torch.empty(M, 2 * I, **e)
-        self.dw_part = torch.empty(s.max_rows, max(1, I // BN), dtype=torch.float32, device=dev)
+        self.dw_part = torch.empty(s.max_rows, self.dg_tiles, dtype=torch.float32, device=dev)
         self.hs_pre = torch.empty(N, 2 * IS, **e)
         self.hs_a = torch.empty(N, IS, **e)
         self.hs_dh = torch.empty(N, 2 * IS, **e)
@@ -51,11 +54,9 @@ class BackwardPass:
 
     def counter_words(self) -> int:
         s = self.rt.spec
-        mb, rt_full = s.max_minibatches, s.minibatch // BM
-        srt = -(-s.tokens_per_rank // BM)
-        wt = (s.hidden // BM) * (s.intermediate // BN) \
-            + (2 * s.intermediate // BM) * (s.hidden // BN)  # weight-gradient tiles per expert
-        return 1 + mb * (2 + 2 * rt_full) + s.local_experts * wt + 2 * srt + 2
+        mb, rt_full = s.max_minibatches, s.minibatch // s.block_m
+        srt = -(-s.tokens_per_rank // s.block_m)
+        return 1 + mb * (2 + 2 * rt_full) + s.local_experts * self.wg_tiles + 2 * srt + 2
 
     def poison(self) -> None:
         for t in (self.ring_dy, self.ring_do, self.ring_dh, self.dw_part, self.hs_pre, self.hs_a,
