@@ -159,7 +159,9 @@ def dense_floor(shape, n, dev, g):
 
 
 def bench_one(name, ep, n, iters, g, backward=False, **overrides):
-    shape = mokgen.shapes.get(name)
+    """`name`: a preset's name, or a MoEShape (reported by its name)."""
+    shape = name if isinstance(name, mokgen.MoEShape) else mokgen.shapes.get(name)
+    name = shape.name or str(shape) if isinstance(name, mokgen.MoEShape) else name
     xs, zs, w1, w2, sw1, sw2 = make_slice(shape, ep, n, g)
     layer = mokgen.compile(shape, ep=ep, tokens_per_rank=n, virtual=True, **overrides)
     rt = layer.runtime()

@@ -38,11 +38,9 @@ def _widths(plan: "Plan") -> list[tuple[str, int]]:
 
 def forward_width_rules(plan: "Plan") -> list[tuple[str, int, int, str]]:
     """(field, value, multiple it must be, why) for the forward and the prologue."""
-    why_d = ("the forward pulls rows 32 lanes x 16 bytes at a time and its down tiles are "
-             "256 wide")
-    why_i = "gate/up tiles produce 128 columns of the SwiGLU output"
-    rules = [(f, v, 256, why_d) if f == "hidden" else (f, v, 128, why_i)
-             for f, v in _widths(plan)]
+    why = ("gate/up tiles produce 128 columns of the SwiGLU output and K slices are whole "
+           "tiles; 256-wide output tiles end in a masked edge tile (gemm_tile.cuh cols_valid)")
+    rules = [(f, v, 128, why) for f, v in _widths(plan)]
     q = plan.scale_block
     if q:  # the routed experts' K dimensions, in whole scale blocks (mokgen.quant)
         why_q = f"{plan.dtype} scales every {q} elements along K"
@@ -51,8 +49,9 @@ def forward_width_rules(plan: "Plan") -> list[tuple[str, int, int, str]]:
 
 
 def backward_width_rules(plan: "Plan") -> list[tuple[str, int, int, str]]:
-    why = "the backward's dgrad and dx tiles are 256 wide"
-    return [(f, v, 256, why) for f, v in _widths(plan)]
+    why = ("weight-gradient tiles are 128 rows tall; the 256-wide dgrad and dx tiles end in a "
+           "masked edge tile")
+    return [(f, v, 128, why) for f, v in _widths(plan)]
 
 
 def violations(plan: "Plan") -> list[str]:

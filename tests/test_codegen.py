@@ -144,3 +144,34 @@ def _cuobjdump():
         return cand if os.path.exists(cand) else None
     except ImportError:
         return None
+
+
+# Widths that are odd multiples of 128, whose 256-wide tiles end in a masked edge tile:
+# DeepSeek-V2-Lite's intermediate 1408 (dgrad, dW2), and every width odd (the forward's down
+# tiles, dx, dW1 and the shared expert's too). tests/test_gpu_widths.py runs them.
+WIDTHS_128 = {"v2lite": mokgen.MoEShape(16, 2048, 1408, 6, shared_intermediate=2816),
+              "odd128": mokgen.MoEShape(8, 1152, 640, 2, shared_intermediate=384)}
+
+
+def test_128_multiple_widths_have_a_backward():
+    for shape in WIDTHS_128.values():
+        p = mokgen.plan(shape, ep=2, tokens_per_rank=512)
+        assert codegen.backward_unsupported(p) is None
+        assert {k.name.split("_")[0] for k in codegen.emit(p)} == {"prologue", "fwd", "bwd"}
+
+
+@needs_nvcc
+@pytest.mark.nvcc
+@pytest.mark.parametrize("dtype", ["bf16", "fp8", "mxfp8"])
+@pytest.mark.parametrize("name", WIDTHS_128)
+def test_128_multiple_widths_compile_without_spills(name, dtype):
+    """Forward and backward for widths that are multiples of 128 but not 256: no spills, no
+    stack, no serialized wgmma."""
+    layer = mokgen.compile(WIDTHS_128[name], ep=2, dtype=dtype, tokens_per_rank=512)
+    assert set(layer.binaries) == {"prologue", "fwd", "bwd"}
+    for unit, b in layer.binaries.items():
+        for fn, r in b.resources.items():
+            assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, \
+                (unit, fn, r)
+        log = b.path.with_name("kernel.cubin.log")
+        assert "C7512" not in (log.read_text() if log.exists() else ""), f"{unit}: serialized"

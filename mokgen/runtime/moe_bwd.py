@@ -14,7 +14,7 @@ import torch
 
 from . import abi, cuda
 from .checks import check_ctas
-from .workspace import BF16, BackwardScratch
+from .workspace import BF16, BackwardScratch, backward_tiles
 
 
 class BackwardPass(BackwardScratch):
@@ -26,6 +26,14 @@ class BackwardPass(BackwardScratch):
         mod = cuda.load_module(bwd_cubin)
         rt.adopt_module(mod)
         self.smem = struct.unpack("<i", cuda.read_global(mod, "mokgen_bwd_smem_bytes"))[0]
+        # the kernel's tile counts (bwd.cu.j2): dgrad tiles across I, weight-gradient tiles
+        # per expert; the host sizes dw_part and the counters by them
+        self.dg_tiles, self.wg_tiles = struct.unpack(
+            "<2i", cuda.read_global(mod, "mokgen_bwd_tiles"))
+        tiles = struct.unpack("<2i", cuda.read_global(mod, "mokgen_bwd_tiles"))
+        if tiles != backward_tiles(rt.spec):  # what dw_part and the counters were sized by
+            raise RuntimeError(f"mokgen: the backward kernel's tile counts {tiles} differ "
+                               f"from the workspace's {backward_tiles(rt.spec)}")
         self.f_bwd = mod.function("mokgen_bwd", self.smem)
         self.ctas = check_ctas("backward", struct.unpack(  # the plan's CTAs (after its reserve)
             "<i", cuda.read_global(mod, "mokgen_bwd_ctas"))[0], rt.num_sms)

@@ -110,7 +110,8 @@ class BackwardScratch:
         self.ring_dy = torch.empty(M, D, **e)
         self.ring_do = torch.empty(M, D, **e)
         self.ring_dh = torch.empty(M, 2 * I, **e)
-        self.dw_part = torch.empty(s.max_rows, max(1, I // BN), dtype=torch.float32, device=dev)
+        self.dw_part = torch.empty(s.max_rows, backward_tiles(s)[0], dtype=torch.float32,
+                                   device=dev)
         self.hs_pre = torch.empty(N, 2 * IS, **e)
         self.hs_a = torch.empty(N, IS, **e)
         self.hs_dh = torch.empty(N, 2 * IS, **e)
@@ -128,12 +129,18 @@ class BackwardScratch:
             self.ring_sdh = torch.empty(2 * I // q, M, **f32)
 
 
+def backward_tiles(s: LayerSpec) -> tuple[int, int]:
+    """(dgrad tiles across I, weight-gradient tiles per expert) of the backward kernel
+    (moe_bwd.cuh BwdSchedule DG_N, WT: 256-wide tiles, the last one masked where a width is
+    an odd multiple of 128); the runtime checks them against the cubin's mokgen_bwd_tiles."""
+    dg, dx = -(-s.intermediate // BN), -(-s.hidden // BN)
+    return dg, (s.hidden // BM) * dg + (2 * s.intermediate // BM) * dx
+
+
 def backward_counter_words(s: LayerSpec) -> int:
     mb, rt_full = s.max_minibatches, s.minibatch // BM
     srt = -(-s.tokens_per_rank // BM)
-    wt = (s.hidden // BM) * (s.intermediate // BN) \
-        + (2 * s.intermediate // BM) * (s.hidden // BN)  # weight-gradient tiles per expert
-    return 1 + mb * (2 + 2 * rt_full) + s.local_experts * wt + 2 * srt + 2
+    return 1 + mb * (2 + 2 * rt_full) + s.local_experts * backward_tiles(s)[1] + 2 * srt + 2
 
 
 def tensors_of(*things) -> list:

@@ -63,9 +63,13 @@ __device__ void combine_sum(const __nv_bfloat16* __restrict__ combine,
 // each row is also written times its router weight into `scaled`. ring_x may be nullptr (the
 // fp8 backward's dy: only its scaled and quantized copies are read). `sink(ring row, vector index,
 // the 16-byte vector)` sees every vector written (padding: zeros), from all 32 lanes
-// uniformly (the fp8 backward quantizes there, fp8.cuh QuantSink).
+// uniformly (the fp8 backward quantizes there, fp8.cuh QuantSink). A row that is not whole
+// sweeps of the warp (D not a multiple of 256) is copied in sweeps every lane runs, lanes
+// past its end carrying zeros: the sink then gets a fourth argument, false for those lanes
+// (they take part in its shuffles and store nothing).
 struct NoSink {
   MOKGEN_DEV void operator()(int, int, int4) const {}
+  MOKGEN_DEV void operator()(int, int, int4, bool) const {}
 };
 template <int D, int K, class Sink = NoSink>
 __device__ void pull_rows(const int2* __restrict__ table, const __nv_bfloat16* const* peer_x,
@@ -74,7 +78,7 @@ __device__ void pull_rows(const int2* __restrict__ table, const __nv_bfloat16* c
                           __nv_bfloat16* __restrict__ scaled = nullptr,
                           const float* __restrict__ row_weight = nullptr, Sink sink = {}) {
   constexpr int VEC = D / 8;
-  static_assert(VEC % 32 == 0, "every lane runs every vector loop the same number of times");
+  static_assert(D % 8 == 0, "rows move as 16-byte vectors");
   const int lane = threadIdx.x % 32;
   for (int p = p_begin + worker; p < p_end; p += workers) {
     const int2 src = table[p];
@@ -82,6 +86,32 @@ __device__ void pull_rows(const int2* __restrict__ table, const __nv_bfloat16* c
     const size_t row = (size_t)ring_row * D;
     int4* to = ring_x ? reinterpret_cast<int4*>(ring_x + row) : nullptr;
     int4* to_s = scaled ? reinterpret_cast<int4*>(scaled + row) : nullptr;
+    if constexpr (VEC % 32 != 0) {  // ragged rows: whole sweeps for every lane (see above)
+      const bool pad = src.x < 0 || !MOKGEN_OK(src.x < 64 * 1024 && ring_row >= 0, 8, src.x,
+                                               src.y);
+      const int4* from =
+          pad ? nullptr : reinterpret_cast<const int4*>(peer_x[src.x] + (size_t)(src.y / K) * D);
+      const float w = to_s && !pad ? row_weight[p] : 0.f;  // padding: zeros, as above
+      constexpr int BATCH = 8;
+      for (int v0 = 0; v0 < VEC; v0 += 32 * BATCH) {
+        int4 buf[BATCH];
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+          const int v = v0 + 32 * b + lane;
+          buf[b] = !pad && v < VEC ? from[v] : make_int4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+          if (v0 + 32 * b >= VEC) break;  // the same for every lane
+          const int v = v0 + 32 * b + lane;
+          const bool on = v < VEC;
+          if (to && on) to[v] = buf[b];
+          if (to_s && on) to_s[v] = scale_bf16x8(buf[b], w);
+          sink(ring_row, v, buf[b], on);
+        }
+      }
+      continue;
+    }
     if (src.x < 0 || !MOKGEN_OK(src.x < 64 * 1024 && ring_row >= 0, 8, src.x,
                                 src.y)) {
       for (int v = lane; v < VEC; v += 32) {

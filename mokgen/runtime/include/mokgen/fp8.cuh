@@ -175,21 +175,37 @@ MOKGEN_DEV uint2 quantize_bf16x8(int4 raw, float& scale) {
 // dispatch then moves half the bytes and quantizes nothing): xq holds [n_cap, D] e4m3, then
 // at byte scales_at the fp32 scales [n_cap, D/Q]. One warp per row; a lane holds 8
 // consecutive elements (one 16-byte load), so Q/8 lanes share a block.
+// A row that is not whole warp sweeps (D not a multiple of 256) is quantized in sweeps every
+// lane runs: lanes past its end quantize zeros (whole blocks of them, as D % Q == 0) and store
+// nothing.
 template <int D, int Q>
 __device__ void quantize_rows(const __nv_bfloat16* __restrict__ x, int n, uint8_t* __restrict__ xq,
                               size_t scales_at) {
   constexpr int VEC = D / 8;
-  static_assert(D % 256 == 0, "a warp covers whole blocks");
+  static_assert(D % Q == 0, "a block's Q/8 lanes are all inside the row or all past it");
   float* scales = reinterpret_cast<float*>(xq + scales_at);
   const int lane = threadIdx.x % 32, warps = gridDim.x * blockDim.x / 32;
   for (int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32; row < n; row += warps) {
     const int4* from = reinterpret_cast<const int4*>(x + (size_t)row * D);
     uint2* to = reinterpret_cast<uint2*>(xq + (size_t)row * D);
+    if constexpr (VEC % 32 == 0) {
 #pragma unroll 4
-    for (int v = lane; v < VEC; v += 32) {
-      float scale;
-      to[v] = quantize_bf16x8<Q>(from[v], scale);
-      if (lane % (Q / 8) == 0) scales[(size_t)row * (D / Q) + v * 8 / Q] = scale;
+      for (int v = lane; v < VEC; v += 32) {
+        float scale;
+        to[v] = quantize_bf16x8<Q>(from[v], scale);
+        if (lane % (Q / 8) == 0) scales[(size_t)row * (D / Q) + v * 8 / Q] = scale;
+      }
+    } else {
+#pragma unroll 4
+      for (int v0 = 0; v0 < VEC; v0 += 32) {
+        const int v = v0 + lane;
+        float scale;
+        const uint2 q = quantize_bf16x8<Q>(v < VEC ? from[v] : make_int4(0, 0, 0, 0), scale);
+        if (v < VEC) {
+          to[v] = q;
+          if (lane % (Q / 8) == 0) scales[(size_t)row * (D / Q) + v * 8 / Q] = scale;
+        }
+      }
     }
   }
 }
@@ -205,6 +221,15 @@ struct QuantSink {
   MOKGEN_DEV void operator()(int row, int v, int4 x) const {
     float scale;
     reinterpret_cast<uint2*>(q + (size_t)row * D)[v] = quantize_bf16x8<Q>(x, scale);
+    if ((threadIdx.x % 32) % (Q / 8) == 0) s[(size_t)(v * 8 / Q) * RING_ROWS + row] = scale;
+  }
+  // ragged rows (pull_rows): `on` false past the row's end, where the lane only shuffles
+  MOKGEN_DEV void operator()(int row, int v, int4 x, bool on) const {
+    static_assert(D % Q == 0, "a block's Q/8 lanes are all inside the row or all past it");
+    float scale;
+    const uint2 e = quantize_bf16x8<Q>(x, scale);
+    if (!on) return;
+    reinterpret_cast<uint2*>(q + (size_t)row * D)[v] = e;
     if ((threadIdx.x % 32) % (Q / 8) == 0) s[(size_t)(v * 8 / Q) * RING_ROWS + row] = scale;
   }
 };

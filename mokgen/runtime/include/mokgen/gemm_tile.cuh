@@ -385,18 +385,34 @@ MOKGEN_DEV bool consume_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const T
 }
 
 // ---------------------------------------------------------------- epilogue walkers
+__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// Output columns that exist in a BN-wide tile at column c0 of a W-wide output (a multiple of
+// 8). When W is a multiple of BN (every tile full) this is the constant BN and the column
+// masks below fold away: full-width shapes compile exactly as without them. Otherwise the
+// last tile of the row is an edge tile; its B rows past W are zero-filled by TMA (MN-major B:
+// W is the tensor map's width) or are other rows (K-major B: the next expert's), and the
+// epilogue drops those columns.
+template <int W, int BN>
+MOKGEN_DEV int cols_valid(int c0) {
+  if constexpr (W % BN == 0) return BN;
+  else return min(BN, W - c0);
+}
+
 // Accumulator layout (see wgmma.cuh): thread (warp w in its warpgroup, lane l) holds for
 // even r: row = 64*cwg + 16*w + l/4 + 8*((r/2)%2), cols c = 8*(r/4) + 2*(l%4) and c+1.
-// f(row_in_tile, col_in_tile, v_c, v_c1) is called once per pair with row < m_valid only.
+// f(row_in_tile, col_in_tile, v_c, v_c1) is called once per pair with row < m_valid and
+// col < n_valid only (n_valid a multiple of 8: an 8-column group is in or out as a whole).
 template <int BN, class F>
-MOKGEN_DEV void for_each_acc_pair(const float (&acc)[BN / 2], int cwg, int m_valid, F&& f) {
+MOKGEN_DEV void for_each_acc_pair(const float (&acc)[BN / 2], int cwg, int m_valid, F&& f,
+                                  int n_valid = BN) {
   const int w = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
   const int row_base = 64 * cwg + 16 * w + (l >> 2);
 #pragma unroll
   for (int r = 0; r < BN / 2; r += 2) {
     const int row = row_base + 8 * ((r >> 1) & 1);
     const int col = 8 * (r >> 2) + 2 * (l & 3);
-    if (row < m_valid) f(row, col, acc[r], acc[r + 1]);
+    if (row < m_valid && 8 * (r >> 2) < n_valid) f(row, col, acc[r], acc[r + 1]);
   }
 }
 // Dual-B: accumulator columns [0, BN/2) are gate, [BN/2, BN) are up, and register r + BN/4

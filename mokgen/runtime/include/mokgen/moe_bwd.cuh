@@ -71,7 +71,7 @@ struct BwdBuffers {
   __nv_bfloat16* ring_dy;   // [SLOTS*B, D]   pulled dy (bf16 plans; fp8: ring_dy8)
   __nv_bfloat16* ring_do;   // [SLOTS*B, D]   pulled dy times the router weight
   __nv_bfloat16* ring_dh;   // [SLOTS*B, 2I]
-  float* dw_part;           // [max rows, I/BN] router-weight gradient partial sums
+  float* dw_part;           // [max rows, DG_N] router-weight gradient partial sums
   __nv_bfloat16* hs_pre;    // [N, 2IS] shared gate/up pre-activations (recomputed)
   __nv_bfloat16* hs_a;      // [N, IS]
   __nv_bfloat16* hs_dh;     // [N, 2IS]
@@ -113,17 +113,21 @@ struct Fp8BwdMaps {
       w1ts;
 };
 
+// Output widths that are odd multiples of BN/2 end in an edge tile (cols_valid, gemm_tile.cuh):
+// dgrad and dW2 across I, dx and dW1 across D, the shared expert's across IS and D.
 template <class C, class Cfg>
 struct BwdSchedule {
   static constexpr int BM = Cfg::BM, BN = Cfg::BN, RT_FULL = C::B / BM;
-  static constexpr int GU_N = C::I / (BN / 2), DG_N = C::I / BN, DX_N = C::D / BN;
-  static constexpr int SGU_N = C::IS / (BN / 2), SDG_N = C::IS / BN;
-  static constexpr int W2T = (C::D / BM) * (C::I / BN), W1T = (2 * C::I / BM) * (C::D / BN);
+  static constexpr int GU_N = C::I / (BN / 2), DG_N = ceil_div(C::I, BN);
+  static constexpr int DX_N = ceil_div(C::D, BN);
+  static constexpr int SGU_N = C::IS / (BN / 2), SDG_N = ceil_div(C::IS, BN);
+  static constexpr int W2T = (C::D / BM) * DG_N, W1T = (2 * C::I / BM) * DX_N;
   static constexpr int WT = W2T + W1T;
-  static constexpr int SW2T = (C::D / BM) * (C::IS / BN), SW1T = (2 * C::IS / BM) * (C::D / BN);
+  static constexpr int SW2T = (C::D / BM) * SDG_N, SW1T = (2 * C::IS / BM) * DX_N;
   static_assert(C::B % BM == 0 && C::SLOTS >= 2, "minibatch of whole tiles, >= 2 ring slots");
-  static_assert(C::I % BN == 0 && C::D % BN == 0 && C::IS % BN == 0,
-                "the backward needs hidden and intermediate sizes that are multiples of 256");
+  static_assert(C::I % (BN / 2) == 0 && C::D % BM == 0 && C::IS % (BN / 2) == 0,
+                "the backward needs hidden, intermediate and shared widths that are multiples "
+                "of 128 (gate/up tiles are 128 wide, weight-gradient tiles 128 tall)");
 
   int rows, nm, rt_last, shared_rt, resident, first_slot;
   const int* seg_start;
@@ -337,6 +341,13 @@ struct BwdProblem {
     return Task{kReplay | kRouted, s.slot_row(m) + rt * BM, e * 2 * C::I + n0,
                 e * 2 * C::I + C::I + n0, p0, n0, BM, C::Q ? C::D / 128 : k_d};
   }
+  // fp8 tiles read B (K-major) as two 128-row halves. An edge tile's second half would be
+  // the next expert's rows, or past the last expert's (its blockwise scales too): it reads
+  // its first half again instead, and the epilogue drops those columns. -1: the next rows.
+  template <int W>
+  static MOKGEN_DEV int fp8_half1(int b_row0, int n0) {
+    return W % BN != 0 && n0 + BN > W ? b_row0 : -1;
+  }
   MOKGEN_DEV Task routed_dgrad(int m, int i) const {
     const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * BN;
     const int p0 = m * C::B + rt * BM, e = expert_of(p0);
@@ -346,8 +357,8 @@ struct BwdProblem {
         return stop_task();
     }
     if (C::Q > 0)  // B = W2^T [L*I, D], K-major
-      return Task{kDgrad | kF8, s.slot_row(m) + rt * BM, e * C::I + n0, -1, p0, n0, BM,
-                  C::D / 128};
+      return Task{kDgrad | kF8, s.slot_row(m) + rt * BM, e * C::I + n0,
+                  fp8_half1<C::I>(e * C::I + n0, n0), p0, n0, BM, C::D / 128};
     return Task{kDgrad | kBMN, s.slot_row(m) + rt * BM, n0, e * C::D, p0, n0, BM, k_d};
   }
   MOKGEN_DEV Task routed_dx(int m, int i) const {
@@ -357,8 +368,8 @@ struct BwdProblem {
       return stop_task();
     fence_proxy_async_global();
     if (C::Q > 0)  // B = W1^T [L*D, 2I], K-major
-      return Task{kDx | kF8, s.slot_row(m) + rt * BM, e * C::D + n0, -1, p0, n0, BM,
-                  2 * C::I / 128};
+      return Task{kDx | kF8, s.slot_row(m) + rt * BM, e * C::D + n0,
+                  fp8_half1<C::D>(e * C::D + n0, n0), p0, n0, BM, 2 * C::I / 128};
     return Task{kDx | kBMN, s.slot_row(m) + rt * BM, n0, e * 2 * C::I, p0, n0, BM, k_i2};
   }
 
@@ -421,7 +432,7 @@ struct BwdProblem {
   // Rows: the two rows of this thread, hp/dhp their h / dh rows (nullptr: not a row).
   // Returns <a, d_a> per row (the router-weight gradient's partial sum over these columns).
   // kKeep: leave dh in acc as stored, bf16 pairs packed in place (acc[r]: d gate of the pair,
-  // acc[r + 1]: d up) for quantize_dh.
+  // acc[r + 1]: d up) for quantize_dh. Columns past NI (an edge tile) are skipped.
   template <int NI, bool kKeep = false>
   MOKGEN_DEV void swiglu_backward(float (&acc)[BN / 2], int col0,
                                   const __nv_bfloat16* const (&hp)[2],
@@ -431,7 +442,7 @@ struct BwdProblem {
 #pragma unroll
     for (int r = 0; r < BN / 2; r += 2) {
       const int h = (r >> 1) & 1, c = col0 + acc_col(r);
-      if (hp[h] == nullptr) continue;
+      if (hp[h] == nullptr || (NI % BN != 0 && col0 + 8 * (r >> 2) >= NI)) continue;
       const float2 g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(hp[h] + c));
       const float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(hp[h] + NI + c));
       float dg[2], du[2];
@@ -458,7 +469,8 @@ struct BwdProblem {
 
   // fp8 plans: a dgrad tile's dh, as swiglu_backward<., true> stored it and left it packed in
   // acc, quantized along 2I (the dx GEMM's K) into ring_dh8 + ring_sdh, block by block
-  // (quantize_quad_block; each half, d gate and d up, is the tile's 256 columns).
+  // (quantize_quad_block; each half, d gate and d up, is the tile's 256 columns, of which an
+  // edge tile has fewer: the blocks past I are skipped).
   MOKGEN_DEV void quantize_dh(const Task& t, const float (&acc)[BN / 2], int cwg) const {
 #ifdef MOKGEN_PROFILE_NO_DH_QUANT  // profiling builds only (benchmarks/profile_bwd.py)
     return;
@@ -474,6 +486,7 @@ struct BwdProblem {
         for (int half = 0; half < 2; ++half) {  // d gate, then d up (columns + I)
 #pragma unroll
           for (int g0 = 0; g0 < BN / 8; g0 += G) {
+            if (C::I % BN != 0 && t.c_col0 + 8 * g0 >= C::I) break;
             const float scale = quantize_quad_block<C::Q>(
                 [&](int g) { return unpack_bf16x2(acc[4 * g + 2 * h + half]); }, g0,
                 out + (size_t)row * 2 * C::I + half * C::I);
@@ -530,6 +543,9 @@ struct BwdProblem {
     out += base;
     if (ws) ws += base;
     const bool last = idx == count - 1;
+    const int n_valid = op == kWgrad2  ? cols_valid<C::I, BN>(t.c_col0)
+                        : op == kSWgrad2 ? cols_valid<C::IS, BN>(t.c_col0)
+                                         : cols_valid<C::D, BN>(t.c_col0);  // dW1, dsw1
     for_each_acc_pair<BN>(acc, cwg, BM, [&](int r, int c, float v0, float v1) {
       const size_t o = (size_t)r * ld + c;
       if (idx > 0) {  // L2 only: another SM wrote the running sum
@@ -539,7 +555,7 @@ struct BwdProblem {
       }
       if (last) *reinterpret_cast<__nv_bfloat162*>(out + o) = __floats2bfloat162_rn(v0, v1);
       else __stcg(reinterpret_cast<float2*>(ws + o), make_float2(v0, v1));
-    });
+    }, n_valid);
   }
 
   MOKGEN_DEV void epilogue(const Task& t, float (&acc)[Cfg::kAccRegs], int cwg) {
@@ -591,7 +607,7 @@ struct BwdProblem {
       float* out = buf->dx_shared + (size_t)t.c_row0 * C::D + t.c_col0;
       for_each_acc_pair<BN>(acc, cwg, t.m_valid, [&](int r, int c, float v0, float v1) {
         *reinterpret_cast<float2*>(out + (size_t)r * C::D + c) = make_float2(v0, v1);
-      });
+      }, cols_valid<C::D, BN>(t.c_col0));
     } else if (op == kDx) {  // push each row's dx to its owner (reverse dispatch)
       __nv_bfloat16* dst[2];
 #pragma unroll
@@ -602,10 +618,11 @@ struct BwdProblem {
             MOKGEN_OK(src.x < C::R && src.y < buf->n_tokens * C::K && p < s.rows, 22, src.x, p);
         dst[h] = ok ? peers->dx[src.x] + (size_t)src.y * C::D + t.c_col0 : nullptr;
       }
+      const int n_valid = cols_valid<C::D, BN>(t.c_col0);
 #pragma unroll
       for (int r = 0; r < BN / 2; r += 2) {
         __nv_bfloat16* d = dst[(r >> 1) & 1];
-        if (d != nullptr)
+        if (d != nullptr && 8 * (r >> 2) < n_valid)
           *reinterpret_cast<__nv_bfloat162*>(d + acc_col(r)) =
               __floats2bfloat162_rn(acc[r], acc[r + 1]);
       }

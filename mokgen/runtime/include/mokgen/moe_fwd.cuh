@@ -88,13 +88,15 @@ template <class C, class Cfg>
 struct FwdSchedule {
   static constexpr int BM = Cfg::BM, BN = Cfg::BN;
   static constexpr int GU_N = C::I / (BN / 2);  // gate/up tiles per row tile (BN/2 outputs)
-  static constexpr int DN_N = C::D / BN;        // down tiles per row tile
+  static constexpr int DN_N = ceil_div(C::D, BN);  // down tiles per row tile (an odd
+                                                    // multiple of BN/2: an edge tile last)
   static constexpr int SGU_N = C::IS / (BN / 2);
   static constexpr int RT_FULL = C::B / BM;     // row tiles in a full minibatch
   static_assert(C::B % BM == 0, "minibatch must be a multiple of the tile rows");
   static_assert(C::SLOTS >= 2, "the lagged task order needs a ring of at least 2 minibatches");
-  static_assert(C::I % (BN / 2) == 0 && C::D % BN == 0 && (C::IS == 0 || C::IS % (BN / 2) == 0),
-                "hidden / intermediate sizes must be multiples of the tile");
+  static_assert(C::I % (BN / 2) == 0 && C::D % (BN / 2) == 0 &&
+                    (C::IS == 0 || C::IS % (BN / 2) == 0),
+                "hidden / intermediate sizes must be multiples of 128");
 
   int rows, nm, n_macro, first_count, rt_last, shared_rt;
 
@@ -275,7 +277,10 @@ struct FwdProblem {
                        m * S::RT_FULL + rt))
       return stop_task();
     fence_proxy_async_global();
-    return Task{kDown | kRouted, slot_row, e * C::D + nt * BN, -1, p0, nt * BN, BM, k_ri};
+    // an fp8 edge tile reads its first 128 B rows twice (BwdProblem::fp8_half1 says why)
+    const int b0 = e * C::D + nt * BN;
+    const int b1 = C::Q && C::D % BN != 0 && nt * BN + BN > C::D ? b0 : -1;
+    return Task{kDown | kRouted, slot_row, b0, b1, p0, nt * BN, BM, k_ri};
   }
 
   // Consumer threads (256). Stores from registers, then one thread publishes completion.
@@ -309,7 +314,7 @@ struct FwdProblem {
       float* out = buf->y_shared + (size_t)t.c_row0 * C::D + t.c_col0;
       for_each_acc_pair<BN>(acc, cwg, t.m_valid, [&](int r, int c, float v0, float v1) {
         *reinterpret_cast<float2*>(out + (size_t)r * C::D + c) = make_float2(v0, v1);
-      });
+      }, cols_valid<C::D, BN>(t.c_col0));
     } else {  // routed down: scale by the router weight, push to the owners' combine rows
       // a thread holds 2 rows of the tile: look their destinations up once, not per pair
       __nv_bfloat16* dst[2];
@@ -323,11 +328,12 @@ struct FwdProblem {
         dst[h] = ok ? peers->combine[src.x] + (size_t)src.y * C::D + t.c_col0 : nullptr;
         w[h] = buf->row_weight[p];
       }
+      const int n_valid = cols_valid<C::D, BN>(t.c_col0);  // an edge tile's columns
 #pragma unroll
       for (int r = 0; r < BN / 2; r += 2) {
         __nv_bfloat16* d = dst[(r >> 1) & 1];
         const float s_ = w[(r >> 1) & 1];
-        if (d != nullptr)
+        if (d != nullptr && 8 * (r >> 2) < n_valid)
           *reinterpret_cast<__nv_bfloat162*>(d + acc_col(r)) =
               __floats2bfloat162_rn(acc[r] * s_, acc[r + 1] * s_);
       }

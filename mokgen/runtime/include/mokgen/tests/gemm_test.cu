@@ -4,6 +4,8 @@
 //   gemm_plain     : C[M,N] = A[M,K] B[N,K]^T, bf16 out.
 //   gemm_plain_t   : the same with transposed (MN-major) operands: B given as [K,N]
 //                    (trans=1) or A as [K,M] and B as [K,N] (trans=2), as the backward uses.
+//                    N need not be a multiple of BN: the last tile is an edge tile (its B
+//                    columns past N zero-filled by TMA, its columns past N not stored).
 //   gemm_swiglu    : grouped: rows [off[e], off[e+1]) of X[M,D] times expert e's stacked
 //                    w13[e] = [gate I rows; up I rows] -> H[M,I] = silu(X Wg^T) * (X Wu^T).
 //   gemm_down      : grouped: H[M,I] times w2[e][D,I]^T, times a per-row fp32 scale -> Y[M,D].
@@ -54,7 +56,7 @@ struct PlainProblem {
     const int ld = ldc;
     for_each_acc_pair<Cfg::BN>(acc, cwg, t.m_valid, [&](int r, int c, float v0, float v1) {
       store_bf16x2(base + (size_t)r * ld + c, v0, v1);
-    });
+    }, min(Cfg::BN, N - t.c_col0));
   }
 };
 
@@ -63,7 +65,7 @@ gemm_plain(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
            __nv_bfloat16* C, int M, int N, int K, int ldc, int* counter) {
   extern __shared__ __align__(1024) uint8_t smem[];
   PlainProblem p{&tmA, &tmB, C, M, N, ldc, (K + 63) / 64, (M + Cfg::BM - 1) / Cfg::BM,
-                 N / Cfg::BN, counter};
+                 ceil_div(N, Cfg::BN), counter};
   gemm_persistent<Cfg>(p, smem);
 }
 
@@ -73,7 +75,7 @@ gemm_plain_t(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CU
              __nv_bfloat16* C, int M, int N, int K, int ldc, int* counter, int trans) {
   extern __shared__ __align__(1024) uint8_t smem[];
   PlainProblem p{&tmA, &tmB, C, M, N, ldc, (K + 63) / 64, (M + Cfg::BM - 1) / Cfg::BM,
-                 N / Cfg::BN, counter, trans};
+                 ceil_div(N, Cfg::BN), counter, trans};
   gemm_persistent<Cfg>(p, smem);
 }
 

@@ -1,0 +1,39 @@
+"""Widths that are odd multiples of 128 against the same shape rounded up to 256 (issue 16's
+target: >= 90% of the rounded shape's TFLOP/s, counted on the true shape), forward and
+backward, one GPU (virtual ranks):
+python benchmarks/widths.py [EP] [TOKENS] [DTYPE]"""
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import mokgen  # noqa: E402
+from mokgen.bench import bench_one  # noqa: E402
+
+ep = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+n = int(sys.argv[2]) if len(sys.argv) > 2 else 4096
+dtype = sys.argv[3] if len(sys.argv) > 3 else "bf16"
+PAIRS = [  # (true shape, rounded up)
+    (mokgen.MoEShape(64, 2048, 1408, 6, shared_intermediate=2816, name="deepseek-v2-lite"),
+     mokgen.MoEShape(64, 2048, 1536, 6, shared_intermediate=2816, name="v2-lite-i1536")),
+    (mokgen.MoEShape(64, 1152, 640, 4, shared_intermediate=384, name="odd128"),
+     mokgen.MoEShape(64, 1280, 768, 4, shared_intermediate=512, name="odd128-rounded")),
+]
+g = torch.Generator(device="cuda").manual_seed(0)
+for true, rounded in PAIRS:
+    rows = {}
+    for shape in (true, rounded):
+        r = bench_one(shape, ep, n, 20, g, backward=True, dtype=dtype)
+        rows[shape.name] = (r["mokgen_ms"], r["backward"]["mokgen_ms"])
+        torch.cuda.empty_cache()
+    (tf, tb), (rf, rb) = rows[true.name], rows[rounded.name]
+    flops = true.forward_flops(n)
+    print(json.dumps(dict(
+        shape=true.name, ep=ep, tokens=n, dtype=dtype, fwd_ms=tf, bwd_ms=tb,
+        rounded_fwd_ms=rf, rounded_bwd_ms=rb,
+        fwd_tflops=flops / tf / 1e9, bwd_tflops=2 * flops / tb / 1e9,
+        # the true shape's TFLOP/s over the rounded shape's (each counted on its own shape)
+        fwd_vs_rounded=(flops / tf) / (rounded.forward_flops(n) / rf),
+        bwd_vs_rounded=(flops / tb) / (rounded.forward_flops(n) / rb))), flush=True)
