@@ -39,7 +39,7 @@ def _widths(plan: "Plan") -> list[tuple[str, int]]:
 def forward_width_rules(plan: "Plan") -> list[tuple[str, int, int, str]]:
     """(field, value, multiple it must be, why) for the forward and the prologue."""
     why = ("gate/up tiles produce 128 columns of the SwiGLU output and K slices are whole "
-           "tiles; 256-wide output tiles end in a masked edge tile (gemm_tile.cuh cols_valid)")
+           "tiles, while 256-wide output tiles end in a masked edge tile")
     rules = [(f, v, 128, why) for f, v in _widths(plan)]
     q = plan.scale_block
     if q:  # the routed experts' K dimensions, in whole scale blocks (mokgen.quant)
@@ -49,8 +49,8 @@ def forward_width_rules(plan: "Plan") -> list[tuple[str, int, int, str]]:
 
 
 def backward_width_rules(plan: "Plan") -> list[tuple[str, int, int, str]]:
-    why = ("weight-gradient tiles are 128 rows tall; the 256-wide dgrad and dx tiles end in a "
-           "masked edge tile")
+    why = ("weight-gradient tiles are 128 rows tall, while the 256-wide dgrad and dx tiles end "
+           "in a masked edge tile")
     return [(f, v, 128, why) for f, v in _widths(plan)]
 
 
