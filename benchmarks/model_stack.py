@@ -181,16 +181,8 @@ def rows_for(name, layers, tokens, ckpt, iters, fit):
     return rows
 
 
-SHAPES = {  # public configs (config.json of each model on the Hugging Face hub)
-    "qwen3-30b-a3b": mokgen.MoEShape(128, 2048, 768, 8, shared_experts=0, name="qwen3-30b-a3b"),
-    "olmoe-1b-7b": mokgen.MoEShape(64, 2048, 1024, 8, shared_experts=0, name="olmoe-1b-7b"),
-    "deepseek-v2-lite": mokgen.MoEShape(64, 2048, 1408, 6, shared_intermediate=2816,
-                                        name="deepseek-v2-lite"),
-}
-
-
 def get_shape(name):
-    return mokgen.shapes.get(name) if name in mokgen.shapes.names() else SHAPES[name]
+    return mokgen.shapes.get(name)  # the public models' presets (mokgen/shapes.py)
 
 
 def main(argv=None):

@@ -59,6 +59,8 @@ def make_slice(shape, ep, n, g):
     zs = [rn(n, E) for _ in range(ep)]
     w1 = (rn(L, 2 * I, D) / D**0.5).bfloat16()
     w2 = (rn(L, D, I) / I**0.5).bfloat16()
+    if not shape.shared_experts:
+        return xs, zs, w1, w2, None, None
     sw1 = (rn(2 * shape.shared_dim, D) / D**0.5).bfloat16()
     sw2 = (rn(D, shape.shared_dim) / shape.shared_dim**0.5).bfloat16()
     return xs, zs, w1, w2, sw1, sw2
@@ -74,7 +76,8 @@ class TorchSlice:
         self.zs, self.w1, self.w2, self.sw1, self.sw2 = zs, w1, w2, sw1, sw2
         if grad:  # training: autograd leaves (the baselines' backward is autograd's)
             for name in ("X", "w1", "w2", "sw1", "sw2"):
-                setattr(self, name, getattr(self, name).detach().requires_grad_())
+                if getattr(self, name) is not None:
+                    setattr(self, name, getattr(self, name).detach().requires_grad_())
 
     def _routes(self, all_routes):
         """Rank 0 routes its own tokens (timed); the other ranks' routes were all-gathered
@@ -84,6 +87,8 @@ class TorchSlice:
         return flat.flatten()
 
     def shared(self, x):
+        if self.sw1 is None:  # no shared expert
+            return torch.zeros_like(x)
         return reference.expert_ffn(x, self.sw1, self.sw2)
 
     def grouped(self, all_routes, all_weights):
@@ -158,8 +163,9 @@ def dense_floor(shape, n, dev, g):
     return lambda: (a @ b, c @ d, sa @ sb, sc @ sd)
 
 
-def bench_one(name, ep, n, iters, g, backward=False, **overrides):
-    """`name`: a preset's name, or a MoEShape (reported by its name)."""
+def bench_one(name, ep, n, iters, g, backward=False, naive=True, **overrides):
+    """`name`: a preset's name, or a MoEShape (reported by its name). naive=False skips the
+    per-expert loop baseline (slow at hundreds of local experts; its columns are then NaN)."""
     shape = name if isinstance(name, mokgen.MoEShape) else mokgen.shapes.get(name)
     name = shape.name or str(shape) if isinstance(name, mokgen.MoEShape) else name
     xs, zs, w1, w2, sw1, sw2 = make_slice(shape, ep, n, g)
@@ -189,7 +195,8 @@ def bench_one(name, ep, n, iters, g, backward=False, **overrides):
         route_schedule=time_ms(lambda: (rt.route(0, zs[0], n), rt.schedule(0, n)), iters),
         megakernel=time_ms(mega, iters), combine_sum=time_ms(lambda: rt.combine_sum(0, n), iters))
     res["grouped_ms"] = time_ms(lambda: ts.grouped(all_routes, all_weights), iters)
-    res["naive_ms"] = time_ms(lambda: ts.naive(all_routes, all_weights), max(10, iters // 5))
+    res["naive_ms"] = time_ms(lambda: ts.naive(all_routes, all_weights), max(10, iters // 5)) \
+        if naive else float("nan")
     res["floor_ms"] = time_ms(dense_floor(shape, n, "cuda", g), iters)
     for k in ("mokgen", "grouped", "naive", "floor"):
         res[f"{k}_tflops"] = res["flops"] / res[f"{k}_ms"] / 1e9
@@ -197,11 +204,12 @@ def bench_one(name, ep, n, iters, g, backward=False, **overrides):
                        comm_sms=layer.plan.comm_sms_fwd)
     if backward:
         res["backward"] = bench_backward(layer, ts, shape, args, all_routes, all_weights,
-                                         res["floor_ms"], iters, g)
+                                         res["floor_ms"], iters, g, naive)
     return res  # the slice's tensors die with this frame; main() frees the cache
 
 
-def bench_backward(layer, ts, shape, args, all_routes, all_weights, fwd_floor_ms, iters, g):
+def bench_backward(layer, ts, shape, args, all_routes, all_weights, fwd_floor_ms, iters, g,
+                   naive=True):
     """Rank 0's backward slice: ours (its forward, untimed, leaves macrobatch 0 in the ring)
     against autograd through both pipelines; the floor is twice the forward's dense GEMMs.
     Effective TFLOP/s = 12 N (k+1) D I / t."""
@@ -225,8 +233,10 @@ def bench_backward(layer, ts, shape, args, all_routes, all_weights, fwd_floor_ms
              err_dw2_vs_grouped=rel_error(dw2, tg.w2.grad))
     r["mokgen_ms"] = time_ms(ours, iters, setup=fwd)
     r["grouped_ms"] = time_ms(back, iters, setup=setup)
-    setup_n, back_n = tg.train_step("naive", all_routes, all_weights, dY)
-    r["naive_ms"] = time_ms(back_n, max(10, iters // 5), setup=setup_n)
+    r["naive_ms"] = float("nan")
+    if naive:
+        setup_n, back_n = tg.train_step("naive", all_routes, all_weights, dY)
+        r["naive_ms"] = time_ms(back_n, max(10, iters // 5), setup=setup_n)
     r["floor_ms"] = 2 * fwd_floor_ms
     for k in ("mokgen", "grouped", "naive", "floor"):
         r[f"{k}_tflops"] = r["flops"] / r[f"{k}_ms"] / 1e9

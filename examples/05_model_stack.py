@@ -8,7 +8,7 @@ Two ways to train it, same gradients bit for bit:
 - checkpointed (`--ckpt`): torch.utils.checkpoint re-runs each block's forward right before
   its backward, so the ring is fresh and the backward replays nothing.
 
-    python examples/04_model_stack.py --layers 48 --tokens 8192 [--ckpt]   # Qwen3-30B-A3B shape
+    python examples/05_model_stack.py --layers 48 --tokens 8192 [--ckpt]   # Qwen3-30B-A3B shape
 
 Without a GPU it prints the plan's memory report only.
 """
@@ -21,7 +21,6 @@ from torch.utils.checkpoint import checkpoint
 import mokgen
 from mokgen.api import format_memory, memory_report
 
-QWEN3_30B_A3B = mokgen.MoEShape(128, 2048, 768, 8, shared_experts=0, name="qwen3-30b-a3b")
 
 
 class Block(nn.Module):
@@ -51,8 +50,9 @@ def main():
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--ckpt", action="store_true")
+    p.add_argument("--shape", default="qwen3-30b-a3b", help="a preset of mokgen.shapes")
     a = p.parse_args()
-    shape = QWEN3_30B_A3B
+    shape = mokgen.shapes.get(a.shape)
     print(format_memory(memory_report(mokgen.plan(shape, ep=1, tokens_per_rank=a.tokens))))
     if not torch.cuda.is_available():
         return

@@ -1,0 +1,63 @@
+"""Public models' MoE layers on one GPU (issue 16): the whole layer at ep = 1 and rank 0's slice
+of a virtual ep = 8 deployment (the largest ep <= 8 dividing E where 8 does not), forward and
+training step, against torch._grouped_mm (autograd for the backward), same inputs, one run.
+
+    python benchmarks/models.py [--tokens 4096] [--iters 20] [--out DIR]
+
+The training step is the forward without autograd plus the backward after a forward that
+kept what it needs (mokgen: its ring; PyTorch: autograd's saved tensors), both sides alike.
+Writes DIR/models_fwdbwd_bf16.json (rows of mokgen.bench.bench_one with backward) and prints
+a table last."""
+import argparse
+import gc
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import mokgen  # noqa: E402
+from mokgen.bench import bench_one, save_results  # noqa: E402
+
+MODELS = ("qwen3-30b-a3b", "qwen3-235b-a22b", "qwen1.5-moe-a2.7b", "deepseek-v2-lite",
+          "deepseek-v3", "mixtral-8x7b", "mixtral-8x22b", "olmoe-1b-7b", "llama-4-scout",
+          "granite-3.0-3b-a800m")
+
+
+def eps(shape) -> list:
+    return [1, max(d for d in range(1, 9) if shape.num_experts % d == 0)]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    a = ap.parse_args(argv)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for name in a.models.split(","):
+        for ep in eps(mokgen.shapes.get(name)):
+            r = bench_one(name, ep, a.tokens, a.iters, g, backward=True, naive=False)
+            b = r["backward"]
+            r["train_mokgen_ms"] = r["mokgen_ms"] + b["mokgen_ms"]
+            r["train_grouped_ms"] = r["grouped_ms"] + b["grouped_ms"]
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+            gc.collect()
+            torch.cuda.empty_cache()
+    save_results(os.path.join(a.out, "models_fwdbwd_bf16.json"), rows)
+    print("| model | ep | N | fwd TFLOP/s | grouped | x | train TFLOP/s | grouped | x |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        f3 = 3 * r["flops"] / 1e9
+        print(f"| {r['shape']} | {r['ep']} | {r['tokens']} | {r['mokgen_tflops']:.0f} | "
+              f"{r['grouped_tflops']:.0f} | {r['grouped_ms'] / r['mokgen_ms']:.2f} | "
+              f"{f3 / r['train_mokgen_ms']:.0f} | {f3 / r['train_grouped_ms']:.0f} | "
+              f"{r['train_grouped_ms'] / r['train_mokgen_ms']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
