@@ -34,13 +34,20 @@ def check_supported(plan: Plan) -> None:
         raise ValueError("the forward kernel implements dispatch='pull', combine='push' only, "
                          f"got dispatch={plan.dispatch!r}, combine={plan.combine!r}")
     s = plan.shape
-    # 128: gate/up tiles are 128 outputs wide, weight-gradient tiles 128 rows tall, K slices
-    # 64 (bf16) / 128 (fp8) deep; the 256-wide tiles end in a masked edge tile where a width
-    # is an odd multiple of 128 (gemm_tile.cuh cols_valid)
-    for name, v in (("hidden", s.hidden), ("intermediate", s.intermediate),
-                    ("shared_intermediate", s.shared_dim or 128)):
+    # Any width is tiled: a width that is not a multiple of its tile ends in an edge tile
+    # whose columns (rows) past it are dropped, and TMA zero-fills K tails (gemm_tile.cuh
+    # cols_valid). 8: rows move as 16-byte vectors and TMA strides are multiples of 16 bytes.
+    # fp8 (the routed experts' e4m3 tiles; the shared expert stays bf16): 128, the K slice
+    # and the blockwise weight block (a partial block would need a padded scale layout).
+    widths = (("hidden", s.hidden), ("intermediate", s.intermediate),
+              ("shared_intermediate", s.shared_dim))
+    for name, v in widths:
+        if v % 8:
+            raise ValueError(f"{name} must be a multiple of 8 for the sm_90a kernels, got {v}")
+    for name, v in widths[:2] if plan.scale_block else ():
         if v % 128:
-            raise ValueError(f"{name} must be a multiple of 128 for the sm_90a kernels, got {v}")
+            raise ValueError(f"{name} must be a multiple of 128 for the {plan.dtype} kernels, "
+                             f"got {v}")
 
 
 def backward_unsupported(plan: Plan) -> str | None:

@@ -25,8 +25,8 @@ def test_unsupported_plans_are_refused():
     s = mokgen.shapes.get("glm-5.2")
     with pytest.raises(ValueError, match="dispatch"):
         codegen.emit(mokgen.plan(s, ep=8, dispatch="push"))
-    with pytest.raises(ValueError, match="multiple of 128"):
-        codegen.emit(mokgen.plan(mokgen.MoEShape(8, 64, 32, 2), ep=2))
+    with pytest.raises(ValueError, match="hidden must be a multiple of 128 for the mxfp8"):
+        codegen.emit(mokgen.plan(mokgen.MoEShape(8, 2880, 2880, 2), ep=2, dtype="mxfp8"))
 
 
 def test_parse_ptxas_report():
@@ -164,6 +164,44 @@ def test_128_multiple_widths_compile_without_spills(name, dtype):
     """Forward and backward for widths that are multiples of 128 but not 256: no spills, no
     stack, no serialized wgmma."""
     layer = mokgen.compile(WIDTHS_128[name], ep=2, dtype=dtype, tokens_per_rank=512)
+    assert set(layer.binaries) == {"prologue", "fwd", "bwd"}
+    for unit, b in layer.binaries.items():
+        for fn, r in b.resources.items():
+            assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, \
+                (unit, fn, r)
+        log = b.path.with_name("kernel.cubin.log")
+        assert "C7512" not in (log.read_text() if log.exists() else ""), f"{unit}: serialized"
+
+
+# Widths that are multiples of 8 but not of the tiles (bf16; the fp8 tiles need hidden and
+# intermediate multiples of 128, the bf16 shared expert of an fp8 plan any multiple of 8): K
+# tails (1040 = 16 x 65), gate/up edge tiles of 80 / 64 columns, down edge tiles of 16 / 64
+# columns, weight-gradient edge rows; gpt-oss-20b's hidden = intermediate = 2880.
+WIDTHS_8 = {"tail16": (mokgen.MoEShape(8, 1040, 720, 2, shared_intermediate=336), "bf16"),
+            "gpt-oss": (mokgen.MoEShape(8, 2880, 2880, 4, shared_experts=0), "bf16"),
+            "fp8-shared-tail": (mokgen.MoEShape(8, 1152, 640, 2, shared_intermediate=336),
+                                "fp8"),
+            "mxfp8-shared-tail": (mokgen.MoEShape(8, 1152, 640, 2, shared_intermediate=336),
+                                  "mxfp8")}
+
+
+def test_width_rules():
+    """check_supported is the one statement of the kernels' width rules."""
+    ok = mokgen.plan(mokgen.MoEShape(8, 1040, 720, 2, shared_intermediate=336), ep=2)
+    codegen.check_supported(ok)
+    assert codegen.backward_unsupported(ok) is None
+    with pytest.raises(ValueError, match="intermediate must be a multiple of 128 for the mxfp8"):
+        codegen.emit(mokgen.plan(mokgen.MoEShape(8, 1024, 800, 2), ep=2, dtype="mxfp8"))
+    codegen.check_supported(mokgen.plan(mokgen.MoEShape(8, 1024, 768, 2, shared_intermediate=336),
+                                        ep=2, dtype="mxfp8"))
+
+
+@needs_nvcc
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", WIDTHS_8)
+def test_8_multiple_widths_compile_without_spills(name):
+    shape, dtype = WIDTHS_8[name]
+    layer = mokgen.compile(shape, ep=2, dtype=dtype, tokens_per_rank=512)
     assert set(layer.binaries) == {"prologue", "fwd", "bwd"}
     for unit, b in layer.binaries.items():
         for fn, r in b.resources.items():
