@@ -37,21 +37,21 @@ def _widths(plan: "Plan") -> list[tuple[str, int]]:
 
 
 def forward_width_rules(plan: "Plan") -> list[tuple[str, int, int, str]]:
-    """(field, value, multiple it must be, why) for the forward and the prologue."""
-    why = ("gate/up tiles produce 128 columns of the SwiGLU output and K slices are whole "
-           "tiles, while 256-wide output tiles end in a masked edge tile")
-    rules = [(f, v, 128, why) for f, v in _widths(plan)]
-    q = plan.scale_block
-    if q:  # the routed experts' K dimensions, in whole scale blocks (mokgen.quant)
-        why_q = f"{plan.dtype} scales every {q} elements along K"
-        rules += [(f, getattr(plan.shape, f), q, why_q) for f in ("hidden", "intermediate")]
+    """(field, value, multiple it must be, why) for the forward and the prologue. A width
+    that is not a multiple of its tile ends in an edge tile whose columns (rows) past it are
+    dropped, and TMA zero-fills K tails (gemm_tile.cuh cols_valid); what remains:"""
+    why = "rows move as 16-byte vectors and TMA strides are multiples of 16 bytes"
+    rules = [(f, v, 8, why) for f, v in _widths(plan)]
+    if plan.scale_block:  # the routed experts' e4m3 tiles (the shared expert stays bf16)
+        why_q = (f"{plan.dtype} tiles take K in 128-wide slices and blockwise weights in "
+                 f"128 x 128 blocks (a partial block would need a padded scale layout)")
+        rules += [(f, getattr(plan.shape, f), 128, why_q) for f in ("hidden", "intermediate")]
     return rules
 
 
 def backward_width_rules(plan: "Plan") -> list[tuple[str, int, int, str]]:
-    why = ("weight-gradient tiles are 128 rows tall, while the 256-wide dgrad and dx tiles end "
-           "in a masked edge tile")
-    return [(f, v, 128, why) for f, v in _widths(plan)]
+    """The backward's: the forward's (its edge tiles are the same)."""
+    return forward_width_rules(plan)
 
 
 def violations(plan: "Plan") -> list[str]:

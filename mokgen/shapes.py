@@ -41,12 +41,12 @@ class MoEShape:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.score not in SCORES:
             raise ValueError(f"score must be one of {SCORES}, got {self.score!r}")
-        # Rows are moved as 16-byte vectors and tensor-core K steps are 16 wide.
+        # Rows are moved as 16-byte vectors (8 bf16); the kernels' own rules are limits.py's.
         for field in ("hidden", "intermediate"):
-            if getattr(self, field) % 16:
-                raise ValueError(f"{field} must be a multiple of 16, got {getattr(self, field)}")
-        if self.shared_experts and self.shared_dim % 16:
-            raise ValueError(f"shared_intermediate must be a multiple of 16, got {self.shared_dim}")
+            if getattr(self, field) % 8:
+                raise ValueError(f"{field} must be a multiple of 8, got {getattr(self, field)}")
+        if self.shared_experts and self.shared_dim % 8:
+            raise ValueError(f"shared_intermediate must be a multiple of 8, got {self.shared_dim}")
 
     @property
     def shared_dim(self) -> int:

@@ -25,10 +25,10 @@ def test_unsupported_plans_are_refused_by_the_planner_and_by_emit():
     s = mokgen.shapes.get("glm-5.2")
     with pytest.raises(ValueError, match="dispatch must be 'pull'"):
         mokgen.plan(s, ep=8, dispatch="push")
-    with pytest.raises(ValueError, match="intermediate must be a multiple of 128"):
-        mokgen.plan(mokgen.MoEShape(8, 256, 32, 2), ep=2)
+    with pytest.raises(ValueError, match="hidden must be a multiple of 128"):
+        mokgen.plan(mokgen.MoEShape(8, 2880, 2880, 2), ep=2, dtype="mxfp8")
     # a plan that skipped the planner's check (built by hand, read from JSON) is refused too
-    bad = mokgen.plan(s, ep=8).replace(shape=mokgen.MoEShape(256, 6144, 2000, 8))
+    bad = mokgen.plan(s, ep=8, dtype="fp8").replace(shape=mokgen.MoEShape(256, 6144, 2000, 8))
     with pytest.raises(ValueError, match="intermediate must be a multiple of 128"):
         codegen.emit(bad)
 
@@ -169,6 +169,44 @@ def test_128_multiple_widths_compile_without_spills(name, dtype):
 
 def assert_no_spills_nor_serialized_wgmma(layer):
     """Every kernel of the layer: no spill, no stack frame, no ptxas C7512 (wgmma serialized)."""
+    for unit, b in layer.binaries.items():
+        for fn, r in b.resources.items():
+            assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, \
+                (unit, fn, r)
+        log = b.path.with_name("kernel.cubin.log")
+        assert "C7512" not in (log.read_text() if log.exists() else ""), f"{unit}: serialized"
+
+
+# Widths that are multiples of 8 but not of the tiles (bf16; the fp8 tiles need hidden and
+# intermediate multiples of 128, the bf16 shared expert of an fp8 plan any multiple of 8): K
+# tails (1040 = 16 x 65), gate/up edge tiles of 80 / 64 columns, down edge tiles of 16 / 64
+# columns, weight-gradient edge rows; gpt-oss-20b's hidden = intermediate = 2880.
+WIDTHS_8 = {"tail16": (mokgen.MoEShape(8, 1040, 720, 2, shared_intermediate=336), "bf16"),
+            "gpt-oss": (mokgen.MoEShape(8, 2880, 2880, 4, shared_experts=0), "bf16"),
+            "fp8-shared-tail": (mokgen.MoEShape(8, 1152, 640, 2, shared_intermediate=336),
+                                "fp8"),
+            "mxfp8-shared-tail": (mokgen.MoEShape(8, 1152, 640, 2, shared_intermediate=336),
+                                  "mxfp8")}
+
+
+def test_width_rules():
+    """check_supported is the one statement of the kernels' width rules."""
+    ok = mokgen.plan(mokgen.MoEShape(8, 1040, 720, 2, shared_intermediate=336), ep=2)
+    codegen.check_supported(ok)
+    assert codegen.backward_unsupported(ok) is None
+    with pytest.raises(ValueError, match="intermediate must be a multiple of 128 for the mxfp8"):
+        codegen.emit(mokgen.plan(mokgen.MoEShape(8, 1024, 800, 2), ep=2, dtype="mxfp8"))
+    codegen.check_supported(mokgen.plan(mokgen.MoEShape(8, 1024, 768, 2, shared_intermediate=336),
+                                        ep=2, dtype="mxfp8"))
+
+
+@needs_nvcc
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", WIDTHS_8)
+def test_8_multiple_widths_compile_without_spills(name):
+    shape, dtype = WIDTHS_8[name]
+    layer = mokgen.compile(shape, ep=2, dtype=dtype, tokens_per_rank=512)
+    assert set(layer.binaries) == {"prologue", "fwd", "bwd"}
     for unit, b in layer.binaries.items():
         for fn, r in b.resources.items():
             assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, \

@@ -21,8 +21,8 @@ FIELDS = ("num_experts", "topk", "ep", "hidden", "intermediate", "shared_interme
 
 
 def width(r: random.Random, tile: int) -> int:
-    """Mostly whole tiles, sometimes any multiple of 16 (what MoEShape itself accepts)."""
-    return tile * r.randint(1, 8192 // tile) if r.random() < 0.75 else 16 * r.randint(1, 512)
+    """Mostly whole tiles, sometimes any multiple of 8 (what MoEShape itself accepts)."""
+    return tile * r.randint(1, 8192 // tile) if r.random() < 0.75 else 8 * r.randint(1, 1024)
 
 
 def draw(r: random.Random) -> dict:

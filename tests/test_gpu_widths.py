@@ -1,7 +1,8 @@
-"""Hidden / intermediate / shared widths that are odd multiples of 128 on the GPU (marked gpu):
-their 256-wide output tiles end in an edge tile whose second half is masked (gemm_tile.cuh
-cols_valid). Forward and backward, bf16 and fp8, against the references; fresh random inputs
-per run, outputs poisoned first, bitwise-repeatable."""
+"""Widths that are not multiples of the tiles on the GPU (marked gpu): their output tiles end
+in an edge tile whose columns (rows) past the width are dropped, K tails are zero-filled by
+TMA (gemm_tile.cuh cols_valid). Odd multiples of 128 (bf16 and fp8) and multiples of 8 (bf16;
+the fp8 plans' bf16 shared expert). Forward and backward against the references; fresh random
+inputs per run, outputs poisoned first, bitwise-repeatable."""
 import pytest
 import torch
 
@@ -19,6 +20,16 @@ SHAPES = {
     # (across D) and the shared expert's dgrad / dW2 (across IS) end in edge tiles too
     "odd128": mokgen.MoEShape(8, 1152, 640, 2, shared_intermediate=384),
     "odd128-noshared": mokgen.MoEShape(8, 1152, 640, 2, shared_experts=0),
+    # multiples of 16 only: K tails (1040 = 16 x 65, 720, 336), gate/up edge tiles of 80
+    # columns, down edge tiles of 16, weight-gradient edge rows (D, 2I, 2IS)
+    "tail16": mokgen.MoEShape(8, 1040, 720, 2, shared_intermediate=336),
+    # multiples of 8 only (not of 16): 16-byte rows, K tails of 8 elements
+    "tail8": mokgen.MoEShape(8, 1032, 712, 2, shared_intermediate=328),
+    # gpt-oss-20b's widths (hidden = intermediate = 2880) and top-4, 8 of its 32 experts, no
+    # shared expert (its activation differs from SwiGLU: shape only)
+    "gpt-oss": mokgen.MoEShape(8, 2880, 2880, 4, shared_experts=0),
+    # an fp8 plan's bf16 shared expert with a width that is only a multiple of 16
+    "fp8-shared-tail": mokgen.MoEShape(8, 1152, 640, 2, shared_intermediate=336),
 }
 # ~300 tokens x k routes through a 256-row ring: it wraps, and the backward replays
 RING = dict(minibatch=128, macrobatch=256)
@@ -107,3 +118,14 @@ def test_width_128_fp8(name, ep, dtype):
 
 def test_width_128_no_shared_expert():
     run("odd128-noshared", "bf16", 2, **RING)
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+@pytest.mark.parametrize("name", ["tail16", "tail8", "gpt-oss"])
+def test_width_8_bf16(name, ep):
+    run(name, "bf16", ep, **RING)
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "mxfp8"])
+def test_width_8_fp8_shared_expert(dtype):
+    run("fp8-shared-tail", dtype, 2, **RING)

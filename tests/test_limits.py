@@ -7,9 +7,9 @@ import mokgen
 from mokgen import codegen, limits
 from mokgen.shapes import PRESETS_MODELS, get
 
-# Presets the kernels refuse today, with the field that says why; kernels that learn edge
-# tiles empty this.
-REFUSED = {"gpt-oss-20b": "hidden", "gpt-oss-120b": "hidden"}
+# Presets the kernels refuse today (bf16), with the field that says why: none since edge
+# tiles; gpt-oss's 2880 is refused in fp8 only (test_fp8_needs_128_wide_k below).
+REFUSED: dict = {}
 
 
 def backward_row(plan, text: str):
@@ -84,3 +84,11 @@ def test_backward_support_is_in_the_plan_table_and_decides_the_units():
               mokgen.plan(get("qwen1.5-moe-a2.7b"), ep=4)):
         assert backward_row(p, "yes") and limits.backward_unsupported(p) is None
         assert sorted(k.name.split("_")[0] for k in codegen.emit(p)) == ["bwd", "fwd", "prologue"]
+
+
+def test_fp8_needs_128_wide_k():
+    s = get("gpt-oss-20b")
+    mokgen.plan(s, ep=4)  # bf16: edge tiles
+    for dtype in ("fp8", "mxfp8"):
+        with pytest.raises(ValueError, match="hidden must be a multiple of 128"):
+            mokgen.plan(s, ep=4, dtype=dtype)

@@ -398,6 +398,10 @@ MOKGEN_DEV int cols_valid(int c0) {
   if constexpr (W % BN == 0) return BN;
   else return min(BN, W - c0);
 }
+// The same along M: rows that exist in a BM-tall tile at row r0 of a W-tall output (the
+// weight gradients, whose M is a width: their A operand is zero-filled past it).
+template <int W, int BM>
+MOKGEN_DEV int rows_valid(int r0) { return cols_valid<W, BM>(r0); }
 
 // Accumulator layout (see wgmma.cuh): thread (warp w in its warpgroup, lane l) holds for
 // even r: row = 64*cwg + 16*w + l/4 + 8*((r/2)%2), cols c = 8*(r/4) + 2*(l%4) and c+1.
@@ -417,16 +421,19 @@ MOKGEN_DEV void for_each_acc_pair(const float (&acc)[BN / 2], int cwg, int m_val
 }
 // Dual-B: accumulator columns [0, BN/2) are gate, [BN/2, BN) are up, and register r + BN/4
 // holds column col(r) + BN/2, i.e. the same output column. f(row, col, g0, g1, u0, u1) with
-// col in [0, BN/2).
+// col in [0, n_valid) (an edge tile's gate half runs into the up rows, and its up half into
+// the next expert's rows, past the width: those columns are dropped).
 template <int BN, class F>
-MOKGEN_DEV void for_each_dual_pair(const float (&acc)[BN / 2], int cwg, int m_valid, F&& f) {
+MOKGEN_DEV void for_each_dual_pair(const float (&acc)[BN / 2], int cwg, int m_valid, F&& f,
+                                   int n_valid = BN / 2) {
   const int w = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
   const int row_base = 64 * cwg + 16 * w + (l >> 2);
 #pragma unroll
   for (int r = 0; r < BN / 4; r += 2) {
     const int row = row_base + 8 * ((r >> 1) & 1);
     const int col = 8 * (r >> 2) + 2 * (l & 3);
-    if (row < m_valid) f(row, col, acc[r], acc[r + 1], acc[r + BN / 4], acc[r + 1 + BN / 4]);
+    if (row < m_valid && 8 * (r >> 2) < n_valid)
+      f(row, col, acc[r], acc[r + 1], acc[r + BN / 4], acc[r + 1 + BN / 4]);
   }
 }
 

@@ -113,21 +113,26 @@ struct Fp8BwdMaps {
       w1ts;
 };
 
-// Output widths that are odd multiples of BN/2 end in an edge tile (cols_valid, gemm_tile.cuh):
-// dgrad and dW2 across I, dx and dW1 across D, the shared expert's across IS and D.
+// Widths that are not multiples of the tile end in an edge tile (cols_valid / rows_valid,
+// gemm_tile.cuh): gate/up across I (IS), dgrad and dW2 across I, dx and dW1 across D, the
+// shared expert's across IS and D; the weight gradients' M (D, 2I, 2IS) likewise.
 template <class C, class Cfg>
 struct BwdSchedule {
   static constexpr int BM = Cfg::BM, BN = Cfg::BN, RT_FULL = C::B / BM;
-  static constexpr int GU_N = C::I / (BN / 2), DG_N = ceil_div(C::I, BN);
+  static constexpr int GU_N = ceil_div(C::I, BN / 2), DG_N = ceil_div(C::I, BN);
   static constexpr int DX_N = ceil_div(C::D, BN);
-  static constexpr int SGU_N = C::IS / (BN / 2), SDG_N = ceil_div(C::IS, BN);
-  static constexpr int W2T = (C::D / BM) * DG_N, W1T = (2 * C::I / BM) * DX_N;
+  static constexpr int SGU_N = ceil_div(C::IS, BN / 2), SDG_N = ceil_div(C::IS, BN);
+  // weight-gradient row tiles: dW2 / dsw2 (M = D), dW1 (M = 2I), dsw1 (M = 2IS)
+  static constexpr int MT_D = ceil_div(C::D, BM), MT_2I = ceil_div(2 * C::I, BM);
+  static constexpr int MT_2IS = ceil_div(2 * C::IS, BM);
+  static constexpr int W2T = MT_D * DG_N, W1T = MT_2I * DX_N;
   static constexpr int WT = W2T + W1T;
-  static constexpr int SW2T = (C::D / BM) * SDG_N, SW1T = (2 * C::IS / BM) * DX_N;
+  static constexpr int SW2T = MT_D * SDG_N, SW1T = MT_2IS * DX_N;
   static_assert(C::B % BM == 0 && C::SLOTS >= 2, "minibatch of whole tiles, >= 2 ring slots");
-  static_assert(C::I % (BN / 2) == 0 && C::D % BM == 0 && C::IS % (BN / 2) == 0,
-                "the backward needs hidden, intermediate and shared widths that are multiples "
-                "of 128 (gate/up tiles are 128 wide, weight-gradient tiles 128 tall)");
+  static_assert(C::D % 8 == 0 && C::I % 8 == 0 && C::IS % 8 == 0,
+                "widths must be multiples of 8 (rows are 16-byte vectors, TMA strides 16 B)");
+  static_assert(C::Q == 0 || (C::D % 128 == 0 && C::I % 128 == 0),
+                "the fp8 tiles need hidden and intermediate to be multiples of 128");
 
   int rows, nm, rt_last, shared_rt, resident, first_slot;
   const int* seg_start;
@@ -207,7 +212,10 @@ struct BwdProblem {
   static constexpr bool kMNOperands = true;
   static constexpr int kQ = C::Q;
   static constexpr int BM = Cfg::BM, BN = Cfg::BN;
-  static constexpr int k_d = C::D / 64, k_i2 = 2 * C::I / 64, k_is2 = 2 * C::IS / 64;
+  // K blocks; TMA zero-fills a K tail past the width (the other operand's rows there are
+  // another expert's or past the tensor: finite or zero)
+  static constexpr int k_d = ceil_div(C::D, 64), k_i2 = ceil_div(2 * C::I, 64);
+  static constexpr int k_is2 = ceil_div(2 * C::IS, 64);
   static constexpr int kRouted = C::Q ? kF8 : 0;  // the routed R / DG / DX tiles' bits
   const BwdMaps* maps;
   const Fp8BwdMaps* f8;
@@ -384,7 +392,7 @@ struct BwdProblem {
         if (!wait_at_least(sr_all(), s.shared_rt * S::SGU_N, buf->rank, kPhaseSWgrad, 0))
           return stop_task();
         fence_proxy_async_global();
-        const int mt = j % (C::D / BM), nt = j / (C::D / BM);
+        const int mt = j % S::MT_D, nt = j / S::MT_D;
         return Task{kSWgrad2 | MN, mt * BM, nt * BN, 0, mt * BM, nt * BN, -1, kt};
       }
       j -= S::SW2T;
@@ -392,7 +400,7 @@ struct BwdProblem {
         if (!wait_at_least(sdg_all(), s.shared_rt * S::SDG_N, buf->rank, kPhaseSWgrad, 1))
           return stop_task();
         fence_proxy_async_global();
-        const int mt = j % (2 * C::IS / BM), nt = j / (2 * C::IS / BM);
+        const int mt = j % S::MT_2IS, nt = j / S::MT_2IS;
         return Task{kSWgrad1 | MN, mt * BM, nt * BN, 0, mt * BM, nt * BN, -1, kt};
       }
       j -= S::SW1T;
@@ -418,11 +426,11 @@ struct BwdProblem {
       kb = (seg.z - seg.y) / 64;
     }
     if (tt < S::W2T) {  // dW2_e [D, I] = (w dy)^T a
-      const int mt = tt % (C::D / BM), nt = tt / (C::D / BM);
+      const int mt = tt % S::MT_D, nt = tt / S::MT_D;
       return Task{kWgrad2 | MN, mt * BM, nt * BN, k0, mt * BM, nt * BN, sid, kb};
     }
     const int t1 = tt - S::W2T;  // dW1_e [2I, D] = dh^T x
-    const int mt = t1 % (2 * C::I / BM), nt = t1 / (2 * C::I / BM);
+    const int mt = t1 % S::MT_2I, nt = t1 / S::MT_2I;
     return Task{kWgrad1 | MN, mt * BM, nt * BN, k0, mt * BM, nt * BN, sid, kb};
   }
 
@@ -499,9 +507,11 @@ struct BwdProblem {
     }
   }
 
-  // gate/up + SwiGLU that also keeps the pre-activations (the replay and the shared expert)
+  // gate/up + SwiGLU that also keeps the pre-activations (the replay and the shared expert);
+  // n_valid: the tile's output columns inside NI
   MOKGEN_DEV void gate_up_epilogue(const Task& t, const float (&acc)[BN / 2], int cwg,
-                                   __nv_bfloat16* pre, __nv_bfloat16* act, int NI) const {
+                                   __nv_bfloat16* pre, __nv_bfloat16* act, int NI,
+                                   int n_valid) const {
     for_each_dual_pair<BN>(acc, cwg, t.m_valid,
                            [&](int r, int c, float g0, float g1, float u0, float u1) {
       const size_t row = (size_t)r;
@@ -510,7 +520,7 @@ struct BwdProblem {
           __floats2bfloat162_rn(u0, u1);
       *reinterpret_cast<__nv_bfloat162*>(act + row * NI + c) =
           __floats2bfloat162_rn(silu(g0) * u0, silu(g1) * u1);
-    });
+    }, n_valid);
   }
 
   // A weight-gradient tile: one segment's contribution, summed in segment order (fp32 in
@@ -546,7 +556,10 @@ struct BwdProblem {
     const int n_valid = op == kWgrad2  ? cols_valid<C::I, BN>(t.c_col0)
                         : op == kSWgrad2 ? cols_valid<C::IS, BN>(t.c_col0)
                                          : cols_valid<C::D, BN>(t.c_col0);  // dW1, dsw1
-    for_each_acc_pair<BN>(acc, cwg, BM, [&](int r, int c, float v0, float v1) {
+    const int m_valid = op == kWgrad1    ? rows_valid<2 * C::I, BM>(t.c_row0)
+                        : op == kSWgrad1 ? rows_valid<2 * C::IS, BM>(t.c_row0)
+                                         : rows_valid<C::D, BM>(t.c_row0);  // dW2, dsw2
+    for_each_acc_pair<BN>(acc, cwg, m_valid, [&](int r, int c, float v0, float v1) {
       const size_t o = (size_t)r * ld + c;
       if (idx > 0) {  // L2 only: another SM wrote the running sum
         const float2 prev = __ldcg(reinterpret_cast<const float2*>(ws + o));
@@ -563,10 +576,12 @@ struct BwdProblem {
     const int row0 = 64 * cwg;  // this warpgroup's first tile row
     if (op == kSGateUp) {
       gate_up_epilogue(t, acc, cwg, buf->hs_pre + (size_t)t.c_row0 * 2 * C::IS + t.c_col0,
-                       buf->hs_a + (size_t)t.c_row0 * C::IS + t.c_col0, C::IS);
+                       buf->hs_a + (size_t)t.c_row0 * C::IS + t.c_col0, C::IS,
+                       cols_valid<C::IS, BN / 2>(t.c_col0));
     } else if (op == kReplay) {
       gate_up_epilogue(t, acc, cwg, buf->ring_h + (size_t)t.a_row0 * 2 * C::I + t.c_col0,
-                       buf->ring_a + (size_t)t.a_row0 * C::I + t.c_col0, C::I);
+                       buf->ring_a + (size_t)t.a_row0 * C::I + t.c_col0, C::I,
+                       cols_valid<C::I, BN / 2>(t.c_col0));
     } else if (op == kSDgrad) {
       const __nv_bfloat16* hp[2];
       __nv_bfloat16* dhp[2];
@@ -659,8 +674,8 @@ struct BwdProblem {
         const int4 seg = buf->segs[t.m_valid];
         if (seg.z == seg.y) break;  // a zero tile of an expert without rows
         const int tt = op == kWgrad2
-            ? (t.c_col0 / BN) * (C::D / BM) + t.c_row0 / BM
-            : S::W2T + (t.c_col0 / BN) * (2 * C::I / BM) + t.c_row0 / BM;
+            ? (t.c_col0 / BN) * S::MT_D + t.c_row0 / BM
+            : S::W2T + (t.c_col0 / BN) * S::MT_2I + t.c_row0 / BM;
         signal_add(wg_seq() + seg.x * S::WT + tt);
         signal_add(fin_done() + (seg.z - 1) / C::B);  // the unit it is listed under
         break;

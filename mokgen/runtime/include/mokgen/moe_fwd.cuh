@@ -87,16 +87,18 @@ struct FwdBuffers {
 template <class C, class Cfg>
 struct FwdSchedule {
   static constexpr int BM = Cfg::BM, BN = Cfg::BN;
-  static constexpr int GU_N = C::I / (BN / 2);  // gate/up tiles per row tile (BN/2 outputs)
-  static constexpr int DN_N = ceil_div(C::D, BN);  // down tiles per row tile (an odd
-                                                    // multiple of BN/2: an edge tile last)
-  static constexpr int SGU_N = C::IS / (BN / 2);
+  // tiles per row tile; a width that is not a multiple of the tile ends in an edge tile
+  // (cols_valid, gemm_tile.cuh)
+  static constexpr int GU_N = ceil_div(C::I, BN / 2);  // gate/up (BN/2 outputs each)
+  static constexpr int DN_N = ceil_div(C::D, BN);      // down
+  static constexpr int SGU_N = ceil_div(C::IS, BN / 2);
   static constexpr int RT_FULL = C::B / BM;     // row tiles in a full minibatch
   static_assert(C::B % BM == 0, "minibatch must be a multiple of the tile rows");
   static_assert(C::SLOTS >= 2, "the lagged task order needs a ring of at least 2 minibatches");
-  static_assert(C::I % (BN / 2) == 0 && C::D % (BN / 2) == 0 &&
-                    (C::IS == 0 || C::IS % (BN / 2) == 0),
-                "hidden / intermediate sizes must be multiples of 128");
+  static_assert(C::D % 8 == 0 && C::I % 8 == 0 && C::IS % 8 == 0,
+                "widths must be multiples of 8 (rows are 16-byte vectors, TMA strides 16 B)");
+  static_assert(C::Q == 0 || (C::D % 128 == 0 && C::I % 128 == 0),
+                "the fp8 tiles need hidden and intermediate to be multiples of 128");
 
   int rows, nm, n_macro, first_count, rt_last, shared_rt;
 
@@ -176,7 +178,9 @@ struct FwdProblem {
   const PeerTable<C::R>* peers;
   const FwdBuffers* buf;
   S s;
-  static constexpr int k_d = C::D / 64, k_i = C::I / 64, k_is = C::IS / 64;  // K blocks
+  // K blocks; TMA zero-fills a K tail past the width in both operands
+  static constexpr int k_d = ceil_div(C::D, 64), k_i = ceil_div(C::I, 64);
+  static constexpr int k_is = ceil_div(C::IS, 64);
   // routed tiles: their opcode bits and K blocks (fp8 slices are 128 wide)
   static constexpr int kRouted = C::Q ? kF8 : 0;
   static constexpr int k_rd = C::Q ? C::D / 128 : k_d, k_ri = C::Q ? C::I / 128 : k_i;
@@ -298,6 +302,8 @@ struct FwdProblem {
       const int ld = t.op == kSharedGateUp ? C::IS : C::I;
       __nv_bfloat16* pre = t.op == kGateUp && buf->ring_h
           ? buf->ring_h + (size_t)t.a_row0 * 2 * C::I + t.c_col0 : nullptr;
+      const int n_valid = t.op == kSharedGateUp ? cols_valid<C::IS, BN / 2>(t.c_col0)
+                                                : cols_valid<C::I, BN / 2>(t.c_col0);
       for_each_dual_pair<BN>(acc, cwg, t.m_valid,
                              [&](int r, int c, float g0, float g1, float u0, float u1) {
         *reinterpret_cast<__nv_bfloat162*>(out + (size_t)r * ld + c) =
@@ -308,7 +314,7 @@ struct FwdProblem {
           *reinterpret_cast<__nv_bfloat162*>(pre + (size_t)r * 2 * C::I + C::I + c) =
               __floats2bfloat162_rn(u0, u1);
         }
-      });
+      }, n_valid);
       fence_proxy_async_global();  // the down GEMM reads these rows through TMA
     } else if (op == kSharedDown) {
       float* out = buf->y_shared + (size_t)t.c_row0 * C::D + t.c_col0;
