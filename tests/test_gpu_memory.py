@@ -90,6 +90,7 @@ def test_checkpointed_stack_replays_nothing_and_matches_bitwise():
     x = torch.randn(TOKENS, SHAPE.hidden, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn_like(x)
     step(plain, x, dy)  # builds the kernels and the workspace
+    step(ckpt, x, dy)
     rt = runtime_of(plain.moes[0])
     assert rt is runtime_of(ckpt.moes[0]), "one plan, one workspace"
     before = dict(rt.stats)

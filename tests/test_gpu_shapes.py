@@ -52,10 +52,16 @@ def test_odd_expert_counts_forward_and_backward(e, k, ep):
     check(ours, ref)
 
 
-def test_qwen15_moe_forward_at_its_widths():
-    """60 experts with Qwen1.5-MoE-A2.7B's own widths (I 1408, shared 5632): a forward, and
-    no backward kernel (the plan says why)."""
+def test_qwen15_moe_at_its_widths():
+    """60 experts with Qwen1.5-MoE-A2.7B's own widths (I 1408 = 11 x 128: dgrad and dW2 end
+    in an edge tile; shared 5632), forward and backward."""
     shape = mokgen.shapes.get("qwen1.5-moe-a2.7b")
     layer = mokgen.compile(shape, ep=4, tokens_per_rank=200, virtual=True)
-    assert "bwd" not in layer.binaries
-    check_forward(shape, layer, make_inputs(shape, 4, 200))
+    inputs = make_inputs(shape, 4, 200)
+    check_forward(shape, layer, inputs)
+    dys = [torch.randn_like(x) for x in inputs["x"]]
+    layer.backward_runtime().poison()
+    ours = grads_of(layer, inputs, dys)
+    torch.cuda.synchronize()
+    layer.synchronize()
+    check(ours, reference_grads(shape, inputs, dys))
