@@ -131,10 +131,11 @@ class BackwardScratch:
 
 def backward_tiles(s: LayerSpec) -> tuple[int, int]:
     """(dgrad tiles across I, weight-gradient tiles per expert) of the backward kernel
-    (moe_bwd.cuh BwdSchedule DG_N, WT: 256-wide tiles, the last one masked where a width is
-    an odd multiple of 128); the runtime checks them against the cubin's mokgen_bwd_tiles."""
-    dg, dx = -(-s.intermediate // BN), -(-s.hidden // BN)
-    return dg, (s.hidden // BM) * dg + (2 * s.intermediate // BM) * dx
+    (moe_bwd.cuh BwdSchedule DG_N, WT: 256 x 128 tiles, the last ones masked where a width
+    is not a multiple); the runtime checks them against the cubin's mokgen_bwd_tiles."""
+    up = lambda a, b: -(-a // b)  # noqa: E731 - edge tiles round every count up
+    dg, dx = up(s.intermediate, BN), up(s.hidden, BN)
+    return dg, up(s.hidden, BM) * dg + up(2 * s.intermediate, BM) * dx
 
 
 def backward_counter_words(s: LayerSpec) -> int:
