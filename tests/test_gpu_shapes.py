@@ -14,8 +14,8 @@ pytestmark = pytest.mark.gpu
 
 def reduced(e: int, k: int) -> mokgen.MoEShape:
     """40 experts: Granite-3.0-3B-A800M's layer (D 1536, I 512, no shared expert) with top-k
-    k. 60 experts: Qwen1.5-MoE-A2.7B's count and shared expert, at widths that have a backward
-    kernel (its intermediate 1408 has none yet: test_qwen15_moe_forward_at_its_widths)."""
+    k. 60 experts: Qwen1.5-MoE-A2.7B's count and shared expert at reduced widths (its own
+    widths: test_qwen15_moe_at_its_widths)."""
     if e == 40:
         return dataclasses.replace(mokgen.shapes.get("granite-3.0-3b-a800m"), topk=k)
     return mokgen.MoEShape(60, 1024, 512, k, shared_intermediate=1024, name="qwen1.5-reduced")
@@ -65,3 +65,29 @@ def test_qwen15_moe_at_its_widths():
     torch.cuda.synchronize()
     layer.synchronize()
     check(ours, reference_grads(shape, inputs, dys))
+
+
+@pytest.mark.parametrize("name", mokgen.shapes.PRESETS_MODELS)
+def test_every_model_preset_reduced(name):
+    """Each public model's layer with its own D, I, k and shared width (so its tails), fewer
+    experts (at most 16, and at least k) and 300 tokens over 2 virtual ranks where E allows:
+    forward and gradients against the reference."""
+    full = mokgen.shapes.get(name)
+    e = max(full.topk, min(full.num_experts, 16))
+    e += e % 2 if e < full.num_experts else 0  # even where it can be: 2 ranks
+    shape = dataclasses.replace(full, num_experts=e)
+    ep = 2 if e % 2 == 0 else 1
+    layer = mokgen.compile(shape, ep=ep, tokens_per_rank=300, virtual=True)
+    inputs = make_inputs(shape, ep, 300)
+    check_forward(shape, layer, inputs)
+    dys = [torch.randn_like(x) for x in inputs["x"]]
+    layer.backward_runtime().poison()
+    ours = grads_of(layer, inputs, dys)
+    torch.cuda.synchronize()
+    layer.synchronize()
+    ref = reference_grads(shape, inputs, dys)
+    if shape.topk == 1:  # one route's weight is 1 whatever the logits: their gradient is zero
+        for r, g in enumerate(ours.pop("router_logits")):
+            assert g is not None and g.abs().max() <= 1e-3, f"router_logits[{r}]"
+        ref.pop("router_logits")
+    check(ours, ref)
