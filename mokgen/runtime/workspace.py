@@ -22,7 +22,7 @@ import torch
 from .peers import peer_shapes
 
 BF16 = torch.bfloat16
-BN, BM = 256, 128  # the backward's GemmCfg<256, 4> (bwd.cu.j2): N and M of a tile
+BN = 256  # the backward's GemmCfg<256, 4> (bwd.cu.j2): a tile's N (checked against the cubin)
 
 
 @dataclass(frozen=True)
@@ -134,13 +134,13 @@ def backward_tiles(s: LayerSpec) -> tuple[int, int]:
     (moe_bwd.cuh BwdSchedule DG_N, WT: 256 x 128 tiles, the last ones masked where a width
     is not a multiple); the runtime checks them against the cubin's mokgen_bwd_tiles."""
     up = lambda a, b: -(-a // b)  # noqa: E731 - edge tiles round every count up
-    dg, dx = up(s.intermediate, BN), up(s.hidden, BN)
-    return dg, up(s.hidden, BM) * dg + up(2 * s.intermediate, BM) * dx
+    dg, dx, bm = up(s.intermediate, BN), up(s.hidden, BN), s.block_m
+    return dg, up(s.hidden, bm) * dg + up(2 * s.intermediate, bm) * dx
 
 
 def backward_counter_words(s: LayerSpec) -> int:
-    mb, rt_full = s.max_minibatches, s.minibatch // BM
-    srt = -(-s.tokens_per_rank // BM)
+    mb, rt_full = s.max_minibatches, s.minibatch // s.block_m
+    srt = -(-s.tokens_per_rank // s.block_m)
     return 1 + mb * (2 + 2 * rt_full) + s.local_experts * backward_tiles(s)[1] + 2 * srt + 2
 
 
