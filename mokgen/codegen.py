@@ -27,7 +27,8 @@ def constants(plan: Plan) -> dict:
                 shared_dim=s.shared_dim, block_m=plan.block_m, minibatch=plan.minibatch,
                 macrobatch=plan.macrobatch, ring_slots=plan.ring_slots, ep=plan.ep,
                 comm_sms=plan.comm_sms_fwd, comm_sms_bwd=plan.comm_sms_bwd,
-                num_sms=plan.num_sms, scale_block=plan.scale_block)
+                num_sms=plan.num_sms, scale_block=plan.scale_block,
+                profile_mask=abi.profile_mask(plan.profile))
 
 
 # what each unit's source checks of the host <-> device interface (runtime/abi.py)
@@ -58,6 +59,7 @@ def abi_checks(unit: str) -> str:
             for i, k in enumerate(abi.WATCH_FIELDS)]
     out.append(f"static_assert(mokgen::kWatchWords <= {abi.WATCH_WORDS}, \"kWatchWords {why}\");")
     out.append(f"static_assert(mokgen::kWatchMagic == {abi.WATCH_MAGIC:#x}u, \"kWatchMagic {why}\");")
+    out += [f"static_assert(mokgen::{k} == {v}u, \"{k} {why}\");" for k, v in abi.PROFILES.values()]
     return "\n".join(out)
 
 

@@ -22,7 +22,7 @@ BLOCK_M = 128  # GEMM tile rows: two consumer warpgroups of 64 rows (wgmma m64)
 
 # Fields a caller may force. Everything else is derived.
 OVERRIDABLE = COMM_OPS + ("comm_sms_fwd", "comm_sms_bwd", "minibatch", "macrobatch",
-                          "ring_budget_bytes", "arch", "reserve_sms", "overlap_comm")
+                          "ring_budget_bytes", "arch", "reserve_sms", "overlap_comm", "profile")
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class Plan:
     scale_block: int = 0             # elements per scale along K: 0 (bf16), 128 (fp8), 32 (mx)
     row_bytes: int | None = None     # bytes of one dispatched token row (data + scales)
     # sm_partition
+    profile: tuple = ()          # timing-only kernel variants (runtime/abi.py PROFILES): wrong results
     overlap_comm: bool = False   # the user runs collectives (FSDP gathers) beside the layer
     reserve_sms: int = 0         # SMs left free for them: no CTA of the megakernels runs there
     num_sms: int | None = None   # CTAs of each persistent launch: the GPU's SMs - reserve_sms
@@ -88,7 +89,7 @@ class Plan:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["shape"] = self.shape.to_dict()
         d["signals"] = [list(s) for s in self.signals]
-        for key in ("forced", "quant_fused", "notes"):
+        for key in ("forced", "quant_fused", "notes", "profile"):
             d[key] = list(d[key])
         return d
 
@@ -100,8 +101,8 @@ class Plan:
         d = json.loads(text)
         d["shape"] = MoEShape.from_dict(d["shape"])
         d["signals"] = tuple(tuple(s) for s in d["signals"])
-        for key in ("forced", "quant_fused", "notes"):
-            d[key] = tuple(d[key])
+        for key in ("forced", "quant_fused", "notes", "profile"):
+            d[key] = tuple(d.get(key, ()))
         return cls(**d)
 
     def key(self) -> str:
@@ -133,6 +134,8 @@ class Plan:
             ("expected replay rows", self.expected_replay_rows),
             ("fused quantization", ", ".join(self.quant_fused) or "none"),
             ("forced", ", ".join(self.forced) or "none"),
+            *([("PROFILING BUILD", ", ".join(self.profile) + ": results are wrong")]
+              if self.profile else []),
             ("backward", f"no: {why}" if (why := backward_unsupported(self)) else "yes"),
         ]
         width = max(len(k) for k, _ in rows)
@@ -172,6 +175,13 @@ def initial_plan(shape: MoEShape, ep: int, dtype: str, tokens_per_rank: int,
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= gpu.num_sms // 2:
             raise ValueError(f"reserve_sms must be an int in [0, {gpu.num_sms // 2}] (at most "
                              f"half of the GPU's {gpu.num_sms} SMs), got {v!r}")
+    if "profile" in overrides:
+        from .runtime.abi import PROFILES
+
+        v = overrides["profile"]
+        if not isinstance(v, (tuple, list)) or not set(v) <= set(PROFILES):
+            raise ValueError(f"profile must be a tuple of {tuple(PROFILES)}, got {v!r}")
+        overrides["profile"] = tuple(sorted(set(v)))
     if "overlap_comm" in overrides and not isinstance(overrides["overlap_comm"], bool):
         raise ValueError(f"overlap_comm must be True or False, got {overrides['overlap_comm']!r}")
     usable = gpu.num_sms - overrides.get("reserve_sms", 0)

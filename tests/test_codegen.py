@@ -8,6 +8,7 @@ import pytest
 
 import mokgen
 from mokgen import build, codegen, limits
+from mokgen.runtime import abi
 
 PRESETS = ("kimi-k2.7", "glm-5.2", "qwen3.5-397b-a17b", "deepseek-v4-pro")
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
@@ -207,5 +208,30 @@ def test_width_rules():
 def test_8_multiple_widths_compile_without_spills(name):
     shape, dtype = WIDTHS_8[name]
     layer = mokgen.compile(shape, ep=2, dtype=dtype, tokens_per_rank=512)
+    assert set(layer.binaries) == {"prologue", "fwd", "bwd"}
+    assert_no_spills_nor_serialized_wgmma(layer)
+
+
+def test_profile_is_a_plan_decision_that_reaches_the_source():
+    """Profiling variants are a plan option rendered into the GEMM configuration (no #ifdefs
+    in the headers); unknown names are refused; the table says the build is for timing."""
+    s = mokgen.shapes.get("gpu-small")
+    base = mokgen.plan(s, ep=2, tokens_per_rank=256)
+    prof = mokgen.plan(s, ep=2, tokens_per_rank=256, profile=["no_routed_wgrad", "no_dh_quant"])
+    assert prof.profile == ("no_dh_quant", "no_routed_wgrad") and prof.key() != base.key()
+    assert "PROFILING BUILD" in str(prof) and "PROFILING BUILD" not in str(base)
+    src = {k.name.split("_")[0]: k.source for k in codegen.emit(prof)}
+    assert "/*PROF*/ 3>" in src["bwd"] and "/*PROF*/ 0>" in codegen.emit(base)[2].source
+    with pytest.raises(ValueError, match="profile must be a tuple of"):
+        mokgen.plan(s, ep=2, profile=("faster",))
+    for header in (build.INCLUDE_DIR / "mokgen").glob("*.cuh"):
+        assert "MOKGEN_PROFILE" not in header.read_text(), header.name
+
+
+@needs_nvcc
+@pytest.mark.nvcc
+def test_profile_variants_compile():
+    layer = mokgen.compile(mokgen.shapes.get("gpu-small"), ep=2, dtype="fp8",
+                           tokens_per_rank=256, profile=tuple(abi.PROFILES))
     assert set(layer.binaries) == {"prologue", "fwd", "bwd"}
     assert_no_spills_nor_serialized_wgmma(layer)

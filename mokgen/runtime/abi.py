@@ -82,6 +82,17 @@ def phase_text(code: int) -> str:
     return f"phase {code}"
 
 
+# Timing-only kernel variants a plan may ask for (Plan.profile): name -> the bit of
+# gemm_tile.cuh's Profile that codegen sets in GemmCfg's PROF.
+PROFILES = {"no_routed_wgrad": ("kProfNoRoutedWgrad", 1), "no_dh_quant": ("kProfNoDhQuant", 2),
+            "fp8_no_promote": ("kProfFp8NoPromote", 4),
+            "fp8_plain_epilogue": ("kProfFp8PlainEpilogue", 8)}
+
+
+def profile_mask(names) -> int:
+    return sum(PROFILES[n][1] for n in names)
+
+
 _FORMAT = {"ptr": "Q", "u64": "Q", "i32": "i"}
 
 

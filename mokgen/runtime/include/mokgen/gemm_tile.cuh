@@ -70,9 +70,20 @@ struct PipeState {
   }
 };
 
-template <int BN_, int STAGES_, int Q_ = 0, int TASK_SLOTS_ = 4>
+// Profiling variants: a plan's `profile` (runtime/abi.py PROFILES), rendered by codegen as a
+// mask. Timing-only builds whose results are wrong; 0 in every other plan, where each branch
+// on it folds away at compile time.
+enum Profile : unsigned {
+  kProfNoRoutedWgrad = 1u,    // the backward skips the routed weight-gradient tiles
+  kProfNoDhQuant = 2u,        // the fp8 dgrad epilogue does not quantize dh
+  kProfFp8NoPromote = 4u,     // fp8 tiles: the wgmma stream alone, no scale promotion
+  kProfFp8PlainEpilogue = 8u  // the fp8 forward's gate/up epilogue: no SwiGLU, no quantization
+};
+
+template <int BN_, int STAGES_, int Q_ = 0, unsigned PROF_ = 0, int TASK_SLOTS_ = 4>
 struct GemmCfg {
   static constexpr int BM = 128, BK = 64, BN = BN_, Q = Q_;
+  static constexpr unsigned PROF = PROF_;
   static constexpr int STAGES = STAGES_, TASK_SLOTS = TASK_SLOTS_;
   static constexpr int kThreads = 384;
   static constexpr int kConsumerWarps = 8;
@@ -311,33 +322,33 @@ MOKGEN_DEV bool consume_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const T
   const float* sb0 = wsb + (size_t)(t.b_row0 / 128) * t.k_blocks;
   const float* sb1 = wsb + (size_t)(b_half1_row(t) / 128) * t.k_blocks;
   bool ok = true;
-#ifdef MOKGEN_PROFILE_FP8_NO_PROMOTE  // profiling builds only (benchmarks/profile_fp8.py): the
-  // wgmma stream alone, accumulating straight into the accumulators (wrong results)
-  int prev = -1;
-  for (int kb = 0; kb < t.k_blocks; ++kb) {
-    ok &= mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());
-    const uint64_t da = make_desc_kmajor_sw128(sm.a_stage(ps.idx()) + cwg * 64 * 128);
-    wgmma_fence();
+  if constexpr ((Cfg::PROF & kProfFp8NoPromote) != 0) {  // profiling: the wgmma stream alone,
+    // accumulating straight into the accumulators (wrong results)
+    int prev = -1;
+    for (int kb = 0; kb < t.k_blocks; ++kb) {
+      ok &= mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());
+      const uint64_t da = make_desc_kmajor_sw128(sm.a_stage(ps.idx()) + cwg * 64 * 128);
+      wgmma_fence();
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint64_t db = make_desc_kmajor_sw128(sm.b_stage(ps.idx()) + h * HALF);
+      for (int h = 0; h < 2; ++h) {
+        const uint64_t db = make_desc_kmajor_sw128(sm.b_stage(ps.idx()) + h * HALF);
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        WgmmaFp8<128>::mma(*reinterpret_cast<float(*)[64]>(&acc[64 * h]),
-                           desc_advance_k16(da, kk), desc_advance_k16(db, kk), (kb | kk) != 0);
+        for (int kk = 0; kk < 4; ++kk)
+          WgmmaFp8<128>::mma(*reinterpret_cast<float(*)[64]>(&acc[64 * h]),
+                             desc_advance_k16(da, kk), desc_advance_k16(db, kk), (kb | kk) != 0);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();
+      if (prev >= 0) { __syncwarp(); if (lane0) mbar_arrive(&sm.empty()[prev]); }
+      prev = (int)ps.idx();
+      ps.template advance<Cfg::STAGES>();
     }
-    wgmma_commit();
-    wgmma_wait<1>();
-    if (prev >= 0) { __syncwarp(); if (lane0) mbar_arrive(&sm.empty()[prev]); }
-    prev = (int)ps.idx();
-    ps.template advance<Cfg::STAGES>();
+    wgmma_wait<0>();
+    wgmma_fence_regs(acc);
+    __syncwarp();
+    if (lane0 && prev >= 0) mbar_arrive(&sm.empty()[prev]);
+    return ok;
   }
-  wgmma_wait<0>();
-  wgmma_fence_regs(acc);
-  __syncwarp();
-  if (lane0 && prev >= 0) mbar_arrive(&sm.empty()[prev]);
-  return ok;
-#endif
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     float wb[2] = {1.f, 1.f};
     if constexpr (Q == 128) { wb[0] = __ldg(sb0 + kb); wb[1] = __ldg(sb1 + kb); }

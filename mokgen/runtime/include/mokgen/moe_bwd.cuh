@@ -163,9 +163,9 @@ struct BwdSchedule {
     return u == 0 ? shared_rt * DX_N : row_tiles(u - 1) * DX_N;
   }
   MOKGEN_DEV int wg_size(int u) const {
-#ifdef MOKGEN_PROFILE_NO_ROUTED_WGRAD  // profiling builds only (benchmarks/profile_bwd.py)
-    if (u > 0) return 0;
-#endif
+    if constexpr ((Cfg::PROF & kProfNoRoutedWgrad) != 0) {  // profiling (profile_bwd.py)
+      if (u > 0) return 0;
+    }
     return (u == 0 && C::IS ? SW2T + SW1T : 0) + segments(u) * WT;
   }
   MOKGEN_DEV int fin_size(int u) const { return dx_size(u) + wg_size(u); }
@@ -195,9 +195,8 @@ struct BwdSchedule {
   MOKGEN_DEV int pre_fin(int n) const {
     if (n <= 0) return 0;
     n = min(n, units());
-#ifdef MOKGEN_PROFILE_NO_ROUTED_WGRAD
-    return dx_size(0) + routed_sum(n, DX_N) + (C::IS ? SW2T + SW1T : 0) + seg_start[1] * WT;
-#endif
+    if constexpr ((Cfg::PROF & kProfNoRoutedWgrad) != 0)
+      return dx_size(0) + routed_sum(n, DX_N) + (C::IS ? SW2T + SW1T : 0) + seg_start[1] * WT;
     return dx_size(0) + routed_sum(n, DX_N) + (C::IS ? SW2T + SW1T : 0) + seg_start[n] * WT;
   }
   // block b in [0, units + 2): FIN(b-2) | DG(b-1) | R(b)
@@ -480,9 +479,7 @@ struct BwdProblem {
   // (quantize_quad_block; each half, d gate and d up, is the tile's 256 columns, of which an
   // edge tile has fewer: the blocks past I are skipped).
   MOKGEN_DEV void quantize_dh(const Task& t, const float (&acc)[BN / 2], int cwg) const {
-#ifdef MOKGEN_PROFILE_NO_DH_QUANT  // profiling builds only (benchmarks/profile_bwd.py)
-    return;
-#endif
+    if constexpr ((Cfg::PROF & kProfNoDhQuant) != 0) return;  // profiling (profile_bwd.py)
     if constexpr (C::Q > 0) {
       constexpr int G = C::Q / 8;  // 8-column groups per block
       const int row0 = 64 * cwg + acc_row(0);  // rows row0 (h = 0) and row0 + 8 (h = 1)

@@ -371,9 +371,7 @@ struct FwdProblem {
             __floats2bfloat162_rn(u0, u1);
       });
     }
-#ifdef MOKGEN_PROFILE_FP8_PLAIN_EPILOGUE  // profiling builds only: no SwiGLU / quantization
-    return;
-#endif
+    if constexpr ((Cfg::PROF & kProfFp8PlainEpilogue) != 0) return;  // profiling: no SwiGLU
 #pragma unroll
     for (int r = 0; r < BN / 4; ++r) acc[r] = silu(acc[r]) * acc[r + BN / 4];
     if (buf->ring_h != nullptr) {
