@@ -27,11 +27,9 @@ class BackwardPass(BackwardScratch):
         rt.adopt_module(mod)
         self.smem = struct.unpack("<i", cuda.read_global(mod, "mokgen_bwd_smem_bytes"))[0]
         # the kernel's tile counts (bwd.cu.j2): dgrad tiles across I, weight-gradient tiles
-        # per expert; the host sizes dw_part and the counters by them
-        self.dg_tiles, self.wg_tiles = struct.unpack(
-            "<2i", cuda.read_global(mod, "mokgen_bwd_tiles"))
+        # per expert, which BackwardScratch sized dw_part and the counters by
         tiles = struct.unpack("<2i", cuda.read_global(mod, "mokgen_bwd_tiles"))
-        if tiles != backward_tiles(rt.spec):  # what dw_part and the counters were sized by
+        if tiles != backward_tiles(rt.spec):
             raise RuntimeError(f"mokgen: the backward kernel's tile counts {tiles} differ "
                                f"from the workspace's {backward_tiles(rt.spec)}")
         self.f_bwd = mod.function("mokgen_bwd", self.smem)
