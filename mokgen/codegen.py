@@ -58,7 +58,8 @@ def abi_checks(unit: str) -> str:
     out += [f"static_assert(mokgen::{k} == {i}, \"{k} {why}\");"
             for i, k in enumerate(abi.WATCH_FIELDS)]
     out.append(f"static_assert(mokgen::kWatchWords <= {abi.WATCH_WORDS}, \"kWatchWords {why}\");")
-    out.append(f"static_assert(mokgen::kWatchMagic == {abi.WATCH_MAGIC:#x}u, \"kWatchMagic {why}\");")
+    out.append(f"static_assert(mokgen::kWatchMagic == {abi.WATCH_MAGIC:#x}u, "
+               f"\"kWatchMagic {why}\");")
     out += [f"static_assert(mokgen::{k} == {v}u, \"{k} {why}\");" for k, v in abi.PROFILES.values()]
     return "\n".join(out)
 

@@ -48,7 +48,7 @@ class Plan:
     scale_block: int = 0             # elements per scale along K: 0 (bf16), 128 (fp8), 32 (mx)
     row_bytes: int | None = None     # bytes of one dispatched token row (data + scales)
     # sm_partition
-    profile: tuple = ()          # timing-only kernel variants (runtime/abi.py PROFILES): wrong results
+    profile: tuple = ()          # timing-only variants (runtime/abi.py PROFILES): wrong results
     overlap_comm: bool = False   # the user runs collectives (FSDP gathers) beside the layer
     reserve_sms: int = 0         # SMs left free for them: no CTA of the megakernels runs there
     num_sms: int | None = None   # CTAs of each persistent launch: the GPU's SMs - reserve_sms
@@ -60,7 +60,6 @@ class Plan:
     ring_budget_bytes: int = 4 << 30
     macrobatch: int | None = None
     ring_bytes: int | None = None
-    ring_order: str | None = None          # "reverse": forward ends with a full ring
     max_routed_rows: int | None = None     # worst case rows one rank can receive (padded)
     expected_routed_rows: int | None = None
     expected_replay_rows: int | None = None
@@ -129,7 +128,7 @@ class Plan:
             ("minibatch (rows)", f"{self.minibatch} (tile {self.block_m})"),
             ("macrobatch (ring rows)", f"{self.macrobatch} = {self.ring_slots} slots, "
                                        f"{(self.ring_bytes or 0) / 2**20:.1f} MiB, "
-                                       f"order {self.ring_order}"),
+                                       "walked in reverse (macrobatch 0 stays resident)"),
             ("routed rows exp / max", f"{self.expected_routed_rows} / {self.max_routed_rows}"),
             ("expected replay rows", self.expected_replay_rows),
             ("fused quantization", ", ".join(self.quant_fused) or "none"),

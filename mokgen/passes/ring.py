@@ -45,6 +45,6 @@ def ring(plan: Plan) -> Plan:
         raise ValueError(f"macrobatch must be a multiple of the minibatch ({b}) and hold at "
                          f"least two minibatches, got {macro}")
     return plan.replace(
-        macrobatch=macro, ring_bytes=macro * row, ring_order="reverse",
+        macrobatch=macro, ring_bytes=macro * row,
         max_routed_rows=worst, expected_routed_rows=expected,
         expected_replay_rows=max(0, expected - macro))
