@@ -1,0 +1,136 @@
+"""mokgen against SonicMoE (issue #17), one GPU, whole layer at ep = 1, each with its own
+softmax top-k router, same input tokens and output gradient: forward and training step
+(forward + backward) TFLOP/s = 6 T k D I / t (x 3 for the step), and the peak memory of a
+step above what was allocated before the layer was built, its weights and their gradients
+excluded (workspace included).
+
+Getting SonicMoE onto the GPU machine (its CuTe DSL wheel is larger than one call carries):
+../shared/tools/peers/README.md. In the second device call, after installing:
+
+    PYTHONPATH=/tmp/peers:/tmp/peers/nvidia_cutlass_dsl/python_packages:$PWD \
+        python3 benchmarks/peers_sonicmoe.py --out $OUT
+
+Its first call per shape JIT-compiles for 1.5-3 minutes. Where sonicmoe does not import, the
+rows hold mokgen's numbers and None for SonicMoE's. Writes OUT/peers_sonicmoe.json.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import mokgen  # noqa: E402
+
+SHAPES = [  # (name, T, D, I, E, k): issue #17's table
+    ("qwen3-30b-a3b", 8192, 2048, 768, 128, 8),
+    ("olmoe-1b-7b", 8192, 2048, 1024, 64, 8),
+    ("qwen3-235b-a22b", 16384, 4096, 1536, 128, 8),
+    ("mixtral-8x7b", 8192, 4096, 14336, 8, 2),
+    ("sonicmoe-readme", 32768, 4096, 1024, 128, 8),
+]
+
+
+def sonicmoe_layer(D, I, E, k):
+    """SonicMoE's layer and its call, or None where the package is missing."""
+    try:
+        from sonicmoe import KernelBackendMoE, MoE
+        from sonicmoe.enums import ActivationType
+    except ImportError as e:
+        print(f"sonicmoe not importable ({e}): its columns stay empty", flush=True)
+        return None
+    layer = MoE(num_experts=E, num_experts_per_tok=k, hidden_size=D, intermediate_size=I,
+                activation_function=ActivationType.SWIGLU, add_bias=False,
+                std=0.02).to("cuda", torch.bfloat16)
+    return layer, lambda x: layer(x, kernel_backend_moe=KernelBackendMoE.sonicmoe)[0]
+
+
+def mokgen_layer(D, I, E, k, T):
+    shape = mokgen.MoEShape(E, D, I, k, shared_experts=0)
+    layer = mokgen.MoE(shape, tokens_per_rank=T).cuda()
+    return layer, layer
+
+
+def measure(make, T, D, iters):
+    """-> (forward ms, training step ms, peak MB) of the layer `make()` builds, or Nones."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(T, D, device="cuda", generator=g).bfloat16()
+    dy = torch.randn(T, D, device="cuda", generator=g).bfloat16()
+    base = torch.cuda.memory_allocated()
+    built = make()
+    if built is None:
+        return None, None, None
+    layer, call = built
+    params = sum(p.numel() * p.element_size() for p in layer.parameters())
+
+    def step():
+        xg = x.detach().requires_grad_()
+        call(xg).backward(dy)
+
+    def timed(fn):
+        for _ in range(3):
+            fn()
+        ts = []
+        for _ in range(iters):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b))
+        return sorted(ts)[len(ts) // 2]
+
+    with torch.no_grad():
+        fwd = timed(lambda: call(x))
+    train = timed(step)  # gradients exist from here on: counted as the weights' own
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - base - 2 * params) / 2**20
+    del layer, call, built
+    return fwd, train, peak
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    a = ap.parse_args(argv)
+    commit = os.environ.get("MOKGEN_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    rows = []
+    for name, T, D, I, E, k in SHAPES:
+        flops = 6 * T * k * D * I
+        m = measure(lambda: mokgen_layer(D, I, E, k, T), T, D, a.iters)
+        s = measure(lambda: sonicmoe_layer(D, I, E, k), T, D, a.iters)
+        tf = lambda ms, f: None if ms is None else f / ms / 1e9  # noqa: E731
+        rows.append(dict(shape=name, T=T, D=D, I=I, E=E, k=k,
+                         mokgen_fwd_tflops=tf(m[0], flops), sonicmoe_fwd_tflops=tf(s[0], flops),
+                         mokgen_train_tflops=tf(m[1], 3 * flops),
+                         sonicmoe_train_tflops=tf(s[1], 3 * flops),
+                         mokgen_peak_mb=m[2], sonicmoe_peak_mb=s[2]))
+        print(json.dumps(rows[-1]), flush=True)
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "peers_sonicmoe.json"), "w") as f:
+            json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                           commit=commit, rows=rows), f, indent=1)
+    fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
+    print("| shape | fwd mokgen | SonicMoE | train mokgen | SonicMoE | peak MB mokgen | SonicMoE |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['shape']} | {fmt(r['mokgen_fwd_tflops'])} | {fmt(r['sonicmoe_fwd_tflops'])} "
+              f"| {fmt(r['mokgen_train_tflops'])} | {fmt(r['sonicmoe_train_tflops'])} "
+              f"| {fmt(r['mokgen_peak_mb'])} | {fmt(r['sonicmoe_peak_mb'])} |")
+
+
+if __name__ == "__main__":
+    main()
