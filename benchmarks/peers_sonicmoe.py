@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import mokgen  # noqa: E402
+from mokgen.bench import time_ms  # noqa: E402
 
 SHAPES = [  # (name, T, D, I, E, k): issue #17's table
     ("qwen3-30b-a3b", 8192, 2048, 768, 128, 8),
@@ -75,22 +76,9 @@ def measure(make, T, D, iters):
         xg = x.detach().requires_grad_()
         call(xg).backward(dy)
 
-    def timed(fn):
-        for _ in range(3):
-            fn()
-        ts = []
-        for _ in range(iters):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b))
-        return sorted(ts)[len(ts) // 2]
-
     with torch.no_grad():
-        fwd = timed(lambda: call(x))
-    train = timed(step)  # gradients exist from here on: counted as the weights' own
+        fwd = time_ms(lambda: call(x), iters, warmup=3)
+    train = time_ms(step, iters, warmup=3)  # gradients exist from here on: counted as the weights' own
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     step()

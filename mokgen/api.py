@@ -142,10 +142,13 @@ class CompiledMoE:
 
     def backward_raw(self, dys, xs, w1s, w2s, shared_w1, shared_w2, routes, generation):
         """(dxs, dweights [n, k] fp32, dw1s, dw2s, dshared_w1, dshared_w2) of a forward_raw
-        call with save=True; per-rank lists like it."""
+        call with save=True; per-rank lists like it. `routes` may be a caller's own (int64
+        experts, bf16 weights): the kernels read int32 and fp32 when they re-schedule, as
+        the forward's check_routes gave them."""
         bwd = self.backward_runtime()
         bwd.rt.check()
         dys = [dy.to(torch.bfloat16).contiguous() for dy in dys]
+        routes = [(e.int().contiguous(), w.float().contiguous()) for e, w in routes]
         return bwd.backward(dys, xs, w1s, w2s, shared_w1, shared_w2, routes, generation)
 
     def synchronize(self) -> None:

@@ -194,11 +194,7 @@ class _LazyKernels:
         return "bwd" in self.layer().binaries
 
     def backward(self, dy, x, w1, w2, sw1, sw2, routes, generation):
-        """-> (dx, dweights [n, k], dw1, dw2, dshared_w1, dshared_w2). `routes` as the op
-        saved them (a caller's may be int64 / bf16): the kernels read int32 experts and fp32
-        weights when they re-schedule, as the forward's check_routes gave them."""
-        experts, weights = routes
-        routes = (experts.int().contiguous(), weights.float().contiguous())
+        """-> (dx, dweights [n, k], dw1, dw2, dshared_w1, dshared_w2)."""
         dxs, dws, dw1s, dw2s, dsw1, dsw2 = self.layer().backward_raw(
             [dy], [x], [w1], [w2], sw1, sw2, [routes], generation)
         return dxs[0], dws[0], dw1s[0], dw2s[0], dsw1, dsw2
