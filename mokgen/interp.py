@@ -11,8 +11,9 @@ What it mirrors, per rank (virtual ranks run one after another, as on one GPU):
 - per tile of `block_m` rows (one expert): gate/up GEMM + SwiGLU, down GEMM times the router
   weight, pushed to the owner's combine row; the owner sums its k rows in route order;
 - backward: macrobatch 0 straight from the ring, the rest replayed (x re-pulled, gate/up
-  recomputed), dy pulled, the router-weight gradient as <a, dy W2> (SonicMoE), dx pushed
-  back to the source, weight gradients summed in ring-position order;
+  recomputed), dy pulled, the router-weight gradient as <a, dy W2> (SonicMoE), dh and w * a
+  written over the ring's h and a, dx pushed back to the source, weight gradients summed in
+  ring-position order;
 - fp8 plans (`scale_block`): the routed GEMMs multiply quantized operands (tokens quantized
   per row by their owner, the SwiGLU output per row in the epilogue, weights per block: the
   values mokgen.quant.fake_quant gives; the ring holds the values before quantization, as
@@ -257,12 +258,14 @@ class Interpreter:
         da_unscaled = self._q(dy) @ self._q(w2[e].T, True).T         # down-proj input grad
         dw_buf[r, j] = (a * da_unscaled).sum(-1)[valid].float()       # router-weight grad
         da = da_unscaled * weight
-        dw2[e] += (dy * weight).T @ a
         g, u = h.chunk(2, dim=-1)
         sg = torch.sigmoid(g)
         dh = torch.cat([da * u * sg * (1 + g * (1 - sg)), da * g * sg], dim=-1)
         if self.fp8 is not None:  # the kernel stores dh in bf16, then quantizes that
             dh = dh.to(torch.bfloat16).to(dh.dtype)
+        # the kernel writes w * a over a and dh over h (it has no rings of its own for them)
+        st.ring_a[rr], st.ring_h[rr] = weight * a, dh
+        dw2[e] += dy.T @ st.ring_a[rr]
         dw1[e] += dh.T @ x
         self._push(dx_buf, st, lay, self._q(dh) @ self._q(w1[e].T, True).T,
                    scale=False)                                       # push reverse-dispatch

@@ -151,10 +151,10 @@ def test_fp8_backward_matches_the_quantized_reference(fmt, ep, tokens, overrides
     check_grads(ours, reference_grads(shape, inputs, dys, fp8=fmt),
                 reference_grads(shape, inputs, dys))
     if overrides:  # every ring slot was written: its e4m3 rows are mokgen.quant of its bf16
-        # (dy is quantized by the same pull as x, and its bf16 rows are not kept)
+        # (dy is quantized by the same pull as x; dh, bf16, lands over the pre-activations)
         bw, b = layer.backward_runtime(), layer.runtime().ranks[-1]
         for name, bf16, q8, sc in (("x", b.ring_x, b.ring_x8, b.ring_sx),
-                                   ("dh", bw.ring_dh, bw.ring_dh8, bw.ring_sdh)):
+                                   ("dh", b.ring_h, bw.ring_dh8, bw.ring_sdh)):
             assert_quantized(name, fmt, bf16, q8, sc)
 
 

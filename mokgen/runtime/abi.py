@@ -24,8 +24,7 @@ FWD_BUFFERS = (
 BWD_BUFFERS = (
     ("table", "ptr"), ("row_weight", "ptr"), ("meta", "ptr"), ("offsets", "ptr"),
     ("segs", "ptr"), ("seg_start", "ptr"), ("ring_x", "ptr"), ("ring_h", "ptr"),
-    ("ring_a", "ptr"), ("ring_dy", "ptr"), ("ring_do", "ptr"), ("ring_dh", "ptr"),
-    ("dw_part", "ptr"), ("hs_pre", "ptr"), ("hs_a", "ptr"), ("hs_dh", "ptr"),
+    ("ring_a", "ptr"), ("ring_dy", "ptr"), ("dw_part", "ptr"), ("hs_pre", "ptr"), ("hs_a", "ptr"), ("hs_dh", "ptr"),
     ("dx_shared", "ptr"), ("dw1", "ptr"), ("dw2", "ptr"), ("dsw1", "ptr"), ("dsw2", "ptr"),
     ("wg_acc", "ptr"), ("counters", "ptr"),
     ("ring_x8", "ptr"), ("ring_sx", "ptr"), ("ring_dy8", "ptr"), ("ring_sdy", "ptr"),
@@ -37,7 +36,7 @@ BWD_BUFFERS = (
 FWD_MAPS = ("x", "hs", "ring_x", "ring_a", "sw1", "sw2", "w1", "w2")
 BWD_MAPS = ("x_k", "sw1_k", "dy_k", "sw2_mn", "hs_dh_k", "sw1_mn", "dy_mn", "hs_a_mn",
             "hs_dh_mn", "x_mn", "ring_x_k", "w1_k", "ring_dy_k", "w2_mn", "ring_dh_k", "w1_mn",
-            "ring_do_mn", "ring_a_mn", "ring_dh_mn", "ring_x_mn")
+            "ring_dy_mn", "ring_a_mn", "ring_dh_mn", "ring_x_mn")
 FP8_MAPS = ("ring_x", "ring_a", "w1", "w2", "ring_sx", "ring_sa", "w1s", "w2s")
 FP8_BWD_MAPS = ("ring_x", "w1", "ring_dy", "w2t", "ring_dh", "w1t", "ring_sx", "ring_sdy",
                 "ring_sdh", "w1s", "w2ts", "w1ts")

@@ -38,8 +38,7 @@ class BackwardPass(BackwardScratch):
         self.f_segments = rt.modules[0].function("mokgen_sched_segments")
 
     def poison(self) -> None:
-        for t in (self.ring_dy, self.ring_do, self.ring_dh, self.dw_part, self.hs_pre, self.hs_a,
-                  self.hs_dh, self.wg_acc):
+        for t in (self.ring_dy, self.dw_part, self.hs_pre, self.hs_a, self.hs_dh, self.wg_acc):
             if t is not None:
                 t.fill_(float("nan"))
         if self.rt.spec.scale_block:
@@ -125,9 +124,10 @@ class BackwardPass(BackwardScratch):
                 "x_mn": mp(x, n, D, 64),
                 "ring_x_k": mp(b.ring_x, M, D, 128), "w1_k": mp(w1, L * 2 * I, D, 128),
                 "ring_dy_k": mp(self.ring_dy, M, D, 128), "w2_mn": mp(w2, L * D, I, 64),
-                "ring_dh_k": mp(self.ring_dh, M, 2 * I, 128), "w1_mn": mp(w1, L * 2 * I, D, 64),
-                "ring_do_mn": mp(self.ring_do, M, D, 64), "ring_a_mn": mp(b.ring_a, M, I, 64),
-                "ring_dh_mn": mp(self.ring_dh, M, 2 * I, 64),
+                # dh lands over the pre-activations, w * a over a (moe_bwd.cuh, DG)
+                "ring_dh_k": mp(b.ring_h, M, 2 * I, 128), "w1_mn": mp(w1, L * 2 * I, D, 64),
+                "ring_dy_mn": mp(self.ring_dy, M, D, 64), "ring_a_mn": mp(b.ring_a, M, I, 64),
+                "ring_dh_mn": mp(b.ring_h, M, 2 * I, 64),
                 "ring_x_mn": mp(b.ring_x, M, D, 64)}
         maps_raw = abi.pack_maps(abi.BWD_MAPS, maps, cuda.tensor_map_bytes)
         f8, fp8_fields = self._fp8_operands(b, w1, w2)
@@ -136,8 +136,7 @@ class BackwardPass(BackwardScratch):
         bufs = abi.pack(
             abi.BWD_BUFFERS, table=b.table, row_weight=b.row_weight, meta=b.meta,
             offsets=b.offsets, segs=self.segs, seg_start=self.seg_start, ring_x=b.ring_x,
-            ring_h=b.ring_h, ring_a=b.ring_a, ring_dy=self.ring_dy, ring_do=self.ring_do,
-            ring_dh=self.ring_dh, dw_part=self.dw_part, hs_pre=self.hs_pre, hs_a=self.hs_a,
+            ring_h=b.ring_h, ring_a=b.ring_a, ring_dy=self.ring_dy, dw_part=self.dw_part, hs_pre=self.hs_pre, hs_a=self.hs_a,
             hs_dh=self.hs_dh, dx_shared=b.y_shared, dw1=dw1, dw2=dw2, dsw1=dsw1, dsw2=dsw2,
             wg_acc=self.wg_acc, counters=self.counters, **fp8_fields, n_tokens=n,
             max_minibatches=s.max_minibatches, rank=rt.peers.hosted_ranks[i],

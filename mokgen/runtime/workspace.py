@@ -98,7 +98,8 @@ class RankBuffers:
 
 class BackwardScratch:
     """The backward's own buffers, shared by the hosted ranks (their kernels run one after
-    another): the rings of dy, dy.W2 and dh, the shared expert's recomputed activations, the
+    another): the ring of dy (dh and w * a go over the forward's h and a rings, which the
+    backward consumes: moe_bwd.cuh), the shared expert's recomputed activations, the
     tables of weight-gradient segments and, only where an expert's rows can span several
     ring passes (`LayerSpec.needs_wg_acc`), the fp32 running sums of its weight gradients."""
 
@@ -108,8 +109,6 @@ class BackwardScratch:
         IS, L = max(s.shared_dim, 64), s.local_experts
         e = dict(dtype=BF16, device=dev)
         self.ring_dy = torch.empty(M, D, **e)
-        self.ring_do = torch.empty(M, D, **e)
-        self.ring_dh = torch.empty(M, 2 * I, **e)
         self.dw_part = torch.empty(s.max_rows, backward_tiles(s)[0], dtype=torch.float32,
                                    device=dev)
         self.hs_pre = torch.empty(N, 2 * IS, **e)

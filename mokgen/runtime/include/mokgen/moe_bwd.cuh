@@ -3,17 +3,20 @@
 // Mirrors the forward (moe_fwd.cuh): comm CTAs [0, COMM) walk the minibatches in backward
 // order (ascending: macrobatch 0, which the forward left in the ring, comes first), wait until
 // the ring slot's previous minibatch is finished, re-pull x for minibatches the ring lost
-// (replay) and pull dy from the tokens' owners (pull reverse-combine, written both as is and
-// times the router weight), then raise the minibatch's ready count. Compute CTAs run the GEMM
+// (replay) and pull dy from the tokens' owners (pull reverse-combine), then raise the
+// minibatch's ready count. Compute CTAs run the GEMM
 // engine over one task list (BwdSchedule). Per unit (0: the rank-local work, the shared
 // expert; u >= 1: minibatch u-1):
 //   R   replay: gate/up of a minibatch the ring lost -> ring_h (pre-activations), ring_a
 //   DG  dy W2_e (W2 read MN-major), epilogue: the router-weight gradient <a, dy W2_e> as
 //       per-tile partial sums (no down-projection output is materialized), then the SwiGLU
-//       backward of w * dy W2_e -> ring_dh = [d gate, d up]
-//   DX  ring_dh W1_e (MN-major) -> pushed to the owner's dx rows (push reverse-dispatch); the
+//       backward of w * dy W2_e -> dh = [d gate, d up], written over the pre-activations it
+//       was computed from (ring_h), and w * a written over a (ring_a): the rings the forward
+//       left are the backward's too, so it needs no dh or w-scaled dy ring of its own (the
+//       generation counter already retires the forward's rings once a backward ran)
+//   DX  dh W1_e (MN-major) -> pushed to the owner's dx rows (push reverse-dispatch); the
 //       first column tile also sums the router-weight partials and pushes them
-//   WG  weight gradients of each expert segment: dW2_e += (w dy)^T a, dW1_e += dh^T x, both
+//   WG  weight gradients of each expert segment: dW2_e += dy^T (w a), dW1_e += dh^T x, both
 //       operands MN-major, K = the segment's rows. A segment is the expert's whole region
 //       when the ring holds every minibatch (the planned case), else its rows inside one
 //       minibatch; an expert's segments are summed in minibatch order through an fp32
@@ -66,11 +69,9 @@ struct BwdBuffers {
   const int4* segs;         // weight-gradient segments (schedule_segments)
   const int* seg_start;
   __nv_bfloat16* ring_x;    // [SLOTS*B, D]   resident from the forward, or replayed
-  __nv_bfloat16* ring_h;    // [SLOTS*B, 2I]  gate/up pre-activations
-  __nv_bfloat16* ring_a;    // [SLOTS*B, I]
-  __nv_bfloat16* ring_dy;   // [SLOTS*B, D]   pulled dy (bf16 plans; fp8: ring_dy8)
-  __nv_bfloat16* ring_do;   // [SLOTS*B, D]   pulled dy times the router weight
-  __nv_bfloat16* ring_dh;   // [SLOTS*B, 2I]
+  __nv_bfloat16* ring_h;    // [SLOTS*B, 2I]  gate/up pre-activations, then (DG) dh
+  __nv_bfloat16* ring_a;    // [SLOTS*B, I]   SwiGLU output, then (DG) w * a
+  __nv_bfloat16* ring_dy;   // [SLOTS*B, D]   pulled dy (fp8 plans: also ring_dy8)
   float* dw_part;           // [max rows, DG_N] router-weight gradient partial sums
   __nv_bfloat16* hs_pre;    // [N, 2IS] shared gate/up pre-activations (recomputed)
   __nv_bfloat16* hs_a;      // [N, IS]
@@ -101,8 +102,8 @@ struct BwdBuffers {
 // Tensor maps: K-major (box 64 x 128 rows, _k) or MN-major (box 64 x 64, _mn).
 struct BwdMaps {
   CUtensorMap x_k, sw1_k, dy_k, sw2_mn, hs_dh_k, sw1_mn, dy_mn, hs_a_mn, hs_dh_mn, x_mn,
-      ring_x_k, w1_k, ring_dy_k, w2_mn, ring_dh_k, w1_mn, ring_do_mn, ring_a_mn, ring_dh_mn,
-      ring_x_mn;
+      ring_x_k, w1_k, ring_dy_k, w2_mn, ring_dh_k, w1_mn, ring_dy_mn, ring_a_mn, ring_dh_mn,
+      ring_x_mn;  // ring_dh_*: ring_h, which holds dh once DG ran
 };
 
 // The fp8 backward's operand maps (all zero for bf16 plans): e4m3 boxes 128 x 128 of the rings
@@ -260,7 +261,7 @@ struct BwdProblem {
       case kReplay: return &maps->ring_x_k;
       case kDgrad: return &maps->ring_dy_k;
       case kDx: return &maps->ring_dh_k;
-      case kWgrad2: return &maps->ring_do_mn;
+      case kWgrad2: return &maps->ring_dy_mn;
       default: return &maps->ring_dh_mn;
     }
   }
@@ -436,14 +437,17 @@ struct BwdProblem {
   // ---------------------------------------------------------------- epilogues
   // SwiGLU backward of one tile of d_a (before the router weight): reads the pre-activations
   // h = [g | u] (row stride 2*NI) at the tile's columns, writes dh = [dg | du] the same way.
-  // Rows: the two rows of this thread, hp/dhp their h / dh rows (nullptr: not a row).
+  // Rows: the two rows of this thread, hp/dhp their h / dh rows (nullptr: not a row; dhp may
+  // be hp: each element is read, then written, by this thread alone), ap their a rows (row
+  // stride NI) that get w * a (the weight gradient of W2 reads it), or nullptr.
   // Returns <a, d_a> per row (the router-weight gradient's partial sum over these columns).
   // kKeep: leave dh in acc as stored, bf16 pairs packed in place (acc[r]: d gate of the pair,
   // acc[r + 1]: d up) for quantize_dh. Columns past NI (an edge tile) are skipped.
   template <int NI, bool kKeep = false>
   MOKGEN_DEV void swiglu_backward(float (&acc)[BN / 2], int col0,
                                   const __nv_bfloat16* const (&hp)[2],
-                                  __nv_bfloat16* const (&dhp)[2], const float (&w)[2],
+                                  __nv_bfloat16* const (&dhp)[2],
+                                  __nv_bfloat16* const (&ap)[2], const float (&w)[2],
                                   float (&dot)[2]) const {
     dot[0] = dot[1] = 0.f;
 #pragma unroll
@@ -452,13 +456,14 @@ struct BwdProblem {
       if (hp[h] == nullptr || (NI % BN != 0 && col0 + 8 * (r >> 2) >= NI)) continue;
       const float2 g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(hp[h] + c));
       const float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(hp[h] + NI + c));
-      float dg[2], du[2];
+      float dg[2], du[2], wa[2];
       const float gg[2] = {g.x, g.y}, uu[2] = {u.x, u.y};
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
         const float sg = __fdividef(1.f, 1.f + __expf(-gg[q])), sl = gg[q] * sg;
-        const float v = acc[r + q];
-        dot[h] += v * (sl * uu[q]);
+        const float v = acc[r + q], a = sl * uu[q];
+        dot[h] += v * a;
+        wa[q] = w[h] * a;
         const float da = w[h] * v;
         dg[q] = da * uu[q] * sg * (1.f + gg[q] * (1.f - sg));
         du[q] = da * sl;
@@ -467,6 +472,8 @@ struct BwdProblem {
       const __nv_bfloat162 du2 = __floats2bfloat162_rn(du[0], du[1]);
       *reinterpret_cast<__nv_bfloat162*>(dhp[h] + c) = dg2;
       *reinterpret_cast<__nv_bfloat162*>(dhp[h] + NI + c) = du2;
+      if (ap[h] != nullptr)
+        *reinterpret_cast<__nv_bfloat162*>(ap[h] + c) = __floats2bfloat162_rn(wa[0], wa[1]);
       if constexpr (kKeep) {
         acc[r] = pack_bf16x2(dg2);
         acc[r + 1] = pack_bf16x2(du2);
@@ -582,6 +589,7 @@ struct BwdProblem {
     } else if (op == kSDgrad) {
       const __nv_bfloat16* hp[2];
       __nv_bfloat16* dhp[2];
+      __nv_bfloat16* const ap[2] = {nullptr, nullptr};  // dsw2 reads the forward's a (w = 1)
       const float w[2] = {1.f, 1.f};
       float dot[2];
 #pragma unroll
@@ -591,10 +599,11 @@ struct BwdProblem {
         hp[h] = r < t.m_valid ? buf->hs_pre + at : nullptr;
         dhp[h] = r < t.m_valid ? buf->hs_dh + at : nullptr;
       }
-      swiglu_backward<C::IS>(acc, t.c_col0, hp, dhp, w, dot);
+      swiglu_backward<C::IS>(acc, t.c_col0, hp, dhp, ap, w, dot);
     } else if (op == kDgrad) {
       const __nv_bfloat16* hp[2];
       __nv_bfloat16* dhp[2];
+      __nv_bfloat16* ap[2];
       float w[2], dot[2];
       int p[2];
 #pragma unroll
@@ -603,11 +612,10 @@ struct BwdProblem {
         p[h] = t.c_row0 + r;
         const bool pad = buf->table[p[h]].x < 0;
         w[h] = pad ? 0.f : buf->row_weight[p[h]];  // padding rows: dh = 0 (their weight is unset)
-        const size_t at = (size_t)(t.a_row0 + r) * 2 * C::I;
-        hp[h] = buf->ring_h + at;
-        dhp[h] = buf->ring_dh + at;
+        hp[h] = dhp[h] = buf->ring_h + (size_t)(t.a_row0 + r) * 2 * C::I;  // dh over h
+        ap[h] = buf->ring_a + (size_t)(t.a_row0 + r) * C::I;  // w * a over a
       }
-      swiglu_backward<C::I, (C::Q > 0)>(acc, t.c_col0, hp, dhp, w, dot);
+      swiglu_backward<C::I, (C::Q > 0)>(acc, t.c_col0, hp, dhp, ap, w, dot);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // a row lives in the 4 lanes of a quad: fixed-order sum
         dot[h] += __shfl_xor_sync(0xffffffff, dot[h], 1);
@@ -683,7 +691,7 @@ struct BwdProblem {
 };
 
 // Comm CTA: per minibatch in backward order, free its ring slot, replay-pull x if the ring
-// lost it, pull dy (plain and router-weighted), publish.
+// lost it, pull dy, publish.
 template <class C, class Cfg>
 MOKGEN_DEV void bwd_comm(const BwdPeers<C::R>& peers, const BwdBuffers& buf) {
   using S = BwdSchedule<C, Cfg>;
@@ -711,13 +719,12 @@ MOKGEN_DEV void bwd_comm(const BwdPeers<C::R>& peers, const BwdBuffers& buf) {
                               nullptr, nullptr, Sink{buf.ring_x8, buf.ring_sx});
       else
         pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, ring0, worker, workers);
-      pull_rows<C::D, C::K>(buf.table, peers.dy, nullptr, p0, p1, ring0, worker, workers,
-                            buf.ring_do, buf.row_weight, Sink{buf.ring_dy8, buf.ring_sdy});
+      pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker, workers,
+                            nullptr, nullptr, Sink{buf.ring_dy8, buf.ring_sdy});
     } else {
       if (s.replayed(m))
         pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, ring0, worker, workers);
-      pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker, workers,
-                            buf.ring_do, buf.row_weight);
+      pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker, workers);
     }
     fence_proxy_async_global();
     __syncthreads();
