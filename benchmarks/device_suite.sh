@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One device call for the single-GPU test suite: build the kernels the GPU tests need on every
+# core (benchmarks/collect_kernels.py, from a list collected ahead), then the suite split in two
+# halves over the GPUs present (one GPU: one after the other); a command given as arguments
+# runs after the second half, on its GPU. Logs and results under $OUT.
+#   KERNELS=.kcache/collected.pkl MOKGEN_COMMIT=<sha> bash benchmarks/device_suite.sh [cmd ...]
+set -uo pipefail
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MOKGEN_CACHE=${MOKGEN_CACHE:-$PWD/.kcache}
+export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=index,name,clocks.sm,memory.used --format=csv,noheader
+KERNELS=${KERNELS:-.kcache/collected.pkl}
+[ -f "$KERNELS" ] && timeout 240 python3 benchmarks/collect_kernels.py "$KERNELS" 2>&1 | tail -2
+A="tests/test_gpu_memory.py tests/test_gpu_shapes.py tests/test_gpu_widths.py tests/test_gpu_module.py
+   tests/test_gpu_backward.py tests/test_gpu_forward.py"
+B="tests/test_gpu_fp8.py tests/test_gpu_reliability.py tests/test_gpu_transformers.py"
+NG=$(nvidia-smi -L | wc -l)
+GA=0 GB=$(( NG > 1 ? 1 : 0 ))
+half() {  # name gpu files...
+  local name=$1 gpu=$2; shift 2
+  CUDA_VISIBLE_DEVICES=$gpu timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -m gpu "$@" \
+    > "$OUT/pytest_$name.log" 2>&1
+  echo "== pytest $name (GPU $gpu): $(tail -1 "$OUT/pytest_$name.log")"
+}
+if [ "$NG" -gt 1 ]; then
+  half a $GA $A &
+  PA=$!
+else
+  half a $GA $A
+fi
+half b $GB $B
+if [ $# -gt 0 ]; then
+  CUDA_VISIBLE_DEVICES=$GB timeout ${EXTRA_TIMEOUT:-300} "$@" > "$OUT/extra.log" 2>&1
+  echo "== extra: exit $?"; tail -${EXTRA_TAIL:-30} "$OUT/extra.log"
+fi
+[ "$NG" -gt 1 ] && wait $PA
+grep -h "^FAILED\|^ERROR" "$OUT"/pytest_*.log | head -20
