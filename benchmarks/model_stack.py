@@ -215,8 +215,8 @@ def main(argv=None):
               f"| {fmt(r['mokgen_step_ms'], '{:.1f}')} | {fmt(r['torch_step_ms'], '{:.1f}')} "
               f"| {fmt(ratio, '{:.2f}')} |")
     if a.out:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True).stdout.strip()
+        commit = os.environ.get("MOKGEN_COMMIT") or subprocess.run(  # as mokgen.bench
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                 "commit": commit}
         with open(a.out, "w") as fh:
