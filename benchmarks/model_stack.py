@@ -7,6 +7,10 @@ Per configuration, on the same weights and inputs:
   one shared workspace and what the layers keep), per layer;
 - peak: the most allocated during a step beyond what was allocated before it;
 - step: median time of a training step (forward + backward), CUDA events.
+Steps accumulate into the gradients the first step made (micro-batches of one optimizer
+step); `--fuse 1` builds mokgen's layers with fuse_grad_accumulation (the kernel adds the
+expert gradients into .grad: no expert-gradient-sized temporary, which autograd's
+accumulation allocates on both sides otherwise).
 Both stacks get the same weights (same seed, same initialization order) and inputs. A
 configuration that does not fit is recorded as out of memory; with --fit the most layers at
 which both fit (halving from N) is measured as well.
@@ -100,23 +104,26 @@ class Stack(nn.Module):
         return h
 
 
-def build(impl, shape, layers, tokens, ckpt):
+def build(impl, shape, layers, tokens, ckpt, fuse=False):
     dev = torch.device("cuda")
     torch.manual_seed(0)
     if impl == "torch":
         moes = [GroupedMoE(shape, dev) for _ in range(layers)]
     else:
-        moes = [mokgen.MoE(shape, tokens_per_rank=tokens, device=dev) for _ in range(layers)]
+        moes = [mokgen.MoE(shape, tokens_per_rank=tokens, device=dev,
+                           fuse_grad_accumulation=fuse) for _ in range(layers)]
     return Stack(moes, ckpt)
 
 
-def measure(impl, shape, layers, tokens, ckpt, iters):
-    """-> dict of held/peak MB and step ms, or {"oom": True}."""
+def measure(impl, shape, layers, tokens, ckpt, iters, fuse=False):
+    """-> dict of held/peak MB and step ms, or {"oom": True}. The steps accumulate into
+    the gradients of the first (as micro-batches do): `fuse` (mokgen.MoE's
+    fuse_grad_accumulation) adds the expert gradients in the kernel from the second on."""
     gc.collect()
     torch.cuda.empty_cache()
     model = x = dy = None
     try:
-        model = build(impl, shape, layers, tokens, ckpt)
+        model = build(impl, shape, layers, tokens, ckpt, fuse)
         params = sum(p.numel() * p.element_size() for p in model.parameters())
         x = torch.randn(tokens, shape.hidden, device="cuda", dtype=torch.bfloat16)
         dy = torch.randn_like(x)
@@ -158,26 +165,33 @@ def measure(impl, shape, layers, tokens, ckpt, iters):
         torch.cuda.empty_cache()
 
 
-def row_of(name, shape, layers, tokens, ckpt, iters):
-    res = {impl: measure(impl, shape, layers, tokens, ckpt, iters) for impl in ("torch", "mokgen")}
-    row = {"shape": name, "layers": layers, "tokens": tokens, "checkpointing": ckpt}
-    for impl, r in res.items():
-        row[f"{impl}_oom"] = bool(r.get("oom"))
-        for k in ("held_mb_per_layer", "peak_mb", "step_ms"):
-            row[f"{impl}_{k}"] = r.get(k)
-    row["mokgen_workspace_mb"] = res["mokgen"].get("workspace_mb")
-    row["mokgen_replayed_per_step"] = res["mokgen"].get("replayed_per_step")
-    return row
+def rows_of(name, shape, layers, tokens, ckpt, iters, fuses=(False,)):
+    """One row per mokgen variant in `fuses`, the PyTorch stack measured once for them."""
+    base = measure("torch", shape, layers, tokens, ckpt, iters)
+    rows = []
+    for fuse in fuses:
+        res = {"torch": base, "mokgen": measure("mokgen", shape, layers, tokens, ckpt, iters,
+                                                fuse)}
+        row = {"shape": name, "layers": layers, "tokens": tokens, "checkpointing": ckpt,
+               "fused_grad_accumulation": fuse}
+        for impl, r in res.items():
+            row[f"{impl}_oom"] = bool(r.get("oom"))
+            for k in ("held_mb_per_layer", "peak_mb", "step_ms"):
+                row[f"{impl}_{k}"] = r.get(k)
+        row["mokgen_workspace_mb"] = res["mokgen"].get("workspace_mb")
+        row["mokgen_replayed_per_step"] = res["mokgen"].get("replayed_per_step")
+        rows.append(row)
+    return rows
 
 
-def rows_for(name, layers, tokens, ckpt, iters, fit):
-    """The row at `layers`; with `fit`, where either side ran out of memory, also the row at
+def rows_for(name, layers, tokens, ckpt, iters, fit, fuses=(False,)):
+    """The rows at `layers`; with `fit`, where either side ran out of memory, also the rows at
     the most layers (halving) where both fit."""
-    rows = [row_of(name, get_shape(name), layers, tokens, ckpt, iters)]
+    rows = rows_of(name, get_shape(name), layers, tokens, ckpt, iters, fuses)
     n = layers
     while fit and n > 1 and (rows[-1]["torch_oom"] or rows[-1]["mokgen_oom"]):
         n //= 2
-        rows.append(row_of(name, get_shape(name), n, tokens, ckpt, iters))
+        rows += rows_of(name, get_shape(name), n, tokens, ckpt, iters, fuses)
     return rows
 
 
@@ -193,23 +207,26 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--ckpt", default="0,1", help="checkpointing off/on: 0, 1 or 0,1")
     p.add_argument("--fit", action="store_true", help="halve the layers until both fit")
+    p.add_argument("--fuse", default="0", help="mokgen's fuse_grad_accumulation: 0, 1 or 0,1")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     rows = []
     for name in a.shapes.split(","):
         for layers in (int(v) for v in a.layers.split(",")):
             for ckpt in (bool(int(v)) for v in a.ckpt.split(",")):
-                for row in rows_for(name, layers, a.tokens, ckpt, a.iters, a.fit):
+                fuses = [bool(int(v)) for v in a.fuse.split(",")]
+                for row in rows_for(name, layers, a.tokens, ckpt, a.iters, a.fit, fuses):
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     fmt = lambda v, f="{:.0f}": "OOM" if v is None else f.format(v)  # noqa: E731
-    print("| shape | layers | ckpt | held MB/layer mokgen | torch | peak MB mokgen | torch "
-          "| step ms mokgen | torch | x |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| shape | layers | ckpt | fused acc. | held MB/layer mokgen | torch | peak MB mokgen "
+          "| torch | step ms mokgen | torch | x |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ratio = (r["torch_step_ms"] / r["mokgen_step_ms"]
                  if r["torch_step_ms"] and r["mokgen_step_ms"] else None)
         print(f"| {r['shape']} | {r['layers']} | {int(r['checkpointing'])} "
+              f"| {int(r['fused_grad_accumulation'])} "
               f"| {fmt(r['mokgen_held_mb_per_layer'])} | {fmt(r['torch_held_mb_per_layer'])} "
               f"| {fmt(r['mokgen_peak_mb'])} | {fmt(r['torch_peak_mb'])} "
               f"| {fmt(r['mokgen_step_ms'], '{:.1f}')} | {fmt(r['torch_step_ms'], '{:.1f}')} "

@@ -140,16 +140,19 @@ class CompiledMoE:
         routes = given if given is not None else [rt.routes_of(i, n) for i in range(len(xs))]
         return ys, routes, rt.generation
 
-    def backward_raw(self, dys, xs, w1s, w2s, shared_w1, shared_w2, routes, generation):
+    def backward_raw(self, dys, xs, w1s, w2s, shared_w1, shared_w2, routes, generation,
+                     accumulate=None):
         """(dxs, dweights [n, k] fp32, dw1s, dw2s, dshared_w1, dshared_w2) of a forward_raw
         call with save=True; per-rank lists like it. `routes` may be a caller's own (int64
         experts, bf16 weights): the kernels read int32 and fp32 when they re-schedule, as
-        the forward's check_routes gave them."""
+        the forward's check_routes gave them. `accumulate`: per rank (dw1, dw2) to add the
+        expert weight gradients into (BackwardPass.backward)."""
         bwd = self.backward_runtime()
         bwd.rt.check()
         dys = [dy.to(torch.bfloat16).contiguous() for dy in dys]
         routes = [(e.int().contiguous(), w.float().contiguous()) for e, w in routes]
-        return bwd.backward(dys, xs, w1s, w2s, shared_w1, shared_w2, routes, generation)
+        return bwd.backward(dys, xs, w1s, w2s, shared_w1, shared_w2, routes, generation,
+                            accumulate)
 
     def synchronize(self) -> None:
         """Wait for this layer's work and raise what the watchdog recorded, if anything."""

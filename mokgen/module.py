@@ -19,10 +19,20 @@ _DTYPES = {"bf16": torch.bfloat16}
 class MoE(nn.Module):
     def __init__(self, shape: MoEShape, ep_group=None, dtype: str = "bf16",
                  tokens_per_rank: int = 2048, router: bool = True, device=None,
-                 backend: str = "kernels", overlap_comm: bool = False, **overrides):
+                 backend: str = "kernels", overlap_comm: bool = False,
+                 fuse_grad_accumulation: bool = False, **overrides):
         """overlap_comm=True: collectives (FSDP gathers, gradient reduce-scatters) run beside
         this layer; its kernels leave them SMs (the plan's reserve_sms, H200: 16; see
-        mokgen/passes/sm_partition.py). Cap NCCL to as many CTAs (NCCL_MAX_CTAS)."""
+        mokgen/passes/sm_partition.py). Cap NCCL to as many CTAs (NCCL_MAX_CTAS).
+
+        fuse_grad_accumulation=True: when w1.grad and w2.grad already hold gradients
+        (accumulation over micro-batches), the backward kernel adds the expert weight
+        gradients into them (in fp32, rounding once to bf16) instead of returning new
+        tensors for autograd to add: no temporary the size of the expert weights, no
+        separate add. On such calls autograd sees no gradient for w1 / w2, so hooks on their
+        accumulation (DDP's, register_post_accumulate_grad_hook) do not run: for plain loops
+        and FSDP2, not DDP. The first backward (grads None) and torch.compile'd code take
+        the ordinary path."""
         super().__init__()
         if overlap_comm:
             overrides = {"overlap_comm": True, **overrides}
@@ -53,7 +63,8 @@ class MoE(nn.Module):
             self.register_parameter("shared_w1", None)
             self.register_parameter("shared_w2", None)
         self.reset_parameters()
-        self._registration = LayerRegistration(self.plan, ep_group, backend)
+        self._registration = LayerRegistration(self.plan, ep_group, backend,
+                                                fuse_grad_accumulation)
 
     @property
     def _layer(self) -> int:
@@ -150,11 +161,11 @@ class LayerRegistration:
     Kernels are compiled on the first CUDA call; backend="reference" runs the PyTorch
     reference on every device (for comparisons)."""
 
-    def __init__(self, plan, ep_group=None, backend: str = "kernels"):
-        self.args = (plan, ep_group, backend)
+    def __init__(self, plan, ep_group=None, backend: str = "kernels", fuse: bool = False):
+        self.args = (plan, ep_group, backend, fuse)
         kernels = _LazyKernels(plan, ep_group) if backend == "kernels" else None
         self.handle = ops.register(kernels, plan.shape.topk, plan.ep,
-                                   None if plan.dtype == "bf16" else plan.dtype)
+                                   None if plan.dtype == "bf16" else plan.dtype, fuse)
 
     def __deepcopy__(self, memo):
         return LayerRegistration(*self.args)
@@ -193,10 +204,11 @@ class _LazyKernels:
     def has_backward(self) -> bool:
         return "bwd" in self.layer().binaries
 
-    def backward(self, dy, x, w1, w2, sw1, sw2, routes, generation):
-        """-> (dx, dweights [n, k], dw1, dw2, dshared_w1, dshared_w2)."""
+    def backward(self, dy, x, w1, w2, sw1, sw2, routes, generation, accumulate=None):
+        """-> (dx, dweights [n, k], dw1, dw2, dshared_w1, dshared_w2); `accumulate`: one
+        rank's [(dw1, dw2)] to add into (CompiledMoE.backward_raw)."""
         dxs, dws, dw1s, dw2s, dsw1, dsw2 = self.layer().backward_raw(
-            [dy], [x], [w1], [w2], sw1, sw2, [routes], generation)
+            [dy], [x], [w1], [w2], sw1, sw2, [routes], generation, accumulate)
         return dxs[0], dws[0], dw1s[0], dw2s[0], dsw1, dsw2
 
     def __call__(self, x, logits, w1, w2, sw1, sw2, routes=None):

@@ -12,7 +12,10 @@ Two entry points, each with its backward op:
   expert), so models run and test without a GPU and can be compared with the kernels.
 - fake: empty tensors of the right shapes, for tracing.
 The backward ops run the backward megakernel on CUDA, and the reference's explicit backward
-elsewhere (which needs every expert local, ep == 1).
+elsewhere (which needs every expert local, ep == 1). A layer registered with `fuse=True`
+(mokgen.MoE's fuse_grad_accumulation) calls the *_into backward ops instead on CUDA, in eager
+mode, once its experts have a .grad: they add into it (their mutated arguments) and return no
+expert weight gradients for autograd to add.
 """
 from __future__ import annotations
 
@@ -22,19 +25,19 @@ import torch
 
 from . import reference
 
-# handle -> (compiled callable or None, topk, ep, fp8 format or None); handles are never
-# reused, so a stale one fails loudly instead of reaching another layer
+# handle -> (compiled callable or None, topk, ep, fp8 format or None, fuse); handles are
+# never reused, so a stale one fails loudly instead of reaching another layer
 _LAYERS: dict = {}
 _NEXT = itertools.count()
 
 
-def register(compiled, topk: int, ep: int, fp8: str | None = None) -> int:
+def register(compiled, topk: int, ep: int, fp8: str | None = None, fuse: bool = False) -> int:
     """fp8: the layer's format ("fp8" | "mxfp8"), so the reference path quantizes the
-    routed experts' operands as the kernels do. Pair with `unregister` (the modules do it
-    when they are collected): the entry holds the layer's kernels and, through them, its
-    share of the workspace."""
+    routed experts' operands as the kernels do; fuse: fused gradient accumulation (module
+    docstring). Pair with `unregister` (the modules do it when they are collected): the
+    entry holds the layer's kernels and, through them, its share of the workspace."""
     handle = next(_NEXT)
-    _LAYERS[handle] = (compiled, topk, ep, fp8)
+    _LAYERS[handle] = (compiled, topk, ep, fp8, fuse)
     return handle
 
 
@@ -60,7 +63,7 @@ def _f32(tensors):
 
 
 def _local_only(layer: int) -> int:
-    _, topk, ep, _ = _entry(layer)
+    _, topk, ep = _entry(layer)[:3]
     if ep != 1:
         raise NotImplementedError("mokgen: the reference path holds every expert on one rank "
                                   f"(ep == 1); got ep={ep}: run it on CUDA with the kernels")
@@ -113,30 +116,57 @@ def _(x, router_logits, w1, w2, shared_w1, shared_w2, layer):
             x.new_empty(n, topk, dtype=torch.float32), torch.empty(1, dtype=torch.int64)]
 
 
+def _backward_impl(dy, x, router_logits, experts, weights, token, w1, w2, shared_w1, shared_w2,
+                   acc_w1, acc_w2, layer) -> list:
+    """Gradients of (x, router_logits, w1, w2, shared_w1, shared_w2): the backward
+    megakernel on CUDA, the reference's explicit backward otherwise (an op runs below
+    autograd, so no autograd inside); empty tensors stand for absent shared ones. With
+    acc_w1 / acc_w2 the expert weight gradients are added into them and returned empty."""
+    like = (x, router_logits, w1, w2, shared_w1, shared_w2)
+    kernels = _kernels(layer, x, backward=True)
+    if kernels is not None:
+        acc = _acc(acc_w1, acc_w2)
+        dx, dweights, dw1, dw2, dsw1, dsw2 = kernels.backward(
+            dy, x, w1, w2, shared_w1, shared_w2, (experts, weights), int(token[0]), acc)
+        dlogits = reference.router_backward(router_logits.float(), experts.long(), dweights)
+        return _cast((dx, dlogits, *_fused(dw1, dw2, acc), dsw1, dsw2), like)
+    grads = reference.moe_backward(*_f32(like), _local_only(layer), dy.float(),
+                                   fp8=_entry(layer)[3])
+    return _cast(_add_into(grads, acc_w1, acc_w2), like)
+
+
 @torch.library.custom_op("mokgen::moe_backward", mutates_args=())
 def moe_backward(dy: torch.Tensor, x: torch.Tensor, router_logits: torch.Tensor,
                  experts: torch.Tensor, weights: torch.Tensor, token: torch.Tensor,
                  w1: torch.Tensor, w2: torch.Tensor, shared_w1: torch.Tensor | None,
                  shared_w2: torch.Tensor | None, layer: int) -> list[torch.Tensor]:
-    """Gradients of (x, router_logits, w1, w2, shared_w1, shared_w2): the backward
-    megakernel on CUDA, the reference's explicit backward otherwise (an op runs below
-    autograd, so no autograd inside); empty tensors stand for absent shared ones. An op of its
-    own, so tracing sees its shapes (fake) instead of the data-dependent routing."""
-    like = (x, router_logits, w1, w2, shared_w1, shared_w2)
-    kernels = _kernels(layer, x, backward=True)
-    if kernels is not None:
-        dx, dweights, dw1, dw2, dsw1, dsw2 = kernels.backward(
-            dy, x, w1, w2, shared_w1, shared_w2, (experts, weights), int(token[0]))
-        dlogits = reference.router_backward(router_logits.float(), experts.long(), dweights)
-        return _cast((dx, dlogits, dw1, dw2, dsw1, dsw2), like)
-    grads = reference.moe_backward(*_f32(like), _local_only(layer), dy.float(),
-                                   fp8=_entry(layer)[3])
-    return _cast(grads, like)
+    """_backward_impl as an op of its own, so tracing sees its shapes (fake) instead of the
+    data-dependent routing."""
+    return _backward_impl(dy, x, router_logits, experts, weights, token, w1, w2, shared_w1,
+                          shared_w2, None, None, layer)
 
 
 @moe_backward.register_fake
 def _(dy, x, router_logits, experts, weights, token, w1, w2, shared_w1, shared_w2, layer):
     return _fake_grads((x, router_logits, w1, w2, shared_w1, shared_w2))
+
+
+@torch.library.custom_op("mokgen::moe_backward_into", mutates_args=("acc_w1", "acc_w2"))
+def moe_backward_into(dy: torch.Tensor, x: torch.Tensor, router_logits: torch.Tensor,
+                      experts: torch.Tensor, weights: torch.Tensor, token: torch.Tensor,
+                      w1: torch.Tensor, w2: torch.Tensor, shared_w1: torch.Tensor | None,
+                      shared_w2: torch.Tensor | None, acc_w1: torch.Tensor,
+                      acc_w2: torch.Tensor, layer: int) -> list[torch.Tensor]:
+    """moe_backward adding the expert weight gradients into acc_w1 / acc_w2 (fused gradient
+    accumulation; eager only, `_accumulate_into`); they come back empty."""
+    return _backward_impl(dy, x, router_logits, experts, weights, token, w1, w2, shared_w1,
+                          shared_w2, acc_w1, acc_w2, layer)
+
+
+@moe_backward_into.register_fake
+def _(dy, x, router_logits, experts, weights, token, w1, w2, shared_w1, shared_w2, acc_w1,
+      acc_w2, layer):
+    return _fake_grads((x, router_logits, w1, w2, shared_w1, shared_w2), fused=True)
 
 
 # ---------------------------------------------------------------- routes from the caller
@@ -162,28 +192,83 @@ def _(x, experts, weights, w1, w2, shared_w1, shared_w2, layer):
     return [torch.empty_like(x), torch.empty(1, dtype=torch.int64)]
 
 
+def _backward_routed_impl(dy, x, experts, weights, token, w1, w2, shared_w1, shared_w2,
+                          acc_w1, acc_w2, layer) -> list:
+    """Gradients of (x, weights, w1, w2, shared_w1, shared_w2); see _backward_impl."""
+    like = (x, weights, w1, w2, shared_w1, shared_w2)
+    kernels = _kernels(layer, x, backward=True)
+    if kernels is not None:
+        acc = _acc(acc_w1, acc_w2)
+        dx, dweights, dw1, dw2, dsw1, dsw2 = kernels.backward(
+            dy, x, w1, w2, shared_w1, shared_w2, (experts, weights), int(token[0]), acc)
+        return _cast((dx, dweights, *_fused(dw1, dw2, acc), dsw1, dsw2), like)
+    _local_only(layer)
+    f = _f32((x, w1, w2, shared_w1, shared_w2))
+    grads = reference.moe_backward_routed(f[0], experts, weights.float(), *f[1:], dy.float(),
+                                          fp8=_entry(layer)[3])
+    return _cast(_add_into(grads, acc_w1, acc_w2), like)
+
+
 @torch.library.custom_op("mokgen::moe_backward_routed", mutates_args=())
 def moe_backward_routed(dy: torch.Tensor, x: torch.Tensor, experts: torch.Tensor,
                         weights: torch.Tensor, token: torch.Tensor, w1: torch.Tensor,
                         w2: torch.Tensor, shared_w1: torch.Tensor | None,
                         shared_w2: torch.Tensor | None, layer: int) -> list[torch.Tensor]:
-    """Gradients of (x, weights, w1, w2, shared_w1, shared_w2); see moe_backward."""
-    like = (x, weights, w1, w2, shared_w1, shared_w2)
-    kernels = _kernels(layer, x, backward=True)
-    if kernels is not None:
-        grads = kernels.backward(dy, x, w1, w2, shared_w1, shared_w2, (experts, weights),
-                                 int(token[0]))
-        return _cast(grads, like)
-    _local_only(layer)
-    f = _f32((x, w1, w2, shared_w1, shared_w2))
-    grads = reference.moe_backward_routed(f[0], experts, weights.float(), *f[1:], dy.float(),
-                                          fp8=_entry(layer)[3])
-    return _cast(grads, like)
+    """_backward_routed_impl as an op (see moe_backward)."""
+    return _backward_routed_impl(dy, x, experts, weights, token, w1, w2, shared_w1, shared_w2,
+                                 None, None, layer)
 
 
 @moe_backward_routed.register_fake
 def _(dy, x, experts, weights, token, w1, w2, shared_w1, shared_w2, layer):
     return _fake_grads((x, weights, w1, w2, shared_w1, shared_w2))
+
+
+@torch.library.custom_op("mokgen::moe_backward_routed_into", mutates_args=("acc_w1", "acc_w2"))
+def moe_backward_routed_into(dy: torch.Tensor, x: torch.Tensor, experts: torch.Tensor,
+                             weights: torch.Tensor, token: torch.Tensor, w1: torch.Tensor,
+                             w2: torch.Tensor, shared_w1: torch.Tensor | None,
+                             shared_w2: torch.Tensor | None, acc_w1: torch.Tensor,
+                             acc_w2: torch.Tensor, layer: int) -> list[torch.Tensor]:
+    """moe_backward_routed adding into acc_w1 / acc_w2 (see moe_backward_into)."""
+    return _backward_routed_impl(dy, x, experts, weights, token, w1, w2, shared_w1, shared_w2,
+                                 acc_w1, acc_w2, layer)
+
+
+@moe_backward_routed_into.register_fake
+def _(dy, x, experts, weights, token, w1, w2, shared_w1, shared_w2, acc_w1, acc_w2, layer):
+    return _fake_grads((x, weights, w1, w2, shared_w1, shared_w2), fused=True)
+
+
+# ---------------------------------------------------------------- fused accumulation
+def _accumulate_into(layer: int, x, w1, w2) -> tuple:
+    """(w1.grad, w2.grad) where the layer fuses gradient accumulation into its CUDA backward
+    and both hold a gradient it can add into (bf16, contiguous, the weights' shapes; eager
+    only: the *_into ops mutate, which tracing would have to functionalize); else (): autograd
+    adds what the op returns, as usual."""
+    if not _entry(layer)[4] or torch.compiler.is_compiling() or \
+            _kernels(layer, x, backward=True) is None:
+        return ()
+    g1, g2 = w1.grad, w2.grad
+    ok = all(g is not None and g.dtype == torch.bfloat16 and g.shape == w.shape
+             and g.is_contiguous() and not g.requires_grad for g, w in ((g1, w1), (g2, w2)))
+    return (g1, g2) if ok else ()
+
+
+def _add_into(grads, acc_w1, acc_w2) -> list:
+    """The reference path's side of the ops' contract: expert gradients (fp32) added into
+    the targets with one rounding, as the kernel does, and not returned."""
+    grads = list(grads)
+    if acc_w1 is not None:
+        for acc, g in ((acc_w1, grads[2]), (acc_w2, grads[3])):
+            acc.copy_(acc.float() + g)
+        grads[2] = grads[3] = None
+    return grads
+
+
+def _acc(acc_w1, acc_w2):
+    """The kernels' `accumulate` argument: one rank's (dw1, dw2), or None."""
+    return None if acc_w1 is None else [(acc_w1, acc_w2)]
 
 
 # ---------------------------------------------------------------- autograd wiring
@@ -192,13 +277,20 @@ def _cast(grads, like) -> list:
     return [like[0].new_empty(0) if g is None else g.to(t.dtype) for g, t in zip(grads, like)]
 
 
-def _fake_grads(like) -> list:
-    return [like[0].new_empty(0) if t is None else torch.empty_like(t) for t in like]
+def _fused(dw1, dw2, acc) -> tuple:
+    """The expert weight gradients the op returns: none where they were added in place."""
+    return (None, None) if acc is not None else (dw1, dw2)
 
 
-def _grads_out(g, has_shared: bool) -> list:
+def _fake_grads(like, fused: bool = False) -> list:
+    return [like[0].new_empty(0) if t is None or (fused and i in (2, 3)) else
+            torch.empty_like(t) for i, t in enumerate(like)]
+
+
+def _grads_out(g, has_shared: bool, fused: bool) -> list:
     """The op's 6 gradients with empty placeholders turned back into None."""
-    return list(g[:4]) + ([g[4], g[5]] if has_shared else [None, None])
+    experts = [None, None] if fused else list(g[2:4])
+    return list(g[:2]) + experts + ([g[4], g[5]] if has_shared else [None, None])
 
 
 def _setup(ctx, inputs, output):
@@ -221,16 +313,21 @@ def _backward(ctx, *grads):
     x, logits, w1, w2 = saved[:4]
     shared = saved[4:6] if ctx.has_shared else [None, None]
     experts, weights, token = saved[-3:]
-    g = moe_backward(dy, x, logits, experts, weights, token, w1, w2, *shared, ctx.layer)
-    return (*_grads_out(g, ctx.has_shared), None)
+    args = (dy, x, logits, experts, weights, token, w1, w2, *shared)
+    acc = _accumulate_into(ctx.layer, x, w1, w2)
+    g = (moe_backward_into(*args, *acc, ctx.layer) if acc else moe_backward(*args, ctx.layer))
+    return (*_grads_out(g, ctx.has_shared, bool(acc)), None)
 
 
 def _backward_routed(ctx, *grads):
     dy = _dy(grads)
     saved = list(ctx.saved_tensors)  # x, experts, weights, w1, w2[, sw1, sw2], token
     shared = saved[5:7] if ctx.has_shared else [None, None]
-    g = moe_backward_routed(dy, *saved[:3], saved[-1], *saved[3:5], *shared, ctx.layer)
-    dx, dweights, dw1, dw2, dsw1, dsw2 = _grads_out(g, ctx.has_shared)
+    args = (dy, *saved[:3], saved[-1], *saved[3:5], *shared)
+    acc = _accumulate_into(ctx.layer, saved[0], *saved[3:5])
+    g = (moe_backward_routed_into(*args, *acc, ctx.layer) if acc else
+         moe_backward_routed(*args, ctx.layer))
+    dx, dweights, dw1, dw2, dsw1, dsw2 = _grads_out(g, ctx.has_shared, bool(acc))
     return dx, None, dweights, dw1, dw2, dsw1, dsw2, None
 
 

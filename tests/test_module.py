@@ -49,6 +49,36 @@ def test_backward_matches_reference_autograd():
         assert p.grad is not None and rel(p.grad, want) <= 2e-2, name
 
 
+def test_fused_grad_accumulation_flag_keeps_cpu_gradients():
+    """fuse_grad_accumulation is a CUDA-kernel path: on CPU (the reference) gradients
+    accumulate through autograd exactly as without the flag, over several backward calls."""
+    torch.manual_seed(0)
+    plain = mokgen.MoE(SHAPE, tokens_per_rank=64)
+    fused = mokgen.MoE(SHAPE, tokens_per_rank=64, fuse_grad_accumulation=True)
+    fused.load_state_dict(plain.state_dict())
+    for _ in range(2):
+        x = torch.randn(24, SHAPE.hidden)
+        dy = torch.randn_like(x)
+        plain(x).backward(dy)
+        fused(x).backward(dy)
+    for (name, p), q in zip(plain.named_parameters(), fused.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+
+
+def test_backward_op_passes_opcheck_with_and_without_accumulation_targets():
+    m = mokgen.MoE(SHAPE, tokens_per_rank=64)
+    x = torch.randn(12, SHAPE.hidden).bfloat16()
+    logits = torch.randn(12, SHAPE.num_experts)
+    weights, experts = torch.randn(12, SHAPE.num_experts).topk(SHAPE.topk)
+    token = torch.tensor([-1])
+    w = [t.detach() for t in (m.w1, m.w2, m.shared_w1, m.shared_w2)]
+    args = (torch.randn_like(x), x, logits, experts.int(), weights.softmax(-1), token, *w)
+    for op, acc in ((ops.moe_backward, ()),
+                    (ops.moe_backward_into, (torch.randn_like(w[0]), torch.randn_like(w[1])))):
+        torch.library.opcheck(op, (*args, *acc, m._layer),
+                              test_utils=("test_schema", "test_faketensor"))
+
+
 def test_torch_compile_fullgraph_captures_moe_layers():
     torch._dynamo.reset()
     model = torch.nn.Sequential(mokgen.MoE(SHAPE, tokens_per_rank=256), torch.nn.GELU(),

@@ -30,6 +30,7 @@ BWD_BUFFERS = (
     ("ring_x8", "ptr"), ("ring_sx", "ptr"), ("ring_dy8", "ptr"), ("ring_sdy", "ptr"),
     ("ring_dh8", "ptr"), ("ring_sdh", "ptr"), ("w1s", "ptr"), ("w2ts", "ptr"), ("w1ts", "ptr"),
     ("n_tokens", "i32"), ("max_minibatches", "i32"), ("rank", "i32"), ("resident", "i32"),
+    ("accumulate", "i32"),
 )
 # Tensor-map structs: CUtensorMap fields in declaration order. The forward's bf16 maps are
 # kernel parameters of their own (codegen renders the parameter list from FWD_MAPS).

@@ -50,11 +50,15 @@ class BackwardPass(BackwardScratch):
             b.dweight.fill_(float("nan"))
 
     # ------------------------------------------------------------------ the call
-    def backward(self, dys, xs, w1s, w2s, shared_w1, shared_w2, routes, generation):
+    def backward(self, dys, xs, w1s, w2s, shared_w1, shared_w2, routes, generation,
+                 accumulate=None):
         """Per hosted rank lists. `routes`: per hosted rank (experts int32 [n, k] global ids,
         weights fp32 [n, k]) of the forward being differentiated; `generation`: that
         forward's `rt.generation`. Returns (dxs, dweights [n, k] fp32, dw1s, dw2s, dsw1,
-        dsw2); the shared gradients are summed over the hosted ranks (None without one)."""
+        dsw2); the shared gradients are summed over the hosted ranks (None without one).
+        `accumulate`: per hosted rank (dw1, dw2) bf16 tensors shaped like w1 and w2 that
+        the kernel adds the expert weight gradients into (fused gradient accumulation); they
+        are then the dw1s and dw2s returned."""
         rt, s = self.rt, self.rt.spec
         n = xs[0].shape[0]
         hosted = range(len(rt.ranks))
@@ -74,13 +78,18 @@ class BackwardPass(BackwardScratch):
         if not resident:
             for i in hosted:
                 rt.schedule(i, n)
-        dw1s = [rt.output(tuple(w.shape), BF16) for w in w1s]
-        dw2s = [rt.output(tuple(w.shape), BF16) for w in w2s]
+        if accumulate is not None:
+            _check_accumulate(accumulate, w1s, w2s)
+            dw1s, dw2s = [a[0] for a in accumulate], [a[1] for a in accumulate]
+        else:
+            dw1s = [rt.output(tuple(w.shape), BF16) for w in w1s]
+            dw2s = [rt.output(tuple(w.shape), BF16) for w in w2s]
         dsw = [[rt.output(tuple(w.shape), BF16) for w in (shared_w1, shared_w2)]
                if shared_w1 is not None else [None, None] for _ in hosted]
         for i in hosted:
             self._launch(i, n, xs[i], dys[i], x_ptrs, dy_ptrs, w1s[i], w2s[i], shared_w1,
-                         shared_w2, dw1s[i], dw2s[i], *dsw[i], resident)
+                         shared_w2, dw1s[i], dw2s[i], *dsw[i], resident,
+                         accumulate is not None)
         rt.peers.barrier(rt._launch_barrier)
         dxs = [rt.combine_sum(i, n) for i in hosted]
         dweights = [rt.ranks[i].dweight[: n * s.topk].view(n, s.topk).clone() for i in hosted]
@@ -105,7 +114,7 @@ class BackwardPass(BackwardScratch):
         return rt.combine_sum(i, n), dw1, dw2, dsw1, dsw2
 
     def _launch(self, i, n, x, dy, x_ptrs, dy_ptrs, w1, w2, sw1, sw2, dw1, dw2, dsw1, dsw2,
-                resident):
+                resident, accumulate=False):
         rt, s, b = self.rt, self.rt.spec, self.rt.ranks[i]
         st = rt._stream()
         cuda.launch(self.f_segments, 1, 32, 0, st,
@@ -140,7 +149,7 @@ class BackwardPass(BackwardScratch):
             hs_dh=self.hs_dh, dx_shared=b.y_shared, dw1=dw1, dw2=dw2, dsw1=dsw1, dsw2=dsw2,
             wg_acc=self.wg_acc, counters=self.counters, **fp8_fields, n_tokens=n,
             max_minibatches=s.max_minibatches, rank=rt.peers.hosted_ranks[i],
-            resident=int(resident))
+            resident=int(resident), accumulate=int(accumulate))
         cuda.launch(self.f_bwd, self.ctas, 384, self.smem, st,
                     [cuda.Raw(maps_raw), f8, cuda.Raw(peers), cuda.Raw(bufs)], cooperative=True)
 
@@ -168,6 +177,16 @@ class BackwardPass(BackwardScratch):
                           ring_sdy=self.ring_sdy, ring_dh8=self.ring_dh8,
                           ring_sdh=self.ring_sdh, w1s=w.s1 if blockwise else None,
                           w2ts=wt.s2 if blockwise else None, w1ts=wt.s1 if blockwise else None)
+
+
+def _check_accumulate(acc, w1s, w2s) -> None:
+    for (g1, g2), w1, w2 in zip(acc, w1s, w2s, strict=True):
+        for g, w in ((g1, w1), (g2, w2)):
+            if not (g.dtype == BF16 and g.shape == w.shape and g.is_contiguous()
+                    and g.device == w.device):
+                raise ValueError("mokgen: fused gradient accumulation needs contiguous bf16 "
+                                 f"gradients shaped like the weights, got {g.dtype} "
+                                 f"{tuple(g.shape)} for {tuple(w.shape)}")
 
 
 def _sum(ts):

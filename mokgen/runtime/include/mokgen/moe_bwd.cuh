@@ -97,6 +97,7 @@ struct BwdBuffers {
   int max_minibatches;
   int rank;
   int resident;             // 1: the ring holds the forward's macrobatch 0 (no replay for it)
+  int accumulate;           // 1: dw1 / dw2 hold gradients already (the caller's .grad): add
 };
 
 // Tensor maps: K-major (box 64 x 128 rows, _k) or MN-major (box 64 x 64, _mn).
@@ -528,7 +529,9 @@ struct BwdProblem {
   }
 
   // A weight-gradient tile: one segment's contribution, summed in segment order (fp32 in
-  // wg_acc between segments; the last one writes the bf16 gradient).
+  // wg_acc between segments; the last one writes the bf16 gradient, or with `accumulate`
+  // adds the sum to the routed gradient already there, rounding once: fused gradient
+  // accumulation, no second gradient-sized tensor and no separate add).
   MOKGEN_DEV void wgrad_epilogue(const Task& t, const float (&acc)[BN / 2], int cwg) const {
     const int op = opcode(t);
     __nv_bfloat16* out;
@@ -557,6 +560,7 @@ struct BwdProblem {
     out += base;
     if (ws) ws += base;
     const bool last = idx == count - 1;
+    const bool add = buf->accumulate && (op == kWgrad2 || op == kWgrad1);
     const int n_valid = op == kWgrad2  ? cols_valid<C::I, BN>(t.c_col0)
                         : op == kSWgrad2 ? cols_valid<C::IS, BN>(t.c_col0)
                                          : cols_valid<C::D, BN>(t.c_col0);  // dW1, dsw1
@@ -570,8 +574,17 @@ struct BwdProblem {
         v0 += prev.x;
         v1 += prev.y;
       }
-      if (last) *reinterpret_cast<__nv_bfloat162*>(out + o) = __floats2bfloat162_rn(v0, v1);
-      else __stcg(reinterpret_cast<float2*>(ws + o), make_float2(v0, v1));
+      if (last) {
+        __nv_bfloat162* to = reinterpret_cast<__nv_bfloat162*>(out + o);
+        if (add) {
+          const float2 before = __bfloat1622float2(*to);
+          v0 += before.x;
+          v1 += before.y;
+        }
+        *to = __floats2bfloat162_rn(v0, v1);
+      } else {
+        __stcg(reinterpret_cast<float2*>(ws + o), make_float2(v0, v1));
+      }
     }, n_valid);
   }
 
