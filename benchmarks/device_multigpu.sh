@@ -3,6 +3,7 @@
 #   1. compile ahead every kernel (benchmarks/prebuild.py: nvcc in parallel; a carried
 #      .mokgen-cache/ whose keys match makes this a no-op)
 #   2. torchrun --nproc-per-node=R -m pytest -q -m multigpu tests/test_multigpu.py
+#      (a rank killed mid-training: benchmarks/device_faults.sh, its own call)
 #   3. benchmarks/multigpu.py (forward + training step vs NCCL all_to_all + grouped_mm, floors)
 #   4. benchmarks/fsdp_overlap.py (a 256 MiB all-gather beside the layer, reserve 0 and 16)
 #   5. examples/04_train_fsdp_ep.py: FSDP2 + EP = 2 through mokgen.MoE, loss vs the
@@ -11,15 +12,11 @@
 # JSON and logs go to $OUT (and benchmarks/results/). NVLink multicast stays off.
 # Usage: MOKGEN_COMMIT=<sha> bash benchmarks/device_multigpu.sh [tokens, default 2048]
 # Expected at R = 2: prebuild ~0 with a carried .mokgen-cache/ (1-2 min on 32 cores without),
-# tests ~1 min, benchmark ~1.5 min at one N (8 rows; "2048,4096" doubles it), overlap ~0.5 min.
-# Each step has a timeout, so the whole stays under ~9 min even if one hangs.
-set -uo pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-if [ -d .mokgen-cache ]; then export MOKGEN_CACHE=${MOKGEN_CACHE:-$PWD/.mokgen-cache}; fi
-export MOKGEN_CACHE=${MOKGEN_CACHE:-/tmp/mokgen-cache}
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT" benchmarks/results
+# tests ~1 min plus the 10,000 training calls (TEST_STEPS=1000 shortens them), benchmark
+# ~1.5 min at one N (8 rows; "2048,4096" doubles it), overlap ~0.5 min.
+# Each step has a timeout; with TEST_STEPS=1000 the whole stays under ~9 min even if one hangs.
+source "$(dirname "$0")/device_env.sh"
+mkdir -p benchmarks/results
 TOKENS=${1:-2048}
 GPUS=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=name,clocks.sm,memory.used --format=csv,noheader
@@ -32,7 +29,8 @@ for R in $SIZES; do
 done
 for R in $SIZES; do
   echo "== tests, world size $R"
-  timeout 150 torchrun --nproc-per-node=$R -m pytest -q -m multigpu tests/test_multigpu.py \
+  MOKGEN_TEST_STEPS=${TEST_STEPS:-10000} timeout 300 torchrun --nproc-per-node=$R -m pytest \
+    -q -m multigpu tests/test_multigpu.py \
     2>&1 | tee "$OUT/pytest_multigpu_R$R.log" | grep -E "passed|failed|error|Error" | tail -6
 done
 for R in $SIZES; do

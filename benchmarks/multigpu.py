@@ -30,7 +30,8 @@ this script, fsdp_overlap.py and tests/test_multigpu.py need into $MOKGEN_CACHE,
 A cache built so inside the checkout (MOKGEN_CACHE=$PWD/.mokgen-cache, git-ignored) can be
 carried to the device machine (carry [".mokgen-cache"]); kernels whose key (source, headers,
 nvcc version, ...) differ there are rebuilt, nothing else. NVLink multicast stays off.
-DeepEP is not built here (the GPU machines have no network to fetch its source).
+DeepEP's dispatch/combine + grouped_mm on the same loads: benchmarks/peers_deepep.py (its
+source carried to the GPU machine in .peers-deepep/, built there by peers_deepep.sh).
 """
 from __future__ import annotations
 
@@ -126,21 +127,41 @@ def offrank_rows(experts, L: int, r: int, R: int) -> int:
     return int(out.item())
 
 
+def rank_inputs(shape, n):
+    """This rank's (x, router logits, w1, w2, shared_w1, shared_w2) and its output gradient,
+    from seeds rank 0 broadcasts: every implementation gets the same tensors."""
+    import torch.distributed as dist
+    from mokgen.workloads import make_inputs
+
+    R, r = dist.get_world_size(), dist.get_rank()
+    inp = make_inputs(shape, R, n, seed=shared_seed())
+    tensors = tuple(inp[k][r] for k in ("x", "router_logits", "w1", "w2")) + \
+        (inp["shared_w1"], inp["shared_w2"])
+    dy = torch.randn(tensors[0].shape, device="cuda", generator=torch.Generator(device="cuda")
+                     .manual_seed(shared_seed() + r)).bfloat16()
+    return tensors, dy
+
+
+def train_step(leaves, dy, fn):
+    """One training step of fn(*leaves) as a callable: the leaves' grads cleared, forward,
+    backward from dy."""
+    def run():
+        for t in leaves:
+            t.grad = None
+        fn(*leaves).backward(dy)
+    return run
+
+
 def bench(name, load, n, iters, link_gbps, naive=True):
     import torch.distributed as dist
     from mokgen.bench import dense_floor
     from mokgen.simulate import predict_plan
-    from mokgen.workloads import make_inputs, rel_error
+    from mokgen.workloads import rel_error
 
     R, r = dist.get_world_size(), dist.get_rank()
     shape = load_shape(name, load, R)
     L = shape.num_experts // R
-    inp = make_inputs(shape, R, n, seed=shared_seed())
-    x, z, w1, w2 = (inp[k_][r] for k_ in ("x", "router_logits", "w1", "w2"))
-    sw1, sw2 = inp["shared_w1"], inp["shared_w2"]
-    del inp
-    dy = torch.randn(x.shape, device="cuda", generator=torch.Generator(device="cuda")
-                     .manual_seed(shared_seed() + r)).bfloat16()
+    (x, z, w1, w2, sw1, sw2), dy = rank_inputs(shape, n)
     layer = mokgen.compile(shape, ep=R, tokens_per_rank=n, group=dist.group.WORLD)
     leaves = [t.detach().requires_grad_() for t in (x, z, w1, w2, sw1, sw2)]
     res = dict(shape=name, load=load, experts=shape.num_experts, local_experts=L, ep=R,
@@ -153,11 +174,7 @@ def bench(name, load, n, iters, link_gbps, naive=True):
         res["mokgen_fwd_ms"] = slowest_ms(lambda: layer(x, z, w1, w2, sw1, sw2), iters)
 
     def step(fn):
-        def run():
-            for t in leaves:
-                t.grad = None
-            fn(*leaves).backward(dy)
-        return run
+        return train_step(leaves, dy, fn)
     res["mokgen_train_ms"] = slowest_ms(step(layer), iters)
     mine = {k: leaves[i].grad.clone() for i, k in enumerate(("x", "z", "w1"))}
     ex = dist_exchange()

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import mokgen
+from mokgen import reference
 from mokgen.workloads import cosine, make_inputs, reference_grads, reference_outputs, rel_error
 
 pytestmark = pytest.mark.multigpu
@@ -106,6 +107,100 @@ def test_bitwise_identical_over_calls(group):
     assert torch.equal(y1, y2)
     for k in g1:
         assert torch.equal(g1[k], g2[k]), k
+
+
+def test_nan_tokens_stay_in_their_rows(group):
+    """A few of the last rank's tokens are NaN (x only: the logits, hence the routes and the
+    schedule, are those of the clean run). Their rows are computed by experts on every rank,
+    yet every other row stays bitwise that of the clean run: y, dx, d router_logits on every
+    rank, dw1 and dw2 of each expert none of those tokens reached, and the shared expert's
+    weight gradients on the other ranks (each rank's are its own tokens'). The NaN tokens'
+    own y and dx rows are NaN, and so is the weight gradient of each expert they reached.
+    A clean call afterwards is bitwise the first: no NaN stays behind in the workspace."""
+    R, r = dist.get_world_size(), dist.get_rank()
+    if R < 2:
+        pytest.skip("needs at least 2 ranks")
+    shape, n, bad = mokgen.shapes.get("gpu-small"), 256, [3, 100, 255]
+    layer = mokgen.compile(shape, ep=R, tokens_per_rank=n, group=group)
+    inputs, dys = global_inputs(shape, R, n)
+    nan_inputs = dict(inputs, x=[x.clone() for x in inputs["x"]])
+    nan_inputs["x"][R - 1][bad] = float("nan")
+    y0, g0 = run_rank(layer, inputs, dys[r], r)
+    y1, g1 = run_rank(layer, nan_inputs, dys[r], r)
+    y2, g2 = run_rank(layer, inputs, dys[r], r)
+    layer.synchronize()
+    clean = torch.ones(n, dtype=torch.bool, device="cuda")
+    if r == R - 1:
+        clean[bad] = False
+        for name, t in (("y", y1), ("dx", g1["x"])):
+            assert t[~clean].isnan().all(), f"a NaN token's {name} row must be NaN"
+    for name, a, b in (("y", y1, y0), ("dx", g1["x"], g0["x"]),
+                       ("d router_logits", g1["router_logits"], g0["router_logits"])):
+        assert a[clean].isfinite().all(), f"rank {r}: {name} of a clean token is not finite"
+        assert torch.equal(a[clean], b[clean]), f"rank {r}: {name} of a clean token changed"
+    L = shape.num_experts // R
+    reached = reference.route(inputs["router_logits"][R - 1][bad], shape.topk)[0].unique()
+    reached = {e - r * L for e in reached.tolist() if r * L <= e < (r + 1) * L}
+    for k in ("w1", "w2"):
+        for e in range(L):
+            if e in reached:
+                assert g1[k][e].isnan().any(), f"rank {r}: d{k} of expert {e} missed a NaN"
+            else:
+                assert torch.equal(g1[k][e], g0[k][e]), f"rank {r}: d{k} of expert {e} changed"
+    for k in ("shared_w1", "shared_w2"):
+        if g0[k] is None:
+            continue
+        if r == R - 1:
+            assert g1[k].isnan().any(), f"rank {r}: d{k} missed its NaN tokens"
+        else:
+            assert torch.equal(g1[k], g0[k]), f"rank {r}: d{k} changed"
+    assert torch.equal(y2, y0) and all(torch.equal(g2[k], g0[k]) for k in g0), \
+        f"rank {r}: a clean call after the NaN call differs from the first"
+
+
+def test_ten_thousand_training_steps_keep_memory_flat(group):
+    """10,000 forward + backward calls (MOKGEN_TEST_STEPS to change): device memory allocated
+    after call 100 and after the last is the same, the caching allocator reserved no more,
+    the process's resident host memory grew by less than 64 MiB, and outputs and gradients
+    stay bitwise those of the first call."""
+    R, r = dist.get_world_size(), dist.get_rank()
+    shape, n = mokgen.shapes.get("gpu-small"), 256
+    steps = int(os.environ.get("MOKGEN_TEST_STEPS", "10000"))
+    layer = mokgen.compile(shape, ep=R, tokens_per_rank=n, group=group)
+    inputs, dys = global_inputs(shape, R, n)
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in mine(inputs, r).items()
+              if v is not None}
+
+    def step():
+        for t in leaves.values():
+            t.grad = None
+        y = layer(**leaves)
+        y.backward(dys[r])
+        return y
+
+    first = step()
+    first_grads = {k: t.grad.clone() for k, t in leaves.items()}
+    marks = {}
+    for i in range(1, steps + 1):
+        y = step()
+        if i in (min(100, steps), steps) or i % 2000 == 0:
+            layer.synchronize()
+            assert torch.equal(y, first), f"rank {r}: call {i}: y differs from the first"
+            for k, t in leaves.items():
+                assert torch.equal(t.grad, first_grads[k]), f"rank {r}: call {i}: d{k} differs"
+            marks[i] = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved(),
+                        resident_bytes())
+    (a0, res0, rss0), (a1, res1, rss1) = marks[min(100, steps)], marks[steps]
+    print(f"rank {r}: after call 100 / {steps}: allocated {a0} / {a1}, reserved {res0} / "
+          f"{res1}, resident {rss0 >> 20} / {rss1 >> 20} MiB")
+    assert a1 == a0, f"rank {r}: allocated memory changed by {a1 - a0} bytes"
+    assert res1 <= res0, f"rank {r}: reserved memory grew by {res1 - res0} bytes"
+    assert rss1 - rss0 < 64 << 20, f"rank {r}: host memory grew by {(rss1 - rss0) >> 20} MiB"
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def gather_group(max_ctas: int):
