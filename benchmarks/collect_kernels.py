@@ -2,12 +2,13 @@
 that list where many cores are (the GPU machine), so the tests then find every kernel built.
 
 1. Collect (any machine; a pytest plugin): the GPU tests run with their skips lifted until
-   their first kernel build, which records the kernels and stops the test there:
-       python -m pytest -p benchmarks.collect_kernels -m gpu tests/ --collect-out K.pkl
-   (each test records its first layer's kernels; later layers of a test build as it runs).
+   their first kernel build, which records the plans being compiled and stops the test there:
+       python -m pytest -p benchmarks.collect_kernels -m gpu tests/ --collect-out P.pkl
+   (each test records its first layer's plan; later layers of a test build as it runs).
    On a machine without a GPU the tests' CPU-side preparation runs for real (~10 min).
-2. Build (the GPU machine, nvcc on every core):
-       MOKGEN_CACHE=... python benchmarks/collect_kernels.py K.pkl
+   Plans, not sources, are kept: a header or ABI change since leaves the list valid.
+2. Build (the GPU machine, nvcc on every core): the plans' kernels as the tree now emits them
+       MOKGEN_CACHE=... python benchmarks/collect_kernels.py P.pkl
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import time
 
 import pytest
 
-_KERNELS: dict = {}
+_PLANS: dict = {}
 
 
 class Collected(Exception):
@@ -30,14 +31,17 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    from mokgen import build
+    from mokgen import build, codegen
+    emit = codegen.emit
 
-    def record(kernels, *args, **kwargs):
-        for k in kernels:
-            _KERNELS[k.name] = k
+    def record_plan(plan, *args, **kwargs):
+        _PLANS[plan.key()] = plan
+        return emit(plan, *args, **kwargs)
+
+    def stop(kernels, *args, **kwargs):
         raise Collected()
 
-    build.build = record
+    codegen.emit, build.build = record_plan, stop
 
 
 @pytest.hookimpl(trylast=True)
@@ -49,17 +53,17 @@ def pytest_collection_modifyitems(config, items):
 def pytest_sessionfinish(session, exitstatus):
     path = session.config.getoption("--collect-out")
     with open(path, "wb") as f:
-        pickle.dump(list(_KERNELS.values()), f)
-    print(f"\ncollect_kernels: {len(_KERNELS)} kernels -> {path}")
+        pickle.dump(list(_PLANS.values()), f)
+    print(f"\ncollect_kernels: {len(_PLANS)} plans -> {path}")
 
 
 def main(path: str) -> int:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from mokgen import build
+    from mokgen import build, codegen
     with open(path, "rb") as f:
-        kernels = pickle.load(f)
+        kernels = {k.name: k for p in pickle.load(f) for k in codegen.emit(p)}.values()
     t0 = time.perf_counter()
-    bins = build.build(kernels, jobs=os.cpu_count())
+    bins = build.build(list(kernels), jobs=os.cpu_count())
     print(f"collect_kernels: {len(bins)} kernels ({sum(not b.cached for b in bins)} built) in "
           f"{time.perf_counter() - t0:.0f} s, spills {sum(b.spills for b in bins)}")
     return 0

@@ -7,6 +7,8 @@ shared_w1 [2 I_s, D], shared_w2 [D, I_s]; L = E / ep, rank r holding experts r*L
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 
@@ -29,10 +31,10 @@ class MoE(nn.Module):
         (accumulation over micro-batches), the backward kernel adds the expert weight
         gradients into them (in fp32, rounding once to bf16) instead of returning new
         tensors for autograd to add: no temporary the size of the expert weights, no
-        separate add. On such calls autograd sees no gradient for w1 / w2, so hooks on their
-        accumulation (DDP's, register_post_accumulate_grad_hook) do not run: for plain loops
-        and FSDP2, not DDP. The first backward (grads None) and torch.compile'd code take
-        the ordinary path."""
+        separate add (also under activation checkpointing). On such calls autograd sees no
+        gradient for w1 / w2, so hooks on their accumulation (DDP's,
+        register_post_accumulate_grad_hook) do not run: for plain loops and FSDP2, not DDP.
+        The first backward (grads None) and torch.compile'd code take the ordinary path."""
         super().__init__()
         if overlap_comm:
             overrides = {"overlap_comm": True, **overrides}
@@ -63,8 +65,8 @@ class MoE(nn.Module):
             self.register_parameter("shared_w1", None)
             self.register_parameter("shared_w2", None)
         self.reset_parameters()
-        self._registration = LayerRegistration(self.plan, ep_group, backend,
-                                                fuse_grad_accumulation)
+        self._registration = LayerRegistration(
+            self.plan, ep_group, backend, weakref.ref(self) if fuse_grad_accumulation else None)
 
     @property
     def _layer(self) -> int:
@@ -161,14 +163,17 @@ class LayerRegistration:
     Kernels are compiled on the first CUDA call; backend="reference" runs the PyTorch
     reference on every device (for comparisons)."""
 
-    def __init__(self, plan, ep_group=None, backend: str = "kernels", fuse: bool = False):
-        self.args = (plan, ep_group, backend, fuse)
+    def __init__(self, plan, ep_group=None, backend: str = "kernels", owner=None):
+        self.args, self.owner = (plan, ep_group, backend), owner
         kernels = _LazyKernels(plan, ep_group) if backend == "kernels" else None
         self.handle = ops.register(kernels, plan.shape.topk, plan.ep,
-                                   None if plan.dtype == "bf16" else plan.dtype, fuse)
+                                   None if plan.dtype == "bf16" else plan.dtype, owner)
 
     def __deepcopy__(self, memo):
-        return LayerRegistration(*self.args)
+        # the copy of the owning module (deepcopy made it first) owns the new registration
+        owner = self.owner() if self.owner is not None else None
+        copy = memo.get(id(owner)) if owner is not None else None
+        return LayerRegistration(*self.args, weakref.ref(copy) if copy is not None else None)
 
     def __del__(self):
         unregister = getattr(ops, "unregister", None)  # None at interpreter shutdown

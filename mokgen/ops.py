@@ -12,10 +12,10 @@ Two entry points, each with its backward op:
   expert), so models run and test without a GPU and can be compared with the kernels.
 - fake: empty tensors of the right shapes, for tracing.
 The backward ops run the backward megakernel on CUDA, and the reference's explicit backward
-elsewhere (which needs every expert local, ep == 1). A layer registered with `fuse=True`
+elsewhere (which needs every expert local, ep == 1). A layer registered with an `owner`
 (mokgen.MoE's fuse_grad_accumulation) calls the *_into backward ops instead on CUDA, in eager
-mode, once its experts have a .grad: they add into it (their mutated arguments) and return no
-expert weight gradients for autograd to add.
+mode, once the owner's experts have a .grad: they add into it (their mutated arguments) and
+return no expert weight gradients for autograd to add.
 """
 from __future__ import annotations
 
@@ -25,19 +25,20 @@ import torch
 
 from . import reference
 
-# handle -> (compiled callable or None, topk, ep, fp8 format or None, fuse); handles are
-# never reused, so a stale one fails loudly instead of reaching another layer
+# handle -> (compiled callable or None, topk, ep, fp8 format or None, owner or None); handles
+# are never reused, so a stale one fails loudly instead of reaching another layer
 _LAYERS: dict = {}
 _NEXT = itertools.count()
 
 
-def register(compiled, topk: int, ep: int, fp8: str | None = None, fuse: bool = False) -> int:
+def register(compiled, topk: int, ep: int, fp8: str | None = None, owner=None) -> int:
     """fp8: the layer's format ("fp8" | "mxfp8"), so the reference path quantizes the
-    routed experts' operands as the kernels do; fuse: fused gradient accumulation (module
-    docstring). Pair with `unregister` (the modules do it when they are collected): the
-    entry holds the layer's kernels and, through them, its share of the workspace."""
+    routed experts' operands as the kernels do; owner: a weak reference to the module whose
+    w1 / w2 .grad the backward adds into (fused gradient accumulation: module docstring),
+    or None. Pair with `unregister` (the modules do it when they are collected): the entry
+    holds the layer's kernels and, through them, its share of the workspace."""
     handle = next(_NEXT)
-    _LAYERS[handle] = (compiled, topk, ep, fp8, fuse)
+    _LAYERS[handle] = (compiled, topk, ep, fp8, owner)
     return handle
 
 
@@ -242,14 +243,21 @@ def _(dy, x, experts, weights, token, w1, w2, shared_w1, shared_w2, acc_w1, acc_
 
 # ---------------------------------------------------------------- fused accumulation
 def _accumulate_into(layer: int, x, w1, w2) -> tuple:
-    """(w1.grad, w2.grad) where the layer fuses gradient accumulation into its CUDA backward
-    and both hold a gradient it can add into (bf16, contiguous, the weights' shapes; eager
-    only: the *_into ops mutate, which tracing would have to functionalize); else (): autograd
-    adds what the op returns, as usual."""
-    if not _entry(layer)[4] or torch.compiler.is_compiling() or \
+    """(.grad of the owner's w1, w2) where the layer fuses gradient accumulation into its
+    CUDA backward, the owner's parameters are the weights this call used, and both hold a
+    gradient it can add into (bf16, contiguous, the weights' shapes; eager only: the *_into
+    ops mutate, which tracing would have to functionalize); else (): autograd adds what the op
+    returns, as usual. The owner's, not the saved tensors': activation checkpointing saves
+    detached aliases of the parameters, whose .grad is not the parameter's."""
+    owner = _entry(layer)[4]
+    module = owner() if owner is not None else None
+    if module is None or torch.compiler.is_compiling() or \
             _kernels(layer, x, backward=True) is None:
         return ()
-    g1, g2 = w1.grad, w2.grad
+    p1, p2 = module.w1, module.w2
+    if p1.data_ptr() != w1.data_ptr() or p2.data_ptr() != w2.data_ptr():
+        return ()  # other storage (e.g. a parallel wrapper's copies): autograd's path
+    g1, g2 = p1.grad, p2.grad
     ok = all(g is not None and g.dtype == torch.bfloat16 and g.shape == w.shape
              and g.is_contiguous() and not g.requires_grad for g, w in ((g1, w1), (g2, w2)))
     return (g1, g2) if ok else ()

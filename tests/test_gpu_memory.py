@@ -154,12 +154,14 @@ def test_ep1_without_process_group():
     assert rel_error(y, reference_outputs(SHAPE, inputs)[0]) <= 1e-2
 
 
-@pytest.mark.parametrize("routed", [False, True], ids=["router", "caller-routes"])
-def test_fused_grad_accumulation(routed):
+@pytest.mark.parametrize("routed,ckpt", [(False, False), (True, False), (False, True)],
+                         ids=["router", "caller-routes", "router-checkpointed"])
+def test_fused_grad_accumulation(routed, ckpt):
     """fuse_grad_accumulation=True: over micro-batches the kernel adds the expert gradients
     into .grad (one rounding), autograd adds nothing for them: the same sums as the ordinary
     path within bf16 rounding and as the reference, bitwise repeatable, the other gradients
-    bitwise unchanged, and no expert-gradient-sized temporary in the step's peak."""
+    bitwise unchanged, and no expert-gradient-sized temporary in the step's peak; also under
+    activation checkpointing (whose saved weights are detached aliases)."""
     torch.manual_seed(0)
     plain = mokgen.MoE(SHAPE, tokens_per_rank=TOKENS, device="cuda", router=not routed)
     fused = mokgen.MoE(SHAPE, tokens_per_rank=TOKENS, device="cuda", router=not routed,
@@ -183,7 +185,9 @@ def test_fused_grad_accumulation(routed):
             before = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
             xg = x.clone().requires_grad_()
-            (moe(xg, routes=routes[i]) if routed else moe(xg)).backward(dy)
+            kw = {"routes": routes[i]} if routed else {}
+            y = checkpoint(moe, xg, use_reentrant=False, **kw) if ckpt else moe(xg, **kw)
+            y.backward(dy)
             torch.cuda.synchronize()
             peaks.append(torch.cuda.max_memory_allocated() - before)
             dxs.append(xg.grad)

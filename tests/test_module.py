@@ -1,5 +1,7 @@
 """mokgen.MoE and the custom op on CPU: reference equality, state dicts, autograd,
 torch.compile(fullgraph=True), argument checks."""
+import copy
+
 import pytest
 import torch
 
@@ -63,6 +65,10 @@ def test_fused_grad_accumulation_flag_keeps_cpu_gradients():
         fused(x).backward(dy)
     for (name, p), q in zip(plain.named_parameters(), fused.parameters()):
         assert torch.equal(p.grad, q.grad), name
+    # the layer's entry names its module as the owner of the gradients; a deep copy its copy
+    twin = copy.deepcopy(fused)
+    assert ops._entry(fused._layer)[4]() is fused and ops._entry(twin._layer)[4]() is twin
+    assert ops._entry(plain._layer)[4] is None
 
 
 def test_backward_op_passes_opcheck_with_and_without_accumulation_targets():

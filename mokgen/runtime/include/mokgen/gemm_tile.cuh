@@ -418,8 +418,9 @@ MOKGEN_DEV int rows_valid(int r0) { return cols_valid<W, BM>(r0); }
 // even r: row = 64*cwg + 16*w + l/4 + 8*((r/2)%2), cols c = 8*(r/4) + 2*(l%4) and c+1.
 // f(row_in_tile, col_in_tile, v_c, v_c1) is called once per pair with row < m_valid and
 // col < n_valid only (n_valid a multiple of 8: an 8-column group is in or out as a whole).
-template <int BN, class F>
-MOKGEN_DEV void for_each_acc_pair(const float (&acc)[BN / 2], int cwg, int m_valid, F&& f,
+// T = float: f may take v_c, v_c1 by reference and update the accumulators.
+template <int BN, class T, class F>
+MOKGEN_DEV void for_each_acc_pair(T (&acc)[BN / 2], int cwg, int m_valid, F&& f,
                                   int n_valid = BN) {
   const int w = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
   const int row_base = 64 * cwg + 16 * w + (l >> 2);

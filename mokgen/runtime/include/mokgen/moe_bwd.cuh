@@ -532,7 +532,7 @@ struct BwdProblem {
   // wg_acc between segments; the last one writes the bf16 gradient, or with `accumulate`
   // adds the sum to the routed gradient already there, rounding once: fused gradient
   // accumulation, no second gradient-sized tensor and no separate add).
-  MOKGEN_DEV void wgrad_epilogue(const Task& t, const float (&acc)[BN / 2], int cwg) const {
+  MOKGEN_DEV void wgrad_epilogue(const Task& t, float (&acc)[BN / 2], int cwg) const {
     const int op = opcode(t);
     __nv_bfloat16* out;
     float* ws = nullptr;
@@ -567,6 +567,15 @@ struct BwdProblem {
     const int m_valid = op == kWgrad1    ? rows_valid<2 * C::I, BM>(t.c_row0)
                         : op == kSWgrad1 ? rows_valid<2 * C::IS, BM>(t.c_row0)
                                          : rows_valid<C::D, BM>(t.c_row0);  // dW2, dsw2
+    if (add && last) {  // the gradient already there, in a pass of loads alone (a load next
+      // to each store below would wait for that store: the compiler cannot tell them apart)
+      for_each_acc_pair<BN>(acc, cwg, m_valid, [&](int r, int c, float& v0, float& v1) {
+        const float2 before = __bfloat1622float2(
+            *reinterpret_cast<const __nv_bfloat162*>(out + (size_t)r * ld + c));
+        v0 += before.x;
+        v1 += before.y;
+      }, n_valid);
+    }
     for_each_acc_pair<BN>(acc, cwg, m_valid, [&](int r, int c, float v0, float v1) {
       const size_t o = (size_t)r * ld + c;
       if (idx > 0) {  // L2 only: another SM wrote the running sum
@@ -574,17 +583,8 @@ struct BwdProblem {
         v0 += prev.x;
         v1 += prev.y;
       }
-      if (last) {
-        __nv_bfloat162* to = reinterpret_cast<__nv_bfloat162*>(out + o);
-        if (add) {
-          const float2 before = __bfloat1622float2(*to);
-          v0 += before.x;
-          v1 += before.y;
-        }
-        *to = __floats2bfloat162_rn(v0, v1);
-      } else {
-        __stcg(reinterpret_cast<float2*>(ws + o), make_float2(v0, v1));
-      }
+      if (last) *reinterpret_cast<__nv_bfloat162*>(out + o) = __floats2bfloat162_rn(v0, v1);
+      else __stcg(reinterpret_cast<float2*>(ws + o), make_float2(v0, v1));
     }, n_valid);
   }
 
