@@ -32,7 +32,9 @@ def sources(plan) -> dict:
     return out
 
 
-BASE = mokgen.plan(SHAPE, **ARGS)
+# A minibatch small enough that the ring has slots a smaller budget can take away (the
+# planner's own choice may already be the 2-slot minimum).
+BASE = mokgen.plan(SHAPE, **ARGS, minibatch=512)
 # field -> (a value other than the planner's, units whose source changes, or the refusal)
 FLIPS = {
     "dispatch": ("push", "dispatch must be 'pull'"),
