@@ -7,8 +7,7 @@ plan = mokgen.plan(shape, ep=64, dtype="bf16", tokens_per_rank=2048)
 print(plan)                                   # the decisions, as a table
 print(plan.to_json()[:300], "...")            # the same, machine-readable
 
-graph = ir.build_graph(shape, ep=64, tokens=2048, direction="fwd")
-print(ir.to_text(graph))                      # the task graph the passes reason about
+print(ir.to_text(plan.graph))                 # the task graph, each op with its decisions
 
 for kernel in codegen.emit(plan):             # the CUDA C++ the plan renders to
     print(f"--- {kernel.name}: {len(kernel.source.splitlines())} lines")

@@ -10,14 +10,14 @@ __version__ = "0.1.0"
 
 def plan(shape: MoEShape, ep: int, dtype: str = "bf16", tokens_per_rank: int = 2048,
          **overrides) -> Plan:
-    """Run the planning passes (no compiler, no GPU needed), then the kernels' rules
-    (`mokgen.limits`): a plan comes back only if its layer compiles, else ValueError."""
+    """Run the planning passes over the layer's task graph (no compiler, no GPU needed), then
+    the kernels' rules (`mokgen.limits`): the view of the annotated graph comes back only if
+    its layer compiles, else ValueError."""
     from .limits import check
-    from .passes import PASSES
+    from .passes import run
+    from .plan import initial_graph
 
-    p = initial_plan(shape, ep, dtype, tokens_per_rank, **overrides)
-    for run_pass in PASSES:
-        p = run_pass(p)
+    p = Plan.of(run(initial_graph(shape, ep, dtype, tokens_per_rank, **overrides)))
     check(p)
     return p
 

@@ -18,12 +18,22 @@ def _common(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{name}", type=int, default=None, help="override the pass")
     p.add_argument("--overlap-comm", action="store_true",
                    help="collectives run beside the layer: leave them SMs")
+    for d in ("fwd", "bwd"):
+        p.add_argument(f"--gemm-{d}", type=_gemm, default=None, metavar="BMxBNxSTAGES",
+                       help=f"override the tile of the {d} GEMM ops, e.g. 128x256x3")
+
+
+def _gemm(text: str) -> tuple:
+    try:
+        return tuple(int(v) for v in text.split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected BMxBNxSTAGES, got {text!r}") from None
 
 
 def _plan(args):
     overrides = {k: getattr(args, k) for k in
-                 ("minibatch", "macrobatch", "comm_sms_fwd", "comm_sms_bwd", "reserve_sms")
-                 if getattr(args, k) is not None}
+                 ("minibatch", "macrobatch", "comm_sms_fwd", "comm_sms_bwd", "reserve_sms",
+                  "gemm_fwd", "gemm_bwd") if getattr(args, k) is not None}
     if args.overlap_comm:
         overrides["overlap_comm"] = True
     return make_plan(shapes.get(args.shape), ep=args.ep, dtype=args.dtype,
@@ -43,7 +53,7 @@ def main(argv=None) -> int:
     _common(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--graph", choices=("text", "dot"), default=None,
-                   help="also print the task graph")
+                   help="also print the task graph, annotated by the passes")
     c = sub.add_parser("compile", help="plan, emit CUDA, build with nvcc (no GPU needed); "
                                         "with --run, also run it on the visible GPU")
     _common(c)
@@ -67,8 +77,7 @@ def main(argv=None) -> int:
             print(format_memory(memory_report(plan)))
         if args.graph:
             from . import ir
-            g = ir.build_graph(plan.shape, plan.ep, plan.tokens_per_rank)
-            print(ir.to_dot(g) if args.graph == "dot" else ir.to_text(g))
+            print(ir.to_dot(plan.graph) if args.graph == "dot" else ir.to_text(plan.graph))
     return 0
 
 

@@ -1,5 +1,6 @@
-"""Plan -> CUDA C++ source. Templates only instantiate device headers with the plan's
-constants (StrictUndefined: a missing name is an error, never an empty string)."""
+"""Plan -> CUDA C++ source: the plan's annotated task graph, lowered operator by operator into
+each kernel's template parameters (mokgen/lower.py). Templates only instantiate device
+headers with them (StrictUndefined: a missing name is an error, never an empty string)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +10,8 @@ import jinja2
 from . import limits
 from .build import Kernel
 from .config import CONFIG
-from .plan import Plan
+from .lower import lower, problem_params
+from .plan import Plan, annotated
 from .runtime import abi
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -21,14 +23,13 @@ UNITS = {"prologue": "prologue.cu.j2", "fwd": "fwd.cu.j2", "bwd": "bwd.cu.j2"}
 
 
 def constants(plan: Plan) -> dict:
-    s = plan.shape
-    return dict(plan_key=plan.key(), num_experts=s.num_experts, topk=s.topk,
-                local_experts=plan.local_experts, hidden=s.hidden, intermediate=s.intermediate,
-                shared_dim=s.shared_dim, block_m=plan.block_m, minibatch=plan.minibatch,
-                macrobatch=plan.macrobatch, ring_slots=plan.ring_slots, ep=plan.ep,
-                comm_sms=plan.comm_sms_fwd, comm_sms_bwd=plan.comm_sms_bwd,
-                num_sms=plan.num_sms, scale_block=plan.scale_block,
-                profile_mask=abi.profile_mask(plan.profile))
+    """unit -> its template parameters: the prologue and the forward lower the forward ops
+    of the plan's graph, the backward the backward ops."""
+    g = annotated(plan)
+    common = dict(problem_params(g), plan_key=plan.key(),
+                  profile_mask=abi.profile_mask(plan.profile))
+    fwd, bwd = ({**common, **lower(g, d)} for d in ("fwd", "bwd"))
+    return {"prologue": fwd, "fwd": fwd, "bwd": bwd}
 
 
 # what each unit's source checks of the host <-> device interface (runtime/abi.py)
@@ -78,8 +79,8 @@ def emit(plan: Plan, units=tuple(UNITS)) -> list[Kernel]:
     consts = constants(plan)
     flags = ("-DMOKGEN_DEBUG",) if CONFIG.debug else ()
     kernels = [Kernel(f"{u}_{plan.key()}", _ENV.get_template(UNITS[u]).render(
-        **consts, abi_checks=abi_checks(u) if u in _ABI else "", fwd_maps=abi.FWD_MAPS), flags)
-               for u in units]
+        **consts[u], abi_checks=abi_checks(u) if u in _ABI else "", fwd_maps=abi.FWD_MAPS),
+        flags) for u in units]
     if CONFIG.dump:
         CONFIG.dump.mkdir(parents=True, exist_ok=True)
         (CONFIG.dump / f"plan_{plan.key()}.json").write_text(plan.to_json())

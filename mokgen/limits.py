@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .ir.ops import GemmConfig
+
 if TYPE_CHECKING:
     from .plan import Plan
 
@@ -28,6 +30,14 @@ MAX_ROUTED_ROWS = 2**31 - 1
 # directions exist for the cost model (passes.comm_direction) only.
 DIRECTIONS = {"dispatch": "pull", "combine": "push", "reverse_combine": "pull",
               "reverse_dispatch": "push"}
+# GEMM tiles (gemm_tile.cuh GemmCfg; one per kernel, every GEMM op of a direction shares it):
+# BM is fixed by the engine, two consumer warpgroups of 64 rows (wgmma m64). BN: the engine
+# also has N = 128, but the fp8 tiles are two 128-column halves and the host's tensor maps
+# have B boxes of BN and BN / 2 rows (runtime/moe.py, moe_bwd.py), all built for 256.
+# Stages: a consumer frees a stage one K-slice late, so 1 would deadlock; 4 x 48 KB fill the
+# 227 KB of shared memory.
+GEMM_BM, GEMM_BN, GEMM_STAGES = (128,), (256,), (2, 3, 4)
+DEFAULT_GEMM = GemmConfig(bm=128, bn=256, stages=4)
 
 
 def _widths(plan: "Plan") -> list[tuple[str, int]]:
@@ -74,6 +84,8 @@ def violations(plan: "Plan") -> list[str]:
         if got is not None and got != want:
             out.append(f"{op} must be {want!r} (the only direction the kernels implement), "
                        f"got {got!r}")
+    for name in ("gemm_fwd", "gemm_bwd"):
+        out += _gemm_violations(name, getattr(plan, name))
     broken = set()  # one sentence per field: its first rule broken
     for field, v, m, why in forward_width_rules(plan):
         if v % m and field not in broken:
@@ -81,6 +93,15 @@ def violations(plan: "Plan") -> list[str]:
             out.append(f"{field} must be a multiple of {m} for the sm_90a kernels ({why}), "
                        f"got {v}")
     return out
+
+
+def _gemm_violations(name: str, cfg: GemmConfig | None) -> list[str]:
+    if cfg is None:
+        return []
+    return [f"{name}.{f} must be one of {ok} (gemm_tile.cuh and the host's tensor maps; see "
+            f"mokgen/limits.py), got {getattr(cfg, f)}"
+            for f, ok in (("bm", GEMM_BM), ("bn", GEMM_BN), ("stages", GEMM_STAGES))
+            if getattr(cfg, f) not in ok]
 
 
 def check(plan: "Plan") -> None:

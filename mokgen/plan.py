@@ -1,8 +1,13 @@
-"""The Plan: every decision the compiler makes about one MoE layer, frozen.
+"""The Plan: every decision the compiler made about one MoE layer, as a frozen view of the
+annotated task graph.
 
-`plan()` builds the initial Plan from the problem and runs the passes of `mokgen.passes.PASSES`
-in order; each pass is a pure function Plan -> Plan that fills in its own fields. A field set
-through `overrides` is recorded in `forced` and left alone by its pass (ablations, tuning).
+`initial_graph()` validates the problem and the overrides and builds the layer's task graph
+(mokgen.ir); each pass of `mokgen.passes.PASSES` annotates its operators (graph in, new graph
+out); `Plan.of(graph)` reads the decisions back as flat fields and keeps the graph
+(`plan.graph`), which codegen lowers operator by operator (mokgen/lower.py). A field set
+through `overrides` is recorded in `forced`; its pass writes the forced value instead of
+choosing one (ablations, tuning). A Plan read from JSON or changed by `replace` has no graph:
+`annotated(plan)` re-runs the passes with the plan's decisions forced.
 """
 from __future__ import annotations
 
@@ -10,19 +15,21 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
-from . import hardware
-from .limits import backward_unsupported
+from . import hardware, ir
+from .ir import GemmConfig, OpKind
+from .limits import DEFAULT_GEMM, backward_unsupported
 from .shapes import MoEShape
 
 DTYPES = ("bf16", "fp8", "mxfp8")
 DIRECTIONS = ("pull", "push")
 COMM_OPS = ("dispatch", "combine", "reverse_combine", "reverse_dispatch")
-BLOCK_M = 128  # GEMM tile rows: two consumer warpgroups of 64 rows (wgmma m64)
 
-# Fields a caller may force. Everything else is derived.
+# Fields a caller may force: together they reproduce every decision (`Plan.decisions`).
 OVERRIDABLE = COMM_OPS + ("comm_sms_fwd", "comm_sms_bwd", "minibatch", "macrobatch",
-                          "ring_budget_bytes", "arch", "reserve_sms", "overlap_comm", "profile")
+                          "ring_budget_bytes", "arch", "reserve_sms", "overlap_comm", "profile",
+                          "gemm_fwd", "gemm_bwd")
 
 
 @dataclass(frozen=True)
@@ -34,26 +41,28 @@ class Plan:
     arch: str = "sm_90a"
     gpu: str = "H200"
     forced: tuple = ()
-    block_m: int = BLOCK_M
-    # comm_direction
+    # comm_direction: the comm ops' direction and completion signals
     dispatch: str | None = None
     combine: str | None = None
     reverse_combine: str | None = None
     reverse_dispatch: str | None = None
     signals: tuple = ()          # ((op, direction, local, cross), ...) per minibatch
-    # precision
+    # precision: what the GEMM ops read
     act_dtype: str | None = None     # what the routed GEMMs read
     shared_dtype: str | None = None  # the shared expert stays bf16
     quant_fused: tuple = ()          # where activation quantization happens
     scale_block: int = 0             # elements per scale along K: 0 (bf16), 128 (fp8), 32 (mx)
     row_bytes: int | None = None     # bytes of one dispatched token row (data + scales)
-    # sm_partition
+    # sm_partition: the ops' SM roles
     profile: tuple = ()          # timing-only variants (runtime/abi.py PROFILES): wrong results
     overlap_comm: bool = False   # the user runs collectives (FSDP gathers) beside the layer
     reserve_sms: int = 0         # SMs left free for them: no CTA of the megakernels runs there
     num_sms: int | None = None   # CTAs of each persistent launch: the GPU's SMs - reserve_sms
     comm_sms_fwd: int | None = None
     comm_sms_bwd: int | None = None
+    # tiling: the GEMM ops' tile, one per kernel
+    gemm_fwd: GemmConfig | None = None
+    gemm_bwd: GemmConfig | None = None
     # granularity
     minibatch: int | None = None
     # ring
@@ -63,7 +72,8 @@ class Plan:
     max_routed_rows: int | None = None     # worst case rows one rank can receive (padded)
     expected_routed_rows: int | None = None
     expected_replay_rows: int | None = None
-    notes: tuple = field(default=(), compare=False)
+    # the annotated task graph this plan views (None: read from JSON or `replace`d)
+    graph: Any = field(default=None, compare=False, repr=False)
 
     # ------------------------------------------------------------------ derived
     @property
@@ -74,22 +84,77 @@ class Plan:
     def ring_slots(self) -> int:
         return self.macrobatch // self.minibatch
 
-    def replace(self, **changes) -> "Plan":
-        return dataclasses.replace(self, **changes)
+    @property
+    def block_m(self) -> int | None:
+        """GEMM tile rows, the unit expert regions of the ring are padded to."""
+        return self.gemm_fwd.bm if self.gemm_fwd else None
 
-    def note(self, text: str) -> "Plan":
-        return self.replace(notes=self.notes + (text,))
+    def replace(self, **changes) -> "Plan":
+        """A changed copy; it no longer views a graph (see `annotated`)."""
+        return dataclasses.replace(self, graph=None, **changes)
 
     def is_forced(self, name: str) -> bool:
         return name in self.forced
 
+    def decisions(self) -> dict:
+        """The overridable fields that are set: forced, they make this plan again."""
+        return {k: getattr(self, k) for k in OVERRIDABLE if getattr(self, k) is not None}
+
+    # ------------------------------------------------------------------ the view
+    @classmethod
+    def of(cls, g) -> "Plan":
+        """The decisions annotated on task graph `g` so far (forced values where a pass has
+        not run yet, None where nothing is decided)."""
+        pb, ops = g.graph["problem"], ir.ops(g)
+        f = dict(pb["overrides"], shape=pb["shape"], ep=pb["ep"], dtype=pb["dtype"],
+                 tokens_per_rank=pb["tokens_per_rank"], arch=pb["arch"], gpu=pb["gpu"],
+                 forced=pb["forced"])
+
+        def put(name, value):
+            if value is not None:
+                f[name] = value
+
+        comm = {o.comm: o for o in ir.comm_ops(g)}
+        for name, o in comm.items():
+            put(name, o.attr("comm_direction"))
+        f["signals"] = tuple((name, *sig) for name in COMM_OPS
+                             for sig in comm[name].attr("signals", ()))
+        gate, shared = ir.op_of(g, OpKind.GATE_UP_GEMM), ir.op_of(g, OpKind.SHARED_FFN)
+        put("act_dtype", gate.attr("precision"))
+        put("shared_dtype", shared and shared.attr("precision"))
+        put("scale_block", ir.common(ops, "scale_block"))
+        put("row_bytes", comm["dispatch"].attr("row_bytes"))
+        f["quant_fused"] = tuple(dict.fromkeys(o.attr("quantize") for o in ops
+                                               if o.attr("quantize")))
+        launch = {}  # direction -> CTAs of its persistent launch
+        for d in ("fwd", "bwd"):
+            dops = [o for o in ops if o.direction == d]
+            c = ir.common([o for o in dops if o.attr("sm_role") == "comm"], "ctas")
+            compute = ir.common([o for o in dops if o.attr("sm_role") == "compute"], "ctas")
+            put(f"comm_sms_{d}", c)
+            if c is not None and compute is not None:
+                launch[d] = c + compute
+            put(f"gemm_{d}", ir.common(ir.gemm_ops(g, d), "gemm"))
+        if len(set(launch.values())) > 1:
+            raise ValueError(f"the forward launches {launch['fwd']} CTAs and the backward "
+                             f"{launch['bwd']}: a plan has one num_sms")
+        if launch:
+            f["num_sms"] = launch["fwd"]
+            if "reserve_sms" not in pb["forced"]:
+                f["reserve_sms"] = hardware.get(pb["gpu"]).num_sms - f["num_sms"]
+        ring = ir.ring_ops(g)
+        put("minibatch", ir.common(ring, "minibatch"))
+        put("macrobatch", ir.common(ring, "ring_rows"))
+        f.update(g.graph.get("ring", {}))
+        return cls(**f, graph=g)
+
     # ------------------------------------------------------------------ serialization
     def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "graph"}
         d["shape"] = self.shape.to_dict()
         d["signals"] = [list(s) for s in self.signals]
-        for key in ("forced", "quant_fused", "notes", "profile"):
-            d[key] = list(d[key])
+        for key in ("forced", "quant_fused", "profile", "gemm_fwd", "gemm_bwd"):
+            d[key] = None if d[key] is None else list(d[key])
         return d
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -100,15 +165,15 @@ class Plan:
         d = json.loads(text)
         d["shape"] = MoEShape.from_dict(d["shape"])
         d["signals"] = tuple(tuple(s) for s in d["signals"])
-        for key in ("forced", "quant_fused", "notes", "profile"):
+        for key in ("forced", "quant_fused", "profile"):
             d[key] = tuple(d.get(key, ()))
+        for key in ("gemm_fwd", "gemm_bwd"):
+            d[key] = d.get(key) and GemmConfig(*d[key])
         return cls(**d)
 
     def key(self) -> str:
-        """Stable hash of every decision (notes excluded): names compiled kernels."""
-        d = self.to_dict()
-        d.pop("notes")
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+        """Stable hash of every decision: names compiled kernels."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
 
     def __str__(self) -> str:
         s = self.shape
@@ -125,6 +190,7 @@ class Plan:
             ("backward comm", f"reverse_combine={self.reverse_combine} "
                               f"reverse_dispatch={self.reverse_dispatch}"),
             ("comm SMs fwd / bwd", f"{self.comm_sms_fwd} / {self.comm_sms_bwd}"),
+            ("GEMM tiles fwd / bwd", f"{self.gemm_fwd} / {self.gemm_bwd}"),
             ("minibatch (rows)", f"{self.minibatch} (tile {self.block_m})"),
             ("macrobatch (ring rows)", f"{self.macrobatch} = {self.ring_slots} slots, "
                                        f"{(self.ring_bytes or 0) / 2**20:.1f} MiB, "
@@ -142,13 +208,37 @@ class Plan:
         if self.signals:
             lines.append("signals per minibatch (op, dir, local, cross-GPU):")
             lines += [f"  {op:<16} {d:<4} {loc:>4} {cross:>4}" for op, d, loc, cross in self.signals]
-        lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def annotated(plan: Plan):
+    """The annotated task graph `plan` views: its own, or (a plan from JSON or `replace`)
+    the passes' graph with the plan's decisions forced, refused unless it gives the plan's
+    every field back."""
+    if plan.graph is not None:
+        return plan.graph
+    from .passes import run
+
+    g = run(initial_graph(plan.shape, plan.ep, plan.dtype, plan.tokens_per_rank,
+                          **plan.decisions()))
+    again = Plan.of(g).replace(forced=plan.forced)
+    off = [f"{f.name}={getattr(plan, f.name)!r} (its decisions give "
+           f"{getattr(again, f.name)!r})" for f in dataclasses.fields(Plan)
+           if f.compare and getattr(plan, f.name) != getattr(again, f.name)]
+    if off:
+        raise ValueError(f"the plan is not what its decisions make: {'; '.join(off)}")
+    return g
 
 
 def initial_plan(shape: MoEShape, ep: int, dtype: str, tokens_per_rank: int,
                  **overrides) -> Plan:
-    """Validate the problem and the overrides; no decisions yet."""
+    """The problem before any pass: the view of `initial_graph`."""
+    return Plan.of(initial_graph(shape, ep, dtype, tokens_per_rank, **overrides))
+
+
+def initial_graph(shape: MoEShape, ep: int, dtype: str, tokens_per_rank: int, **overrides):
+    """Validate the problem and the overrides; the layer's task graph (both directions) with
+    them as its `problem` attr, no decisions yet."""
     if not isinstance(shape, MoEShape):
         raise TypeError(f"shape must be a mokgen.MoEShape, got {type(shape).__name__}")
     shape.local_experts(ep)  # validates ep
@@ -181,6 +271,14 @@ def initial_plan(shape: MoEShape, ep: int, dtype: str, tokens_per_rank: int,
         if not isinstance(v, (tuple, list)) or not set(v) <= set(PROFILES):
             raise ValueError(f"profile must be a tuple of {tuple(PROFILES)}, got {v!r}")
         overrides["profile"] = tuple(sorted(set(v)))
+    for name in ("gemm_fwd", "gemm_bwd"):
+        if name in overrides:
+            v = overrides[name]
+            if not isinstance(v, (tuple, list)) or len(v) != 3 or not all(
+                    isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v):
+                raise ValueError(f"{name} must be (bm, bn, stages), three positive ints, "
+                                 f"got {v!r}")
+            overrides[name] = GemmConfig(*v)
     if "overlap_comm" in overrides and not isinstance(overrides["overlap_comm"], bool):
         raise ValueError(f"overlap_comm must be True or False, got {overrides['overlap_comm']!r}")
     usable = gpu.num_sms - overrides.get("reserve_sms", 0)
@@ -188,15 +286,17 @@ def initial_plan(shape: MoEShape, ep: int, dtype: str, tokens_per_rank: int,
         if name in overrides and overrides[name] >= usable:
             raise ValueError(f"{name} must be < {usable} (the GPU's {gpu.num_sms} SMs less "
                              f"reserve_sms), got {overrides[name]}")
-    if "minibatch" in overrides and overrides["minibatch"] % BLOCK_M:
-        raise ValueError(f"minibatch must be a multiple of the GEMM tile {BLOCK_M}, "
+    tile = overrides.get("gemm_fwd", DEFAULT_GEMM).bm
+    if "minibatch" in overrides and overrides["minibatch"] % tile:
+        raise ValueError(f"minibatch must be a multiple of the GEMM tile {tile}, "
                          f"got {overrides['minibatch']}")
     if "macrobatch" in overrides:
-        mb = overrides.get("minibatch", BLOCK_M)
+        mb = overrides.get("minibatch", tile)
         if overrides["macrobatch"] % mb or overrides["macrobatch"] < 2 * mb:
             raise ValueError(f"macrobatch must be a multiple of the minibatch ({mb}) holding "
                              f"at least two minibatches, got {overrides['macrobatch']}")
-    fields = dict(overrides)
-    fields["arch"] = gpu.arch
-    return Plan(shape=shape, ep=ep, dtype=dtype, tokens_per_rank=tokens_per_rank,
-                gpu=gpu.name, forced=tuple(sorted(overrides)), **fields)
+    g = ir.build_graph(shape, ep, tokens_per_rank)
+    g.graph["problem"] = dict(shape=shape, ep=ep, dtype=dtype, tokens_per_rank=tokens_per_rank,
+                              arch=gpu.arch, gpu=gpu.name, forced=tuple(sorted(overrides)),
+                              overrides={**overrides, "arch": gpu.arch})
+    return g

@@ -4,9 +4,10 @@ import json
 import pytest
 
 import mokgen
-from mokgen import passes
+from mokgen import ir, limits, passes
 from mokgen.cli import main
-from mokgen.plan import COMM_OPS, initial_plan
+from mokgen.ir import OpKind
+from mokgen.plan import COMM_OPS, Plan, initial_graph
 from mokgen.passes.comm_direction import signal_counts
 
 PRESETS = ("kimi-k2.7", "glm-5.2", "qwen3.5-397b-a17b", "deepseek-v4-pro")
@@ -73,58 +74,96 @@ def test_unknown_preset_and_topk():
 
 
 def base(**kw):
-    return initial_plan(mokgen.shapes.get("kimi-k2.7"), 64, kw.pop("dtype", "bf16"), 2048, **kw)
+    return initial_graph(mokgen.shapes.get("kimi-k2.7"), 64, kw.pop("dtype", "bf16"), 2048, **kw)
+
+
+def upto(last, **kw):
+    """The graph of base(**kw) after the passes up to and including `last`."""
+    g = base(**kw)
+    for run_pass in passes.PASSES:
+        g = run_pass(g)
+        if run_pass.__name__ == last:
+            return g
+    raise AssertionError(last)
+
+
+def test_passes_annotate_a_copy_and_leave_their_input_alone():
+    g = base()
+    before = {op.name: op.attrs for op in ir.ops(g)}
+    for run_pass in passes.PASSES:
+        out = run_pass(g)
+        assert {op.name: op.attrs for op in ir.ops(g)} == before, run_pass.__name__
+        assert list(out.edges) == list(g.edges)  # annotations only: the layer stays the same
+        g, before = out, {op.name: op.attrs for op in ir.ops(out)}
 
 
 def test_comm_direction_pass_counts_signals_and_can_be_forced():
-    p = passes.comm_direction(base())
+    g = passes.comm_direction(base())
+    p = Plan.of(g)
     assert [getattr(p, op) for op in COMM_OPS] == ["pull", "push", "pull", "push"]
+    assert ir.op_of(g, OpKind.DISPATCH).attr("comm_direction") == "pull"
     assert signal_counts("dispatch", "push", 64) == (0, 64)
     assert signal_counts("dispatch", "pull", 64) == (1, 0)
     assert signal_counts("combine", "pull", 8) == (0, 8)
     assert ("combine", "push", 1, 0) in p.signals
-    forced = passes.comm_direction(base(dispatch="push"))
+    forced = Plan.of(passes.comm_direction(base(dispatch="push")))
     assert forced.dispatch == "push" and forced.combine == "push"
     # one rank: no cross-GPU signals either way, the paper's choice stays
-    one = passes.comm_direction(initial_plan(mokgen.shapes.get("tiny"), 1, "bf16", 8))
+    one = Plan.of(passes.comm_direction(initial_graph(mokgen.shapes.get("tiny"), 1, "bf16", 8)))
     assert (one.dispatch, one.combine) == ("pull", "push")
 
 
 def test_precision_pass():
-    assert passes.precision(base()).row_bytes == 2 * 7168
-    mx = passes.precision(base(dtype="mxfp8"))
+    assert Plan.of(passes.precision(base())).row_bytes == 2 * 7168
+    g = passes.precision(base(dtype="mxfp8"))
+    mx = Plan.of(g)
     assert mx.scale_block == 32 and mx.shared_dtype == "bf16" and mx.act_dtype == "mxfp8_e4m3"
     assert any("swiglu" in q for q in mx.quant_fused)
-    fp8 = passes.precision(base(dtype="fp8"))
+    # per op: the routed GEMMs read e4m3, the weight gradients and the shared expert bf16
+    assert ir.op_of(g, OpKind.DOWN_DGRAD).attr("precision") == "mxfp8_e4m3"
+    assert ir.op_of(g, OpKind.WEIGHT_GRAD_W1).attr("precision") == "bf16"
+    assert ir.op_of(g, OpKind.SHARED_FFN_BWD).attr("precision") == "bf16"
+    fp8 = Plan.of(passes.precision(base(dtype="fp8")))
     assert fp8.scale_block == 128 and fp8.row_bytes == 7168 + 4 * 56  # e4m3 + fp32 scales
-    assert passes.precision(base()).scale_block == 0
+    assert Plan.of(passes.precision(base())).scale_block == 0
 
 
 def test_sm_partition_pass_is_pure_and_respects_overrides():
     p = passes.precision(base())
     q = passes.sm_partition(p)
-    assert p.comm_sms_fwd is None and q.comm_sms_fwd  # input untouched
-    assert passes.sm_partition(passes.precision(base(comm_sms_fwd=20))).comm_sms_fwd == 20
+    assert Plan.of(p).comm_sms_fwd is None and Plan.of(q).comm_sms_fwd  # input untouched
+    roles = {op.name: op.attr("sm_role") for op in ir.ops(q)}
+    assert roles["dispatch"] == roles["reverse_dispatch"] == "comm"
+    assert roles["gate_up_gemm"] == roles["weight_grad_w1"] == "compute"
+    assert roles["route_topk"] is None  # the prologue runs before the megakernel, on all SMs
+    assert Plan.of(upto("sm_partition", comm_sms_fwd=20)).comm_sms_fwd == 20
     # blockwise fp8 computes faster and moves e4m3 rows: comm needs at least as many SMs as
     # for the same bytes at bf16's rate (MXFP8 computes at about bf16's rate: fewer)
-    fp8 = passes.sm_partition(passes.precision(base(dtype="fp8")))
-    mx = passes.sm_partition(passes.precision(base(dtype="mxfp8")))
+    fp8 = Plan.of(upto("sm_partition", dtype="fp8"))
+    mx = Plan.of(upto("sm_partition", dtype="mxfp8"))
     assert fp8.comm_sms_fwd > mx.comm_sms_fwd
 
 
+def test_tiling_pass_gives_every_gemm_op_a_tile():
+    g = upto("tiling")
+    tiles = {op.name: op.attr("gemm") for op in ir.gemm_ops(g)}
+    assert set(tiles) >= {"shared_ffn", "gate_up_gemm", "down_gemm", "replay", "weight_grad_w2"}
+    assert set(tiles.values()) == {limits.DEFAULT_GEMM}
+    forced = Plan.of(upto("tiling", gemm_bwd=(128, 256, 3)))
+    assert forced.gemm_bwd == (128, 256, 3) and forced.gemm_fwd == limits.DEFAULT_GEMM
+    assert forced.block_m == 128
+
+
 def test_granularity_pass():
-    p = passes.sm_partition(passes.precision(base()))
-    g = passes.granularity(p)
+    g = Plan.of(upto("granularity"))
     assert g.minibatch % g.block_m == 0 and g.minibatch <= 2048 * 8 + g.block_m
-    assert passes.granularity(passes.sm_partition(passes.precision(base(minibatch=256)))) \
-        .minibatch == 256
+    assert Plan.of(upto("granularity", minibatch=256)).minibatch == 256
 
 
 def test_ring_pass_budget_and_replay():
-    p = passes.granularity(passes.sm_partition(passes.precision(base())))
-    r = passes.ring(p)
+    r = Plan.of(upto("ring"))
     assert r.macrobatch >= r.expected_routed_rows and r.expected_replay_rows == 0
-    small = passes.ring(p.replace(ring_budget_bytes=64 << 20))
+    small = Plan.of(upto("ring", ring_budget_bytes=64 << 20))
     # the ring holds at least two minibatches, even past a budget too small for them
     assert small.ring_bytes <= 64 << 20 or small.macrobatch == 2 * small.minibatch
     assert small.expected_replay_rows == small.expected_routed_rows - small.macrobatch > 0

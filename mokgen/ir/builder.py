@@ -45,7 +45,13 @@ def topo_order(g: nx.DiGraph) -> list[str]:
     """All node names in topological order, ties broken by insertion order.
 
     Ops are added in the layer's pipeline order, so this listing is deterministic and reads
-    like the math.
+    like the math. The order is kept in the graph's attrs, which the passes' annotated copies
+    inherit (they change ops, never edges): planning asks for it a few hundred times.
     """
-    index = {n: i for i, n in enumerate(g.nodes)}
-    return list(nx.lexicographical_topological_sort(g, key=index.__getitem__))
+    size = (g.number_of_nodes(), g.number_of_edges())
+    cached = g.graph.get("topo_order")
+    if cached is None or cached[0] != size:
+        index = {n: i for i, n in enumerate(g.nodes)}
+        cached = g.graph["topo_order"] = (
+            size, tuple(nx.lexicographical_topological_sort(g, key=index.__getitem__)))
+    return list(cached[1])

@@ -62,7 +62,8 @@ def ops(g: nx.DiGraph, direction: str | None = None) -> list[Op]:
     """Ops in topological order, optionally only "fwd" or "bwd" ones."""
     if direction not in (None, "fwd", "bwd"):
         raise ValueError(f"direction must be None, 'fwd' or 'bwd', got {direction!r}")
-    out = [g.nodes[n]["op"] for n in topo_order(g) if "op" in g.nodes[n]]
+    node_op = dict(g.nodes(data="op"))  # None for buffers
+    out = [node_op[n] for n in topo_order(g) if node_op[n] is not None]
     return [op for op in out if direction is None or op.direction == direction]
 
 

@@ -1,14 +1,17 @@
 """Typed nodes of the task graph: buffers (data) and ops (tasks).
 
 Both are frozen and hashable so a graph, and anything derived from it, can be part of a
-stable plan hash. Ops carry no communication *direction* (pull/push): that is decided later
-by the comm_direction pass; the IR only says which ops move data between ranks.
+stable plan hash. The builder gives ops what the layer fixes (which ops move data between
+ranks, the GEMMs' sizes); the passes add their decisions as further attrs (`with_attrs`), so
+an op's communication *direction* (pull/push), precision, tile and SM role appear only once
+a pass has decided them.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Union
+from typing import Any, Mapping, NamedTuple, Union
 
 Dim = Union[int, str]  # int: known at plan time; str: symbolic, known only on the device
 
@@ -69,6 +72,18 @@ COMM_OF_KIND = {
     OpKind.REVERSE_COMBINE: "reverse_combine",
     OpKind.REVERSE_DISPATCH: "reverse_dispatch",
 }
+
+
+class GemmConfig(NamedTuple):
+    """A GEMM operator's tile (runtime/include/mokgen/gemm_tile.cuh GemmCfg): `bm` x `bn`
+    outputs per CTA tile, `stages` K-slices in flight in shared memory."""
+
+    bm: int
+    bn: int
+    stages: int
+
+    def __str__(self) -> str:
+        return f"{self.bm}x{self.bn}, {self.stages} stages"
 
 
 @dataclass(frozen=True)
@@ -136,6 +151,10 @@ class Op:
 
     def attr(self, key: str, default: Any = None) -> Any:
         return dict(self.attrs).get(key, default)
+
+    def with_attrs(self, **attrs) -> "Op":
+        """This op with `attrs` added (or replaced): how a pass records a decision."""
+        return dataclasses.replace(self, attrs={**dict(self.attrs), **attrs})
 
     @property
     def is_comm(self) -> bool:

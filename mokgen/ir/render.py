@@ -15,7 +15,8 @@ _COMM_COLOR = "orange"
 
 
 def to_text(g: nx.DiGraph) -> str:
-    """One line per op, `name [kind, comm]: inputs -> outputs`, then the buffers."""
+    """One line per op, `name [kind, comm]: inputs -> outputs` and, below it, its attrs
+    (stage, and the decisions of the passes that annotated it), then the buffers."""
     order = topo_order(g)
     dims = " ".join(f"{k}={v}" for k, v in g.graph.get("dims", {}).items())
     lines = [f"# {g.graph.get('name', 'graph')}: {dims}"]
@@ -32,6 +33,10 @@ def to_text(g: nx.DiGraph) -> str:
         tag = op.direction + (f" comm={op.comm}" if op.comm else "")
         ins, outs = ", ".join(g.predecessors(n)), ", ".join(g.successors(n))
         lines.append(f"{n:<{width}}  [{tag}]  {ins} -> {outs}")
+        # the passes' decisions (the builder's GEMM sizes are in the dims already)
+        attrs = "; ".join(f"{k}={v}" for k, v in op.attrs if k not in ("gemms", "grouped_by"))
+        if attrs:
+            lines.append(f"{'':<{width}}    {attrs}")
     lines.append("")
     lines += [f"  {g.nodes[n]['buf']}" for n in order if "buf" in g.nodes[n]]
     return "\n".join(lines) + "\n"

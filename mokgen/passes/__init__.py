@@ -1,12 +1,24 @@
-"""The planning passes, in the order they run. Each is a pure function Plan -> Plan."""
+"""The planning passes, in the order they run. Each is a pure function: it takes the task
+graph and returns a copy whose operators carry its decisions (mokgen.ir.annotate)."""
 from .comm_direction import comm_direction
 from .granularity import granularity
 from .precision import precision
 from .ring import ring
 from .sm_partition import sm_partition
+from .tiling import tiling
 
 # precision sets the bytes per row that the partition and granularity models move;
-# the partition sets the comm bandwidth that granularity's exposed-latency term uses.
-PASSES = (comm_direction, precision, sm_partition, granularity, ring)
+# the partition sets the comm bandwidth that granularity's exposed-latency term uses;
+# granularity sizes minibatches in whole GEMM tiles, the ring in whole minibatches.
+PASSES = (comm_direction, precision, sm_partition, tiling, granularity, ring)
 
-__all__ = ["PASSES", "comm_direction", "precision", "sm_partition", "granularity", "ring"]
+
+def run(g):
+    """The annotated graph: every pass, in order, over `g` (mokgen.plan.initial_graph)."""
+    for run_pass in PASSES:
+        g = run_pass(g)
+    return g
+
+
+__all__ = ["PASSES", "run", "comm_direction", "precision", "sm_partition", "tiling",
+           "granularity", "ring"]

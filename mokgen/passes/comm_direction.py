@@ -10,7 +10,7 @@ owner to poll R peers per minibatch.
 """
 from __future__ import annotations
 
-from ..plan import COMM_OPS, Plan
+from .. import ir
 
 # Which side must learn that data is ready: "dst" = the rank that receives the rows and
 # computes on them (dispatch, reverse-combine); "src" = the rank that produced rows on its
@@ -29,20 +29,19 @@ def signal_counts(op: str, direction: str, ranks: int) -> tuple[int, int]:
     return 0, ranks if ranks > 1 else 0
 
 
-def comm_direction(plan: Plan) -> Plan:
-    signals = []
-    chosen = {}
-    for op in COMM_OPS:
-        counts = {d: signal_counts(op, d, plan.ep) for d in ("pull", "push")}
-        for d, (local, cross) in counts.items():
-            signals.append((op, d, local, cross))
-        if plan.is_forced(op):
-            chosen[op] = getattr(plan, op)
-        else:
-            # Fewest cross-GPU signals; ties (ep=1) keep the paper's choice for that op.
-            chosen[op] = min(("pull", "push"),
-                             key=lambda d: (counts[d][1], d != _paper_choice(op)))
-    return plan.replace(signals=tuple(signals), **chosen)
+def comm_direction(g):
+    """Annotates each comm op with its `comm_direction` and its `signals` per minibatch
+    either way, ((direction, local, cross), ...)."""
+    problem = g.graph["problem"]
+    changes = {}
+    for op in ir.comm_ops(g):
+        counts = {d: signal_counts(op.comm, d, problem["ep"]) for d in ("pull", "push")}
+        # Fewest cross-GPU signals; ties (ep=1) keep the paper's choice for that op.
+        chosen = problem["overrides"].get(op.comm) or min(
+            ("pull", "push"), key=lambda d: (counts[d][1], d != _paper_choice(op.comm)))
+        changes[op.name] = dict(comm_direction=chosen,
+                                signals=tuple((d, *c) for d, c in counts.items()))
+    return ir.annotate(g, changes)
 
 
 def _paper_choice(op: str) -> str:

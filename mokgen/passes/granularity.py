@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import math
 
-from .. import hardware
+from .. import hardware, ir
 from ..plan import Plan
 
-BLOCK_N = 128  # output columns per tile in both GEMMs
+# Output columns per tile in the model. The kernels' tiles are BN = plan.gemm_fwd.bn = 256 wide
+# (the rows, plan.block_m, are theirs): counting their tiles moves the minibatch of most
+# default plans, so that waits for a GPU benchmark of the plans it picks (issue #18).
+MODEL_TILE_N = 128
 
 
 def minibatch_cost(plan: Plan, b: int, gpu: hardware.GPU, link: float | None = None) -> float:
@@ -22,9 +25,9 @@ def minibatch_cost(plan: Plan, b: int, gpu: hardware.GPU, link: float | None = N
     rate = (gpu.fp8_flops if plan.scale_block == 128 else gpu.bf16_flops) / gpu.num_sms
     waste = gpu.flag_latency
     # (tiles, FLOPs per tile) of the gate/up GEMM and the down GEMM of one minibatch
-    for tiles, k in (((b // plan.block_m) * (2 * s.intermediate // BLOCK_N), s.hidden),
-                     ((b // plan.block_m) * math.ceil(s.hidden / BLOCK_N), s.intermediate)):
-        tile_time = 2 * plan.block_m * BLOCK_N * k / rate
+    for tiles, k in (((b // plan.block_m) * (2 * s.intermediate // MODEL_TILE_N), s.hidden),
+                     ((b // plan.block_m) * math.ceil(s.hidden / MODEL_TILE_N), s.intermediate)):
+        tile_time = 2 * plan.block_m * MODEL_TILE_N * k / rate
         waves = tiles / compute_sms
         waste += (math.ceil(waves) - waves) * tile_time
     if link is None:
@@ -45,12 +48,12 @@ def candidates(plan: Plan) -> list[int]:
     return list(sizes)
 
 
-def granularity(plan: Plan) -> Plan:
-    if plan.is_forced("minibatch"):
-        return plan
-    gpu = hardware.get(plan.gpu)
-    best = min(candidates(plan), key=lambda b: (minibatch_cost(plan, b, gpu), b))
-    return plan.replace(minibatch=best)
+def granularity(g):
+    """Annotates the ops that walk the ring's minibatches with their `minibatch` (rows)."""
+    plan = Plan.of(g)
+    best = plan.minibatch if plan.is_forced("minibatch") else min(
+        candidates(plan), key=lambda b: (minibatch_cost(plan, b, hardware.get(plan.gpu)), b))
+    return ir.annotate(g, {op.name: {"minibatch": best} for op in ir.ring_ops(g)})
 
 
 def predict_forward_s(plan: Plan) -> float:

@@ -10,6 +10,8 @@ backward replays (re-pulls x and recomputes gate/up for) every row at or past `m
 """
 from __future__ import annotations
 
+from .. import ir
+from ..ir import OpKind
 from ..plan import Plan
 
 
@@ -28,7 +30,11 @@ def padded_rows(rows: int, experts: int, tile: int) -> int:
     return rows + experts * (tile - 1)
 
 
-def ring(plan: Plan) -> Plan:
+def ring(g):
+    """Annotates the ops that walk the ring with its size in rows (`ring_rows`, the
+    macrobatch) and the schedule that places rows in it with the tile its expert regions are
+    padded to (`pad_rows`); the graph's `ring` attr reports its bytes and expected use."""
+    plan = Plan.of(g)
     s, b = plan.shape, plan.minibatch
     L = plan.local_experts
     expected = padded_rows(plan.tokens_per_rank * s.topk, L, plan.block_m)
@@ -44,7 +50,8 @@ def ring(plan: Plan) -> Plan:
     if macro % b or macro < 2 * b:
         raise ValueError(f"macrobatch must be a multiple of the minibatch ({b}) and hold at "
                          f"least two minibatches, got {macro}")
-    return plan.replace(
-        macrobatch=macro, ring_bytes=macro * row,
-        max_routed_rows=worst, expected_routed_rows=expected,
-        expected_replay_rows=max(0, expected - macro))
+    changes = {op.name: {"ring_rows": macro} for op in ir.ring_ops(g)}
+    changes[OpKind.SCHEDULE_BUILD.value]["pad_rows"] = plan.block_m
+    return ir.annotate(g, changes, ring=dict(
+        ring_bytes=macro * row, max_routed_rows=worst, expected_routed_rows=expected,
+        expected_replay_rows=max(0, expected - macro)))

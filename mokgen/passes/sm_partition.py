@@ -11,7 +11,7 @@ compute time = FLOPs / (rate per SM * (num_sms - c)). Overlapped, the layer take
 the two; pick the c that minimizes it (smallest c on ties: compute SMs are the scarce ones)."""
 from __future__ import annotations
 
-from .. import hardware
+from .. import hardware, ir
 from ..plan import Plan
 
 
@@ -63,19 +63,29 @@ def best_comm_sms(moved: float, flops: float, gpu: hardware.GPU, rate: float, ep
     return best[1]
 
 
-def sm_partition(plan: Plan) -> Plan:
+def sm_partition(g):
+    """Annotates every op of the megakernels with its `sm_role`, "comm" (the comm ops) or
+    "compute", and the `ctas` its launch gives that role."""
+    plan = Plan.of(g)
     gpu = hardware.get(plan.gpu)
     rate = gpu.fp8_flops if plan.scale_block == 128 else gpu.bf16_flops
     reserve = plan.reserve_sms if plan.is_forced("reserve_sms") else \
         collective_sms(gpu) if plan.overlap_comm else 0
     sms = gpu.num_sms - reserve
-    out = {"num_sms": sms, "reserve_sms": reserve}
-    for name, backward in (("comm_sms_fwd", False), ("comm_sms_bwd", True)):
+    comm = {}
+    for d, name in (("fwd", "comm_sms_fwd"), ("bwd", "comm_sms_bwd")):
         if plan.is_forced(name):
-            if getattr(plan, name) >= sms:
+            comm[d] = getattr(plan, name)
+            if comm[d] >= sms:
                 raise ValueError(f"{name} must be < {sms} (the CTAs left after reserving "
-                                 f"{reserve} SMs), got {getattr(plan, name)}")
+                                 f"{reserve} SMs), got {comm[d]}")
         else:
-            moved, flops = direction_costs(plan, backward)
-            out[name] = best_comm_sms(moved, flops, gpu, rate, plan.ep, sms)
-    return plan.replace(**out)
+            moved, flops = direction_costs(plan, backward=d == "bwd")
+            comm[d] = best_comm_sms(moved, flops, gpu, rate, plan.ep, sms)
+    changes = {}
+    for op in ir.ops(g):
+        if op.attr("stage") == "megakernel":
+            c = comm[op.direction]
+            changes[op.name] = dict(sm_role="comm", ctas=c) if op.comm else \
+                dict(sm_role="compute", ctas=sms - c)
+    return ir.annotate(g, changes)

@@ -22,7 +22,6 @@ import torch
 from .peers import peer_shapes
 
 BF16 = torch.bfloat16
-BN = 256  # the backward's GemmCfg<256, 4> (bwd.cu.j2): a tile's N (checked against the cubin)
 
 
 @dataclass(frozen=True)
@@ -41,6 +40,7 @@ class LayerSpec:
     max_rows: int
     comm_sms_bwd: int = 0
     scale_block: int = 0  # routed experts in fp8: elements per scale along K (128 or 32)
+    block_n: int = 256  # the backward's GEMM tile N: plan.gemm_bwd.bn (checked against the cubin)
 
     @property
     def local_experts(self) -> int:
@@ -130,10 +130,10 @@ class BackwardScratch:
 
 def backward_tiles(s: LayerSpec) -> tuple[int, int]:
     """(dgrad tiles across I, weight-gradient tiles per expert) of the backward kernel
-    (moe_bwd.cuh BwdSchedule DG_N, WT: 256 x 128 tiles, the last ones masked where a width
+    (moe_bwd.cuh BwdSchedule DG_N, WT: block_n x block_m tiles, the last ones masked where a width
     is not a multiple); the runtime checks them against the cubin's mokgen_bwd_tiles."""
     up = lambda a, b: -(-a // b)  # noqa: E731 - edge tiles round every count up
-    dg, dx, bm = up(s.intermediate, BN), up(s.hidden, BN), s.block_m
+    dg, dx, bm = up(s.intermediate, s.block_n), up(s.hidden, s.block_n), s.block_m
     return dg, up(s.hidden, bm) * dg + up(2 * s.intermediate, bm) * dx
 
 

@@ -1,0 +1,50 @@
+"""Annotated task graph -> each kernel's template parameters, operator by operator.
+
+Every op contributes the parameters its annotations decide: a comm op its launch's comm CTAs,
+a compute op the rest, a GEMM op the tile engine's BM x BN x stages, an op on the ring the
+minibatch and ring rows, an op touching e4m3 data the scale block, the schedule the tile its
+expert regions are padded to. A kernel instantiates each parameter once, so two of its ops
+asking for different values is a plan it cannot run: ValueError naming both.
+"""
+from __future__ import annotations
+
+from . import ir
+
+# annotation -> template parameter it sets
+_PARAMS = {"gemm": "gemm", "minibatch": "minibatch", "ring_rows": "ring_rows",
+           "scale_block": "scale_block", "pad_rows": "block_m"}
+
+
+def op_params(op: ir.Op) -> dict:
+    """The template parameters one annotated op decides."""
+    a = dict(op.attrs)
+    out = {p: a[k] for k, p in _PARAMS.items() if k in a}
+    if "sm_role" in a:
+        out["comm_sms" if a["sm_role"] == "comm" else "compute_ctas"] = a["ctas"]
+    if "gemm" in a:
+        out["block_m"] = a["gemm"].bm
+    return out
+
+
+def lower(g, direction: str) -> dict:
+    """The parameters of the `direction` ("fwd" or "bwd") kernels: the forward's also
+    instantiate the prologue (routing, schedule), whose ops are forward ops."""
+    got, who = {}, {}
+    for op in ir.ops(g, direction):
+        for k, v in op_params(op).items():
+            if got.setdefault(k, v) != v:
+                raise ValueError(f"{op.name} needs {k}={v} but {who[k]} needs {got[k]}: the "
+                                 f"{direction} kernel instantiates one {k}")
+            who.setdefault(k, op.name)
+    gemm = got["gemm"]
+    return dict(comm_sms=got["comm_sms"], num_sms=got["comm_sms"] + got["compute_ctas"],
+                gemm_bn=gemm.bn, gemm_stages=gemm.stages, block_m=got["block_m"],
+                minibatch=got["minibatch"], ring_slots=got["ring_rows"] // got["minibatch"],
+                scale_block=got.get("scale_block", 0))
+
+
+def problem_params(g) -> dict:
+    """What the layer fixes (the shape and the ranks), for every kernel."""
+    d = g.graph["dims"]
+    return dict(num_experts=d["E"], topk=d["k"], local_experts=d["L"], hidden=d["D"],
+                intermediate=d["I"], shared_dim=d["I_s"], ep=d["R"])

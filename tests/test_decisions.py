@@ -1,0 +1,175 @@
+"""Every decision of a plan reaches the generated source, or the plan is refused (CPU).
+
+One golden case per overridable field: flip it and the rendered kernels change (the units
+that instantiate it, and only those), or mokgen refuses the plan with a ValueError. Then the
+per-operator side: codegen lowers each op's annotations, and ops of one kernel that disagree
+on what the kernel instantiates once are refused."""
+import dataclasses
+import shutil
+
+import pytest
+
+import mokgen
+from mokgen import codegen, ir, limits
+from mokgen.api import layer_spec
+from mokgen.ir import GemmConfig, OpKind
+from mokgen.lower import lower, op_params
+from mokgen.plan import OVERRIDABLE, Plan
+from mokgen.runtime.workspace import backward_tiles
+
+SHAPE = mokgen.shapes.get("gpu-small")
+ARGS = dict(ep=2, tokens_per_rank=1024)
+ALL = {"prologue", "fwd", "bwd"}
+
+
+def sources(plan) -> dict:
+    """unit -> source, the plan key (in the first comment line only) taken out: forcing a
+    field to any value changes the key, not necessarily the kernel."""
+    out = {}
+    for k in codegen.emit(plan):
+        assert k.source.count(plan.key()) == 1
+        out[k.name.split("_")[0]] = k.source.replace(plan.key(), "<key>")
+    return out
+
+
+# A minibatch small enough that the ring has slots a smaller budget can take away (the
+# planner's own choice may already be the 2-slot minimum).
+BASE = mokgen.plan(SHAPE, **ARGS, minibatch=512)
+# field -> (a value other than the planner's, units whose source changes, or the refusal)
+FLIPS = {
+    "dispatch": ("push", "dispatch must be 'pull'"),
+    "combine": ("pull", "combine must be 'push'"),
+    "reverse_combine": ("push", "reverse_combine must be 'pull'"),
+    "reverse_dispatch": ("pull", "reverse_dispatch must be 'push'"),
+    "comm_sms_fwd": (BASE.comm_sms_fwd + 1, {"fwd"}),
+    "comm_sms_bwd": (BASE.comm_sms_bwd + 1, {"bwd"}),
+    "minibatch": (256, ALL),
+    "macrobatch": (BASE.macrobatch + BASE.minibatch, ALL),  # one more ring slot
+    "ring_budget_bytes": (2 * BASE.minibatch * 6 * SHAPE.hidden, ALL),  # a 2-slot ring
+    "arch": ("sm_100a", "sm_90a"),  # plans for other GPUs serve mokgen.simulate only
+    "reserve_sms": (16, {"fwd", "bwd"}),
+    "overlap_comm": (True, {"fwd", "bwd"}),
+    "profile": (("no_routed_wgrad",), {"fwd", "bwd"}),
+    "gemm_fwd": ((128, 256, 3), {"fwd"}),
+    "gemm_bwd": ((128, 256, 3), {"bwd"}),
+}
+# Flips are made with every other decision pinned to BASE's (so a flip shows its own effect,
+# not a pass re-choosing downstream), except the decision a flipped one sizes or drives.
+DRIVES = {"minibatch": "macrobatch", "ring_budget_bytes": "macrobatch",
+          "overlap_comm": "reserve_sms"}
+REFUSED_TILES = [((128, 128, 4), "bn must be one of"), ((64, 256, 4), "bm must be one of"),
+                 ((128, 256, 5), "stages must be one of"), ((128, 256, 1), "stages")]
+
+
+def test_every_overridable_field_has_a_case():
+    assert set(FLIPS) == set(OVERRIDABLE)
+
+
+@pytest.mark.parametrize("field", sorted(FLIPS))
+def test_flipping_a_decision_changes_the_source_or_is_refused(field):
+    value, expect = FLIPS[field]
+    assert getattr(BASE, field) != value
+    pinned = {k: v for k, v in BASE.decisions().items() if k != DRIVES.get(field)}
+    if isinstance(expect, str):
+        with pytest.raises(ValueError, match=expect):
+            codegen.emit(mokgen.plan(SHAPE, **ARGS, **{**pinned, field: value}))
+        return
+    base = sources(mokgen.plan(SHAPE, **ARGS, **pinned))
+    assert base == sources(BASE)
+    new = sources(mokgen.plan(SHAPE, **ARGS, **{**pinned, field: value}))
+    assert {u for u in ALL if base[u] != new[u]} == expect
+
+
+@pytest.mark.parametrize("tile,why", REFUSED_TILES)
+@pytest.mark.parametrize("field", ["gemm_fwd", "gemm_bwd"])
+def test_tiles_the_kernels_lack_are_refused(field, tile, why):
+    with pytest.raises(ValueError, match=f"{field}.{why}"):
+        mokgen.plan(SHAPE, **ARGS, **{field: tile})
+
+
+def test_dtype_reaches_the_scale_block():
+    for dtype, q in (("bf16", 0), ("fp8", 128), ("mxfp8", 32)):
+        src = sources(mokgen.plan(SHAPE, **ARGS, dtype=dtype))
+        assert f"/*Q*/ {q}>" in src["fwd"] and f"/*Q*/ {q}," in src["bwd"]
+
+
+def test_tile_reaches_the_gemm_engine_and_the_workspace():
+    p = mokgen.plan(SHAPE, **ARGS, gemm_fwd=(128, 256, 2), gemm_bwd=(128, 256, 3))
+    src = sources(p)
+    assert "GemmCfg</*BN*/ 256, /*STAGES*/ 2," in src["fwd"]
+    assert "GemmCfg</*BN*/ 256, /*STAGES*/ 3," in src["bwd"]
+    assert f"constexpr int TILE = {p.block_m};" in src["prologue"]
+    # the backward's weight-gradient partial sums are sized by the plan's tile, not a constant
+    spec = layer_spec(p)
+    assert spec.block_n == p.gemm_bwd.bn
+    narrow = backward_tiles(dataclasses.replace(spec, block_n=spec.block_n // 2))
+    assert narrow[0] == 2 * backward_tiles(spec)[0]
+
+
+def test_plan_json_and_replace_lower_through_the_passes():
+    """A plan without its graph (JSON, replace) gets the graph its decisions make, and
+    renders the same kernels; a plan whose fields its decisions do not make is refused."""
+    p = mokgen.plan(SHAPE, **ARGS, gemm_bwd=(128, 256, 3))
+    back = Plan.from_json(p.to_json())
+    assert back == p and back.graph is None and back.gemm_bwd == GemmConfig(128, 256, 3)
+    assert sources(back) == sources(p)
+    with pytest.raises(ValueError, match="ring_bytes=1 .*its decisions give"):
+        codegen.emit(p.replace(ring_bytes=1))
+
+
+# --- per operator ---------------------------------------------------------------------------
+
+def test_ops_lower_to_the_parameters_their_annotations_decide():
+    g = BASE.graph
+    assert op_params(ir.op_of(g, OpKind.DISPATCH)) == dict(
+        comm_sms=BASE.comm_sms_fwd, minibatch=BASE.minibatch, ring_rows=BASE.macrobatch,
+        scale_block=0)
+    assert op_params(ir.op_of(g, OpKind.SHARED_FFN)) == dict(
+        compute_ctas=BASE.num_sms - BASE.comm_sms_fwd, gemm=BASE.gemm_fwd, block_m=128)
+    assert op_params(ir.op_of(g, OpKind.SCHEDULE_BUILD))["block_m"] == 128
+    assert op_params(ir.op_of(g, OpKind.ROUTE_TOPK)) == {}
+    assert lower(g, "bwd")["comm_sms"] == BASE.comm_sms_bwd
+
+
+def _with(g, changes):
+    return Plan.of(ir.annotate(g, changes))
+
+
+def test_an_op_annotated_by_hand_reaches_the_source():
+    """Annotate the graph directly (what a new pass would do): every forward GEMM op gets
+    3 stages; only the forward kernel changes."""
+    g = BASE.graph
+    three = {op.name: {"gemm": GemmConfig(128, 256, 3)} for op in ir.gemm_ops(g, "fwd")}
+    p = _with(g, three)
+    assert p.gemm_fwd.stages == 3 and p.gemm_bwd.stages == 4
+    base, new = sources(BASE), sources(p)
+    assert new["fwd"] != base["fwd"] and "/*STAGES*/ 3" in new["fwd"]
+    assert (new["bwd"], new["prologue"]) == (base["bwd"], base["prologue"])
+
+
+@pytest.mark.parametrize("op,attrs,why", [
+    ("down_gemm", {"gemm": GemmConfig(128, 256, 3)}, "share one gemm"),  # one engine a kernel
+    ("combine", {"ctas": 9}, "share one ctas"),  # dispatch and combine: one comm role
+    ("replay", {"minibatch": 256}, "share one minibatch"),  # one ring, one minibatch
+])
+def test_ops_of_one_kernel_that_disagree_are_refused(op, attrs, why):
+    with pytest.raises(ValueError, match=why):
+        _with(BASE.graph, {op: attrs})
+    changed = ir.annotate(BASE.graph, {op: attrs})
+    with pytest.raises(ValueError, match="instantiates one|share one"):
+        lower(changed, ir.op_of(changed, OpKind(op)).direction)
+
+
+def test_default_tile_is_a_supported_one():
+    t = limits.DEFAULT_GEMM
+    assert t.bm in limits.GEMM_BM and t.bn in limits.GEMM_BN and t.stages in limits.GEMM_STAGES
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_other_stage_counts_compile_without_spills():
+    from test_codegen import assert_no_spills_nor_serialized_wgmma
+
+    layer = mokgen.compile(SHAPE, **ARGS, gemm_fwd=(128, 256, 3), gemm_bwd=(128, 256, 2))
+    assert set(layer.binaries) == ALL
+    assert_no_spills_nor_serialized_wgmma(layer)
