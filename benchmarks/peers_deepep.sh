@@ -55,12 +55,19 @@ else
     "$BUILD/setup.py"
   [ "$(grep -c "nvcc_dlink = \['-dlink'\]\|nvshmem_not_for_intranode" "$BUILD/setup.py")" = 2 ] \
     || { echo "the setup.py changes did not apply"; exit 3; }
-  # deep_ep.cpp calls one low-latency kernel outside its DISABLE_NVSHMEM guards (a binding
-  # we never use); without NVSHMEM that kernel is not built, so the import fails on it
-  sed -i -e "s/internode_ll::update_mask_buffer(mask_buffer_ptr, rank_to_mask, mask, at::cuda::getCurrentCUDAStream());/EP_HOST_ASSERT(false and \"low-latency mode is not built\");/" \
-    "$BUILD/csrc/deep_ep.cpp"
-  grep -q "low-latency mode is not built" "$BUILD/csrc/deep_ep.cpp" \
-    || { echo "the deep_ep.cpp change did not apply"; exit 3; }
+  # deep_ep.cpp calls three low-latency mask kernels outside its DISABLE_NVSHMEM guards
+  # (bindings we never use); without NVSHMEM they are not built and the import fails on
+  # their symbols: define them in the build copy, raising if ever called
+  cat >> "$BUILD/csrc/deep_ep.cpp" <<'STUBS'
+
+#ifdef DISABLE_NVSHMEM
+namespace deep_ep::internode_ll {  // mokgen's intranode-only build: not available
+void query_mask_buffer(int*, int, int*, cudaStream_t) { EP_HOST_ASSERT(false and "no low-latency mode"); }
+void update_mask_buffer(int*, int, bool, cudaStream_t) { EP_HOST_ASSERT(false and "no low-latency mode"); }
+void clean_mask_buffer(int*, int, cudaStream_t) { EP_HOST_ASSERT(false and "no low-latency mode"); }
+}  // namespace deep_ep::internode_ll
+#endif
+STUBS
   echo "== building DeepEP $(cat "$SRC/COMMIT" 2>/dev/null) (intranode, sm_90)"
   T0=$SECONDS
   ( cd "$BUILD" && env -u NVSHMEM_DIR MAX_JOBS=16 TORCH_CUDA_ARCH_LIST=9.0 timeout 420 \
