@@ -24,7 +24,8 @@ FWD_BUFFERS = (
 BWD_BUFFERS = (
     ("table", "ptr"), ("row_weight", "ptr"), ("meta", "ptr"), ("offsets", "ptr"),
     ("segs", "ptr"), ("seg_start", "ptr"), ("ring_x", "ptr"), ("ring_h", "ptr"),
-    ("ring_a", "ptr"), ("ring_dy", "ptr"), ("dw_part", "ptr"), ("hs_pre", "ptr"), ("hs_a", "ptr"), ("hs_dh", "ptr"),
+    ("ring_a", "ptr"), ("ring_dy", "ptr"), ("dw_part", "ptr"), ("hs_pre", "ptr"),
+    ("hs_a", "ptr"),
     ("dx_shared", "ptr"), ("dw1", "ptr"), ("dw2", "ptr"), ("dsw1", "ptr"), ("dsw2", "ptr"),
     ("wg_acc", "ptr"), ("counters", "ptr"),
     ("ring_x8", "ptr"), ("ring_sx", "ptr"), ("ring_dy8", "ptr"), ("ring_sdy", "ptr"),

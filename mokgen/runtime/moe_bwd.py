@@ -38,7 +38,7 @@ class BackwardPass(BackwardScratch):
         self.f_segments = rt.modules[0].function("mokgen_sched_segments")
 
     def poison(self) -> None:
-        for t in (self.ring_dy, self.dw_part, self.hs_pre, self.hs_a, self.hs_dh, self.wg_acc):
+        for t in (self.ring_dy, self.dw_part, self.hs_pre, self.hs_a, self.wg_acc):
             if t is not None:
                 t.fill_(float("nan"))
         if self.rt.spec.scale_block:
@@ -127,9 +127,9 @@ class BackwardPass(BackwardScratch):
         mp = rt._map
         maps = {"x_k": mp(x, n, D, 128), "sw1_k": mp(sw1, sw1.shape[0], sw1.shape[1], 128),
                 "dy_k": mp(dy, n, D, 128), "sw2_mn": mp(sw2, sw2.shape[0], sw2.shape[1], 64),
-                "hs_dh_k": mp(self.hs_dh, n, 2 * IS, 128),
+                "hs_dh_k": mp(self.hs_pre, n, 2 * IS, 128),  # dh over the pre-activations
                 "sw1_mn": mp(sw1, sw1.shape[0], sw1.shape[1], 64), "dy_mn": mp(dy, n, D, 64),
-                "hs_a_mn": mp(self.hs_a, n, IS, 64), "hs_dh_mn": mp(self.hs_dh, n, 2 * IS, 64),
+                "hs_a_mn": mp(self.hs_a, n, IS, 64), "hs_dh_mn": mp(self.hs_pre, n, 2 * IS, 64),
                 "x_mn": mp(x, n, D, 64),
                 "ring_x_k": mp(b.ring_x, M, D, 128), "w1_k": mp(w1, L * 2 * I, D, 128),
                 "ring_dy_k": mp(self.ring_dy, M, D, 128), "w2_mn": mp(w2, L * D, I, 64),
@@ -145,9 +145,9 @@ class BackwardPass(BackwardScratch):
         bufs = abi.pack(
             abi.BWD_BUFFERS, table=b.table, row_weight=b.row_weight, meta=b.meta,
             offsets=b.offsets, segs=self.segs, seg_start=self.seg_start, ring_x=b.ring_x,
-            ring_h=b.ring_h, ring_a=b.ring_a, ring_dy=self.ring_dy, dw_part=self.dw_part, hs_pre=self.hs_pre, hs_a=self.hs_a,
-            hs_dh=self.hs_dh, dx_shared=b.y_shared, dw1=dw1, dw2=dw2, dsw1=dsw1, dsw2=dsw2,
-            wg_acc=self.wg_acc, counters=self.counters, **fp8_fields, n_tokens=n,
+            ring_h=b.ring_h, ring_a=b.ring_a, ring_dy=self.ring_dy, dw_part=self.dw_part,
+            hs_pre=self.hs_pre, hs_a=self.hs_a, dx_shared=b.y_shared, dw1=dw1, dw2=dw2,
+            dsw1=dsw1, dsw2=dsw2, wg_acc=self.wg_acc, counters=self.counters, **fp8_fields, n_tokens=n,
             max_minibatches=s.max_minibatches, rank=rt.peers.hosted_ranks[i],
             resident=int(resident), accumulate=int(accumulate))
         cuda.launch(self.f_bwd, self.ctas, 384, self.smem, st,

@@ -99,7 +99,8 @@ class RankBuffers:
 class BackwardScratch:
     """The backward's own buffers, shared by the hosted ranks (their kernels run one after
     another): the ring of dy (dh and w * a go over the forward's h and a rings, which the
-    backward consumes: moe_bwd.cuh), the shared expert's recomputed activations, the
+    backward consumes: moe_bwd.cuh), the shared expert's recomputed activations (its dh
+    over its pre-activations likewise), the
     tables of weight-gradient segments and, only where an expert's rows can span several
     ring passes (`LayerSpec.needs_wg_acc`), the fp32 running sums of its weight gradients."""
 
@@ -113,7 +114,6 @@ class BackwardScratch:
                                    device=dev)
         self.hs_pre = torch.empty(N, 2 * IS, **e)
         self.hs_a = torch.empty(N, IS, **e)
-        self.hs_dh = torch.empty(N, 2 * IS, **e)
         # None: the kernel gets a null pointer and never reads it (every segment is whole)
         self.wg_acc = (torch.empty(L, 3 * I * D, dtype=torch.float32, device=dev)
                        if s.needs_wg_acc else None)

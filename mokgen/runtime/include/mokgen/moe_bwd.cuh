@@ -73,9 +73,8 @@ struct BwdBuffers {
   __nv_bfloat16* ring_a;    // [SLOTS*B, I]   SwiGLU output, then (DG) w * a
   __nv_bfloat16* ring_dy;   // [SLOTS*B, D]   pulled dy (fp8 plans: also ring_dy8)
   float* dw_part;           // [max rows, DG_N] router-weight gradient partial sums
-  __nv_bfloat16* hs_pre;    // [N, 2IS] shared gate/up pre-activations (recomputed)
+  __nv_bfloat16* hs_pre;    // [N, 2IS] shared gate/up pre-activations (recomputed), then dh
   __nv_bfloat16* hs_a;      // [N, IS]
-  __nv_bfloat16* hs_dh;     // [N, 2IS]
   float* dx_shared;         // [N, D]
   __nv_bfloat16* dw1;       // [L, 2I, D] this rank's expert gradients
   __nv_bfloat16* dw2;       // [L, D, I]
@@ -102,6 +101,7 @@ struct BwdBuffers {
 
 // Tensor maps: K-major (box 64 x 128 rows, _k) or MN-major (box 64 x 64, _mn).
 struct BwdMaps {
+  // hs_dh_*: hs_pre, which holds the shared expert's dh once its dgrad ran
   CUtensorMap x_k, sw1_k, dy_k, sw2_mn, hs_dh_k, sw1_mn, dy_mn, hs_a_mn, hs_dh_mn, x_mn,
       ring_x_k, w1_k, ring_dy_k, w2_mn, ring_dh_k, w1_mn, ring_dy_mn, ring_a_mn, ring_dh_mn,
       ring_x_mn;  // ring_dh_*: ring_h, which holds dh once DG ran
@@ -333,7 +333,7 @@ struct BwdProblem {
   MOKGEN_DEV Task shared_dx(int i) const {
     const int rt = i % s.shared_rt, n0 = (i / s.shared_rt) * BN, r0 = rt * BM;
     if (!wait_at_least(sdg_done() + rt, S::SDG_N, buf->rank, kPhaseSDx, rt)) return stop_task();
-    fence_proxy_async_global();  // hs_dh was written by generic stores; TMA reads it
+    fence_proxy_async_global();  // dh was written by generic stores; TMA reads it
     return Task{kSDx | kBMN, r0, n0, 0, r0, n0, valid_rows(r0), k_is2};
   }
 
@@ -609,8 +609,7 @@ struct BwdProblem {
       for (int h = 0; h < 2; ++h) {
         const int r = row0 + acc_row(2 * h);
         const size_t at = (size_t)(t.c_row0 + r) * 2 * C::IS;
-        hp[h] = r < t.m_valid ? buf->hs_pre + at : nullptr;
-        dhp[h] = r < t.m_valid ? buf->hs_dh + at : nullptr;
+        hp[h] = dhp[h] = r < t.m_valid ? buf->hs_pre + at : nullptr;  // dh over h, as routed
       }
       swiglu_backward<C::IS>(acc, t.c_col0, hp, dhp, ap, w, dot);
     } else if (op == kDgrad) {
