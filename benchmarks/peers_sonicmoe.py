@@ -10,8 +10,11 @@ Getting SonicMoE onto the GPU machine (its CuTe DSL wheel is larger than one cal
     PYTHONPATH=/tmp/peers:/tmp/peers/nvidia_cutlass_dsl/python_packages:$PWD \
         python3 benchmarks/peers_sonicmoe.py --out $OUT
 
-Its first call per shape JIT-compiles for 1.5-3 minutes. Where sonicmoe does not import, the
-rows hold mokgen's numbers and None for SonicMoE's. Writes OUT/peers_sonicmoe.json.
+Its first call per shape JIT-compiles for 1.5-3 minutes: `benchmarks/peers_sonicmoe.sh` runs
+both device calls and keeps CuTe DSL's compile cache (CUTE_DSL_CACHE_DIR) under OUT, to be
+carried as `.peers-jit/` next time; `--shapes` picks a subset when the five do not fit one
+call. Where sonicmoe does not import, the rows hold mokgen's numbers and None for SonicMoE's.
+Writes OUT/peers_sonicmoe.json.
 """
 from __future__ import annotations
 
@@ -92,11 +95,17 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES),
+                    help="comma-separated names from SHAPES")
     a = ap.parse_args(argv)
+    wanted = a.shapes.split(",")
+    unknown = set(wanted) - {s[0] for s in SHAPES}
+    if unknown:
+        ap.error(f"unknown shapes {sorted(unknown)}; known: {[s[0] for s in SHAPES]}")
     commit = os.environ.get("MOKGEN_COMMIT") or subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     rows = []
-    for name, T, D, I, E, k in SHAPES:
+    for name, T, D, I, E, k in (s for s in SHAPES if s[0] in wanted):
         flops = 6 * T * k * D * I
         m = measure(lambda: mokgen_layer(D, I, E, k, T), T, D, a.iters)
         s = measure(lambda: sonicmoe_layer(D, I, E, k), T, D, a.iters)
