@@ -33,7 +33,8 @@ class MoE(nn.Module):
         tensors for autograd to add: no temporary the size of the expert weights, no
         separate add (also under activation checkpointing). On such calls autograd sees no
         gradient for w1 / w2, so hooks on their accumulation (DDP's,
-        register_post_accumulate_grad_hook) do not run: for plain loops and FSDP2, not DDP.
+        register_post_accumulate_grad_hook) do not run: for plain loops (tested), not DDP;
+        FSDP2 reads .grad after the backward, so it should hold there too (not tested).
         The first backward (grads None) and torch.compile'd code take the ordinary path."""
         super().__init__()
         if overlap_comm:
