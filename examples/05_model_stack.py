@@ -7,8 +7,11 @@ Two ways to train it, same gradients bit for bit:
   that ran forward last);
 - checkpointed (`--ckpt`): torch.utils.checkpoint re-runs each block's forward right before
   its backward, so the ring is fresh and the backward replays nothing.
+`--micro M` accumulates the gradients of M micro-batches (one optimizer step); with `--fuse`
+the layers add their expert gradients into .grad inside the backward kernel
+(fuse_grad_accumulation): no gradient-sized temporary from the second micro-batch on.
 
-    python examples/05_model_stack.py --layers 48 --tokens 8192 [--ckpt]   # Qwen3-30B-A3B shape
+    python examples/05_model_stack.py --layers 48 --tokens 8192 [--ckpt] [--micro 4 --fuse]
 
 Without a GPU it prints the plan's memory report only.
 """
@@ -24,19 +27,19 @@ from mokgen.api import format_memory, memory_report
 
 
 class Block(nn.Module):
-    def __init__(self, shape, tokens):
+    def __init__(self, shape, tokens, fuse):
         super().__init__()
         self.norm = nn.RMSNorm(shape.hidden, dtype=torch.bfloat16)
-        self.moe = mokgen.MoE(shape, tokens_per_rank=tokens)
+        self.moe = mokgen.MoE(shape, tokens_per_rank=tokens, fuse_grad_accumulation=fuse)
 
     def forward(self, h):
         return h + self.moe(self.norm(h))
 
 
 class Model(nn.Module):
-    def __init__(self, shape, layers, tokens, ckpt):
+    def __init__(self, shape, layers, tokens, ckpt, fuse):
         super().__init__()
-        self.blocks = nn.ModuleList(Block(shape, tokens) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(shape, tokens, fuse) for _ in range(layers))
         self.ckpt = ckpt
 
     def forward(self, h):
@@ -50,19 +53,23 @@ def main():
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--ckpt", action="store_true")
+    p.add_argument("--micro", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--fuse", action="store_true", help="fuse_grad_accumulation=True")
     p.add_argument("--shape", default="qwen3-30b-a3b", help="a preset of mokgen.shapes")
     a = p.parse_args()
     shape = mokgen.shapes.get(a.shape)
     print(format_memory(memory_report(mokgen.plan(shape, ep=1, tokens_per_rank=a.tokens))))
     if not torch.cuda.is_available():
         return
-    model = Model(shape, a.layers, a.tokens, a.ckpt).cuda()
-    x = torch.randn(a.tokens, shape.hidden, device="cuda", dtype=torch.bfloat16,
-                    requires_grad=True)
-    model(x).float().square().mean().backward()
+    model = Model(shape, a.layers, a.tokens, a.ckpt, a.fuse).cuda()
+    for _ in range(a.micro):  # the gradients of every micro-batch add up in .grad
+        x = torch.randn(a.tokens, shape.hidden, device="cuda", dtype=torch.bfloat16,
+                        requires_grad=True)
+        model(x).float().square().mean().backward()
     torch.cuda.synchronize()
     m = model.blocks[0].moe.memory()
-    print(f"{a.layers} layers, checkpointing {'on' if a.ckpt else 'off'}: workspace "
+    print(f"{a.layers} layers, checkpointing {'on' if a.ckpt else 'off'}, {a.micro} "
+          f"micro-batches{' (fused accumulation)' if a.fuse else ''}: workspace "
           f"{m['workspace'] / 2**20:,.0f} MiB shared by {m['layers_sharing']} layers; "
           f"{torch.cuda.max_memory_allocated() / 2**30:,.1f} GiB peak in all")
 
