@@ -3,7 +3,10 @@ the winner in the cache; `mokgen.compile` then uses it instead of the cost model
 
 Each candidate is timed on the same per-rank slice as the benchmark (rank 0 of `ep` virtual
 ranks). The cost model's prediction is printed beside each measurement, so the model's
-constants (mokgen/hardware.py) can be corrected from the table.
+constants (mokgen/hardware.py) can be corrected from the table. Then, where the shape has a
+backward kernel, the backward's comm SMs around the plan's are timed the same way (rank 0's
+backward after its forward) at the forward's winner: the backward's minibatches are the
+forward's, so the two searches are independent but for that.
 """
 from __future__ import annotations
 
@@ -13,13 +16,13 @@ import json
 import sys
 from pathlib import Path
 
+from . import limits, shapes
 from . import plan as make_plan
-from . import shapes
 from .config import CONFIG
 from .passes.granularity import predict_forward_s
 from .progress import progress
 
-TUNED = ("minibatch", "comm_sms_fwd")
+TUNED = ("minibatch", "comm_sms_fwd", "comm_sms_bwd")
 
 
 def tuned_file(shape, ep: int, dtype: str, tokens: int) -> Path:
@@ -34,7 +37,7 @@ def load_tuned(shape, ep: int, dtype: str, tokens: int) -> dict:
     path = tuned_file(shape, ep, dtype, tokens)
     try:
         best = json.loads(path.read_text())["best"]
-        return {k: int(best[k]) for k in TUNED}
+        return {k: int(best[k]) for k in TUNED if k in best}  # a forward-only result too
     except (OSError, ValueError, KeyError, TypeError):
         return {}
 
@@ -66,7 +69,22 @@ def candidates(base) -> list:
     return out
 
 
-def tune(shape, ep: int, dtype: str, tokens: int, iters: int = 20) -> dict:
+def backward_candidates(plan) -> list:
+    """`plan` with its backward's comm SMs moved around the model's choice."""
+    c = plan.comm_sms_bwd
+    out = []
+    for cs in sorted({x for x in (c - 2, c, c + 2, c + 4) if 1 <= x < plan.num_sms // 2}):
+        try:
+            out.append(make_plan(plan.shape, ep=plan.ep, dtype=plan.dtype,
+                                 tokens_per_rank=plan.tokens_per_rank, minibatch=plan.minibatch,
+                                 comm_sms_fwd=plan.comm_sms_fwd, comm_sms_bwd=cs))
+        except ValueError:
+            continue
+    return out
+
+
+def tune(shape, ep: int, dtype: str, tokens: int, iters: int = 20,
+         backward: bool = True) -> dict:
     import torch
 
     from .bench import make_slice, time_ms
@@ -77,8 +95,8 @@ def tune(shape, ep: int, dtype: str, tokens: int, iters: int = 20) -> dict:
     g = torch.Generator(device="cuda").manual_seed(0)
     xs, zs, w1, w2, sw1, sw2 = make_slice(shape, ep, tokens, g)
     args = (xs, zs, [w1] * ep, [w2] * ep, sw1, sw2)
-    rows = []
-    for p in progress(candidates(base), "tune"):
+    rows, cands = [], candidates(base)
+    for p in progress(cands, "tune"):
         rows.append(dict(minibatch=p.minibatch, comm_sms_fwd=p.comm_sms_fwd,
                          measured_ms=_time_rank0(p, args, iters, time_ms),
                          predicted_ms=1e3 * predict_forward_s(p),
@@ -86,14 +104,24 @@ def tune(shape, ep: int, dtype: str, tokens: int, iters: int = 20) -> dict:
                                                                         base.comm_sms_fwd)))
         gc.collect()  # a virtual layer of many ranks holds GBs: free it before the next
         torch.cuda.empty_cache()
-    best = min(rows, key=lambda r: r["measured_ms"])
+    i = min(range(len(rows)), key=lambda j: rows[j]["measured_ms"])
+    best, winner, bwd_rows = dict(rows[i]), cands[i], []
+    if backward and limits.backward_unsupported(base) is None:
+        dys = [torch.randn(x.shape, device=x.device, generator=g).bfloat16() for x in xs]
+        for p in progress(backward_candidates(winner), "tune backward"):
+            bwd_rows.append(dict(comm_sms_bwd=p.comm_sms_bwd,
+                                 measured_ms=_time_rank0_backward(p, args, dys, iters, time_ms),
+                                 model_choice=p.comm_sms_bwd == base.comm_sms_bwd))
+            gc.collect()
+            torch.cuda.empty_cache()
+        best["comm_sms_bwd"] = min(bwd_rows, key=lambda r: r["measured_ms"])["comm_sms_bwd"]
     path = tuned_file(shape, ep, dtype, tokens)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(dict(best=best, rows=rows, gpu=torch.cuda.get_device_name()),
-                              indent=1))
+    tmp.write_text(json.dumps(dict(best=best, rows=rows, backward_rows=bwd_rows,
+                                   gpu=torch.cuda.get_device_name()), indent=1))
     tmp.replace(path)  # atomic: a concurrent reader sees the old file or the new one
-    return dict(best=best, rows=rows, path=str(path))
+    return dict(best=best, rows=rows, backward_rows=bwd_rows, path=str(path))
 
 
 def _time_rank0(plan, args, iters: int, time_ms) -> float:
@@ -106,6 +134,19 @@ def _time_rank0(plan, args, iters: int, time_ms) -> float:
     return time_ms(lambda: rt.forward_rank(0, *args), iters)
 
 
+def _time_rank0_backward(plan, args, dys, iters: int, time_ms) -> float:
+    """Median ms of rank 0's backward under `plan`, each after its forward (untimed), which
+    leaves macrobatch 0 in the ring as training does."""
+    from .api import compile_layer
+
+    xs, zs, w1s, w2s, sw1, sw2 = args
+    layer = compile_layer(plan, virtual=True)
+    rt, bwd = layer.runtime(), layer.backward_runtime()
+    layer(*args)
+    return time_ms(lambda: bwd.backward_rank(0, dys, xs, w1s, w2s, sw1, sw2), iters,
+                   setup=lambda: rt.forward_rank(0, *args, save=True))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mokgen tune")
     ap.add_argument("--shape", required=True)
@@ -113,20 +154,30 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--no-backward", action="store_true", help="tune the forward only")
     args = ap.parse_args(argv)
     try:
         shape = shapes.get(args.shape)
         make_plan(shape, ep=args.ep, dtype=args.dtype, tokens_per_rank=args.tokens)
         if args.iters <= 0:
             raise ValueError(f"iters must be a positive int, got {args.iters}")
-        result = tune(shape, args.ep, args.dtype, args.tokens, args.iters)
+        result = tune(shape, args.ep, args.dtype, args.tokens, args.iters,
+                      backward=not args.no_backward)
     except (ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"{'minibatch':>9} {'comm SMs':>8} {'measured ms':>11} {'model ms':>9}")
+    best = result["best"]
     for r in result["rows"]:
-        mark = " <- best" if r is result["best"] else (" (cost model)" if r["model_choice"] else "")
+        won = (r["minibatch"], r["comm_sms_fwd"]) == (best["minibatch"], best["comm_sms_fwd"])
+        mark = " <- best" if won else (" (cost model)" if r["model_choice"] else "")
         print(f"{r['minibatch']:>9} {r['comm_sms_fwd']:>8} {r['measured_ms']:>11.3f} "
               f"{r['predicted_ms']:>9.3f}{mark}")
+    if result["backward_rows"]:
+        print(f"backward at that minibatch: {'comm SMs':>8} {'measured ms':>11}")
+        for r in result["backward_rows"]:
+            mark = (" <- best" if r["comm_sms_bwd"] == result["best"]["comm_sms_bwd"] else
+                    " (cost model)" if r["model_choice"] else "")
+            print(f"{'':>28}{r['comm_sms_bwd']:>8} {r['measured_ms']:>11.3f}{mark}")
     print(f"stored in {result['path']}")
     return 0

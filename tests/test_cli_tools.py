@@ -42,6 +42,15 @@ def test_candidates_are_valid_plans_around_the_model_choice():
     assert all(p.minibatch % 128 == 0 and p.macrobatch >= 2 * p.minibatch for p in cands)
 
 
+def test_backward_candidates_move_only_the_backward_comm_sms():
+    base = mokgen.plan(mokgen.shapes.get("kimi-k2.7"), ep=64, tokens_per_rank=2048)
+    cands = tune.backward_candidates(base)
+    assert base.comm_sms_bwd in {p.comm_sms_bwd for p in cands}
+    assert len({p.comm_sms_bwd for p in cands}) == len(cands) >= 3
+    assert all((p.minibatch, p.comm_sms_fwd) == (base.minibatch, base.comm_sms_fwd)
+               for p in cands)
+
+
 def test_compile_uses_a_stored_winner_unless_overridden(tmp_path, monkeypatch):
     monkeypatch.setattr(tune, "CONFIG", tune.CONFIG.__class__(
         **{**tune.CONFIG.__dict__, "cache": tmp_path}))
@@ -52,12 +61,17 @@ def test_compile_uses_a_stored_winner_unless_overridden(tmp_path, monkeypatch):
     path.write_text(json.dumps({"best": {"minibatch": 256, "comm_sms_fwd": 9,
                                          "measured_ms": 1.0}}))
     assert tune.load_tuned(shape, 2, "bf16", 512) == {"minibatch": 256, "comm_sms_fwd": 9}
+    best = {"minibatch": 256, "comm_sms_fwd": 9, "comm_sms_bwd": 5, "measured_ms": 1.0}
+    path.write_text(json.dumps({"best": best}))
+    assert tune.load_tuned(shape, 2, "bf16", 512) == {"minibatch": 256, "comm_sms_fwd": 9,
+                                                      "comm_sms_bwd": 5}
     import shutil
 
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not on PATH")
     layer = mokgen.compile(shape, ep=2, tokens_per_rank=512)
-    assert (layer.plan.minibatch, layer.plan.comm_sms_fwd) == (256, 9)
+    assert (layer.plan.minibatch, layer.plan.comm_sms_fwd, layer.plan.comm_sms_bwd) == \
+        (256, 9, 5)
     layer = mokgen.compile(shape, ep=2, tokens_per_rank=512, minibatch=128)
     assert layer.plan.minibatch == 128 and layer.plan.comm_sms_fwd != 9
     path.write_text("{broken")
