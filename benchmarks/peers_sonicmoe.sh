@@ -3,6 +3,7 @@
 # of ../shared/tools/peers/README.md (its CuTe DSL wheel is larger than one call carries):
 #   call 1, carry [".peersA"]:                         bash benchmarks/peers_sonicmoe.sh stage
 #   call 2, carry [".peersB", ".kcache", ".peers-jit"]: bash benchmarks/peers_sonicmoe.sh run [shapes]
+#   more calls while the machine is warm (within ~30 s): run [other shapes] reuses the install
 # (`bash ../shared/tools/peers/fetch.sh` here makes .peersA/.peersB.) Call 2 installs, points
 # CuTe DSL's compile cache (CUTE_DSL_CACHE_DIR) at a copy of a carried .peers-jit/ if there is
 # one, runs benchmarks/peers_sonicmoe.py (shapes: a comma list, default all five; SonicMoE
@@ -18,10 +19,12 @@ case "${1:-}" in
     ;;
   run)
     W=/tmp/peers-wheels
-    [ -d "$W" ] || { echo "no $W: run 'stage' in the call right before"; exit 2; }
-    cat "$W"/part.* .peersB/part.* > "$W/$(cat .peersB/big.name)" && rm "$W"/part.*
-    python3 -m pip install -q --no-index --no-deps --target /tmp/peers "$W"/*.whl .peersB/*.whl \
-      || exit 3
+    if [ ! -d /tmp/peers/sonicmoe ]; then  # a later call on the same warm machine reuses it
+      [ -d "$W" ] || { echo "no $W: run 'stage' in the call right before"; exit 2; }
+      cat "$W"/part.* .peersB/part.* > "$W/$(cat .peersB/big.name)" && rm "$W"/part.*
+      python3 -m pip install -q --no-index --no-deps --target /tmp/peers "$W"/*.whl \
+        .peersB/*.whl || exit 3
+    fi
     export PYTHONPATH=/tmp/peers:/tmp/peers/nvidia_cutlass_dsl/python_packages:$PYTHONPATH
     export CUTE_DSL_CACHE_DIR=/tmp/cute-cache
     mkdir -p "$CUTE_DSL_CACHE_DIR"
