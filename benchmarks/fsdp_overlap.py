@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -32,6 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mokgen  # noqa: E402
 from mokgen import hardware  # noqa: E402
+from mokgen.bench import time_ms  # noqa: E402
 from mokgen.passes.sm_partition import collective_sms  # noqa: E402
 from multigpu import init_dist, load_shape, meta, shared_seed  # noqa: E402
 
@@ -75,22 +75,15 @@ def gather_group(max_ctas: int):
 
 def timed(fn, iters: int) -> float:
     """Median ms of fn() between two events on the current stream (fn joins its side work
-    back into it), maxed over the ranks."""
+    back into it; mokgen.bench.time_ms), each run started by all ranks together (a gather is
+    as fast as its slowest rank), maxed over the ranks."""
     import torch.distributed as dist
 
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        dist.barrier()  # ranks start together: a gather is as fast as its slowest rank
+    def together():
+        dist.barrier()
         torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    t = torch.tensor([statistics.median(times)], device="cuda")
+
+    t = torch.tensor([time_ms(fn, iters, warmup=3, setup=together)], device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
 
