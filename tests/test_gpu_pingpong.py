@@ -2,19 +2,15 @@
 layers whose forward and backward kernels run it, against the reference, repeated bitwise, and
 bitwise equal to the default (cooperative) schedule: each output element is the same
 warpgroup's wgmma chain in the same K order in both, and every epilogue is shared."""
-import os
-import subprocess
-
 import pytest
 import torch
 
 import mokgen
 from mokgen.workloads import make_inputs, reference_grads, reference_outputs, rel_error
 
-from test_gpu_backward import check, grads_of
+from test_gpu_backward import check, gemm_test_module, grads_of
 
 pytestmark = pytest.mark.gpu
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 PP = (128, 256, 4, True)
 
 
@@ -85,13 +81,7 @@ def test_pingpong_engine_alone(tmp_path, trans):
     MN-major (1), both (2); an edge tile (N = 384) and a K tail (K = 200)."""
     from mokgen.runtime import cuda as mc
 
-    cubin = str(tmp_path / "gemm_test.cubin")
-    subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17",
-                    "-cubin", "-I", os.path.join(ROOT, "mokgen/runtime/include"),
-                    os.path.join(ROOT, "mokgen/runtime/include/mokgen/tests/gemm_test.cu"),
-                    "-o", cubin], check=True, capture_output=True)
-    smem = 1024 + 4 * (128 + 256) * 64 * 2 + 8 * 16 + 32 * 4
-    mod = mc.load_module(cubin)
+    mod, smem = gemm_test_module(tmp_path)
     M, N, K = 1000, 384, 200
     A = torch.randn(M, K, device="cuda").bfloat16()
     B = torch.randn(N, K, device="cuda").bfloat16()

@@ -87,7 +87,8 @@ class GemmConfig(NamedTuple):
     pingpong: bool = False
 
     def __str__(self) -> str:
-        return f"{self.bm}x{self.bn}, {self.stages} stages" + (", ping-pong" if self.pingpong else "")
+        pp = ", ping-pong" if self.pingpong else ""
+        return f"{self.bm}x{self.bn}, {self.stages} stages{pp}"
 
     def fields(self) -> list:
         """As JSON: (bm, bn, stages), + pingpong only when set, so plans of the default

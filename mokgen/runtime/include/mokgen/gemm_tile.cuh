@@ -40,8 +40,9 @@
 //   warpgroup h owning half h of every task. The producer streams the task's K-slices twice
 //   (half 0, then half 1), so warpgroup 0's epilogue of task n runs while warpgroup 1's
 //   wgmma of task n runs, and warpgroup 1's epilogue while warpgroup 0's wgmma of task n+1.
-//   Named barriers hand the mainloop turn over (kBarTurn), so the two never share the tensor
-//   core and each epilogue starts as early as possible. Why halves of a task rather than a
+//   Named barriers hand the mainloop turn over (kBarTurn) once a warpgroup's last wgmma is
+//   issued, so the two take turns on the tensor core (the next chain queued behind the
+//   previous one's tail) and each epilogue starts as early as possible. Why halves of a task rather than a
 //   128 x 128 tile per warpgroup: the accumulators stay the cooperative ones (64 x BN per
 //   warpgroup, 128 registers at BN = 256, the same budget under setmaxnreg 232), so every
 //   epilogue, the tasks, the schedules and the host's tensor maps are shared by both modes,
@@ -263,15 +264,18 @@ MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUten
 // One wgmma group stays in flight: after committing K-slice kb we wait for slice kb-1 and
 // only then hand its stage back, so the tensor core never idles on the release handshake.
 // TA / TB: A / B MN-major (see wgmma.cuh for the two descriptor forms). Returns false when
-// a stage never arrived (the caller records it and stops).
+// a stage never arrived (the caller records it and stops). hand_over (ping-pong; 0: none):
+// the named barrier the other warpgroup waits on for its turn, arrived on once the last
+// wgmma is issued, so its first ones queue behind this chain's tail instead of waiting for it.
 template <class Cfg, int TA = 0, int TB = 0>
 MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task& t,
-                             float (&acc)[Cfg::kAccRegs], int cwg) {
+                             float (&acc)[Cfg::kAccRegs], int cwg, uint32_t hand_over = 0) {
   using Mma = Wgmma<Cfg::BN>;
   const bool lane0 = (threadIdx.x & 31) == 0;
   if (t.k_blocks <= 0) {
 #pragma unroll
     for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
+    if (hand_over) named_bar_arrive(hand_over, 256);
     return true;
   }
   int prev = -1;
@@ -299,6 +303,7 @@ MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task&
     prev = (int)ps.idx();
     ps.template advance<Cfg::STAGES>();
   }
+  if (hand_over) named_bar_arrive(hand_over, 256);
   wgmma_wait<0>();
   wgmma_fence_regs(acc);
   __syncwarp();
@@ -501,19 +506,25 @@ MOKGEN_DEV void raster_grouped(int t, int m_blocks, int n_blocks, int group, int
 }
 
 // The mainloop a task's operand bits ask for: fp8 (kF8), MN-major operands (kAMN / kBMN), or
-// the plain K-major one; only the variants the Problem can issue are compiled.
+// the plain K-major one; only the variants the Problem can issue are compiled. hand_over:
+// consume_tile's (the fp8 mainloop drains every slice itself: it hands over at its end).
 template <class Cfg, class Problem>
 MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState& ps,
-                        const Task& t, float (&acc)[Cfg::kAccRegs + Cfg::kScratch], int cwg) {
+                        const Task& t, float (&acc)[Cfg::kAccRegs + Cfg::kScratch], int cwg,
+                        uint32_t hand_over = 0) {
   float(&acc0)[Cfg::kAccRegs] = *reinterpret_cast<float(*)[Cfg::kAccRegs]>(&acc[0]);
   if constexpr (Problem::kQ > 0) {
-    if (t.op & kF8) return consume_tile_fp8<Cfg>(sm, ps, t, acc, cwg, prob.wsb(t));
+    if (t.op & kF8) {
+      const bool ok = consume_tile_fp8<Cfg>(sm, ps, t, acc, cwg, prob.wsb(t));
+      if (hand_over) named_bar_arrive(hand_over, 256);
+      return ok;
+    }
   }
   if constexpr (Problem::kMNOperands) {
-    if (t.op & kAMN) return consume_tile<Cfg, 1, 1>(sm, ps, t, acc0, cwg);
-    if (t.op & kBMN) return consume_tile<Cfg, 0, 1>(sm, ps, t, acc0, cwg);
+    if (t.op & kAMN) return consume_tile<Cfg, 1, 1>(sm, ps, t, acc0, cwg, hand_over);
+    if (t.op & kBMN) return consume_tile<Cfg, 0, 1>(sm, ps, t, acc0, cwg, hand_over);
   }
-  return consume_tile<Cfg>(sm, ps, t, acc0, cwg);
+  return consume_tile<Cfg>(sm, ps, t, acc0, cwg, hand_over);
 }
 
 // ---------------------------------------------------------------- persistent driver
@@ -533,7 +544,7 @@ MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState&
 
 // Named barriers of the consumer warpgroups (0 is __syncthreads): kBarTile, both warpgroups
 // at the end of a cooperative tile; ping-pong: kBarTurn + h, warpgroup h may run its
-// mainloop (the other arrives when its own is issued and drained); kBarDone + (task parity),
+// mainloop (the other arrives once its own is issued: consume_tile); kBarDone + (task parity),
 // both halves of a task are stored (warpgroup 0 arrives, warpgroup 1 waits and signals).
 enum : uint32_t { kBarTile = 1, kBarTurn = 2, kBarDone = 4 };
 
@@ -604,8 +615,7 @@ MOKGEN_DEV void consumer_pingpong(Problem& prob, const GemmSmem<Cfg>& sm, int h)
     const Task& t = *slot;
     if (h == 1) ps.template advance_by<Cfg::STAGES>(t.k_blocks);  // past half 0
     named_bar_sync(kBarTurn + h, 256);
-    const bool ok = consume<Cfg, Problem>(prob, sm, ps, t, acc.r, h);
-    named_bar_arrive(kBarTurn + (h ^ 1), 256);
+    const bool ok = consume<Cfg, Problem>(prob, sm, ps, t, acc.r, h, kBarTurn + (h ^ 1));
     if (h == 0) ps.template advance_by<Cfg::STAGES>(t.k_blocks);  // past half 1
     if (ok) prob.epilogue(t, acc.main(), h);
     else record_timeout(103, ps.phase());
