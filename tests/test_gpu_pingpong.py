@@ -20,8 +20,8 @@ def flat(grads):
 
 
 def run_both(shape, ep, tokens, dtype="bf16", skew=None, **overrides):
-    """The ping-pong layer's forward and backward against the reference (bf16 tolerances),
-    twice (bitwise), then the default layer on the same inputs (bitwise)."""
+    """The ping-pong layer's forward and backward, twice (bitwise), against the reference
+    (bf16: its tolerances); then the default layer on the same inputs: bitwise the same."""
     inputs = make_inputs(shape, ep, tokens, skew=skew)
     dys = [torch.randn_like(x) for x in inputs["x"]]
     out = {}
@@ -40,16 +40,17 @@ def run_both(shape, ep, tokens, dtype="bf16", skew=None, **overrides):
         layer.synchronize()
         for (k, i, a), (_, _, b) in zip(flat(grads), flat(again)):
             assert torch.equal(a, b), f"{name} {k}[{i}]: not bitwise identical over calls"
-        out[name] = ys, grads
-    ys, grads = out["pp"]
-    if dtype == "bf16":
-        for r, (y, want) in enumerate(zip(ys, reference_outputs(shape, inputs))):
-            assert not y.isnan().any(), f"rank {r}: unwritten (NaN) output elements"
-            assert rel_error(y, want) <= 1e-2, f"rank {r}: rel. error {rel_error(y, want):.3e}"
-        check(grads, reference_grads(shape, inputs, dys))
-    for r, (a, b) in enumerate(zip(ys, out["coop"][0])):
+        if name == "pp" and dtype == "bf16":
+            for r, (y, want) in enumerate(zip(ys, reference_outputs(shape, inputs))):
+                assert not y.isnan().any(), f"rank {r}: unwritten (NaN) output elements"
+                e = rel_error(y, want)
+                assert e <= 1e-2, f"rank {r}: rel. error {e:.3e}"
+            check(grads, reference_grads(shape, inputs, dys))
+        # copies: the next layer may share this one's workspace
+        out[name] = ys, [(k, i, t.clone()) for k, i, t in flat(grads)]
+    for r, (a, b) in enumerate(zip(out["pp"][0], out["coop"][0])):
         assert torch.equal(a, b), f"forward rank {r}: ping-pong differs from cooperative"
-    for (k, i, a), (_, _, b) in zip(flat(grads), flat(out["coop"][1])):
+    for (k, i, a), (_, _, b) in zip(out["pp"][1], out["coop"][1]):
         assert torch.equal(a, b), f"{k}[{i}]: ping-pong differs from cooperative"
 
 
