@@ -1,14 +1,21 @@
-"""Correctness + timing of the mokgen tensor-core GEMM engine (gemm_tile.cuh) on one GPU.
+"""Correctness + timing of the mokgen tensor-core GEMM engine (gemm_tile.cuh) on one GPU, in
+both consumer schedules: cooperative (the default) and ping-pong (GemmConfig.pingpong), the
+same problems on the same inputs in one process.
 
-Variants (kernels in mokgen/runtime/include/mokgen/tests/gemm_test.cu):
-  plain   C = A B^T                                   vs torch.matmul
-  swiglu  grouped H = silu(X Wg_e^T) * (X Wu_e^T)     vs torch._grouped_mm + silu*mul
-  down    grouped Y = s[row] * (H W2_e^T)             vs torch._grouped_mm * s
+Variants (kernels in mokgen/runtime/include/mokgen/tests/gemm_test.cu, each also as *_pp):
+  plain    C = A B^T                                  vs torch.matmul
+  plain_t  C = A B^T with B MN-major (trans 1, the backward's dgrad) or A and B MN-major
+           (trans 2, weight gradients), K = 384 / 768 / 2816 (ep = 8 weight-gradient tiles
+           have K ~ 384)                              vs torch.matmul of the same matrices
+  swiglu   grouped H = silu(X Wg_e^T) * (X Wu_e^T)    vs torch._grouped_mm + silu*mul
+  down     grouped Y = s[row] * (H W2_e^T)            vs torch._grouped_mm * s
 Each check uses fresh random normal bf16 inputs, NaN-poisoned outputs and an fp32 reference;
-pass = ||y - ref|| / ||ref|| <= 1e-2 and bitwise-identical repeat. Timing: CUDA events around
-each launch, median of >= 50 after warm-up. Writes $OUT/gemm_engine.json; table printed last.
+pass = ||y - ref|| / ||ref|| <= 1e-2, a bitwise-identical repeat, and ping-pong bitwise equal
+to cooperative (each output element is one warpgroup's wgmma chain in the same K order in
+both schedules). Timing: CUDA events around each launch, median of >= 50 after warm-up.
+Writes $OUT/gemm_engine.json; table printed last.
 
-  python benchmarks/gemm_engine.py [--cubin .build/gemm_test.cubin] [--iters 50]
+  python benchmarks/gemm_engine.py [--cubin .build/gemm_test.cubin] [--iters 50] [--quick]
 If --cubin is missing it is built with nvcc (sm_90a).
 """
 from __future__ import annotations
@@ -32,6 +39,7 @@ SRC = os.path.join(ROOT, "mokgen/runtime/include/mokgen/tests/gemm_test.cu")
 BM, BN, BK, STAGES, TASK_SLOTS = 128, 256, 64, 4, 4  # must match GemmCfg<256, 4> in gemm_test.cu
 SMEM = 1024 + STAGES * (BM + BN) * BK * 2 + 8 * (2 * STAGES + 2 * TASK_SLOTS) + 32 * TASK_SLOTS
 TOL = 1e-2
+SCHEDULES = {"coop": "", "pp": "_pp"}  # kernel name suffix of each consumer schedule
 
 
 def build(cubin: str) -> str:
@@ -44,20 +52,16 @@ def build(cubin: str) -> str:
 
 
 class Engine:
-    def __init__(self, cubin: str):
-        self.mod = mc.load_module(cubin)
-        self.f = {n: self.mod.function(n, SMEM) for n in ("gemm_plain", "gemm_swiglu", "gemm_down")}
+    """One schedule's kernels (suffix "" or "_pp"); the counters are shared."""
+
+    def __init__(self, mod, suffix: str, counters):
+        names = ("gemm_plain", "gemm_plain_t", "gemm_swiglu", "gemm_down")
+        self.f = {n: mod.function(n + suffix, SMEM) for n in names}
         self.sms = torch.cuda.get_device_properties(0).multi_processor_count
-        # One fresh zeroed tile counter per launch: no reset kernel inside the timed region.
-        self.counters = torch.zeros(1 << 14, dtype=torch.int32, device="cuda")
-        self.ci = 0
+        self.counters = counters
 
     def counter(self):
-        if self.ci == self.counters.numel():
-            self.counters.zero_()
-            self.ci = 0
-        self.ci += 1
-        return mc.Ptr(self.counters.data_ptr() + 4 * (self.ci - 1))
+        return self.counters.next()
 
     def plain(self, A, B, C):
         M, K = A.shape
@@ -68,6 +72,22 @@ class Engine:
         def run():
             mc.launch(self.f["gemm_plain"], min(self.sms, tiles), 384, SMEM, None,
                       [ta, tb, C, M, N, K, N, self.counter()])
+        return run
+
+    def plain_t(self, A, B, C, trans):
+        """C = A B^T; trans 1: B given as Bt [K, N]; trans 2: also A as At [K, M]."""
+        M, K = A.shape
+        N = B.shape[0]
+        At = A.T.contiguous() if trans == 2 else None
+        Bt = B.T.contiguous()
+        ta = (mc.make_tensor_map_2d(At, K, M, M * 2, 64, 64) if trans == 2
+              else mc.make_tensor_map_2d(A, M, K, K * 2, BM, BK))
+        tb = mc.make_tensor_map_2d(Bt, K, N, N * 2, 64, 64)
+        tiles = -(-M // BM) * -(-N // BN)
+        def run():
+            mc.launch(self.f["gemm_plain_t"], min(self.sms, tiles), 384, SMEM, None,
+                      [ta, tb, C, M, N, K, N, self.counter(), trans])
+        run.keep = (At, Bt)  # the maps hold their addresses
         return run
 
     def swiglu(self, X, W13, offs, I, H):
@@ -91,6 +111,21 @@ class Engine:
             mc.launch(self.f["gemm_down"], min(self.sms, tiles), 384, SMEM, None,
                       [th, tw, offs, E, I, D, scale, Y, tiles, self.counter()])
         return run
+
+
+class Counters:
+    """One fresh zeroed tile counter per launch: no reset kernel inside the timed region."""
+
+    def __init__(self):
+        self.buf = torch.zeros(1 << 14, dtype=torch.int32, device="cuda")
+        self.i = 0
+
+    def next(self):
+        if self.i == self.buf.numel():
+            self.buf.zero_()
+            self.i = 0
+        self.i += 1
+        return mc.Ptr(self.buf.data_ptr() + 4 * (self.i - 1))
 
 
 def m_tiles(offs) -> int:
@@ -131,29 +166,59 @@ def time_ms(fn, iters: int, warmup: int = 5) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in ev)
 
 
-def check(name, run, out, ref, results):
-    """Poison, run twice, compare with reference and between runs."""
-    out.fill_(float("nan"))
-    run()
-    torch.cuda.synchronize()
-    first = out.clone()
-    out.fill_(float("nan"))
-    run()
-    torch.cuda.synchronize()
-    err = rel_err(out, ref)
-    det = bool(torch.equal(first, out))
-    ok = err <= TOL and det
-    info = {"rel_err": err, "deterministic": det, "ok": ok}
-    if not ok:  # where it goes wrong, for debugging without a second GPU session
-        d = (out.float() - ref).abs().nan_to_num(1e30)
-        r, c = divmod(int(d.argmax()), d.shape[1])
-        bad_rows = (d.amax(1) > 1e-2 * ref.abs().amax()).nonzero().flatten()
-        info.update(worst=[r, c, out[r, c].item(), ref[r, c].item()],
-                    bad_rows=int(bad_rows.numel()),
-                    first_bad_rows=bad_rows[:8].tolist())
-    results[name] = info
-    print(f"[check] {name}: {info}", flush=True)
-    return ok
+def check(name, runs, out, ref, results):
+    """Each schedule: poison, run twice, compare with the reference and between runs; then the
+    schedules with each other (bitwise)."""
+    outs = {}
+    for sched, run in runs.items():
+        out.fill_(float("nan"))
+        run()
+        torch.cuda.synchronize()
+        first = out.clone()
+        out.fill_(float("nan"))
+        run()
+        torch.cuda.synchronize()
+        err = rel_err(out, ref)
+        det = bool(torch.equal(first, out))
+        info = {"rel_err": err, "deterministic": det, "ok": err <= TOL and det}
+        if not info["ok"]:  # where it goes wrong, for debugging without a second GPU session
+            d = (out.float() - ref).abs().nan_to_num(1e30)
+            r, c = divmod(int(d.argmax()), d.shape[1])
+            bad_rows = (d.amax(1) > 1e-2 * ref.abs().amax()).nonzero().flatten()
+            info.update(worst=[r, c, out[r, c].item(), ref[r, c].item()],
+                        bad_rows=int(bad_rows.numel()), first_bad_rows=bad_rows[:8].tolist())
+        outs[sched] = out.clone()
+        results[f"{name} [{sched}]"] = info
+        print(f"[check] {name} [{sched}]: {info}", flush=True)
+    if len(outs) == 2:
+        same = bool(torch.equal(outs["coop"], outs["pp"]))
+        results[f"{name} [pp == coop]"] = {"ok": same}
+        print(f"[check] {name} [pp == coop bitwise]: {same}", flush=True)
+    return all(v["ok"] for k, v in results.items() if k.startswith(name + " ["))
+
+
+def timed(res, name, flops, runs, iters, torch_fn=None, torch_impl="", dense_fn=None):
+    """One table row: each schedule's ms (the better of two medians, the schedules taking
+    turns), torch's (and a dense cuBLAS GEMM of the same FLOPs)."""
+    entry = {"name": name, "flops": flops}
+    for _ in range(2):
+        for sched, run in runs.items():
+            ms = time_ms(run, iters)
+            entry[f"{sched}_ms"] = min(ms, entry.get(f"{sched}_ms", ms))
+    for key, fn in (("torch", torch_fn), ("dense", dense_fn)):
+        if fn is None:
+            continue
+        try:
+            entry[f"{key}_ms"] = time_ms(fn, iters)
+        except Exception as ex:  # noqa: BLE001
+            entry[f"{key}_error"] = repr(ex)[:200]
+    if torch_fn is not None:
+        entry["torch_impl"] = torch_impl
+    for k in ("coop", "pp", "torch", "dense"):
+        if f"{k}_ms" in entry:
+            entry[f"{k}_tflops"] = flops / entry[f"{k}_ms"] / 1e9
+    res["timing"].append(entry)
+    print(f"[time] {entry}", flush=True)
 
 
 def grouped_ref(X, W, offs, fn):
@@ -172,6 +237,7 @@ def main():
     ap.add_argument("--M", type=int, default=16384)
     ap.add_argument("--D", type=int, default=7168)
     ap.add_argument("--I", type=int, default=2048)
+    ap.add_argument("--quick", action="store_true", help="the checks and the K = 384 rows only")
     args = ap.parse_args()
     out_dir = os.environ.get("OUT", os.path.join(ROOT, "benchmarks/results"))
     os.makedirs(out_dir, exist_ok=True)
@@ -182,119 +248,124 @@ def main():
         ptxas = build(args.cubin)
     elif os.path.exists(args.cubin + ".ptxas.txt"):
         ptxas = open(args.cubin + ".ptxas.txt").read()
-    eng = Engine(args.cubin)
+    mod, counters = mc.load_module(args.cubin), Counters()
+    engines = {k: Engine(mod, sfx, counters) for k, sfx in SCHEDULES.items()}
     seed = int(time.time_ns() % (1 << 31))
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "seed": seed,
-           "sms": eng.sms, "smem_bytes": SMEM, "tile": [BM, BN, BK, STAGES], "checks": {},
-           "timing": [], "ptxas": ptxas}
+           "sms": engines["coop"].sms, "smem_bytes": SMEM, "tile": [BM, BN, BK, STAGES],
+           "checks": {}, "timing": [], "ptxas": ptxas}
     try:
-        body(args, eng, gen, res)
+        body(args, engines, gen, res)
     except Exception as ex:  # noqa: BLE001 - keep the partial results (a trap kills the context)
         res["error"] = repr(ex)[:500]
         print("ERROR:", res["error"], flush=True)
-    report(res, args, out_dir)
+    report(res, out_dir)
 
 
-def body(args, eng, gen, res):
+def body(args, engines, gen, res):
     dev = "cuda"
     bf = torch.bfloat16
     M, D, I = args.M, args.D, args.I
     rn = lambda *s: torch.randn(*s, device=dev, dtype=bf)  # noqa: E731
+    each = lambda f, *a: {k: getattr(e, f)(*a) for k, e in engines.items()}  # noqa: E731
 
     # ---------------- small, ragged correctness cases (M, K tails; non-multiple segments)
     A, B = rn(1000, 200), rn(512, 200)
     C = torch.empty(1000, 512, device=dev, dtype=bf)
-    check("plain_ragged_M1000_N512_K200", eng.plain(A, B, C), C, A.float() @ B.float().T,
+    check("plain_ragged_M1000_N512_K200", each("plain", A, B, C), C, A.float() @ B.float().T,
+          res["checks"])
+    for trans in (1, 2):  # N = 600: an edge tile; K = 200: a K tail
+        A, B = rn(1000, 200), rn(600, 200)
+        C = torch.empty(1000, 600, device=dev, dtype=bf)
+        check(f"plain_t{trans}_ragged_M1000_N600_K200", each("plain_t", A, B, C, trans), C,
+              A.float() @ B.float().T, res["checks"])
+    A, B = rn(1000, 64), rn(512, 64)  # one K block: the shortest mainloop
+    C = torch.empty(1000, 512, device=dev, dtype=bf)
+    check("plain_M1000_N512_K64", each("plain", A, B, C), C, A.float() @ B.float().T,
           res["checks"])
     offs = segments(1000, 5, gen, unit=16)  # segments NOT multiples of BM
     Xs, W13s, Hs = rn(1000, 512), rn(5 * 2 * 256, 512), torch.empty(1000, 256, device=dev, dtype=bf)
     ref = grouped_ref(Xs, W13s, offs, lambda x, e: F.silu(x @ W13s[e * 512:e * 512 + 256].float().T)
                       * (x @ W13s[e * 512 + 256:(e + 1) * 512].float().T))
-    check("swiglu_ragged_segments", eng.swiglu(Xs, W13s, offs, 256, Hs), Hs, ref, res["checks"])
+    check("swiglu_ragged_segments", each("swiglu", Xs, W13s, offs, 256, Hs), Hs, ref,
+          res["checks"])
+
+    # ---------------- weight-gradient-like (short K) and dgrad-like transposed GEMMs
+    shapes = [(D, I, 384, 2), (2 * I, D, 384, 2), (D, I, 384, 1), (D, I, 384, 0),
+              (D, I, 768, 2), (D, I, 2816, 2)]
+    if not args.quick:
+        shapes += [(M, I, D, 1), (M, D, 2 * I, 1)]
+    for m, n, k, trans in shapes:
+        A, B = rn(m, k), rn(n, k)
+        C = torch.empty(m, n, device=dev, dtype=bf)
+        runs = each("plain_t", A, B, C, trans) if trans else each("plain", A, B, C)
+        name = f"t{trans} {m}x{n}x{k}"
+        check(name, runs, C, A.float() @ B.float().T, res["checks"])
+        timed(res, name, 2 * m * n * k, runs, args.iters, lambda: A @ B.T, "torch.matmul")
+        del A, B, C
+    if args.quick:
+        return
 
     # ---------------- plain, big
     A, B = rn(M, D), rn(2 * I, D)
     C = torch.empty(M, 2 * I, device=dev, dtype=bf)
-    run = eng.plain(A, B, C)
-    check(f"plain_{M}x{2*I}x{D}", run, C, A.float() @ B.float().T, res["checks"])
-    flops = 2 * M * 2 * I * D
-    t_ours = time_ms(run, args.iters)
-    t_torch = time_ms(lambda: torch.matmul(A, B.T), args.iters)
-    res["timing"].append({"name": f"plain {M}x{2*I}x{D}", "ours_ms": t_ours, "torch_ms": t_torch,
-                          "ours_tflops": flops / t_ours / 1e9, "torch_tflops": flops / t_torch / 1e9,
-                          "torch_impl": "torch.matmul"})
+    runs = each("plain", A, B, C)
+    check(f"plain_{M}x{2*I}x{D}", runs, C, A.float() @ B.float().T, res["checks"])
+    timed(res, f"plain {M}x{2*I}x{D}", 2 * M * 2 * I * D, runs, args.iters,
+          lambda: torch.matmul(A, B.T), "torch.matmul")
     del A, B, C
 
     # ---------------- grouped (experts)
     for E in (6, 48):
         offs = segments(M, E, gen)
-        cnt = (offs[1:] - offs[:-1]).tolist()
-        res["checks"][f"segments_E{E}"] = cnt
+        res["checks"][f"segments_E{E}"] = (offs[1:] - offs[:-1]).tolist()
         X = rn(M, D)
         W13 = rn(E * 2 * I, D)
         H = torch.empty(M, I, device=dev, dtype=bf)
-        run = eng.swiglu(X, W13, offs, I, H)
+        runs = each("swiglu", X, W13, offs, I, H)
         ref = grouped_ref(X, W13, offs, lambda x, e: F.silu(
             x @ W13[e * 2 * I:e * 2 * I + I].float().T) * (x @ W13[e * 2 * I + I:(e + 1) * 2 * I].float().T))
-        check(f"swiglu_E{E}", run, H, ref, res["checks"])
+        check(f"swiglu_E{E}", runs, H, ref, res["checks"])
         del ref
-        flops = 2 * M * 2 * I * D
         w13t = W13.view(E, 2 * I, D).transpose(1, 2)
         gofs = offs[1:].contiguous()
 
         def torch_swiglu():
             y = torch._grouped_mm(X, w13t, offs=gofs)
             return F.silu(y[:, :I]) * y[:, I:]
-        entry = {"name": f"swiglu E={E} {M}x{I}(x2)x{D}", "ours_ms": time_ms(run, args.iters)}
-        try:
-            entry["torch_ms"] = time_ms(torch_swiglu, args.iters)
-            entry["torch_impl"] = "_grouped_mm + silu*mul"
-        except Exception as ex:  # noqa: BLE001
-            entry["torch_error"] = repr(ex)[:200]
-        entry["dense_ms"] = time_ms(lambda: torch.matmul(X, W13[:2 * I].T), args.iters)
-        res["timing"].append(entry)
+        timed(res, f"swiglu E={E} {M}x{I}(x2)x{D}", 2 * M * 2 * I * D, runs, args.iters,
+              torch_swiglu, "_grouped_mm + silu*mul", lambda: torch.matmul(X, W13[:2 * I].T))
         del W13, w13t
 
         Hin = rn(M, I)
         W2 = rn(E * D, I)
         scale = torch.rand(M, device=dev, dtype=torch.float32)
         Y = torch.empty(M, D, device=dev, dtype=bf)
-        run = eng.down(Hin, W2, offs, D, scale, Y)
+        runs = each("down", Hin, W2, offs, D, scale, Y)
         ref = grouped_ref(Hin, W2, offs, lambda h, e: h @ W2[e * D:(e + 1) * D].float().T) * scale[:, None]
-        check(f"down_E{E}", run, Y, ref, res["checks"])
+        check(f"down_E{E}", runs, Y, ref, res["checks"])
         del ref
         w2t = W2.view(E, D, I).transpose(1, 2)
-        entry = {"name": f"down E={E} {M}x{D}x{I}", "ours_ms": time_ms(run, args.iters)}
-        try:
-            entry["torch_ms"] = time_ms(
-                lambda: torch._grouped_mm(Hin, w2t, offs=gofs) * scale[:, None], args.iters)
-            entry["torch_impl"] = "_grouped_mm * scale"
-        except Exception as ex:  # noqa: BLE001
-            entry["torch_error"] = repr(ex)[:200]
-        entry["dense_ms"] = time_ms(lambda: torch.matmul(Hin, W2[:D].T), args.iters)
-        res["timing"].append(entry)
+        timed(res, f"down E={E} {M}x{D}x{I}", 2 * M * D * I, runs, args.iters,
+              lambda: torch._grouped_mm(Hin, w2t, offs=gofs) * scale[:, None],
+              "_grouped_mm * scale", lambda: torch.matmul(Hin, W2[:D].T))
         del X, Hin, W2, w2t, H, Y
         torch.cuda.empty_cache()
 
 
-def report(res, args, out_dir):
-    M, D, I = args.M, args.D, args.I
-    for t in res["timing"]:
-        fl = (2 * M * 2 * I * D) if not t["name"].startswith("down") else 2 * M * D * I
-        for k in ("ours", "torch", "dense"):
-            if f"{k}_ms" in t:
-                t[f"{k}_tflops"] = fl / t[f"{k}_ms"] / 1e9
+def report(res, out_dir):
     with open(os.path.join(out_dir, "gemm_engine.json"), "w") as fh:
         json.dump(res, fh, indent=1)
-    print("\n%-36s %9s %9s %9s %8s %8s %8s" % ("variant", "ours ms", "torch ms", "dense ms",
-                                             "ours TF", "torch TF", "dense TF"))
+    print("\n%-34s %8s %8s %8s %8s %8s %8s %8s %7s" % (
+        "variant (TFLOP/s; ms)", "coop ms", "pp ms", "torch ms", "coop TF", "pp TF",
+        "torch TF", "dense TF", "pp/coop"))
     for t in res["timing"]:
         g = lambda k: t.get(k, float("nan"))  # noqa: E731
-        print("%-36s %9.3f %9.3f %9.3f %8.1f %8.1f %8.1f" % (
-            t["name"], g("ours_ms"), g("torch_ms"), g("dense_ms"), g("ours_tflops"),
-            g("torch_tflops"), g("dense_tflops")))
+        print("%-34s %8.3f %8.3f %8.3f %8.1f %8.1f %8.1f %8.1f %7.3f" % (
+            t["name"], g("coop_ms"), g("pp_ms"), g("torch_ms"), g("coop_tflops"),
+            g("pp_tflops"), g("torch_tflops"), g("dense_tflops"), g("coop_ms") / g("pp_ms")))
     bad = [k for k, v in res["checks"].items() if isinstance(v, dict) and not v["ok"]]
     print("checks:", "ALL PASS" if not bad else f"FAIL {bad}")
 

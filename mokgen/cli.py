@@ -19,15 +19,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overlap-comm", action="store_true",
                    help="collectives run beside the layer: leave them SMs")
     for d in ("fwd", "bwd"):
-        p.add_argument(f"--gemm-{d}", type=_gemm, default=None, metavar="BMxBNxSTAGES",
-                       help=f"override the tile of the {d} GEMM ops, e.g. 128x256x3")
+        p.add_argument(f"--gemm-{d}", type=_gemm, default=None, metavar="BMxBNxSTAGES[-pp]",
+                       help=f"override the tile of the {d} GEMM ops, e.g. 128x256x3; -pp: "
+                            f"the ping-pong consumer schedule, e.g. 128x256x4-pp")
 
 
 def _gemm(text: str) -> tuple:
+    tile, pp = (text[:-3], True) if text.endswith("-pp") else (text, False)
     try:
-        return tuple(int(v) for v in text.split("x"))
+        return tuple(int(v) for v in tile.split("x")) + ((True,) if pp else ())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected BMxBNxSTAGES, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected BMxBNxSTAGES[-pp], got {text!r}") from None
 
 
 def _plan(args):

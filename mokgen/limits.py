@@ -35,8 +35,10 @@ DIRECTIONS = {"dispatch": "pull", "combine": "push", "reverse_combine": "pull",
 # also has N = 128, but the fp8 tiles are two 128-column halves and the host's tensor maps
 # have B boxes of BN and BN / 2 rows (runtime/moe.py, moe_bwd.py), all built for 256.
 # Stages: a consumer frees a stage one K-slice late, so 1 would deadlock; 4 x 48 KB fill the
-# 227 KB of shared memory.
-GEMM_BM, GEMM_BN, GEMM_STAGES = (128,), (256,), (2, 3, 4)
+# 227 KB of shared memory. Ping-pong (GemmConfig.pingpong): every GEMM of the kernels, bf16
+# and fp8, K- and MN-major; its stages are the cooperative ones (a K-major A box holds both
+# halves' rows). The default stays cooperative until a measurement says otherwise.
+GEMM_BM, GEMM_BN, GEMM_STAGES, GEMM_PINGPONG = (128,), (256,), (2, 3, 4), (False, True)
 DEFAULT_GEMM = GemmConfig(bm=128, bn=256, stages=4)
 
 
@@ -100,7 +102,8 @@ def _gemm_violations(name: str, cfg: GemmConfig | None) -> list[str]:
         return []
     return [f"{name}.{f} must be one of {ok} (gemm_tile.cuh and the host's tensor maps; see "
             f"mokgen/limits.py), got {getattr(cfg, f)}"
-            for f, ok in (("bm", GEMM_BM), ("bn", GEMM_BN), ("stages", GEMM_STAGES))
+            for f, ok in (("bm", GEMM_BM), ("bn", GEMM_BN), ("stages", GEMM_STAGES),
+                          ("pingpong", GEMM_PINGPONG))
             if getattr(cfg, f) not in ok]
 
 

@@ -1,9 +1,9 @@
 """Annotated task graph -> each kernel's template parameters, operator by operator.
 
 Every op contributes the parameters its annotations decide: a comm op its launch's comm CTAs,
-a compute op the rest, a GEMM op the tile engine's BM x BN x stages, an op on the ring the
-minibatch and ring rows, an op touching e4m3 data the scale block, the schedule the tile its
-expert regions are padded to. A kernel instantiates each parameter once, so two of its ops
+a compute op the rest, a GEMM op the tile engine's BM x BN x stages and consumer schedule, an
+op on the ring the minibatch and ring rows, an op touching e4m3 data the scale block, the
+schedule the tile its expert regions are padded to. A kernel instantiates each parameter once, so two of its ops
 asking for different values is a plan it cannot run: ValueError naming both.
 """
 from __future__ import annotations
@@ -38,8 +38,9 @@ def lower(g, direction: str) -> dict:
             who.setdefault(k, op.name)
     gemm = got["gemm"]
     return dict(comm_sms=got["comm_sms"], num_sms=got["comm_sms"] + got["compute_ctas"],
-                gemm_bn=gemm.bn, gemm_stages=gemm.stages, block_m=got["block_m"],
-                minibatch=got["minibatch"], ring_slots=got["ring_rows"] // got["minibatch"],
+                gemm_bn=gemm.bn, gemm_stages=gemm.stages, gemm_pingpong=gemm.pingpong,
+                block_m=got["block_m"], minibatch=got["minibatch"],
+                ring_slots=got["ring_rows"] // got["minibatch"],
                 scale_block=got.get("scale_block", 0))
 
 

@@ -153,8 +153,10 @@ class Plan:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "graph"}
         d["shape"] = self.shape.to_dict()
         d["signals"] = [list(s) for s in self.signals]
-        for key in ("forced", "quant_fused", "profile", "gemm_fwd", "gemm_bwd"):
+        for key in ("forced", "quant_fused", "profile"):
             d[key] = None if d[key] is None else list(d[key])
+        for key in ("gemm_fwd", "gemm_bwd"):
+            d[key] = None if d[key] is None else d[key].fields()
         return d
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -274,10 +276,11 @@ def initial_graph(shape: MoEShape, ep: int, dtype: str, tokens_per_rank: int, **
     for name in ("gemm_fwd", "gemm_bwd"):
         if name in overrides:
             v = overrides[name]
-            if not isinstance(v, (tuple, list)) or len(v) != 3 or not all(
-                    isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v):
-                raise ValueError(f"{name} must be (bm, bn, stages), three positive ints, "
-                                 f"got {v!r}")
+            if not isinstance(v, (tuple, list)) or len(v) not in (3, 4) or not all(
+                    isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v[:3]) \
+                    or (len(v) == 4 and not isinstance(v[3], bool)):
+                raise ValueError(f"{name} must be (bm, bn, stages) or (bm, bn, stages, "
+                                 f"pingpong): three positive ints and a bool, got {v!r}")
             overrides[name] = GemmConfig(*v)
     if "overlap_comm" in overrides and not isinstance(overrides["overlap_comm"], bool):
         raise ValueError(f"overlap_comm must be True or False, got {overrides['overlap_comm']!r}")

@@ -127,6 +127,24 @@ def test_fp8_kernels_compile_without_spills(name, dtype):
             assert "HGMMA.64x256x16.F32.BF16" in sass, unit
 
 
+# The ping-pong consumer schedule (GemmConfig.pingpong) of both kernels: a weight-gradient
+# heavy slice (kimi ep64) and a whole layer at ep 1 (Qwen3-30B-A3B), each precision.
+PINGPONG = {"kimi-k2.7": (64, 2048), "qwen3-30b-a3b": (1, 8192)}
+
+
+@needs_nvcc
+@pytest.mark.nvcc
+@pytest.mark.parametrize("dtype", ["bf16", "fp8", "mxfp8"])
+@pytest.mark.parametrize("name", PINGPONG)
+def test_pingpong_kernels_compile_without_spills(name, dtype):
+    ep, n = PINGPONG[name]
+    pp = (128, 256, 4, True)
+    layer = mokgen.compile(mokgen.shapes.get(name), ep=ep, dtype=dtype, tokens_per_rank=n,
+                           gemm_fwd=pp, gemm_bwd=pp)
+    assert set(layer.binaries) == {"prologue", "fwd", "bwd"}
+    assert_no_spills_nor_serialized_wgmma(layer)
+
+
 def _cuobjdump():
     found = shutil.which("cuobjdump")
     if found:

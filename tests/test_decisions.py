@@ -106,6 +106,28 @@ def test_tile_reaches_the_gemm_engine_and_the_workspace():
     assert narrow[0] == 2 * backward_tiles(spec)[0]
 
 
+def test_pingpong_is_a_decision_that_reaches_the_gemm_engine():
+    """The consumer schedule: flipped per kernel, it changes that kernel's source only; the
+    default plan's JSON (and key) has no trace of it; a plan from JSON keeps it."""
+    plain = mokgen.plan(SHAPE, **ARGS)
+    pp = mokgen.plan(SHAPE, **ARGS, gemm_bwd=(128, 256, 4, True))
+    assert (pp.gemm_fwd.pingpong, pp.gemm_bwd.pingpong) == (False, True)
+    assert "ping-pong" in str(pp) and "ping-pong" not in str(plain)
+    base, new = sources(plain), sources(pp)
+    assert "/*PINGPONG*/ true>" in new["bwd"] and "PINGPONG" not in base["bwd"]
+    assert new["fwd"].split("\n")[1:] == base["fwd"].split("\n")[1:]  # past the key line
+    assert '"gemm_fwd": [\n    128,\n    256,\n    4\n  ]' in plain.to_json()
+    back = Plan.from_json(pp.to_json())
+    assert back == pp and back.gemm_bwd == GemmConfig(128, 256, 4, True)
+    assert sources(back) == new
+    # an explicit False is the default plan's schedule (forced, so a different key)
+    same = mokgen.plan(SHAPE, **ARGS, gemm_bwd=(128, 256, 4, False))
+    assert sources(same)["bwd"].split("\n")[1:] == base["bwd"].split("\n")[1:]
+    for bad in ((128, 256, 4, 1), (128, 256, 4, True, 0), (128, 256, 4, "yes")):
+        with pytest.raises(ValueError, match="gemm_bwd must be"):
+            mokgen.plan(SHAPE, **ARGS, gemm_bwd=bad)
+
+
 def test_plan_json_and_replace_lower_through_the_passes():
     """A plan without its graph (JSON, replace) gets the graph its decisions make, and
     renders the same kernels; a plan whose fields its decisions do not make is refused."""
@@ -163,6 +185,7 @@ def test_ops_of_one_kernel_that_disagree_are_refused(op, attrs, why):
 def test_default_tile_is_a_supported_one():
     t = limits.DEFAULT_GEMM
     assert t.bm in limits.GEMM_BM and t.bn in limits.GEMM_BN and t.stages in limits.GEMM_STAGES
+    assert t.pingpong is False and False in limits.GEMM_PINGPONG
 
 
 @pytest.mark.nvcc

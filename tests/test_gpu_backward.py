@@ -107,6 +107,18 @@ def test_backward_preset_dims(name):
     run_backward(shape, 2, 256)
 
 
+def gemm_test_module(tmp_path):
+    """gemm_test.cu (the engine's standalone kernels) built and loaded; its shared memory."""
+    from mokgen.runtime import cuda as mc
+
+    cubin = str(tmp_path / "gemm_test.cubin")
+    subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17",
+                    "-cubin", "-I", os.path.join(ROOT, "mokgen/runtime/include"),
+                    os.path.join(ROOT, "mokgen/runtime/include/mokgen/tests/gemm_test.cu"),
+                    "-o", cubin], check=True, capture_output=True)
+    return mc.load_module(cubin), 1024 + 4 * (128 + 256) * 64 * 2 + 8 * 16 + 32 * 4
+
+
 @pytest.mark.parametrize("n", [512, 384])
 @pytest.mark.parametrize("trans", [1, 2])
 def test_gemm_engine_transposed_operands(tmp_path, trans, n):
@@ -116,13 +128,8 @@ def test_gemm_engine_transposed_operands(tmp_path, trans, n):
     stored), as in the backward for widths that are odd multiples of 128."""
     from mokgen.runtime import cuda as mc
 
-    cubin = str(tmp_path / "gemm_test.cubin")
-    subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17",
-                    "-cubin", "-I", os.path.join(ROOT, "mokgen/runtime/include"),
-                    os.path.join(ROOT, "mokgen/runtime/include/mokgen/tests/gemm_test.cu"),
-                    "-o", cubin], check=True, capture_output=True)
-    smem = 1024 + 4 * (128 + 256) * 64 * 2 + 8 * 16 + 32 * 4
-    f = mc.load_module(cubin).function("gemm_plain_t", smem)
+    mod, smem = gemm_test_module(tmp_path)
+    f = mod.function("gemm_plain_t", smem)
     M, N, K = 384, n, 320
     A = torch.randn(M, K, device="cuda").bfloat16()
     B = torch.randn(N, K, device="cuda").bfloat16()

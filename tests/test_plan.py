@@ -150,7 +150,7 @@ def test_tiling_pass_gives_every_gemm_op_a_tile():
     assert set(tiles) >= {"shared_ffn", "gate_up_gemm", "down_gemm", "replay", "weight_grad_w2"}
     assert set(tiles.values()) == {limits.DEFAULT_GEMM}
     forced = Plan.of(upto("tiling", gemm_bwd=(128, 256, 3)))
-    assert forced.gemm_bwd == (128, 256, 3) and forced.gemm_fwd == limits.DEFAULT_GEMM
+    assert forced.gemm_bwd == ir.GemmConfig(128, 256, 3) and forced.gemm_fwd == limits.DEFAULT_GEMM
     assert forced.block_m == 128
 
 
@@ -185,6 +185,10 @@ def test_cli_plan(capsys):
     assert "ep" in capsys.readouterr().err
     assert main(["plan", "--shape", "tiny", "--ep", "2", "--graph", "dot"]) == 0
     assert "digraph" in capsys.readouterr().out
+    assert main(["plan", "--shape", "tiny", "--ep", "2", "--json", "--gemm-bwd",
+                 "128x256x4-pp"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["gemm_bwd"] == [128, 256, 4, True] and d["gemm_fwd"] == [128, 256, 4]
 
 
 def test_reserve_sms_leaves_sms_to_collectives():

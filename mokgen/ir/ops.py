@@ -76,14 +76,24 @@ COMM_OF_KIND = {
 
 class GemmConfig(NamedTuple):
     """A GEMM operator's tile (runtime/include/mokgen/gemm_tile.cuh GemmCfg): `bm` x `bn`
-    outputs per CTA tile, `stages` K-slices in flight in shared memory."""
+    outputs per CTA tile, `stages` K-slices in flight in shared memory, and the consumer
+    schedule: `pingpong` runs a tile's two 64-row halves one after the other on the two
+    consumer warpgroups, so one's epilogue overlaps the other's MMA (False: both halves at
+    once, the epilogue after; gemm_tile.cuh says more)."""
 
     bm: int
     bn: int
     stages: int
+    pingpong: bool = False
 
     def __str__(self) -> str:
-        return f"{self.bm}x{self.bn}, {self.stages} stages"
+        pp = ", ping-pong" if self.pingpong else ""
+        return f"{self.bm}x{self.bn}, {self.stages} stages{pp}"
+
+    def fields(self) -> list:
+        """As JSON: (bm, bn, stages), + pingpong only when set, so plans of the default
+        schedule keep their keys (and their kernels' names) from before the field existed."""
+        return list(self) if self.pingpong else list(self[:3])
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,27 @@
 // every consumer thread and PERSISTS across tiles: the megakernel runs many tiles per CTA and
 // the ring never drains between them, so the producer prefetches tile n+1 while consumers do
 // tile n's epilogue.
+//
+// Two consumer schedules (GemmCfg::PINGPONG, the plan's GemmConfig.pingpong):
+// - cooperative (default): both consumer warpgroups run every K-slice of a tile at once, rows
+//   64 cwg .. each, then both run the epilogue: the tensor core idles during every epilogue.
+// - ping-pong: the same 128 x BN task, but its two 64 x BN halves are run one after the other,
+//   warpgroup h owning half h of every task. The producer streams the task's K-slices twice
+//   (half 0, then half 1), so warpgroup 0's epilogue of task n runs while warpgroup 1's
+//   wgmma of task n runs, and warpgroup 1's epilogue while warpgroup 0's wgmma of task n+1.
+//   Named barriers hand the mainloop turn over (kBarTurn) once a warpgroup's last wgmma is
+//   issued, so the two take turns on the tensor core (the next chain queued behind the
+//   previous one's tail) and each epilogue starts as early as possible. Why halves of a task rather than a
+//   128 x 128 tile per warpgroup: the accumulators stay the cooperative ones (64 x BN per
+//   warpgroup, 128 registers at BN = 256, the same budget under setmaxnreg 232), so every
+//   epilogue, the tasks, the schedules and the host's tensor maps are shared by both modes,
+//   and the task's completion signal stays one per task (warpgroup 1 raises it once both
+//   halves are stored: kBarDone). The cost: B is read from L2 twice per task (the second
+//   read right after the first, so it hits L2) and a K-major A box holds both halves' rows
+//   (the host's maps have 128-row boxes), so each half streams 48 KB slices where the
+//   cooperative tile streams 48 KB per two halves; an MN-major A (weight gradients) is two
+//   64-row boxes and a half loads only its own. Which mode a GEMM runs is measured
+//   (benchmarks/gemm_engine.py), not assumed.
 #pragma once
 #include "mokgen/ptx.cuh"
 #include "mokgen/tma.cuh"
@@ -68,6 +89,12 @@ struct PipeState {
   MOKGEN_DEV void advance() {
     bits = idx() + 1 == S ? (bits & 0x80000000u) ^ 0x80000000u : bits + 1;
   }
+  // n slots at once (ping-pong: past the other warpgroup's half of a task)
+  template <int S>
+  MOKGEN_DEV void advance_by(int n) {
+    const uint32_t i = idx() + (uint32_t)n, wraps = i / S;
+    bits = ((bits & 0x80000000u) ^ ((wraps & 1u) << 31)) | (i - wraps * S);
+  }
 };
 
 // Profiling variants: a plan's `profile` (runtime/abi.py PROFILES), rendered by codegen as a
@@ -80,13 +107,18 @@ enum Profile : unsigned {
   kProfFp8PlainEpilogue = 8u  // the fp8 forward's gate/up epilogue: no SwiGLU, no quantization
 };
 
-template <int BN_, int STAGES_, int Q_ = 0, unsigned PROF_ = 0, int TASK_SLOTS_ = 4>
+template <int BN_, int STAGES_, int Q_ = 0, unsigned PROF_ = 0, int TASK_SLOTS_ = 4,
+          bool PINGPONG_ = false>
 struct GemmCfg {
   static constexpr int BM = 128, BK = 64, BN = BN_, Q = Q_;
   static constexpr unsigned PROF = PROF_;
   static constexpr int STAGES = STAGES_, TASK_SLOTS = TASK_SLOTS_;
+  static constexpr bool PINGPONG = PINGPONG_;
   static constexpr int kThreads = 384;
   static constexpr int kConsumerWarps = 8;
+  // warps that read (and free) each ring stage: both consumer warpgroups, or in ping-pong the
+  // one whose half-tile the stage holds
+  static constexpr int kStageReaders = PINGPONG ? 4 : 8;
   static constexpr int kAccRegs = BN / 2;  // fp32 accumulators per consumer thread
   static constexpr int A_BYTES = BM * BK * 2;
   static constexpr int B_BYTES = BN * BK * 2;
@@ -148,7 +180,7 @@ struct GemmSmem {
   MOKGEN_DEV void init() const {
     for (int s = 0; s < Cfg::STAGES; ++s) {
       mbar_init(&full()[s], 1);
-      mbar_init(&empty()[s], Cfg::kConsumerWarps);
+      mbar_init(&empty()[s], Cfg::kStageReaders);
     }
     for (int s = 0; s < Cfg::TASK_SLOTS; ++s) {
       mbar_init(&task_full()[s], 1);
@@ -194,19 +226,23 @@ MOKGEN_DEV void task_release(const GemmSmem<Cfg>& sm, PipeState& ts) {
 // Streams the K-slices of one tile. Tensor map boxes: A = 64 x BM; B = 64 x BN (single) or
 // 64 x BN/2 (dual). Wait on `empty` with the flipped parity: a fresh barrier counts as
 // having completed the phase before phase 0, so the first STAGES waits pass at once.
+// half >= 0 (ping-pong): the slices of rows 64 half .. only; an MN-major A then brings only
+// that half's box (at the offset the consumer reads it from), a K-major A its whole box.
 template <class Cfg>
 MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUtensorMap* ta,
-                             const CUtensorMap* tb, const Task& t) {
+                             const CUtensorMap* tb, const Task& t, int half = -1) {
   // MN-major operands arrive as 64 x 64 boxes, 8 KB each, stacked along MN (wgmma.cuh)
   constexpr int kBox = 64 * 64 * 2;
   const bool amn = t.op & kAMN, bmn = t.op & kBMN;
+  const int j0 = half < 0 ? 0 : half, j1 = half < 0 ? Cfg::BM / 64 : half + 1;
+  const uint32_t bytes = Cfg::STAGE_BYTES - (amn ? (Cfg::BM / 64 - (j1 - j0)) * kBox : 0);
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     mbar_wait(&sm.empty()[ps.idx()], ps.phase() ^ 1, 102);
     uint64_t* bar = &sm.full()[ps.idx()];
-    mbar_arrive_expect_tx(bar, Cfg::STAGE_BYTES);
+    mbar_arrive_expect_tx(bar, bytes);
     const int k0 = kb * Cfg::BK;
     if (amn) {
-      for (int j = 0; j < Cfg::BM / 64; ++j)
+      for (int j = j0; j < j1; ++j)
         tma_load_2d(sm.a_stage(ps.idx()) + j * kBox, ta, bar, t.a_row0 + 64 * j, t.b_row1 + k0);
     } else {
       tma_load_2d(sm.a_stage(ps.idx()), ta, bar, k0, t.a_row0);
@@ -228,15 +264,18 @@ MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUten
 // One wgmma group stays in flight: after committing K-slice kb we wait for slice kb-1 and
 // only then hand its stage back, so the tensor core never idles on the release handshake.
 // TA / TB: A / B MN-major (see wgmma.cuh for the two descriptor forms). Returns false when
-// a stage never arrived (the caller records it and stops).
+// a stage never arrived (the caller records it and stops). hand_over (ping-pong; 0: none):
+// the named barrier the other warpgroup waits on for its turn, arrived on once the last
+// wgmma is issued, so its first ones queue behind this chain's tail instead of waiting for it.
 template <class Cfg, int TA = 0, int TB = 0>
 MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task& t,
-                             float (&acc)[Cfg::kAccRegs], int cwg) {
+                             float (&acc)[Cfg::kAccRegs], int cwg, uint32_t hand_over = 0) {
   using Mma = Wgmma<Cfg::BN>;
   const bool lane0 = (threadIdx.x & 31) == 0;
   if (t.k_blocks <= 0) {
 #pragma unroll
     for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
+    if (hand_over) named_bar_arrive(hand_over, 256);
     return true;
   }
   int prev = -1;
@@ -264,6 +303,7 @@ MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task&
     prev = (int)ps.idx();
     ps.template advance<Cfg::STAGES>();
   }
+  if (hand_over) named_bar_arrive(hand_over, 256);
   wgmma_wait<0>();
   wgmma_fence_regs(acc);
   __syncwarp();
@@ -466,19 +506,25 @@ MOKGEN_DEV void raster_grouped(int t, int m_blocks, int n_blocks, int group, int
 }
 
 // The mainloop a task's operand bits ask for: fp8 (kF8), MN-major operands (kAMN / kBMN), or
-// the plain K-major one; only the variants the Problem can issue are compiled.
+// the plain K-major one; only the variants the Problem can issue are compiled. hand_over:
+// consume_tile's (the fp8 mainloop drains every slice itself: it hands over at its end).
 template <class Cfg, class Problem>
 MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState& ps,
-                        const Task& t, float (&acc)[Cfg::kAccRegs + Cfg::kScratch], int cwg) {
+                        const Task& t, float (&acc)[Cfg::kAccRegs + Cfg::kScratch], int cwg,
+                        uint32_t hand_over = 0) {
   float(&acc0)[Cfg::kAccRegs] = *reinterpret_cast<float(*)[Cfg::kAccRegs]>(&acc[0]);
   if constexpr (Problem::kQ > 0) {
-    if (t.op & kF8) return consume_tile_fp8<Cfg>(sm, ps, t, acc, cwg, prob.wsb(t));
+    if (t.op & kF8) {
+      const bool ok = consume_tile_fp8<Cfg>(sm, ps, t, acc, cwg, prob.wsb(t));
+      if (hand_over) named_bar_arrive(hand_over, 256);
+      return ok;
+    }
   }
   if constexpr (Problem::kMNOperands) {
-    if (t.op & kAMN) return consume_tile<Cfg, 1, 1>(sm, ps, t, acc0, cwg);
-    if (t.op & kBMN) return consume_tile<Cfg, 0, 1>(sm, ps, t, acc0, cwg);
+    if (t.op & kAMN) return consume_tile<Cfg, 1, 1>(sm, ps, t, acc0, cwg, hand_over);
+    if (t.op & kBMN) return consume_tile<Cfg, 0, 1>(sm, ps, t, acc0, cwg, hand_over);
   }
-  return consume_tile<Cfg>(sm, ps, t, acc0, cwg);
+  return consume_tile<Cfg>(sm, ps, t, acc0, cwg, hand_over);
 }
 
 // ---------------------------------------------------------------- persistent driver
@@ -488,10 +534,102 @@ MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState&
 //   static constexpr int kQ;                   // 0, or Cfg::Q: tasks may set kF8
 //   Task next_task();                          // producer thread: next task or stop_task()
 //   const CUtensorMap* map_a(const Task&) const; const CUtensorMap* map_b(const Task&) const;
-//   void epilogue(const Task&, float (&acc)[Cfg::kAccRegs], int cwg);   // consumer threads
+//   void epilogue(const Task&, float (&acc)[Cfg::kAccRegs], int cwg);   // consumer threads:
+//                                              // rows 64 cwg .. of the task
+//   void signal(const Task&);                  // one thread, once per task, after every
+//                                              // thread's epilogue stores of it
 //   fp8 (kQ > 0): map_sa(t), map_sb(t) (TMA maps of the scales) and const float* wsb(t).
 // Must be called by all 384 threads with the kernel's dynamic smem (>= Cfg::SMEM_BYTES) and
 // the kernel declared __launch_bounds__(384, 1) so setmaxnreg takes effect.
+
+// Named barriers of the consumer warpgroups (0 is __syncthreads): kBarTile, both warpgroups
+// at the end of a cooperative tile; ping-pong: kBarTurn + h, warpgroup h may run its
+// mainloop (the other arrives once its own is issued: consume_tile); kBarDone + (task parity),
+// both halves of a task are stored (warpgroup 0 arrives, warpgroup 1 waits and signals).
+enum : uint32_t { kBarTile = 1, kBarTurn = 2, kBarDone = 4 };
+
+// A consumer warpgroup's accumulators (fp8: + the scratch, consume_tile_fp8), zeroed per tile
+// although the first wgmma overwrites them (scale_d = 0): "+f" operands of an uninitialized
+// array read the previous tile's registers in PTX, which keeps all accumulators live through
+// the epilogue and made ptxas spill them. 128 MOVs per tile.
+template <class Cfg>
+struct ConsumerAcc {
+  float r[Cfg::kAccRegs + Cfg::kScratch];
+  MOKGEN_DEV ConsumerAcc() {
+#pragma unroll
+    for (int i = 0; i < Cfg::kAccRegs + Cfg::kScratch; ++i) r[i] = 0.f;
+  }
+  MOKGEN_DEV float (&main())[Cfg::kAccRegs] {  // the tile's accumulators, for the epilogue
+    return *reinterpret_cast<float(*)[Cfg::kAccRegs]>(&r[0]);
+  }
+};
+
+// Cooperative consumers: warpgroup cwg does rows 64 cwg .. of every tile, both at once.
+template <class Cfg, class Problem>
+MOKGEN_DEV void consumer_cooperative(Problem& prob, const GemmSmem<Cfg>& sm, int cwg) {
+  PipeState ps, ts;
+  for (;;) {
+    ConsumerAcc<Cfg> acc;
+    const Task* slot = task_pop<Cfg>(sm, ts);
+    if (slot == nullptr || slot->op < 0) break;
+    const Task& t = *slot;
+    const bool ok = consume<Cfg, Problem>(prob, sm, ps, t, acc.r, cwg);
+    if (!ok) {  // a stage never arrived: record it and stop (see mbar_wait_lean)
+      record_timeout(103, ps.phase());
+      break;
+    }
+    prob.epilogue(t, acc.main(), cwg);
+    named_bar_sync(kBarTile, 256);
+    if (threadIdx.x == 128) prob.signal(t);
+    task_release<Cfg>(sm, ts);
+  }
+}
+
+// Ping-pong consumers: warpgroup h does half h (rows 64 h ..) of every task, the halves'
+// mainloops in turn (half 0 of task n, half 1 of task n, half 0 of task n+1, ...), each
+// epilogue beside the other warpgroup's mainloop. The ring holds each task's half-0 slices,
+// then its half-1 slices: a warpgroup steps its ring state past the other's.
+// Each named barrier sees, in turn, one warpgroup's arrive and the other's sync, never two
+// arrives in a row: turn 0 is given once up front (warpgroup 1 arrives before its first
+// task) and then after each of warpgroup 1's mainloops, turn 1 after each of warpgroup 0's,
+// and warpgroup 0 takes turn 0 once more at the stop, so every arrive has its sync. A task's
+// done barrier alternates between two ids by task parity (the task slot's, TASK_SLOTS being
+// even): warpgroup 0 arrives for task n + 2 only after its turn for n + 2, which warpgroup 1
+// gives after its sync on task n's. Nothing here is held in a register across the mainloop
+// but the two ring states (the fp8 consumers have none to spare).
+// A mainloop that times out is recorded; the warpgroup then skips that epilogue but keeps
+// the barrier protocol, so its sibling never waits on a barrier forever (the producer
+// hands out stop once the kernel is aborted).
+template <class Cfg, class Problem>
+MOKGEN_DEV void consumer_pingpong(Problem& prob, const GemmSmem<Cfg>& sm, int h) {
+  static_assert(Cfg::TASK_SLOTS % 2 == 0, "the done barrier's id follows the slot's parity");
+  PipeState ps, ts;
+  if (h == 1) named_bar_arrive(kBarTurn, 256);  // warpgroup 0 runs the first mainloop
+  for (;;) {
+    ConsumerAcc<Cfg> acc;
+    const Task* slot = task_pop<Cfg>(sm, ts);
+    if (slot == nullptr || slot->op < 0) {
+      if (h == 0) named_bar_sync(kBarTurn, 256);  // warpgroup 1's last turn handed back
+      break;
+    }
+    const Task& t = *slot;
+    if (h == 1) ps.template advance_by<Cfg::STAGES>(t.k_blocks);  // past half 0
+    named_bar_sync(kBarTurn + h, 256);
+    const bool ok = consume<Cfg, Problem>(prob, sm, ps, t, acc.r, h, kBarTurn + (h ^ 1));
+    if (h == 0) ps.template advance_by<Cfg::STAGES>(t.k_blocks);  // past half 1
+    if (ok) prob.epilogue(t, acc.main(), h);
+    else record_timeout(103, ps.phase());
+    const uint32_t done = kBarDone + (ts.idx() & 1);
+    if (h == 0) {
+      named_bar_arrive(done, 256);
+    } else {
+      named_bar_sync(done, 256);
+      if (threadIdx.x == 256) prob.signal(t);
+    }
+    task_release<Cfg>(sm, ts);
+  }
+}
+
 template <class Cfg, class Problem>
 MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
   const GemmSmem<Cfg> sm = GemmSmem<Cfg>::carve(dyn_smem);
@@ -507,38 +645,23 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
         const Task t = prob.next_task();
         task_push<Cfg>(sm, ts, t);
         if (t.op < 0) break;
-        if constexpr (Problem::kQ > 0) {
-          if (t.op & kF8) {
-            produce_tile_fp8<Cfg>(sm, ps, prob.map_a(t), prob.map_b(t), prob.map_sa(t),
-                                  prob.map_sb(t), t);
-            continue;
+#pragma unroll 1
+        for (int h = 0; h < (Cfg::PINGPONG ? 2 : 1); ++h) {  // ping-pong: each half in turn
+          if constexpr (Problem::kQ > 0) {
+            if (t.op & kF8) {
+              produce_tile_fp8<Cfg>(sm, ps, prob.map_a(t), prob.map_b(t), prob.map_sa(t),
+                                    prob.map_sb(t), t);
+              continue;
+            }
           }
+          produce_tile<Cfg>(sm, ps, prob.map_a(t), prob.map_b(t), t, Cfg::PINGPONG ? h : -1);
         }
-        produce_tile<Cfg>(sm, ps, prob.map_a(t), prob.map_b(t), t);
       }
     }
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
-    PipeState ps, ts;
-    for (;;) {
-      // Zeroed per tile although the first wgmma overwrites it (scale_d = 0): "+f" operands of
-      // an uninitialized array read the previous tile's registers in PTX, which keeps all
-      // accumulators live through the epilogue and made ptxas spill them. 128 MOVs per tile.
-      float acc[Cfg::kAccRegs + Cfg::kScratch];  // fp8: + the scratch (consume_tile_fp8)
-#pragma unroll
-      for (int i = 0; i < Cfg::kAccRegs + Cfg::kScratch; ++i) acc[i] = 0.f;
-      float(&acc0)[Cfg::kAccRegs] = *reinterpret_cast<float(*)[Cfg::kAccRegs]>(&acc[0]);
-      const Task* slot = task_pop<Cfg>(sm, ts);
-      if (slot == nullptr || slot->op < 0) break;
-      const Task& t = *slot;
-      const bool ok = consume<Cfg, Problem>(prob, sm, ps, t, acc, wg - 1);
-      if (!ok) {  // a stage never arrived: record it and stop (see mbar_wait_lean)
-        record_timeout(103, ps.phase());
-        break;
-      }
-      prob.epilogue(t, acc0, wg - 1);
-      task_release<Cfg>(sm, ts);
-    }
+    if constexpr (Cfg::PINGPONG) consumer_pingpong<Cfg>(prob, sm, wg - 1);
+    else consumer_cooperative<Cfg>(prob, sm, wg - 1);
   }
 }
 

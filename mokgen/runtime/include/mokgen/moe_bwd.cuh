@@ -658,9 +658,11 @@ struct BwdProblem {
           *reinterpret_cast<__nv_bfloat162*>(d + acc_col(r)) =
               __floats2bfloat162_rn(acc[r], acc[r + 1]);
       }
-      const int tid = threadIdx.x - 128;
-      if (t.c_col0 == 0 && tid < BM) {  // the router-weight gradient of each row, pushed
-        const int p = t.c_row0 + tid;
+      // the router-weight gradient of each of the task's BM rows, pushed by warpgroup 0's
+      // 128 threads (a row each) in either consumer schedule: exactly once per task
+      static_assert(BM == 128, "one row per thread of a warpgroup");
+      if (t.c_col0 == 0 && cwg == 0) {
+        const int p = t.c_row0 + (threadIdx.x & 127);
         const int2 src = buf->table[p];
         if (src.x >= 0) {
           float sum = 0.f;
@@ -674,10 +676,9 @@ struct BwdProblem {
     }
     if (op == kSGateUp || op == kReplay || op == kSDgrad || op == kDgrad)
       fence_proxy_async_global();  // later GEMMs read these rows through TMA
-    named_bar_sync(1, 256);
-    if (threadIdx.x == 128) signal(t);
   }
 
+  // One thread, once per task, after every thread's epilogue stores (gemm_persistent).
   MOKGEN_DEV void signal(const Task& t) const {
     const int op = opcode(t);
     const int rt = (t.c_row0 % C::B) / BM, m = t.c_row0 / C::B;

@@ -287,7 +287,8 @@ struct FwdProblem {
     return Task{kDown | kRouted, slot_row, b0, b1, p0, nt * BN, BM, k_ri};
   }
 
-  // Consumer threads (256). Stores from registers, then one thread publishes completion.
+  // Consumer threads: rows 64 cwg .. of the tile, stored from registers (signal() then
+  // publishes the task's completion).
   // (Staging rows through shared memory for 16-byte stores made ptxas spill in the mainloop
   // at 168 registers; see benchmarks/NOTES.md.)
   MOKGEN_DEV void epilogue(const Task& t, float (&acc)[Cfg::kAccRegs], int cwg) {
@@ -344,14 +345,15 @@ struct FwdProblem {
               __floats2bfloat162_rn(acc[r] * s_, acc[r + 1] * s_);
       }
     }
-    named_bar_sync(1, 256);
-    if (threadIdx.x == 128) {
-      const int BM = Cfg::BM;
-      if (op == kSharedGateUp) signal_add(sgu_done() + t.c_row0 / BM);
-      else if (op == kGateUp)
-        signal_add(gu_done() + (t.c_row0 / C::B) * S::RT_FULL + (t.c_row0 % C::B) / BM);
-      else if (op == kDown) signal_add(dn_done() + t.c_row0 / C::B);
-    }
+  }
+
+  // One thread, once per task, after every thread's epilogue stores (gemm_persistent).
+  MOKGEN_DEV void signal(const Task& t) const {
+    const int op = opcode(t), BM = Cfg::BM;
+    if (op == kSharedGateUp) signal_add(sgu_done() + t.c_row0 / BM);
+    else if (op == kGateUp)
+      signal_add(gu_done() + (t.c_row0 / C::B) * S::RT_FULL + (t.c_row0 % C::B) / BM);
+    else if (op == kDown) signal_add(dn_done() + t.c_row0 / C::B);
   }
 
   // fp8 gate/up epilogue: a = silu(g) * u from the fp32 accumulators, quantized along I

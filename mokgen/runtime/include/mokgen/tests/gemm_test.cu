@@ -9,11 +9,16 @@
 //   gemm_swiglu    : grouped: rows [off[e], off[e+1]) of X[M,D] times expert e's stacked
 //                    w13[e] = [gate I rows; up I rows] -> H[M,I] = silu(X Wg^T) * (X Wu^T).
 //   gemm_down      : grouped: H[M,I] times w2[e][D,I]^T, times a per-row fp32 scale -> Y[M,D].
+// Each also as <name>_pp: the same problem on the ping-pong consumer schedule (GemmCfg
+// PINGPONG, gemm_tile.cuh), same tiles, stages and shared memory, so one process can time
+// both on the same inputs.
 #include <cuda_bf16.h>
 #include "mokgen/gemm_tile.cuh"
 
 using namespace mokgen;
-using Cfg = GemmCfg<256, 4>;  // BM=128, BN=256, 4 x 48 KB stages
+using CoopCfg = GemmCfg<256, 4>;  // BM=128, BN=256, 4 x 48 KB stages
+using PingPongCfg = GemmCfg<256, 4, 0, 0, 4, true>;
+static_assert(CoopCfg::SMEM_BYTES == PingPongCfg::SMEM_BYTES, "the host sizes both alike");
 #ifndef GROUP_M
 #define GROUP_M 16  // measured: 16 >= 8 > 4 on the benchmark shapes (within noise of 8)
 #endif
@@ -27,6 +32,7 @@ __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* p, float a, float b)
 }
 
 // ------------------------------------------------------------------ plain
+template <class Cfg>
 struct PlainProblem {
   static constexpr bool kMNOperands = true;
   static constexpr int kQ = 0;
@@ -58,30 +64,42 @@ struct PlainProblem {
       store_bf16x2(base + (size_t)r * ld + c, v0, v1);
     }, min(Cfg::BN, N - t.c_col0));
   }
+  __device__ void signal(const Task&) const {}  // nothing waits on a tile here
 };
 
-extern "C" __global__ void __launch_bounds__(384, 1)
-gemm_plain(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
-           __nv_bfloat16* C, int M, int N, int K, int ldc, int* counter) {
-  extern __shared__ __align__(1024) uint8_t smem[];
-  PlainProblem p{&tmA, &tmB, C, M, N, ldc, (K + 63) / 64, (M + Cfg::BM - 1) / Cfg::BM,
-                 ceil_div(N, Cfg::BN), counter};
+template <class Cfg>
+__device__ void plain(uint8_t* smem, const CUtensorMap& tmA, const CUtensorMap& tmB,
+                      __nv_bfloat16* C, int M, int N, int K, int ldc, int* counter, int trans) {
+  PlainProblem<Cfg> p{&tmA, &tmB, C, M, N, ldc, (K + 63) / 64, (M + Cfg::BM - 1) / Cfg::BM,
+                      ceil_div(N, Cfg::BN), counter, trans};
   gemm_persistent<Cfg>(p, smem);
 }
 
+#define MOKGEN_PLAIN(name, Cfg)                                                                \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                        \
+  name(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,     \
+       __nv_bfloat16* C, int M, int N, int K, int ldc, int* counter) {                       \
+    extern __shared__ __align__(1024) uint8_t smem[];                                         \
+    plain<Cfg>(smem, tmA, tmB, C, M, N, K, ldc, counter, 0);                                  \
+  }
+MOKGEN_PLAIN(gemm_plain, CoopCfg)
+MOKGEN_PLAIN(gemm_plain_pp, PingPongCfg)
+
 // tmA: [M,K] box 64x128 (trans 0, 1) or [K,M] box 64x64 (trans 2); tmB: [K,N] box 64x64.
-extern "C" __global__ void __launch_bounds__(384, 1)
-gemm_plain_t(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
-             __nv_bfloat16* C, int M, int N, int K, int ldc, int* counter, int trans) {
-  extern __shared__ __align__(1024) uint8_t smem[];
-  PlainProblem p{&tmA, &tmB, C, M, N, ldc, (K + 63) / 64, (M + Cfg::BM - 1) / Cfg::BM,
-                 ceil_div(N, Cfg::BN), counter, trans};
-  gemm_persistent<Cfg>(p, smem);
-}
+#define MOKGEN_PLAIN_T(name, Cfg)                                                              \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                        \
+  name(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,     \
+       __nv_bfloat16* C, int M, int N, int K, int ldc, int* counter, int trans) {            \
+    extern __shared__ __align__(1024) uint8_t smem[];                                         \
+    plain<Cfg>(smem, tmA, tmB, C, M, N, K, ldc, counter, trans);                              \
+  }
+MOKGEN_PLAIN_T(gemm_plain_t, CoopCfg)
+MOKGEN_PLAIN_T(gemm_plain_t_pp, PingPongCfg)
 
 // ------------------------------------------------------------------ grouped (experts)
 // seg_off[E+1]: expert e owns rows [seg_off[e], seg_off[e+1]) of A (any sizes; multiples of
 // BM in the benchmark). Tiles are numbered expert by expert, then rasterized inside.
+template <class Cfg>
 struct GroupedProblem {
   static constexpr bool kMNOperands = false;
   static constexpr int kQ = 0;
@@ -136,26 +154,33 @@ struct GroupedProblem {
       });
     }
   }
+  __device__ void signal(const Task&) const {}
 };
 
 // X[M,D] (tmX box 64x128), w13[E*2I, D] (tmW box 64x128, two boxes per stage) -> H[M,I].
-extern "C" __global__ void __launch_bounds__(384, 1)
-gemm_swiglu(const __grid_constant__ CUtensorMap tmX, const __grid_constant__ CUtensorMap tmW,
-            const int* seg_off, int num_experts, int D, int I, __nv_bfloat16* H,
-            int total_tiles, int* counter) {
-  extern __shared__ __align__(1024) uint8_t smem[];
-  GroupedProblem p{&tmX, &tmW, seg_off, num_experts, I / (Cfg::BN / 2), (D + 63) / 64,
-                   2 * I, I, total_tiles, counter, H, I, nullptr};
-  gemm_persistent<Cfg>(p, smem);
-}
+#define MOKGEN_SWIGLU(name, Cfg)                                                               \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                        \
+  name(const __grid_constant__ CUtensorMap tmX, const __grid_constant__ CUtensorMap tmW,     \
+       const int* seg_off, int num_experts, int D, int I, __nv_bfloat16* H, int total_tiles, \
+       int* counter) {                                                                        \
+    extern __shared__ __align__(1024) uint8_t smem[];                                         \
+    GroupedProblem<Cfg> p{&tmX, &tmW, seg_off, num_experts, I / (Cfg::BN / 2), (D + 63) / 64, \
+                          2 * I, I, total_tiles, counter, H, I, nullptr};                     \
+    gemm_persistent<Cfg>(p, smem);                                                            \
+  }
+MOKGEN_SWIGLU(gemm_swiglu, CoopCfg)
+MOKGEN_SWIGLU(gemm_swiglu_pp, PingPongCfg)
 
 // H[M,I] (tmH box 64x128), w2[E*D, I] (tmW box 64x256) -> Y[M,D] = scale[row] * (H w2^T).
-extern "C" __global__ void __launch_bounds__(384, 1)
-gemm_down(const __grid_constant__ CUtensorMap tmH, const __grid_constant__ CUtensorMap tmW,
-          const int* seg_off, int num_experts, int I, int D, const float* row_scale,
-          __nv_bfloat16* Y, int total_tiles, int* counter) {
-  extern __shared__ __align__(1024) uint8_t smem[];
-  GroupedProblem p{&tmH, &tmW, seg_off, num_experts, D / Cfg::BN, (I + 63) / 64,
-                   D, 0, total_tiles, counter, Y, D, row_scale};
-  gemm_persistent<Cfg>(p, smem);
-}
+#define MOKGEN_DOWN(name, Cfg)                                                                 \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                        \
+  name(const __grid_constant__ CUtensorMap tmH, const __grid_constant__ CUtensorMap tmW,     \
+       const int* seg_off, int num_experts, int I, int D, const float* row_scale,            \
+       __nv_bfloat16* Y, int total_tiles, int* counter) {                                     \
+    extern __shared__ __align__(1024) uint8_t smem[];                                         \
+    GroupedProblem<Cfg> p{&tmH, &tmW, seg_off, num_experts, D / Cfg::BN, (I + 63) / 64, D, 0, \
+                          total_tiles, counter, Y, D, row_scale};                             \
+    gemm_persistent<Cfg>(p, smem);                                                            \
+  }
+MOKGEN_DOWN(gemm_down, CoopCfg)
+MOKGEN_DOWN(gemm_down_pp, PingPongCfg)
