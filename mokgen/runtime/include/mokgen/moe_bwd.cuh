@@ -501,7 +501,7 @@ struct BwdProblem {
       for (int h = 0; h < 2; ++h) {
         const int row = row0 + 8 * h;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {  // d gate, then d up (columns + I)
+        for (int half = 0; half < 2; ++half) {  // d gate, then d up (columns + PI)
 #pragma unroll
           for (int g0 = 0; g0 < BN / 8; g0 += G) {
             if (C::I % BN != 0 && t.c_col0 + 8 * g0 >= C::PI) break;
