@@ -322,7 +322,7 @@ def pad_weight(w: torch.Tensor, halves: bool) -> torch.Tensor:
     if r % 128 == 0 and c % 128 == 0:
         return w
     out = w.new_zeros(L, parts, padded(r), padded(c))
-    out[:, :, :r, :c] = w.view(L, parts, r, c)
+    out[:, :, :r, :c] = w.detach().reshape(L, parts, r, c)
     return out.view(L, parts * padded(r), padded(c))
 
 
