@@ -20,11 +20,9 @@ PAIRS = [  # (true shape, rounded up)
      mokgen.MoEShape(64, 2048, 1536, 6, shared_intermediate=2816, name="v2-lite-i1536")),
     (mokgen.MoEShape(64, 1152, 640, 4, shared_intermediate=384, name="odd128"),
      mokgen.MoEShape(64, 1280, 768, 4, shared_intermediate=512, name="odd128-rounded")),
-    (mokgen.MoEShape(32, 2880, 2880, 4, shared_experts=0, name="gpt-oss-20b"),  # bf16 only
+    (mokgen.MoEShape(32, 2880, 2880, 4, shared_experts=0, name="gpt-oss-20b"),
      mokgen.MoEShape(32, 3072, 3072, 4, shared_experts=0, name="gpt-oss-rounded")),
 ]
-if dtype != "bf16":  # the fp8 tiles need multiples of 128
-    PAIRS = PAIRS[:2]
 g = torch.Generator(device="cuda").manual_seed(0)
 for true, rounded in PAIRS:
     rows = {}

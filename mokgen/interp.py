@@ -64,9 +64,10 @@ class Interpreter:
         self.slots = self.M // self.b
         self.fp8 = {0: None, 128: "fp8", 32: "mxfp8"}[plan.scale_block]
 
-    def _q(self, t, weight=False):
-        """The values an fp8 kernel multiplies (identity for bf16 plans)."""
-        return t if self.fp8 is None else fake_quant(t, self.fp8, weight).to(t.dtype)
+    def _q(self, t, weight=False, halves=None):
+        """The values an fp8 kernel multiplies (identity for bf16 plans); `halves`: the dim
+        holding gate then up, blocked apart (mokgen.quant.fake_quant)."""
+        return t if self.fp8 is None else fake_quant(t, self.fp8, weight, halves).to(t.dtype)
 
     # ------------------------------------------------------------------ layout
     def _layout(self, routes: torch.Tensor, c: int):
@@ -151,7 +152,7 @@ class Interpreter:
             for lo, hi in self._tiles(m, rows):
                 e = int(st.expert[lo])
                 rr = slice(lo + off, hi + off)
-                h = self._q(st.ring_x[rr]) @ self._q(w1[e], weight=True).T
+                h = self._q(st.ring_x[rr]) @ self._q(w1[e], weight=True, halves=-2).T
                 g, u = h.chunk(2, dim=-1)
                 st.ring_h[rr], st.ring_a[rr] = h, F.silu(g) * u
                 out = self._q(st.ring_a[rr]) @ self._q(w2[e], weight=True).T
@@ -235,7 +236,7 @@ class Interpreter:
                 e = int(st.expert[lo])
                 rr = slice(lo + off, hi + off)
                 if m in replayed:  # ring-aware replay: recompute only gate/up + SwiGLU
-                    h = self._q(st.ring_x[rr]) @ self._q(w1[e], True).T
+                    h = self._q(st.ring_x[rr]) @ self._q(w1[e], True, -2).T
                     g, u = h.chunk(2, dim=-1)
                     st.ring_h[rr], st.ring_a[rr] = h, F.silu(g) * u
                 self._backward_tile(st, slice(lo, hi), rr, e, DY, w1, w2, dw1, dw2,
@@ -267,5 +268,5 @@ class Interpreter:
         st.ring_a[rr], st.ring_h[rr] = weight * a, dh
         dw2[e] += dy.T @ st.ring_a[rr]
         dw1[e] += dh.T @ x
-        self._push(dx_buf, st, lay, self._q(dh) @ self._q(w1[e].T, True).T,
+        self._push(dx_buf, st, lay, self._q(dh, halves=-1) @ self._q(w1[e].T, True, -1).T,
                    scale=False)                                       # push reverse-dispatch

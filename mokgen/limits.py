@@ -54,10 +54,11 @@ def forward_width_rules(plan: "Plan") -> list[tuple[str, int, int, str]]:
     dropped, and TMA zero-fills K tails (gemm_tile.cuh cols_valid); what remains:"""
     why = "rows move as 16-byte vectors and TMA strides are multiples of 16 bytes"
     rules = [(f, v, 8, why) for f, v in _widths(plan)]
-    if plan.scale_block:  # the routed experts' e4m3 tiles (the shared expert stays bf16)
-        why_q = (f"{plan.dtype} tiles take K in 128-wide slices and blockwise weights in "
-                 f"128 x 128 blocks (a partial block would need a padded scale layout)")
-        rules += [(f, getattr(plan.shape, f), 128, why_q) for f in ("hidden", "intermediate")]
+    if plan.scale_block:  # the routed experts' e4m3 tiles (the shared expert stays bf16);
+        # a partial scale block is quantized as if zero-padded (fp8.cuh, mokgen.quant)
+        why_q = (f"{plan.dtype} rows are e4m3, so a 16-byte vector or TMA stride is "
+                 f"16 elements")
+        rules += [(f, getattr(plan.shape, f), 16, why_q) for f in ("hidden", "intermediate")]
     return rules
 
 

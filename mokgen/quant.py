@@ -6,6 +6,9 @@ biased exponent (uint8, bias 127; 255 means NaN). Elements are V / X rounded to 
 in float8_e4m3fn, saturated to +-448 (V / X can reach 2^9 > 448). Subnormal e4m3 results
 (down to 2^-9) are kept. An all-zero block gets the smallest scale (byte 0) and zeros; a block
 holding NaN or +-Inf gets the NaN scale (255) and dequantizes to NaN.
+A dim that is not a multiple of the block ends in a partial block, quantized as if padded with
+zeros (its amax is over its elements: the zeros leave its scale unchanged); the scales then
+have ceil(size / block) entries along it. The kernels do the same (TMA zero-fills the K tail).
 """
 from __future__ import annotations
 
@@ -17,22 +20,34 @@ E4M3_EMAX = 8
 SCALE_BIAS, SCALE_NAN = 127, 255
 
 
+def _pad_to(t: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
+    """t with zeros appended along dim up to a multiple of `multiple` (t itself if none)."""
+    extra = -t.shape[dim] % multiple
+    if not extra:
+        return t
+    shape = list(t.shape)
+    shape[dim] = extra
+    return torch.cat([t, t.new_zeros(shape)], dim)
+
+
 def _blocks(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """t's dim split into blocks of 32 (a partial last block padded with zeros)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"t must be a torch.Tensor, got {type(t).__name__}")
-    dim = dim % t.dim()
-    if t.shape[dim] % BLOCK:
-        raise ValueError(f"dim {dim} has size {t.shape[dim]}: MX blocks need a multiple of {BLOCK}")
-    moved = t.movedim(dim, -1)
+    moved = _pad_to(t.movedim(dim % t.dim(), -1), -1, BLOCK)
     return moved.reshape(*moved.shape[:-1], moved.shape[-1] // BLOCK, BLOCK)
 
 
-def _unblock(b: torch.Tensor, dim: int, ndim: int) -> torch.Tensor:
-    return b.reshape(*b.shape[:-2], -1).movedim(-1, dim % ndim)
+def _unblock(b: torch.Tensor, dim: int, ndim: int, size: int | None = None) -> torch.Tensor:
+    """Inverse of _blocks; `size`: the dim's size before padding (its padding dropped)."""
+    flat = b.reshape(*b.shape[:-2], -1)
+    if size is not None:
+        flat = flat[..., :size]
+    return flat.movedim(-1, dim % ndim)
 
 
 def to_mxfp8(t: torch.Tensor, dim: int = -1):
-    """-> (data float8_e4m3fn like t, scales uint8 with t's shape but size/32 along dim)."""
+    """-> (data float8_e4m3fn like t, scales uint8 with t's shape but ceil(size/32) along dim)."""
     x = _blocks(t, dim).float()
     amax = x.abs().amax(-1, keepdim=True)
     finite = torch.isfinite(amax)
@@ -45,7 +60,8 @@ def to_mxfp8(t: torch.Tensor, dim: int = -1):
     q = (x / scale).clamp(-E4M3_MAX, E4M3_MAX)
     q = torch.where(finite, q, torch.full_like(q, float("nan")))
     data = q.to(torch.float8_e4m3fn)  # round to nearest even, subnormals kept
-    return _unblock(data, dim, t.dim()), _unblock(biased.to(torch.uint8), dim, t.dim())
+    return (_unblock(data, dim, t.dim(), t.shape[dim]),
+            _unblock(biased.to(torch.uint8), dim, t.dim()))
 
 
 def from_mxfp8(data: torch.Tensor, scales: torch.Tensor, dim: int = -1,
@@ -62,7 +78,7 @@ def from_mxfp8(data: torch.Tensor, scales: torch.Tensor, dim: int = -1,
                          f", got {tuple(scales.shape)}")
     factor = torch.where(s == SCALE_NAN, torch.full_like(s, 0, dtype=torch.float32) * float("nan"),
                          torch.exp2((s - SCALE_BIAS).float()))
-    return _unblock(d * factor, dim, data.dim()).to(dtype)
+    return _unblock(d * factor, dim, data.dim(), data.shape[dim]).to(dtype)
 
 
 # ---------------------------------------------------------------- DeepSeek-style blockwise fp8
@@ -74,29 +90,32 @@ def from_mxfp8(data: torch.Tensor, scales: torch.Tensor, dim: int = -1,
 # that it would overflow. All fp32, every division an element-wise IEEE one (torch turns a
 # division by a Python number into a multiplication by its reciprocal on CUDA, so none is
 # used). An all-zero block gets scale 1 and zeros; a block holding NaN or Inf gets a NaN
-# scale and NaN elements.
+# scale and NaN elements. Partial blocks (a size not a multiple of the block) are quantized as
+# if padded with zeros, like MX's: scales [..., ceil(R/br), ceil(C/bc)].
 ACT_BLOCK, WEIGHT_BLOCK = (1, 128), (128, 128)
 
 
 def _tiles(t: torch.Tensor, block) -> torch.Tensor:
-    """[..., R, C] -> [..., R/br, C/bc, br, bc] (a view-free copy is fine: references only)."""
+    """[..., R, C] -> [..., ceil(R/br), ceil(C/bc), br, bc], partial blocks padded with zeros
+    (a view-free copy is fine: references only)."""
     if t.dim() < 2:
         raise ValueError("blockwise fp8 needs at least 2 dimensions")
     br, bc = block
+    t = _pad_to(_pad_to(t, -2, br), -1, bc)
     R, C = t.shape[-2], t.shape[-1]
-    if R % br or C % bc:
-        raise ValueError(f"shape {tuple(t.shape[-2:])} is not a multiple of the block {block}")
     x = t.reshape(*t.shape[:-2], R // br, br, C // bc, bc)
     return x.transpose(-3, -2)
 
 
-def _untile(x: torch.Tensor) -> torch.Tensor:
+def _untile(x: torch.Tensor, shape) -> torch.Tensor:
+    """Inverse of _tiles for a tensor whose last two dims were `shape` (padding dropped)."""
     x = x.transpose(-3, -2)
-    return x.reshape(*x.shape[:-4], x.shape[-4] * x.shape[-3], x.shape[-2] * x.shape[-1])
+    x = x.reshape(*x.shape[:-4], x.shape[-4] * x.shape[-3], x.shape[-2] * x.shape[-1])
+    return x[..., :shape[-2], :shape[-1]]
 
 
 def to_fp8_blockwise(t: torch.Tensor, block=ACT_BLOCK):
-    """-> (data float8_e4m3fn like t, scales fp32 [..., R/br, C/bc])."""
+    """-> (data float8_e4m3fn like t, scales fp32 [..., ceil(R/br), ceil(C/bc)])."""
     x = _tiles(t.float(), block)
     amax = x.abs().amax((-2, -1), keepdim=True)
     top = torch.full_like(amax, E4M3_MAX)
@@ -107,20 +126,26 @@ def to_fp8_blockwise(t: torch.Tensor, block=ACT_BLOCK):
     finite = torch.isfinite(amax)
     scale = torch.where(finite, scale, torch.full_like(amax, float("nan")))
     q = torch.where(finite, (x * inv).clamp(-E4M3_MAX, E4M3_MAX), torch.full_like(x, float("nan")))
-    return _untile(q.to(torch.float8_e4m3fn)), scale[..., 0, 0]
+    return _untile(q.to(torch.float8_e4m3fn), t.shape[-2:]), scale[..., 0, 0]
 
 
 def from_fp8_blockwise(data: torch.Tensor, scales: torch.Tensor, block=ACT_BLOCK,
                        dtype=torch.float32) -> torch.Tensor:
     x = _tiles(data.float(), block)
-    return _untile(x * scales[..., None, None]).to(dtype)
+    return _untile(x * scales[..., None, None], data.shape[-2:]).to(dtype)
 
 
-def fake_quant(t: torch.Tensor, fmt: str, weight: bool = False) -> torch.Tensor:
+def fake_quant(t: torch.Tensor, fmt: str, weight: bool = False,
+               halves: int | None = None) -> torch.Tensor:
     """The values a kernel multiplies after quantizing `t` along its last dim (its K):
     fmt "mxfp8" (OCP MX, 32-element blocks) or "fp8" (blockwise: 1 x 128 for activations,
     128 x 128 for weights), dequantized to fp32. Any strides (a transposed weight is
-    quantized along its new last dim)."""
+    quantized along its new last dim). `halves` (-1 or -2): that dim is two parts, gate then
+    up (W1's rows, dh's and W1^T's 2I columns), which the kernels block separately, each
+    as if zero-padded to whole blocks (the same as one pass when a part is whole blocks)."""
+    if halves is not None:
+        gate, up = t.chunk(2, dim=halves)
+        return torch.cat([fake_quant(gate, fmt, weight), fake_quant(up, fmt, weight)], halves)
     t = t.contiguous()
     if fmt == "mxfp8":
         return from_mxfp8(*to_mxfp8(t))
@@ -134,19 +159,21 @@ def fake_quant(t: torch.Tensor, fmt: str, weight: bool = False) -> torch.Tensor:
 def quantize_weight(w: torch.Tensor, transposed: bool = False):
     """MXFP8 of a weight [..., rows, cols] with blocks along its last dim (the forward's K), or
     with `transposed` along rows, returned in the transposed layout [..., cols, rows] (the
-    backward's K): bit for bit `to_mxfp8(w)` / `to_mxfp8(w.transpose(-1, -2).contiguous())`.
-    CUDA tensors run the generated kernel (mokgen/runtime/include/mokgen/quant.cuh); others
-    the reference."""
+    backward's K): bit for bit `to_mxfp8(w)` / `to_mxfp8(w.transpose(-1, -2).contiguous())`,
+    a partial last block included. CUDA tensors run the generated kernel
+    (mokgen/runtime/include/mokgen/quant.cuh, on a copy zero-padded to whole blocks when the
+    quantized dim is not); others the reference."""
     if not isinstance(w, torch.Tensor) or w.dim() < 2:
         raise TypeError("w must be a torch.Tensor with at least 2 dimensions")
     if w.dtype not in (torch.bfloat16, torch.float32):
         raise TypeError(f"w must be bfloat16 or float32, got {w.dtype}")
     rows, cols = w.shape[-2], w.shape[-1]
-    k = rows if transposed else cols
-    if k % BLOCK:
-        raise ValueError(f"the quantized dim has size {k}: MX blocks need a multiple of {BLOCK}")
     if not w.is_cuda:
         return to_mxfp8(w.transpose(-1, -2).contiguous() if transposed else w)
+    k = rows if transposed else cols
+    if k % BLOCK:  # zeros leave a partial block's scale as it is
+        data, scales = quantize_weight(_pad_to(w, -2 if transposed else -1, BLOCK), transposed)
+        return data[..., :k], scales
     from .runtime import cuda
 
     w = w.contiguous()
@@ -165,17 +192,20 @@ def quantize_weight(w: torch.Tensor, transposed: bool = False):
 
 def quantize_weight_blockwise(w: torch.Tensor):
     """Blockwise fp8 of a weight [..., rows, cols] (128 x 128 blocks over the last two dims):
-    bit for bit `to_fp8_blockwise(w, WEIGHT_BLOCK)`. CUDA tensors run the generated kernel
-    (mokgen/runtime/include/mokgen/fp8.cuh); others the reference."""
+    bit for bit `to_fp8_blockwise(w, WEIGHT_BLOCK)`, partial blocks included. CUDA tensors run
+    the generated kernel (mokgen/runtime/include/mokgen/fp8.cuh, on a copy zero-padded to
+    whole blocks when a dim is not); others the reference."""
     if not isinstance(w, torch.Tensor) or w.dim() < 2:
         raise TypeError("w must be a torch.Tensor with at least 2 dimensions")
     if w.dtype not in (torch.bfloat16, torch.float32):
         raise TypeError(f"w must be bfloat16 or float32, got {w.dtype}")
     rows, cols = w.shape[-2], w.shape[-1]
-    if rows % WEIGHT_BLOCK[0] or cols % WEIGHT_BLOCK[1]:
-        raise ValueError(f"shape {(rows, cols)} is not a multiple of the block {WEIGHT_BLOCK}")
     if not w.is_cuda:
         return to_fp8_blockwise(w, WEIGHT_BLOCK)
+    if rows % WEIGHT_BLOCK[0] or cols % WEIGHT_BLOCK[1]:  # zeros leave partial blocks' scales
+        data, scales = quantize_weight_blockwise(
+            _pad_to(_pad_to(w, -2, WEIGHT_BLOCK[0]), -1, WEIGHT_BLOCK[1]))
+        return data[..., :rows, :cols], scales
     from .runtime import cuda
 
     w = w.contiguous()

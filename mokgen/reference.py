@@ -32,11 +32,13 @@ def expert_ffn(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Ten
 def expert_ffn_quantized(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
                          fmt: str) -> torch.Tensor:
     """The routed expert as the fp8 kernels compute it: x and w1 quantized along D (the gate/up
-    GEMM's K), the SwiGLU output and w2 along I (the down GEMM's K), fp32 products and sums
-    of the dequantized operands (mokgen.quant.fake_quant; fmt "mxfp8" or "fp8")."""
+    GEMM's K; w1's gate and up rows blocked apart), the SwiGLU output and w2 along I (the down
+    GEMM's K), fp32 products and sums of the dequantized operands (mokgen.quant.fake_quant;
+    fmt "mxfp8" or "fp8")."""
     from .quant import fake_quant
 
-    gate, up = (fake_quant(x, fmt) @ fake_quant(w1, fmt, weight=True).T).chunk(2, dim=-1)
+    gate, up = (fake_quant(x, fmt) @ fake_quant(w1, fmt, weight=True, halves=-2).T).chunk(
+        2, dim=-1)
     a = F.silu(gate) * up
     return fake_quant(a, fmt) @ fake_quant(w2, fmt, weight=True).T
 
@@ -47,13 +49,13 @@ def ffn_backward(x, w1, w2, dy, scale=None, fp8: str | None = None):
     down projection's output is never needed. Returns (dx, dw1, dw2, dscale or None).
     `fp8` ("mxfp8" | "fp8"): the three activation-gradient GEMMs quantize their operands as the
     fp8 backward kernel does, each along its own K (the recomputed gate/up as the forward;
-    dy and W2 along D; dh, rounded to bf16 first, and W1 along 2I); the weight gradients stay
-    in full precision."""
+    dy and W2 along D; dh, rounded to bf16 first, and W1 along 2I, each of whose gate and up
+    halves is blocked apart); the weight gradients stay in full precision."""
     from .quant import fake_quant
 
-    fq = (lambda t, weight=False: t) if fp8 is None else \
-        (lambda t, weight=False: fake_quant(t, fp8, weight))
-    gate, up = (fq(x) @ fq(w1, True).T).chunk(2, dim=-1)
+    fq = (lambda t, weight=False, halves=None: t) if fp8 is None else \
+        (lambda t, weight=False, halves=None: fake_quant(t, fp8, weight, halves))
+    gate, up = (fq(x) @ fq(w1, True, -2).T).chunk(2, dim=-1)
     sg = torch.sigmoid(gate)
     a = gate * sg * up
     da = fq(dy) @ fq(w2.T, True).T                 # down-projection input gradient
@@ -66,7 +68,7 @@ def ffn_backward(x, w1, w2, dy, scale=None, fp8: str | None = None):
     dh = torch.cat([da * up * sg * (1 + gate * (1 - sg)), da * gate * sg], dim=-1)
     if fp8 is not None:
         dh = dh.to(torch.bfloat16).to(dh.dtype)
-    return fq(dh) @ fq(w1.T, True).T, dh.T @ x, dw2, dscale
+    return fq(dh, halves=-1) @ fq(w1.T, True, -1).T, dh.T @ x, dw2, dscale
 
 
 

@@ -26,11 +26,11 @@ def test_unsupported_plans_are_refused_by_the_planner_and_by_emit():
     s = mokgen.shapes.get("glm-5.2")
     with pytest.raises(ValueError, match="dispatch must be 'pull'"):
         mokgen.plan(s, ep=8, dispatch="push")
-    with pytest.raises(ValueError, match="hidden must be a multiple of 128"):
-        mokgen.plan(mokgen.MoEShape(8, 2880, 2880, 2), ep=2, dtype="mxfp8")
+    with pytest.raises(ValueError, match="hidden must be a multiple of 16"):
+        mokgen.plan(mokgen.MoEShape(8, 2888, 2880, 2), ep=2, dtype="mxfp8")
     # a plan that skipped the planner's check (built by hand, read from JSON) is refused too
-    bad = mokgen.plan(s, ep=8, dtype="fp8").replace(shape=mokgen.MoEShape(256, 6144, 2000, 8))
-    with pytest.raises(ValueError, match="intermediate must be a multiple of 128"):
+    bad = mokgen.plan(s, ep=8, dtype="fp8").replace(shape=mokgen.MoEShape(256, 6144, 2008, 8))
+    with pytest.raises(ValueError, match="intermediate must be a multiple of 16"):
         codegen.emit(bad)
 
 
@@ -196,10 +196,11 @@ def assert_no_spills_nor_serialized_wgmma(layer):
         assert "C7512" not in (log.read_text() if log.exists() else ""), f"{unit}: serialized"
 
 
-# Widths that are multiples of 8 but not of the tiles (bf16; the fp8 tiles need hidden and
-# intermediate multiples of 128, the bf16 shared expert of an fp8 plan any multiple of 8): K
-# tails (1040 = 16 x 65), gate/up edge tiles of 80 / 64 columns, down edge tiles of 16 / 64
-# columns, weight-gradient edge rows; gpt-oss-20b's hidden = intermediate = 2880.
+# Widths that are multiples of 8 but not of the tiles (bf16; the fp8 tiles' hidden and
+# intermediate are multiples of 16: WIDTHS_16 below; the bf16 shared expert of an fp8 plan any
+# multiple of 8): K tails (1040 = 16 x 65), gate/up edge tiles of 80 / 64 columns, down edge
+# tiles of 16 / 64 columns, weight-gradient edge rows; gpt-oss-20b's hidden = intermediate =
+# 2880.
 WIDTHS_8 = {"tail16": (mokgen.MoEShape(8, 1040, 720, 2, shared_intermediate=336), "bf16"),
             "tail8": (mokgen.MoEShape(8, 1032, 712, 2, shared_intermediate=328), "bf16"),
             "gpt-oss": (mokgen.MoEShape(8, 2880, 2880, 4, shared_experts=0), "bf16"),
@@ -214,8 +215,9 @@ def test_width_rules():
     ok = mokgen.plan(mokgen.MoEShape(8, 1032, 712, 2, shared_intermediate=328), ep=2)
     limits.check(ok)
     assert codegen.backward_unsupported(ok) is None
-    with pytest.raises(ValueError, match="intermediate must be a multiple of 128.*mxfp8"):
-        codegen.emit(mokgen.plan(mokgen.MoEShape(8, 1024, 800, 2), ep=2, dtype="mxfp8"))
+    with pytest.raises(ValueError, match="intermediate must be a multiple of 16.*mxfp8"):
+        codegen.emit(mokgen.plan(mokgen.MoEShape(8, 1024, 808, 2), ep=2, dtype="mxfp8"))
+    codegen.emit(mokgen.plan(mokgen.MoEShape(8, 1024, 800, 2), ep=2, dtype="mxfp8"))
     limits.check(mokgen.plan(mokgen.MoEShape(8, 1024, 768, 2, shared_intermediate=336), ep=2,
                              dtype="mxfp8"))
 
@@ -251,5 +253,24 @@ def test_profile_is_a_plan_decision_that_reaches_the_source():
 def test_profile_variants_compile():
     layer = mokgen.compile(mokgen.shapes.get("gpu-small"), ep=2, dtype="fp8",
                            tokens_per_rank=256, profile=tuple(abi.PROFILES))
+    assert set(layer.binaries) == {"prologue", "fwd", "bwd"}
+    assert_no_spills_nor_serialized_wgmma(layer)
+
+
+# fp8 and MXFP8 at widths that are multiples of 16 but not of 128 (issue #16): partial scale
+# blocks along K (zero-padded), gate/up edge tiles of 64 / 16 / 80 columns, dgrad / dx / down
+# edge tiles whose second 128-column B half is absent (16, 64) or partial (720 = 2 x 256 + 208);
+# the weights padded per expert to whole 128-blocks. tests/test_gpu_widths.py runs them.
+WIDTHS_16 = {"gpt-oss": mokgen.MoEShape(8, 2880, 2880, 4, shared_experts=0),
+             "fp8-16": mokgen.MoEShape(8, 2048 + 16, 768 + 16, 2, shared_intermediate=336),
+             "tail16": mokgen.MoEShape(8, 1040, 720, 2, shared_intermediate=336)}
+
+
+@needs_nvcc
+@pytest.mark.nvcc
+@pytest.mark.parametrize("dtype", ["fp8", "mxfp8"])
+@pytest.mark.parametrize("name", WIDTHS_16)
+def test_16_multiple_fp8_widths_compile_without_spills(name, dtype):
+    layer = mokgen.compile(WIDTHS_16[name], ep=2, dtype=dtype, tokens_per_rank=512)
     assert set(layer.binaries) == {"prologue", "fwd", "bwd"}
     assert_no_spills_nor_serialized_wgmma(layer)

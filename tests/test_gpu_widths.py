@@ -1,8 +1,9 @@
 """Widths that are not multiples of the tiles on the GPU (marked gpu): their output tiles end
 in an edge tile whose columns (rows) past the width are dropped, K tails are zero-filled by
-TMA (gemm_tile.cuh cols_valid). Odd multiples of 128 (bf16 and fp8) and multiples of 8 (bf16;
-the fp8 plans' bf16 shared expert). Forward and backward against the references; fresh random
-inputs per run, outputs poisoned first, bitwise-repeatable."""
+TMA (gemm_tile.cuh cols_valid). Odd multiples of 128 (bf16 and fp8), multiples of 8 (bf16;
+the fp8 plans' bf16 shared expert) and of 16 (fp8 and MXFP8: partial scale blocks, quantized as
+if zero-padded). Forward and backward against the references; fresh random inputs per run,
+outputs poisoned first, bitwise-repeatable."""
 import pytest
 import torch
 
@@ -30,6 +31,10 @@ SHAPES = {
     "gpt-oss": mokgen.MoEShape(8, 2880, 2880, 4, shared_experts=0),
     # an fp8 plan's bf16 shared expert with a width that is only a multiple of 16
     "fp8-shared-tail": mokgen.MoEShape(8, 1152, 640, 2, shared_intermediate=336),
+    # fp8 / MXFP8 widths 16 past whole 128-blocks: partial MX blocks of 16 along both K (D
+    # = 64.5, I = 24.5 blocks of 32), gate/up, dgrad, down and dx edge tiles of 16 columns
+    # (the dgrad's and dx's second 128-column B half re-reads the first)
+    "fp8-16": mokgen.MoEShape(8, 2048 + 16, 768 + 16, 2, shared_intermediate=336),
 }
 # ~300 tokens x k routes through a 256-row ring: it wraps, and the backward replays
 RING = dict(minibatch=128, macrobatch=256)
@@ -129,3 +134,74 @@ def test_width_8_bf16(name, ep):
 @pytest.mark.parametrize("dtype", ["fp8", "mxfp8"])
 def test_width_8_fp8_shared_expert(dtype):
     run("fp8-shared-tail", dtype, 2, **RING)
+
+
+# fp8 and MXFP8 at widths that are multiples of 16 only (issue #16): "tail16" (1040 / 720: a
+# gate/up edge tile of 80 columns, a dgrad edge tile whose second half has 80), "fp8-16",
+# gpt-oss-20b's 2880 (22.5 blocks of 128; edge tiles of 64).
+WIDTHS_16 = ("tail16", "fp8-16", "gpt-oss")
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "mxfp8"])
+@pytest.mark.parametrize("ep", [1, 2])
+@pytest.mark.parametrize("name", WIDTHS_16)
+def test_width_16_fp8(name, ep, dtype):
+    run(name, dtype, ep, **RING)
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "mxfp8"])
+def test_width_16_fp8_planned_ring(dtype):
+    """The planner's own ring: the forward's macrobatch 0 stays resident for the backward."""
+    run("fp8-16", dtype, 2, tokens=500)
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "mxfp8"])
+@pytest.mark.parametrize("name", ["tail16", "fp8-16"])
+def test_width_16_fp8_rings_quantize_like_mokgen_quant(name, dtype):
+    """The e4m3 rings of widths with a partial scale block, bit for bit mokgen.quant of their
+    bf16 rows (the partial block zero-padded): x (pulled, quantized per token) and dh
+    (quantized in the dgrad epilogue, each half d gate / d up padded to whole 128-blocks
+    with zeros, scales [2 PI / Q, rows])."""
+    from mokgen import quant
+
+    shape = SHAPES[name]
+    layer = mokgen.compile(shape, ep=2, dtype=dtype, tokens_per_rank=300, virtual=True,
+                           **RING)
+    inputs = make_inputs(shape, 2, 300)
+    dys = [torch.randn_like(x) for x in inputs["x"]]
+    layer.runtime().poison()
+    layer.backward_runtime().poison()
+    grads_of(layer, inputs, dys)
+    torch.cuda.synchronize()
+    bw, b = layer.backward_runtime(), layer.runtime().ranks[-1]
+    q, I = layer.runtime().spec.scale_block, shape.intermediate
+    PI = -(-I // 128) * 128
+
+    def want(rows):
+        if dtype == "mxfp8":
+            d, e8 = quant.to_mxfp8(rows)
+            return d.view(torch.uint8), e8
+        d, sc = quant.to_fp8_blockwise(rows)
+        return d.view(torch.uint8), sc
+
+    def got_scales(scales):  # scale-major [blocks, rows] -> [rows, blocks]; MX: e8m0 bytes
+        t = scales.t().contiguous()
+        if dtype != "mxfp8":
+            return t
+        bits = t.view(torch.int32)  # the kernels keep 2^(e - 127) as fp32
+        return torch.where(bits == 0x00400000, 0, (bits >> 23) & 0xFF).to(torch.uint8)
+
+    wq, ws = want(b.ring_x)
+    assert not b.ring_x.isnan().any()
+    assert torch.equal(b.ring_x8, wq), "x: e4m3 data"
+    assert torch.equal(got_scales(b.ring_sx), ws), "x: scales"
+    dh = b.ring_h  # dh in bf16 over the pre-activations [rows, 2I]
+    assert not dh.isnan().any()
+    for half in range(2):
+        wq, ws = want(dh[:, half * I:(half + 1) * I])
+        got = bw.ring_dh8[:, half * PI:(half + 1) * PI]
+        assert torch.equal(got[:, :I], wq), f"dh half {half}: e4m3 data"
+        assert (got[:, I:] == 0).all(), f"dh half {half}: the padding is not zeros"
+        nb = ws.shape[1]
+        assert torch.equal(got_scales(bw.ring_sdh[half * PI // q:half * PI // q + nb]), ws), \
+            f"dh half {half}: scales"

@@ -120,12 +120,15 @@ def test_explicit_reference_backward_matches_autograd(rng):
         assert rel(g, want) <= 1e-5
 
 
+@pytest.mark.parametrize("dims", [(256, 128), (256 + 16, 128 + 16)])
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp8"])
-def test_fp8_plan_matches_the_quantized_reference(fmt, rng):
+def test_fp8_plan_matches_the_quantized_reference(fmt, dims, rng):
     """fp8 plans: the forward multiplies the operands as mokgen.quant quantizes them (the
     reference's quantized layer, to fp32 summation order), with the ring wrapping; so does
-    the backward, reusing the ring's last macrobatch and replaying the rest."""
-    shape = mokgen.MoEShape(8, 256, 128, 2, name="fp8-tiny")
+    the backward, reusing the ring's last macrobatch and replaying the rest. Widths 16 past
+    whole blocks too (partial scale blocks, zero-padded; W1's and dh's gate / up halves
+    blocked apart)."""
+    shape = mokgen.MoEShape(8, *dims, 2, name="fp8-tiny")
     R, n = 2, 100
     plan = mokgen.plan(shape, ep=R, dtype=fmt, tokens_per_rank=n, minibatch=128, macrobatch=256)
     it = Interpreter(plan)

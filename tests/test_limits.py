@@ -8,7 +8,7 @@ from mokgen import codegen, limits
 from mokgen.shapes import PRESETS_MODELS, get
 
 # Presets the kernels refuse today (bf16), with the field that says why: none since edge
-# tiles; gpt-oss's 2880 is refused in fp8 only (test_fp8_needs_128_wide_k below).
+# tiles (fp8 and MXFP8 too since partial scale blocks: test_fp8_needs_16_wide_k below).
 REFUSED: dict = {}
 
 
@@ -64,9 +64,9 @@ def test_any_expert_count_and_topk_up_to_32_plan(e, k, ep):
     (mokgen.MoEShape(64, 512, 256, 33), {}, "topk must be <= 32"),
     (mokgen.MoEShape(1024, 512, 256, 8), dict(ep=1024), "ep must be <= 512"),
     (mokgen.MoEShape(64, 512, 256, 32), dict(ep=64, tokens_per_rank=2**20), "32-bit"),
-    (mokgen.MoEShape(64, 320, 256, 8), dict(dtype="fp8"), "hidden must be a multiple of 128"),
-    (mokgen.MoEShape(64, 512, 192, 8), dict(dtype="mxfp8"),
-     "intermediate must be a multiple of 128"),
+    (mokgen.MoEShape(64, 328, 256, 8), dict(dtype="fp8"), "hidden must be a multiple of 16"),
+    (mokgen.MoEShape(64, 512, 200, 8), dict(dtype="mxfp8"),
+     "intermediate must be a multiple of 16"),
     (mokgen.MoEShape(64, 512, 256, 8), dict(combine="pull"), "combine must be 'push'"),
     (mokgen.MoEShape(64, 512, 256, 8), dict(reverse_combine="push"),
      "reverse_combine must be 'pull'"),
@@ -85,9 +85,15 @@ def test_backward_support_is_in_the_plan_table_and_decides_the_units():
         assert sorted(k.name.split("_")[0] for k in codegen.emit(p)) == ["bwd", "fwd", "prologue"]
 
 
-def test_fp8_needs_128_wide_k():
-    s = get("gpt-oss-20b")
-    mokgen.plan(s, ep=4)  # bf16: edge tiles
+def test_fp8_needs_16_wide_k():
+    """fp8 and MXFP8 take any width of whole 16-byte e4m3 vectors: gpt-oss-20b's 2880 (22.5
+    blocks of 128) and a partial MX block of 16 plan, forward and backward; 8 more does not,
+    and the error names the field and the rule."""
     for dtype in ("fp8", "mxfp8"):
-        with pytest.raises(ValueError, match="hidden must be a multiple of 128"):
-            mokgen.plan(s, ep=4, dtype=dtype)
+        for s in (get("gpt-oss-20b"), mokgen.MoEShape(8, 2048 + 16, 768 + 16, 2)):
+            p = mokgen.plan(s, ep=4 if s.num_experts == 32 else 2, dtype=dtype)
+            assert limits.backward_unsupported(p) is None and backward_row(p, "yes")
+        for field, shape in (("hidden", mokgen.MoEShape(8, 2880 + 8, 2880, 4)),
+                             ("intermediate", mokgen.MoEShape(8, 2880, 2880 + 8, 4))):
+            with pytest.raises(ValueError, match=f"{field} must be a multiple of 16 .*{dtype}"):
+                mokgen.plan(shape, ep=2, dtype=dtype)

@@ -76,8 +76,6 @@ def test_dim_argument_and_errors():
     # the spec's scale lets amax reach up to 512 X, above e4m3's 448: saturation loses up to
     # 64 / 512 of the block max; elsewhere a half-ulp of 3 mantissa bits
     assert err.max() <= 0.125
-    with pytest.raises(ValueError, match="multiple of 32"):
-        to_mxfp8(torch.randn(3, 40))
     with pytest.raises(TypeError, match="float8_e4m3fn"):
         from_mxfp8(x, scales, dim=0)
 
@@ -91,10 +89,115 @@ def test_quantize_weight_reference_layouts_on_cpu():
     assert d.shape == (3, 96, 64) and s.shape == (3, 96, 2)
     rd, rs = quant.to_mxfp8(w.transpose(-1, -2).contiguous())
     assert torch.equal(d.view(torch.uint8), rd.view(torch.uint8)) and torch.equal(s, rs)
-    with pytest.raises(ValueError, match="multiple of 32"):
-        quant.quantize_weight(torch.randn(40, 64), transposed=True)
+    d, s = quant.quantize_weight(torch.randn(48, 64), transposed=True)  # a partial block
+    assert d.shape == (64, 48) and s.shape == (64, 2)
     with pytest.raises(TypeError, match="bfloat16 or float32"):
         quant.quantize_weight(torch.randn(32, 32).half())
+
+
+# ---------------------------------------------------------------- partial blocks (issue #16)
+# A width that is a multiple of 16 but not of the block (gpt-oss's 2880 = 22.5 x 128; 48 =
+# 1.5 MX blocks) ends in a partial block: quantized as if padded with zeros, which leaves its
+# scale as the amax of the elements it has; its scales count ceil(size / block).
+def test_mx_partial_block_is_the_zero_padded_one():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 80, generator=g) * 10
+    data, scales = to_mxfp8(x)
+    assert data.shape == (3, 80) and scales.shape == (3, 3)
+    padded = torch.cat([x, torch.zeros(3, 16)], 1)
+    pd, ps = to_mxfp8(padded)
+    assert torch.equal(scales, ps)
+    assert torch.equal(data.view(torch.uint8), pd.view(torch.uint8)[:, :80])
+    assert torch.equal(from_mxfp8(data, scales), from_mxfp8(pd, ps)[:, :80])
+    # the partial block's scale is its 16 elements' amax (the zeros leave it unchanged)
+    tail = x[:, 64:].abs().amax(-1)
+    assert torch.equal(scales[:, 2].long(), torch.frexp(tail)[1].long() - 1 - 8 + 127)
+    # along another dim, and a tensor smaller than one block
+    d0, s0 = to_mxfp8(x.t().contiguous(), dim=0)
+    assert s0.shape == (3, 3) and torch.equal(s0.t(), ps[:, :3].contiguous().t().t())
+    d1, s1 = to_mxfp8(torch.full((16,), 3.0))
+    assert s1.shape == (1,) and int(s1[0]) == 1 - 8 + 127 and torch.all(d1.float() == 384.0)
+
+
+def test_blockwise_partial_blocks_are_the_zero_padded_ones():
+    g = torch.Generator().manual_seed(6)
+    w = torch.randn(2, 144, 208, generator=g)       # 1.125 x 1.625 blocks of 128
+    data, scales = quant.to_fp8_blockwise(w, quant.WEIGHT_BLOCK)
+    assert data.shape == w.shape and scales.shape == (2, 2, 2)
+    padded = torch.zeros(2, 256, 256)
+    padded[:, :144, :208] = w
+    pd, ps = quant.to_fp8_blockwise(padded, quant.WEIGHT_BLOCK)
+    assert torch.equal(scales, ps)
+    assert torch.equal(data.view(torch.uint8), pd.view(torch.uint8)[:, :144, :208])
+    assert torch.equal(scales[:, 1, 1], w[:, 128:, 128:].abs().amax((-2, -1)) / 448.0)
+    back = quant.from_fp8_blockwise(data, scales, quant.WEIGHT_BLOCK)
+    assert torch.equal(back, quant.from_fp8_blockwise(pd, ps, quant.WEIGHT_BLOCK)[:, :144, :208])
+    a = torch.randn(5, 2880, generator=g)           # activations: 1 x 128, 22.5 blocks a row
+    ad, asc = quant.to_fp8_blockwise(a)
+    assert ad.shape == (5, 2880) and asc.shape == (5, 23)
+    assert torch.equal(asc[:, 22], a[:, 2816:].abs().amax(-1) / 448.0)
+    # the CPU weight entry points take them too, bit for bit the references
+    d, s = quant.quantize_weight_blockwise(w)
+    assert torch.equal(d.view(torch.uint8), data.view(torch.uint8)) and torch.equal(s, scales)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp8"])
+def test_fake_quant_halves_block_gate_and_up_apart(fmt):
+    """W1's gate and up rows, dh's and W1^T's 2I columns: each half blocked on its own (the
+    kernels pad each to whole blocks); the same as one pass when the halves are whole
+    blocks."""
+    g = torch.Generator().manual_seed(7)
+    I, D = 144, 208
+    w1 = torch.randn(2 * I, D, generator=g)
+    got = quant.fake_quant(w1, fmt, weight=True, halves=-2)
+    want = torch.cat([quant.fake_quant(w1[:I], fmt, True), quant.fake_quant(w1[I:], fmt, True)])
+    assert torch.equal(got, want)
+    dh = torch.randn(4, 2 * I, generator=g)
+    got = quant.fake_quant(dh, fmt, halves=-1)
+    assert torch.equal(got, torch.cat([quant.fake_quant(dh[:, :I], fmt),
+                                       quant.fake_quant(dh[:, I:], fmt)], -1))
+    whole = torch.randn(256, 256, generator=g)
+    assert torch.equal(quant.fake_quant(whole, fmt, True, halves=-2),
+                       quant.fake_quant(whole, fmt, True))
+    assert torch.equal(quant.fake_quant(whole, fmt, halves=-1), quant.fake_quant(whole, fmt))
+
+
+@pytest.mark.parametrize("q", [128, 32])
+def test_weight_cache_pads_each_part_to_whole_blocks(q):
+    """The kernels' fp8 weights of widths not whole 128-blocks: W1 [L, 2I, D] laid out as
+    [L * 2 PI, PD] (gate rows, zeros to PI, up rows, zeros), W2 [L, D, I] as [L * PD, PI];
+    their quantization is the reference's of each part (zeros leave the partial blocks'
+    scales), and the transposed copies are those of the padded weights."""
+    from mokgen.runtime.moe import WeightCache, pad_weight
+
+    g = torch.Generator().manual_seed(8)
+    L, D, I = 2, 208, 144
+    PD, PI = 256, 256
+    w1 = torch.randn(L, 2 * I, D, generator=g).bfloat16()
+    w2 = torch.randn(L, D, I, generator=g).bfloat16()
+    p1 = pad_weight(w1, True)
+    assert p1.shape == (L, 2 * PI, PD)
+    assert torch.equal(p1[:, :I, :D], w1[:, :I]) and torch.equal(p1[:, PI:PI + I, :D], w1[:, I:])
+    assert p1[:, I:PI].abs().sum() == 0 and p1[:, :, D:].abs().sum() == 0
+    assert pad_weight(torch.zeros(L, 256, 384), True).shape == (L, 256, 384)
+    cache = WeightCache(q, slots=1)
+    e, t = cache.get(w1, w2), cache.transposed(w1, w2)
+    assert e.w1.shape == (L * 2 * PI, PD) and e.w2.shape == (L * PD, PI)
+    assert t.w1.shape == (L * PD, 2 * PI) and t.w2.shape == (L * PI, PD)
+    for data, scales, w, rows, halves in ((e.w1, e.s1, w1, 2 * PI, -2), (e.w2, e.s2, w2, PD, None)):
+        deq = data.view(torch.float8_e4m3fn).float().view(L, rows, -1)
+        if q == 128:
+            deq = deq * scales.view(L, rows // 128, 1, -1, 1).repeat_interleave(
+                128, 2).repeat_interleave(128, 4).view(L, rows, -1)
+        else:
+            deq = deq * scales.t().reshape(L, rows, -1).repeat_interleave(32, -1)
+        fmt = "fp8" if q == 128 else "mxfp8"
+        want = torch.stack([quant.fake_quant(w[i].float(), fmt, True, halves) for i in range(L)])
+        if halves:
+            deq = torch.cat([deq[:, :I, :D], deq[:, PI:PI + I, :D]], 1)
+        else:
+            deq = deq[:, :D, :I]
+        assert torch.equal(deq, want)
 
 
 def _special_weight(dtype):
@@ -126,6 +229,24 @@ def test_gpu_weight_quantization_is_bit_exact(dtype, transposed):
     assert diff == 0, f"{diff} elements differ"
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("transposed", [False, True])
+def test_gpu_weight_quantization_of_partial_blocks_is_bit_exact(transposed):
+    """Widths of 16 past whole blocks (MX: 1.5 blocks; blockwise: 1.125 x 1.625 blocks): the
+    GPU entry points (which pad a copy with zeros) against the references."""
+    w = _special_weight(torch.bfloat16)[:, :48, :80].contiguous()
+    d, s = quant.quantize_weight(w.cuda(), transposed=transposed)
+    rd, rs = quant.quantize_weight(w, transposed=transposed)
+    assert torch.equal(s.cpu(), rs)
+    assert torch.equal(d.view(torch.uint8).cpu(), rd.view(torch.uint8))
+    wb = torch.randn(3, 144, 208).bfloat16()
+    d, s = quant.quantize_weight_blockwise(wb.cuda())
+    rd, rs = quant.quantize_weight_blockwise(wb)
+    assert s.shape == (3, 2, 2) and torch.equal(s.cpu(), rs)
+    assert torch.equal(d.view(torch.uint8).cpu(), rd.view(torch.uint8))
+
+
 # ---------------------------------------------------------------- DeepSeek-style blockwise fp8
 def test_blockwise_scale_is_amax_over_448():
     t = torch.zeros(2, 256)
@@ -154,8 +275,8 @@ def test_blockwise_weight_blocks_and_special_values():
     ok[0, :128, :128] = False
     err = ((back - w)[ok].norm() / w[ok].norm()).item()
     assert err < 0.05  # e4m3 keeps 3 mantissa bits: ~2-3% relative
-    with pytest.raises(ValueError, match="multiple of the block"):
-        quant.to_fp8_blockwise(torch.randn(100, 128), quant.WEIGHT_BLOCK)
+    with pytest.raises(ValueError, match="at least 2 dimensions"):
+        quant.to_fp8_blockwise(torch.randn(128), quant.WEIGHT_BLOCK)
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "fp8"])
@@ -213,7 +334,7 @@ def test_weight_cache_requantizes_exactly_when_a_weight_changes():
 
     cache, calls = WeightCache(128, slots=2), []
     cache.quantize = lambda w: (calls.append(w), (w, w))[1]
-    a, b = torch.zeros(2), torch.zeros(2)
+    a, b = torch.zeros(1, 128, 128), torch.zeros(1, 128, 128)  # whole blocks: quantized as they are
     cache.get(a, b)
     cache.get(a, b)
     assert len(calls) == 2
@@ -221,7 +342,7 @@ def test_weight_cache_requantizes_exactly_when_a_weight_changes():
         a.add_(1)  # bumps a._version
     cache.get(a, b)
     assert len(calls) == 4
-    x, y = torch.zeros(2), torch.zeros(2)
+    x, y = torch.zeros(1, 128, 128), torch.zeros(1, 128, 128)
     cache.get(x, y)
     cache.get(a, b)  # still one of the two newest entries
     assert len(calls) == 6

@@ -91,8 +91,8 @@ def test_compile_rejects_bad_arguments(kw, exc, match):
 
 
 def test_compile_rejects_unsupported_sizes():
-    with pytest.raises(ValueError, match="hidden must be a multiple of 128.*mxfp8"):
-        mokgen.compile(mokgen.MoEShape(8, 64 * 3, 128, 2), ep=1, tokens_per_rank=8,
+    with pytest.raises(ValueError, match="hidden must be a multiple of 16.*mxfp8"):
+        mokgen.compile(mokgen.MoEShape(8, 64 * 3 + 8, 128, 2), ep=1, tokens_per_rank=8,
                        dtype="mxfp8")
 
 

@@ -20,7 +20,7 @@ def ring_row_bytes(plan: Plan) -> int:
     backward, and the SwiGLU output the down GEMM reads."""
     s, q = plan.shape, plan.scale_block
     if q:  # e4m3 x and SwiGLU output plus fp32 scales (the bf16 rings stay, for the shared path)
-        fp8 = s.hidden + 4 * s.hidden // q + s.intermediate + 4 * s.intermediate // q
+        fp8 = s.hidden + 4 * -(-s.hidden // q) + s.intermediate + 4 * -(-s.intermediate // q)
         return 2 * s.hidden + 2 * (2 * s.intermediate) + 2 * s.intermediate + fp8
     return plan.row_bytes + 2 * (2 * s.intermediate) + 2 * s.intermediate
 

@@ -18,7 +18,7 @@ import torch
 from . import abi, cuda
 from .checks import check_ctas
 from .peers import PeerSet
-from .workspace import LayerSpec, RankBuffers  # noqa: F401 - LayerSpec: re-exported
+from .workspace import LayerSpec, RankBuffers, padded  # noqa: F401 - LayerSpec: re-exported
 
 BF16 = torch.bfloat16
 MAX_MAPS = 4096  # tensor maps kept (128 B each): a 48-layer model uses about 30 per layer
@@ -265,12 +265,13 @@ class ForwardRuntime:
                     dict.fromkeys(("ring_x8", "ring_a8", "ring_sx", "ring_sa", "w1s", "w2s",
                                    "xq_scales_at"), 0))
         L, D, I, M = s.local_experts, s.hidden, s.intermediate, s.macrobatch
+        PD, PI = padded(D), padded(I)  # the weights' padded widths (pad_weight)
         w = self.weights.get(w1, w2)
         maps = self.fp8_maps(abi.FP8_MAPS,
                              {"ring_x": (b.ring_x8, M, D), "ring_a": (b.ring_a8, M, I),
-                              "w1": (w.w1, L * 2 * I, D), "w2": (w.w2, L * D, I)},
+                              "w1": (w.w1, L * 2 * PI, PD), "w2": (w.w2, L * PD, PI)},
                              {"ring_sx": (b.ring_sx, D, M), "ring_sa": (b.ring_sa, I, M)},
-                             {"w1s": (w.s1, D, L * 2 * I), "w2s": (w.s2, I, L * D)})
+                             {"w1s": (w.s1, PD, L * 2 * PI), "w2s": (w.s2, PI, L * PD)})
         blockwise = q == 128
         return maps, dict(ring_x8=b.ring_x8, ring_a8=b.ring_a8, ring_sx=b.ring_sx,
                           ring_sa=b.ring_sa, w1s=w.s1 if blockwise else None,
@@ -279,11 +280,12 @@ class ForwardRuntime:
     def fp8_maps(self, names, operands, scales, weight_scales) -> cuda.Raw:
         """An fp8 kernel's map struct by value (abi.FP8_MAPS, FP8_BWD_MAPS) from maps by
         field name: the e4m3 operands (tensor, rows, K), boxes of 128 K bytes x 128 rows; the
-        activations' fp32 scales (tensor, K, rows), laid out [K/q, rows], boxes of 128 rows x
-        one slice's 128/q steps; the weights' scales the same way (MX only: blockwise B scales
-        are read from global memory, and their slots hold an activation map, unused)."""
+        activations' fp32 scales (tensor, K, rows), laid out [ceil(K/q), rows], boxes of 128
+        rows x one slice's 128/q steps (TMA zero-fills the steps past a K tail, whose data it
+        zero-fills too); the weights' scales the same way (MX only: blockwise B scales are read
+        from global memory, and their slots hold an activation map, unused)."""
         q = self.spec.scale_block
-        scale_map = lambda t, k, rows: self._map(t, k // q, rows, 128 // q, 128,  # noqa: E731
+        scale_map = lambda t, k, rows: self._map(t, -(-k // q), rows, 128 // q, 128,  # noqa: E731
                                                  dtype="f32", swizzle=0)
         maps = {k: self._map(t, rows, kk, 128, 128, dtype="u8")
                 for k, (t, rows, kk) in operands.items()}
@@ -308,18 +310,36 @@ class ForwardRuntime:
         return torch.empty(shape, dtype=dtype, device=self.dev)
 
 
+def pad_weight(w: torch.Tensor, halves: bool) -> torch.Tensor:
+    """w [L, rows, cols] with zeros appended to whole 128 x 128 blocks, each of the two
+    row halves (W1's gate and up rows, `halves`) on its own: [L, padded rows, padded cols]. The
+    kernels' weight tiles and blockwise scales then start at whole blocks of an expert's part,
+    and the zeros leave partial blocks' scales as they are (mokgen.quant). w itself when
+    every width is whole blocks (the presets)."""
+    L, rows, cols = w.shape
+    parts = 2 if halves else 1
+    r, c = rows // parts, cols
+    if r % 128 == 0 and c % 128 == 0:
+        return w
+    out = w.new_zeros(L, parts, padded(r), padded(c))
+    out[:, :, :r, :c] = w.detach().reshape(L, parts, r, c)
+    return out.view(L, parts * padded(r), padded(c))
+
+
 class WeightCache:
     """The routed experts' fp8 weights (mokgen.quant), quantized once per weight version: a
     training step's forward and backward share one quantization, and an unchanged weight is
     never quantized twice. A weight is the same when it is the same tensor object (the entry
     holds it, so its id cannot be reused) at the same autograd version counter: in-place
     updates (optimizer steps) bump it; writes through `.data` do not, and are not seen.
-    Kernel layouts: e4m3 data [rows, K] as uint8; blockwise scales fp32 [rows/128, K/128]; MX
-    scales fp32 2^(e - 127) transposed to [K/32, rows] (NaN for the NaN byte), so one TMA box
-    brings a slice's scales of 128 columns. `transposed` gives the backward's W1^T [L*D, 2I]
-    and W2^T [L*I, D] (its dgrad and dx GEMMs' K is the forward's N; e4m3 wgmma reads K-major
-    operands only), made on first use: blockwise blocks are the forward's, transposed; MX
-    blocks run along the other dim, so those are quantized again from the weight."""
+    Kernel layouts, of the weights zero-padded to whole 128 x 128 blocks per expert (W1 per
+    gate / up half: pad_weight): e4m3 data [rows, K] as uint8; blockwise scales fp32
+    [rows/128, K/128]; MX scales fp32 2^(e - 127) transposed to [K/32, rows] (NaN for the NaN
+    byte), so one TMA box brings a slice's scales of 128 columns. `transposed` gives the
+    backward's W1^T [L*D, 2I] and W2^T [L*I, D] (its dgrad and dx GEMMs' K is the forward's N;
+    e4m3 wgmma reads K-major operands only), made on first use: blockwise blocks are the
+    forward's, transposed; MX blocks run along the other dim, so those are quantized again
+    from the weight."""
 
     def __init__(self, scale_block: int, slots: int):
         self.q, self.slots = scale_block, slots  # slots: one per hosted rank
@@ -332,7 +352,8 @@ class WeightCache:
 
             while len(self._cache) >= self.slots:
                 self._cache.pop(next(iter(self._cache)))  # the oldest
-            (d1, s1), (d2, s2) = (self.quantize(w) for w in (w1, w2))
+            (d1, s1), (d2, s2) = (self.quantize(pad_weight(w, h))
+                                  for w, h in ((w1, True), (w2, False)))
             self._cache[key] = SimpleNamespace(w1=d1, s1=s1, w2=d2, s2=s2, of=(w1, w2))
         return self._cache[key]
 
@@ -341,13 +362,14 @@ class WeightCache:
         if not hasattr(e, "t"):
             from types import SimpleNamespace
 
-            (d1, s1), (d2, s2) = (self._transpose(w, d, sc) for w, d, sc in
-                                  ((w1, e.w1, e.s1), (w2, e.w2, e.s2)))
+            (d1, s1), (d2, s2) = (self._transpose(pad_weight(w, h), d, sc) for w, h, d, sc in
+                                  ((w1, True, e.w1, e.s1), (w2, False, e.w2, e.s2)))
             e.t = SimpleNamespace(w1=d1, s1=s1, w2=d2, s2=s2)
         return e.t
 
     def _transpose(self, w, data, scales):
-        """w [L, rows, cols] and its forward quantization -> ([L*cols, rows], scales)."""
+        """w [L, rows, cols] (padded) and its forward quantization -> ([L*cols, rows],
+        scales)."""
         from .. import quant
 
         L, rows, cols = w.shape

@@ -14,7 +14,7 @@ import torch
 
 from . import abi, cuda
 from .checks import check_ctas
-from .workspace import BF16, BackwardScratch, backward_tiles
+from .workspace import BF16, BackwardScratch, backward_tiles, padded
 
 
 class BackwardPass(BackwardScratch):
@@ -163,15 +163,17 @@ class BackwardPass(BackwardScratch):
             return (cuda.Raw(bytes(len(abi.FP8_BWD_MAPS) * abi.TENSOR_MAP_BYTES)),
                     dict.fromkeys(fields, 0))
         L, D, I, M = s.local_experts, s.hidden, s.intermediate, s.macrobatch
+        PD, PI = padded(D), padded(I)  # the weights' (and dh's) padded widths (pad_weight)
         w, wt = rt.weights.get(w1, w2), rt.weights.transposed(w1, w2)
         maps = rt.fp8_maps(abi.FP8_BWD_MAPS,
-                           {"ring_x": (b.ring_x8, M, D), "w1": (w.w1, L * 2 * I, D),
-                            "ring_dy": (self.ring_dy8, M, D), "w2t": (wt.w2, L * I, D),
-                            "ring_dh": (self.ring_dh8, M, 2 * I), "w1t": (wt.w1, L * D, 2 * I)},
+                           {"ring_x": (b.ring_x8, M, D), "w1": (w.w1, L * 2 * PI, PD),
+                            "ring_dy": (self.ring_dy8, M, D), "w2t": (wt.w2, L * PI, PD),
+                            "ring_dh": (self.ring_dh8, M, 2 * PI),
+                            "w1t": (wt.w1, L * PD, 2 * PI)},
                            {"ring_sx": (b.ring_sx, D, M), "ring_sdy": (self.ring_sdy, D, M),
-                            "ring_sdh": (self.ring_sdh, 2 * I, M)},
-                           {"w1s": (w.s1, D, L * 2 * I), "w2ts": (wt.s2, D, L * I),
-                            "w1ts": (wt.s1, 2 * I, L * D)})
+                            "ring_sdh": (self.ring_sdh, 2 * PI, M)},
+                           {"w1s": (w.s1, PD, L * 2 * PI), "w2ts": (wt.s2, PD, L * PI),
+                            "w1ts": (wt.s1, 2 * PI, L * PD)})
         blockwise = q == 128
         return maps, dict(ring_x8=b.ring_x8, ring_sx=b.ring_sx, ring_dy8=self.ring_dy8,
                           ring_sdy=self.ring_sdy, ring_dh8=self.ring_dh8,

@@ -24,13 +24,13 @@ def peer_shapes(spec) -> dict:
             "combine": ((N * K, spec.hidden), torch.bfloat16),
             "x": ((N, spec.hidden), torch.bfloat16), "dy": ((N, spec.hidden), torch.bfloat16),
             "dweight": ((N * K,), torch.float32), "flags": ((R,), torch.int32),
-            # fp8 plans: the owner's quantized tokens, e4m3 [N, D] then fp32 scales [N, D/Q]
+            # fp8 plans: the owner's quantized tokens, e4m3 [N, D] then fp32 scales [N, ceil(D/Q)]
             "xq": ((max(16, xq_bytes(spec)),), torch.uint8)}
 
 
 def xq_bytes(spec) -> int:
     q, N, D = spec.scale_block, spec.tokens_per_rank, spec.hidden
-    return N * D + 4 * N * (D // q) if q else 0
+    return N * D + 4 * N * -(-D // q) if q else 0
 
 
 class PeerSet:

@@ -92,8 +92,8 @@ class RankBuffers:
             f32 = dict(dtype=torch.float32, device=dev)
             self.ring_x8 = torch.empty(M, s.hidden, dtype=torch.uint8, device=dev)
             self.ring_a8 = torch.empty(M, s.intermediate, dtype=torch.uint8, device=dev)
-            self.ring_sx = torch.empty(s.hidden // q, M, **f32)
-            self.ring_sa = torch.empty(s.intermediate // q, M, **f32)
+            self.ring_sx = torch.empty(-(-s.hidden // q), M, **f32)  # a partial block: one
+            self.ring_sa = torch.empty(-(-s.intermediate // q), M, **f32)
 
 
 class BackwardScratch:
@@ -121,11 +121,19 @@ class BackwardScratch:
         self.seg_start = torch.empty(s.max_minibatches + 2, dtype=torch.int32, device=dev)
         self.counters = torch.empty(backward_counter_words(s), dtype=torch.int32, device=dev)
         q = s.scale_block
-        if q:  # the fp8 backward's e4m3 rings of dy and dh and their scales [K/q, M]
+        if q:  # the fp8 backward's e4m3 rings of dy and dh and their scales [K/q, M]; dh's
+            # d gate and d up each padded to whole 128-blocks (moe_bwd.cuh quantize_dh)
             u8, f32 = dict(dtype=torch.uint8, device=dev), dict(dtype=torch.float32, device=dev)
-            self.ring_dy8, self.ring_sdy = torch.empty(M, D, **u8), torch.empty(D // q, M, **f32)
-            self.ring_dh8 = torch.empty(M, 2 * I, **u8)
-            self.ring_sdh = torch.empty(2 * I // q, M, **f32)
+            self.ring_dy8 = torch.empty(M, D, **u8)
+            self.ring_sdy = torch.empty(-(-D // q), M, **f32)
+            self.ring_dh8 = torch.empty(M, 2 * padded(I), **u8)
+            self.ring_sdh = torch.empty(2 * padded(I) // q, M, **f32)
+
+
+def padded(n: int) -> int:
+    """A width of the fp8 weights (and of dh's halves) in the kernels' layouts: whole
+    128-blocks (FwdConsts::PD, PI)."""
+    return -(-n // 128) * 128
 
 
 def backward_tiles(s: LayerSpec) -> tuple[int, int]:

@@ -7,8 +7,11 @@
 // Elements are rounded to e4m3 (nearest even, subnormals kept) after clamping to +-448. A block
 // holding NaN or Inf gets a NaN scale and e4m3 NaN elements (0x7F), like the reference.
 // The kernels keep every scale as the fp32 value it stands for (MX: 2^(byte-127)): the GEMM
-// multiplies by it directly. Ring scales are stored scale-major, [K/Q, rows], so one TMA box
-// brings a stage's scales of all tile rows.
+// multiplies by it directly. Ring scales are stored scale-major, [ceil(K/Q), rows], so one TMA
+// box brings a stage's scales of all tile rows.
+// A width K that is not a multiple of Q (any multiple of 16: e4m3 rows are 16-byte vectors)
+// ends in a partial block, quantized as if padded with zeros (its amax over the elements it
+// has), as mokgen.quant does; the GEMMs' K tail is zero-filled by TMA, data and scales.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -74,8 +77,10 @@ MOKGEN_DEV float group_max(float v) {
 // 8 g + 2 (lane % 4) and + 1; the block is groups g0 .. g0 + Q/8 - 1. Quantized into the row
 // `out` (byte 0 = group 0's column 0); returns the block's scale. Every lane of the warp calls
 // it (the amax is a thread max plus two quad shuffles).
-template <int Q, class Pair>
-MOKGEN_DEV float quantize_quad_block(Pair&& pair, int g0, uint8_t* out) {
+// kEdge: a block at the end of a row whose width ends inside it: only groups g < g_end are
+// stored (pair(g) must give zeros for the others: a partial block is zero-padded).
+template <int Q, bool kEdge = false, class Pair>
+MOKGEN_DEV float quantize_quad_block(Pair&& pair, int g0, uint8_t* out, int g_end = 0) {
   float amax = 0.f;
 #pragma unroll
   for (int g = g0; g < g0 + Q / 8; ++g) {
@@ -87,7 +92,8 @@ MOKGEN_DEV float quantize_quad_block(Pair&& pair, int g0, uint8_t* out) {
 #pragma unroll
   for (int g = g0; g < g0 + Q / 8; ++g) {
     const float2 v = pair(g);
-    *reinterpret_cast<uint16_t*>(out + 8 * g + lane_col) = fp8x2(v.x, v.y, sc.inv);
+    if (!kEdge || g < g_end)
+      *reinterpret_cast<uint16_t*>(out + 8 * g + lane_col) = fp8x2(v.x, v.y, sc.inv);
   }
   return sc.scale;
 }
@@ -173,16 +179,16 @@ MOKGEN_DEV uint2 quantize_bf16x8(int4 raw, float& scale) {
 
 // Token rows quantized once by their owner, before any peer pulls them (the fp8 forward's
 // dispatch then moves half the bytes and quantizes nothing): xq holds [n_cap, D] e4m3, then
-// at byte scales_at the fp32 scales [n_cap, D/Q]. One warp per row; a lane holds 8
+// at byte scales_at the fp32 scales [n_cap, ceil(D/Q)]. One warp per row; a lane holds 8
 // consecutive elements (one 16-byte load), so Q/8 lanes share a block.
 // A row that is not whole warp sweeps (D not a multiple of 256) is quantized in sweeps every
-// lane runs: lanes past its end quantize zeros (whole blocks of them, as D % Q == 0) and store
-// nothing.
+// lane runs: lanes past its end quantize zeros and store nothing, which zero-pads a partial
+// last block (its first lane, which stores the scale, is inside the row).
 template <int D, int Q>
 __device__ void quantize_rows(const __nv_bfloat16* __restrict__ x, int n, uint8_t* __restrict__ xq,
                               size_t scales_at) {
-  constexpr int VEC = D / 8;
-  static_assert(D % Q == 0, "a block's Q/8 lanes are all inside the row or all past it");
+  constexpr int VEC = D / 8, NS = (D + Q - 1) / Q;
+  static_assert(D % 16 == 0, "e4m3 rows are whole 16-byte vectors");
   float* scales = reinterpret_cast<float*>(xq + scales_at);
   const int lane = threadIdx.x % 32, warps = gridDim.x * blockDim.x / 32;
   for (int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32; row < n; row += warps) {
@@ -193,7 +199,7 @@ __device__ void quantize_rows(const __nv_bfloat16* __restrict__ x, int n, uint8_
       for (int v = lane; v < VEC; v += 32) {
         float scale;
         to[v] = quantize_bf16x8<Q>(from[v], scale);
-        if (lane % (Q / 8) == 0) scales[(size_t)row * (D / Q) + v * 8 / Q] = scale;
+        if (lane % (Q / 8) == 0) scales[(size_t)row * NS + v * 8 / Q] = scale;
       }
     } else {
 #pragma unroll 4
@@ -203,7 +209,7 @@ __device__ void quantize_rows(const __nv_bfloat16* __restrict__ x, int n, uint8_
         const uint2 q = quantize_bf16x8<Q>(v < VEC ? from[v] : make_int4(0, 0, 0, 0), scale);
         if (v < VEC) {
           to[v] = q;
-          if (lane % (Q / 8) == 0) scales[(size_t)row * (D / Q) + v * 8 / Q] = scale;
+          if (lane % (Q / 8) == 0) scales[(size_t)row * NS + v * 8 / Q] = scale;
         }
       }
     }
@@ -212,8 +218,8 @@ __device__ void quantize_rows(const __nv_bfloat16* __restrict__ x, int n, uint8_
 
 // pull_rows' second destination in the fp8 backward: every pulled 16-byte vector (v of ring
 // row `row`) also quantized into an e4m3 ring [rows, D] and its scale-major scales
-// [D/Q, RING_ROWS], the same bits as quantize_rows (the forward's replay then sees the rows
-// the forward saw).
+// [ceil(D/Q), RING_ROWS], the same bits as quantize_rows (the forward's replay then sees the
+// rows the forward saw; a partial last block likewise zero-padded by the lanes past the row).
 template <int D, int Q, int RING_ROWS>
 struct QuantSink {
   uint8_t* q;
@@ -225,7 +231,6 @@ struct QuantSink {
   }
   // ragged rows (pull_rows): `on` false past the row's end, where the lane only shuffles
   MOKGEN_DEV void operator()(int row, int v, int4 x, bool on) const {
-    static_assert(D % Q == 0, "a block's Q/8 lanes are all inside the row or all past it");
     float scale;
     const uint2 e = quantize_bf16x8<Q>(x, scale);
     if (!on) return;
@@ -235,15 +240,16 @@ struct QuantSink {
 };
 
 // Pull dispatch of quantized rows (the fp8 forward): like pull_rows, one warp per ring row,
-// copying the source's e4m3 row into ring_q [rows, D] and its D/Q scales into the
-// scale-major ring_s [D/Q, RING_ROWS]. Padding rows become zeros with the all-zero block's
-// scale (1 for blockwise, 2^-127 for MX), as mokgen.quant quantizes a zero row.
+// copying the source's e4m3 row into ring_q [rows, D] and its ceil(D/Q) scales into the
+// scale-major ring_s [ceil(D/Q), RING_ROWS]. Padding rows become zeros with the all-zero
+// block's scale (1 for blockwise, 2^-127 for MX), as mokgen.quant quantizes a zero row.
 template <int D, int K, int Q, int RING_ROWS>
 __device__ void pull_rows_fp8(const int2* __restrict__ table, const uint8_t* const* peer_xq,
                               size_t scales_at, uint8_t* __restrict__ ring_q,
                               float* __restrict__ ring_s, int p_begin, int p_end, int ring_row0,
                               int worker, int workers) {
-  constexpr int VEC = D / 16, NS = D / Q, BATCH = 4;
+  constexpr int VEC = D / 16, NS = (D + Q - 1) / Q, BATCH = 4;
+  static_assert(D % 16 == 0, "e4m3 rows are whole 16-byte vectors");
   const int lane = threadIdx.x % 32;
   for (int p = p_begin + worker; p < p_end; p += workers) {
     const int2 src = table[p];

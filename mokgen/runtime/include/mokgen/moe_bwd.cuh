@@ -82,15 +82,16 @@ struct BwdBuffers {
   __nv_bfloat16* dsw2;      // [D, IS]
   float* wg_acc;            // [L, 3 I D] fp32 sums of experts spanning several minibatches
   uint32_t* counters;
-  // fp8 plans (unused otherwise): e4m3 rings [SLOTS*B, K] and their scales [K/Q, SLOTS*B]
+  // fp8 plans (unused otherwise): e4m3 rings [SLOTS*B, K] and their scales
+  // [ceil(K/Q), SLOTS*B]; dh's K is 2 PI, each half padded (FwdConsts::PI, quantize_dh)
   uint8_t* ring_x8;         //   x (replay), quantized by the comm CTAs
   float* ring_sx;
   uint8_t* ring_dy8;        //   dy (dgrad), quantized by the comm CTAs
   float* ring_sdy;
   uint8_t* ring_dh8;        //   dh (dx), quantized by the dgrad epilogue
   float* ring_sdh;
-  const float* w1s;         //   blockwise weight scales: W1 [L*2I/128, D/128] (replay),
-  const float* w2ts;        //   W2^T [L*I/128, D/128] (dgrad), W1^T [L*D/128, 2I/128] (dx)
+  const float* w1s;         //   blockwise weight scales: W1 [L*2PI/128, PD/128] (replay),
+  const float* w2ts;        //   W2^T [L*PI/128, PD/128] (dgrad), W1^T [L*PD/128, 2PI/128] (dx)
   const float* w1ts;
   int n_tokens;
   int max_minibatches;
@@ -108,8 +109,8 @@ struct BwdMaps {
 };
 
 // The fp8 backward's operand maps (all zero for bf16 plans): e4m3 boxes 128 x 128 of the rings
-// and weights (W1 [L*2I, D], W2^T [L*I, D], W1^T [L*D, 2I]), activation scales [K/Q, rows]
-// and, MX only, weight scales [K/32, rows].
+// and the padded weights (W1 [L*2PI, PD], W2^T [L*PI, PD], W1^T [L*PD, 2PI]), activation
+// scales [ceil(K/Q), rows] and, MX only, weight scales [PK/32, rows].
 struct Fp8BwdMaps {
   CUtensorMap ring_x, w1, ring_dy, w2t, ring_dh, w1t, ring_sx, ring_sdy, ring_sdh, w1s, w2ts,
       w1ts;
@@ -133,8 +134,9 @@ struct BwdSchedule {
   static_assert(C::B % BM == 0 && C::SLOTS >= 2, "minibatch of whole tiles, >= 2 ring slots");
   static_assert(C::D % 8 == 0 && C::I % 8 == 0 && C::IS % 8 == 0,
                 "widths must be multiples of 8 (rows are 16-byte vectors, TMA strides 16 B)");
-  static_assert(C::Q == 0 || (C::D % 128 == 0 && C::I % 128 == 0),
-                "the fp8 tiles need hidden and intermediate to be multiples of 128");
+  static_assert(C::Q == 0 || (C::D % 16 == 0 && C::I % 16 == 0),
+                "fp8: hidden and intermediate must be multiples of 16 (e4m3 rows are 16-byte "
+                "vectors, TMA strides 16 B; a partial scale block is zero-padded)");
 
   int rows, nm, rt_last, shared_rt, resident, first_slot;
   const int* seg_start;
@@ -347,15 +349,16 @@ struct BwdProblem {
     const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * (BN / 2);
     const int p0 = m * C::B + rt * BM, e = expert_of(p0);
     if (!wait_ready(m, kPhaseReplay)) return stop_task();
-    return Task{kReplay | kRouted, s.slot_row(m) + rt * BM, e * 2 * C::I + n0,
-                e * 2 * C::I + C::I + n0, p0, n0, BM, C::Q ? C::D / 128 : k_d};
+    return Task{kReplay | kRouted, s.slot_row(m) + rt * BM, e * 2 * C::PI + n0,
+                e * 2 * C::PI + C::PI + n0, p0, n0, BM, C::Q ? ceil_div(C::D, 128) : k_d};
   }
-  // fp8 tiles read B (K-major) as two 128-row halves. An edge tile's second half would be
-  // the next expert's rows, or past the last expert's (its blockwise scales too): it reads
-  // its first half again instead, and the epilogue drops those columns. -1: the next rows.
+  // fp8 tiles read B (K-major) as two 128-row halves. An edge tile whose second half is past
+  // the width W would read the next expert's rows there, or past the last expert's (its
+  // blockwise scales too): it reads its first half again instead, and the epilogue drops
+  // those columns. -1: the next rows. (W a multiple of 128: the test it always had.)
   template <int W>
   static MOKGEN_DEV int fp8_half1(int b_row0, int n0) {
-    return W % BN != 0 && n0 + BN > W ? b_row0 : -1;
+    return W % BN != 0 && (W % 128 == 0 ? n0 + BN > W : n0 + BN / 2 >= W) ? b_row0 : -1;
   }
   MOKGEN_DEV Task routed_dgrad(int m, int i) const {
     const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * BN;
@@ -365,9 +368,9 @@ struct BwdProblem {
       if (!wait_at_least(r_done() + m * S::RT_FULL + rt, S::GU_N, buf->rank, kPhaseDgrad, m))
         return stop_task();
     }
-    if (C::Q > 0)  // B = W2^T [L*I, D], K-major
-      return Task{kDgrad | kF8, s.slot_row(m) + rt * BM, e * C::I + n0,
-                  fp8_half1<C::I>(e * C::I + n0, n0), p0, n0, BM, C::D / 128};
+    if (C::Q > 0)  // B = W2^T [L*PI, PD], K-major
+      return Task{kDgrad | kF8, s.slot_row(m) + rt * BM, e * C::PI + n0,
+                  fp8_half1<C::I>(e * C::PI + n0, n0), p0, n0, BM, ceil_div(C::D, 128)};
     return Task{kDgrad | kBMN, s.slot_row(m) + rt * BM, n0, e * C::D, p0, n0, BM, k_d};
   }
   MOKGEN_DEV Task routed_dx(int m, int i) const {
@@ -376,9 +379,9 @@ struct BwdProblem {
     if (!wait_at_least(dg_done() + m * S::RT_FULL + rt, S::DG_N, buf->rank, kPhaseDx, m))
       return stop_task();
     fence_proxy_async_global();
-    if (C::Q > 0)  // B = W1^T [L*D, 2I], K-major
-      return Task{kDx | kF8, s.slot_row(m) + rt * BM, e * C::D + n0,
-                  fp8_half1<C::D>(e * C::D + n0, n0), p0, n0, BM, 2 * C::I / 128};
+    if (C::Q > 0)  // B = W1^T [L*PD, 2PI], K-major; A = dh [rows, 2PI]
+      return Task{kDx | kF8, s.slot_row(m) + rt * BM, e * C::PD + n0,
+                  fp8_half1<C::D>(e * C::PD + n0, n0), p0, n0, BM, 2 * C::PI / 128};
     return Task{kDx | kBMN, s.slot_row(m) + rt * BM, n0, e * 2 * C::I, p0, n0, BM, k_i2};
   }
 
@@ -485,26 +488,34 @@ struct BwdProblem {
   // fp8 plans: a dgrad tile's dh, as swiglu_backward<., true> stored it and left it packed in
   // acc, quantized along 2I (the dx GEMM's K) into ring_dh8 + ring_sdh, block by block
   // (quantize_quad_block; each half, d gate and d up, is the tile's 256 columns, of which an
-  // edge tile has fewer: the blocks past I are skipped).
+  // edge tile has fewer: the blocks past I are skipped). Each half is laid out padded to PI
+  // columns, as W1^T's (FwdConsts::PI): when I is not a multiple of 128 the edge tile also
+  // writes zeros from I to PI (the dx GEMM reads them), its partial block zero-padded.
   MOKGEN_DEV void quantize_dh(const Task& t, const float (&acc)[BN / 2], int cwg) const {
     if constexpr ((Cfg::PROF & kProfNoDhQuant) != 0) return;  // profiling (profile_bwd.py)
     if constexpr (C::Q > 0) {
       constexpr int G = C::Q / 8;  // 8-column groups per block
       const int row0 = 64 * cwg + acc_row(0);  // rows row0 (h = 0) and row0 + 8 (h = 1)
-      uint8_t* out = buf->ring_dh8 + (size_t)t.a_row0 * 2 * C::I + t.c_col0;
+      uint8_t* out = buf->ring_dh8 + (size_t)t.a_row0 * 2 * C::PI + t.c_col0;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = row0 + 8 * h;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {  // d gate, then d up (columns + I)
+        for (int half = 0; half < 2; ++half) {  // d gate, then d up (columns + PI)
 #pragma unroll
           for (int g0 = 0; g0 < BN / 8; g0 += G) {
-            if (C::I % BN != 0 && t.c_col0 + 8 * g0 >= C::I) break;
+            if (C::I % BN != 0 && t.c_col0 + 8 * g0 >= C::PI) break;
             const float scale = quantize_quad_block<C::Q>(
-                [&](int g) { return unpack_bf16x2(acc[4 * g + 2 * h + half]); }, g0,
-                out + (size_t)row * 2 * C::I + half * C::I);
+                [&](int g) {
+                  if constexpr (C::I % 128 != 0) {  // zeros past I (the columns there hold
+                    // the dgrad accumulators swiglu_backward skipped)
+                    if (t.c_col0 + 8 * g >= C::I) return make_float2(0.f, 0.f);
+                  }
+                  return unpack_bf16x2(acc[4 * g + 2 * h + half]);
+                },
+                g0, out + (size_t)row * 2 * C::PI + half * C::PI);
             if ((threadIdx.x & 3) == 0)
-              buf->ring_sdh[(size_t)((half * C::I + t.c_col0 + 8 * g0) / C::Q) * C::RING_ROWS +
+              buf->ring_sdh[(size_t)((half * C::PI + t.c_col0 + 8 * g0) / C::Q) * C::RING_ROWS +
                             t.a_row0 + row] = scale;
           }
         }

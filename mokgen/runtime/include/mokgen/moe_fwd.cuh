@@ -30,15 +30,22 @@ enum FwdPhase : int { kPhaseSharedDown = 1, kPhaseGateUp = 2, kPhaseDown = 3, kP
 
 // Plan constants. B = minibatch rows, SLOTS = ring slots (ring rows = B * SLOTS). Q: the
 // routed experts' operands, 0 = bf16, 128 = blockwise fp8, 32 = MXFP8 (fp8.cuh).
+// PD, PI: D and I as the routed experts' B operands lay them out. fp8: padded to whole 128 x
+// 128 blocks per expert, W1 per gate / up half (runtime/moe.py pad_weight), so every weight
+// tile and blockwise scale starts at a whole block of its expert's part, and dh's halves the
+// same (quantize_dh); D and I themselves otherwise (and for every width a multiple of 128).
 template <int D_, int I_, int IS_, int K_, int L_, int R_, int B_, int SLOTS_, int COMM_,
           int Q_ = 0>
 struct FwdConsts {
   static constexpr int D = D_, I = I_, IS = IS_, K = K_, L = L_, R = R_, B = B_, SLOTS = SLOTS_;
   static constexpr int COMM = COMM_, Q = Q_, RING_ROWS = B_ * SLOTS_;
+  static constexpr int PD = Q_ ? (D_ + 127) / 128 * 128 : D_;
+  static constexpr int PI = Q_ ? (I_ + 127) / 128 * 128 : I_;
 };
 
 // The fp8 forward's extra operands (all unused, may be zero, for bf16 plans): e4m3 ring rows
-// and weights, their scales ([K/Q, rows] fp32 for activations; MX weights [K/32, rows] fp32).
+// and weights (padded: FwdConsts::PD, PI), their scales ([ceil(K/Q), rows] fp32 for
+// activations; MX weights [PK/32, padded rows] fp32).
 struct Fp8Maps {
   CUtensorMap ring_x, ring_a, w1, w2, ring_sx, ring_sa, w1s, w2s;
 };
@@ -66,10 +73,10 @@ struct FwdBuffers {
   uint32_t* counters;
   uint8_t* ring_x8;         // fp8 plans: [SLOTS*B, D] e4m3 ring rows (pulled pre-quantized)
   uint8_t* ring_a8;         //   [SLOTS*B, I] e4m3 SwiGLU output, quantized in the epilogue
-  float* ring_sx;           //   [D/Q, SLOTS*B] their scales
-  float* ring_sa;           //   [I/Q, SLOTS*B]
-  const float* w1s;         //   blockwise fp8 weight scales [L*2I/128, D/128]
-  const float* w2s;         //   [L*D/128, I/128]
+  float* ring_sx;           //   [ceil(D/Q), SLOTS*B] their scales
+  float* ring_sa;           //   [ceil(I/Q), SLOTS*B]
+  const float* w1s;         //   blockwise fp8 weight scales [L*2PI/128, PD/128]
+  const float* w2s;         //   [L*PD/128, PI/128]
   uint64_t xq_scales_at;    //   byte offset of the scales in every rank's quantized x (xq)
   int n_tokens;
   int max_minibatches;
@@ -97,8 +104,9 @@ struct FwdSchedule {
   static_assert(C::SLOTS >= 2, "the lagged task order needs a ring of at least 2 minibatches");
   static_assert(C::D % 8 == 0 && C::I % 8 == 0 && C::IS % 8 == 0,
                 "widths must be multiples of 8 (rows are 16-byte vectors, TMA strides 16 B)");
-  static_assert(C::Q == 0 || (C::D % 128 == 0 && C::I % 128 == 0),
-                "the fp8 tiles need hidden and intermediate to be multiples of 128");
+  static_assert(C::Q == 0 || (C::D % 16 == 0 && C::I % 16 == 0),
+                "fp8: hidden and intermediate must be multiples of 16 (e4m3 rows are 16-byte "
+                "vectors, TMA strides 16 B; a partial scale block is zero-padded)");
 
   int rows, nm, n_macro, first_count, rt_last, shared_rt;
 
@@ -181,9 +189,11 @@ struct FwdProblem {
   // K blocks; TMA zero-fills a K tail past the width in both operands
   static constexpr int k_d = ceil_div(C::D, 64), k_i = ceil_div(C::I, 64);
   static constexpr int k_is = ceil_div(C::IS, 64);
-  // routed tiles: their opcode bits and K blocks (fp8 slices are 128 wide)
+  // routed tiles: their opcode bits and K blocks (fp8 slices are 128 wide; TMA zero-fills
+  // a K tail of the activations, the padded weights hold zeros there)
   static constexpr int kRouted = C::Q ? kF8 : 0;
-  static constexpr int k_rd = C::Q ? C::D / 128 : k_d, k_ri = C::Q ? C::I / 128 : k_i;
+  static constexpr int k_rd = C::Q ? ceil_div(C::D, 128) : k_d;
+  static constexpr int k_ri = C::Q ? ceil_div(C::I, 128) : k_i;
 
   // Counter arrays, derived where used rather than held: consumer registers are scarce.
   MOKGEN_DEV uint32_t* ready() const { return buf->counters + 1; }
@@ -274,16 +284,18 @@ struct FwdProblem {
       const int n0 = nt * (BN / 2);
       if (!wait_at_least(ready() + m, C::COMM, buf->rank, kPhaseGateUp, m)) return stop_task();
       fence_proxy_async_global();  // ring rows were written by the comm CTAs' plain stores
-      return Task{kGateUp | kRouted, slot_row, e * 2 * C::I + n0, e * 2 * C::I + C::I + n0, p0,
-                  n0, BM, k_rd};
+      return Task{kGateUp | kRouted, slot_row, e * 2 * C::PI + n0, e * 2 * C::PI + C::PI + n0,
+                  p0, n0, BM, k_rd};
     }
     if (!wait_at_least(gu_done() + m * S::RT_FULL + rt, S::GU_N, buf->rank, kPhaseDown,
                        m * S::RT_FULL + rt))
       return stop_task();
     fence_proxy_async_global();
-    // an fp8 edge tile reads its first 128 B rows twice (BwdProblem::fp8_half1 says why)
-    const int b0 = e * C::D + nt * BN;
-    const int b1 = C::Q && C::D % BN != 0 && nt * BN + BN > C::D ? b0 : -1;
+    // an fp8 edge tile whose second 128-column half is past D reads its first 128 B rows
+    // twice (BwdProblem::fp8_half1 says why)
+    const int b0 = e * C::PD + nt * BN;
+    const int b1 = C::Q && C::D % BN != 0 &&
+        (C::D % 128 == 0 ? nt * BN + BN > C::D : nt * BN + BN / 2 >= C::D) ? b0 : -1;
     return Task{kDown | kRouted, slot_row, b0, b1, p0, nt * BN, BM, k_ri};
   }
 
@@ -361,8 +373,11 @@ struct FwdProblem {
   // the tile's whole 128 output columns of a row). The bf16 pre-activations (for a backward) are stored first, so `a` can
   // overwrite the gate accumulators in place (no second array of 64 live registers); a
   // backward also gets `a` in bf16 (its weight gradients are bf16 GEMMs).
+  // An edge tile (I not a multiple of 128) stores its columns inside I only, and quantizes
+  // the partial block there with zeros past I.
   MOKGEN_DEV void swiglu_fp8(const Task& t, float (&acc)[Cfg::kAccRegs], int cwg) {
     constexpr int BN = Cfg::BN, G = C::Q / 8;  // column groups (8 wide) per block
+    const int n_valid = cols_valid<C::I, BN / 2>(t.c_col0);
     if (buf->ring_h != nullptr) {
       __nv_bfloat16* pre = buf->ring_h + (size_t)t.a_row0 * 2 * C::I + t.c_col0;
       for_each_dual_pair<BN>(acc, cwg, t.m_valid,
@@ -371,7 +386,7 @@ struct FwdProblem {
             __floats2bfloat162_rn(g0, g1);
         *reinterpret_cast<__nv_bfloat162*>(pre + (size_t)r * 2 * C::I + C::I + c) =
             __floats2bfloat162_rn(u0, u1);
-      });
+      }, n_valid);
     }
     if constexpr ((Cfg::PROF & kProfFp8PlainEpilogue) != 0) return;  // profiling: no SwiGLU
 #pragma unroll
@@ -382,7 +397,7 @@ struct FwdProblem {
                              [&](int r, int c, float a0, float a1, float, float) {
         *reinterpret_cast<__nv_bfloat162*>(act + (size_t)r * C::I + c) =
             __floats2bfloat162_rn(a0, a1);
-      });
+      }, n_valid);
     }
     const int row0 = 64 * cwg + acc_row(0);  // rows row0 (h = 0) and row0 + 8 (h = 1)
     uint8_t* out = buf->ring_a8 + (size_t)t.a_row0 * C::I + t.c_col0;
@@ -391,9 +406,20 @@ struct FwdProblem {
       const int row = row0 + 8 * h;
 #pragma unroll
       for (int g0 = 0; g0 < BN / 16; g0 += G) {  // one block: column groups g0 .. g0 + G - 1
-        const float scale = quantize_quad_block<C::Q>(
-            [&](int g) { return make_float2(acc[4 * g + 2 * h], acc[4 * g + 2 * h + 1]); }, g0,
-            out + (size_t)row * C::I);
+        float scale;
+        if constexpr (C::I % 128 == 0) {
+          scale = quantize_quad_block<C::Q>(
+              [&](int g) { return make_float2(acc[4 * g + 2 * h], acc[4 * g + 2 * h + 1]); },
+              g0, out + (size_t)row * C::I);
+        } else {  // an edge tile: blocks past I are not there; the partial one is zero-padded
+          if (8 * g0 >= n_valid) break;
+          scale = quantize_quad_block<C::Q, true>(
+              [&](int g) {
+                return 8 * g < n_valid ? make_float2(acc[4 * g + 2 * h], acc[4 * g + 2 * h + 1])
+                                       : make_float2(0.f, 0.f);
+              },
+              g0, out + (size_t)row * C::I, n_valid / 8);
+        }
         if ((threadIdx.x & 3) == 0)
           buf->ring_sa[(size_t)((t.c_col0 + 8 * g0) / C::Q) * C::RING_ROWS + t.a_row0 + row] =
               scale;
