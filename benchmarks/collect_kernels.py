@@ -8,7 +8,9 @@ that list where many cores are (the GPU machine), so the tests then find every k
    On a machine without a GPU the tests' CPU-side preparation runs for real (~10 min).
    Plans, not sources, are kept: a header or ABI change since leaves the list valid.
 2. Build (the GPU machine, nvcc on every core): the plans' kernels as the tree now emits them
-       MOKGEN_CACHE=... python benchmarks/collect_kernels.py P.pkl
+       MOKGEN_CACHE=... python benchmarks/collect_kernels.py P.pkl [--bench "ARGS"]
+   --bench adds the layers `python -m mokgen bench ARGS` would run, so a benchmark in the same
+   call finds its kernels built too.
 """
 from __future__ import annotations
 
@@ -57,11 +59,24 @@ def pytest_sessionfinish(session, exitstatus):
     print(f"\ncollect_kernels: {len(_PLANS)} plans -> {path}")
 
 
-def main(path: str) -> int:
+def bench_plans(argv: list) -> list:
+    """The plans `python -m mokgen bench argv` runs (its own parser and validation)."""
+    import mokgen
+    from mokgen import bench
+    return [mokgen.plan(mokgen.shapes.get(name), ep=ep, tokens_per_rank=n, **ov)
+            for name, ep, n, ov in bench._configs(bench.parser().parse_args(argv))]
+
+
+def main(argv: list) -> int:
+    import shlex
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     from mokgen import build, codegen
+    path = argv[0]
     with open(path, "rb") as f:
-        kernels = {k.name: k for p in pickle.load(f) for k in codegen.emit(p)}.values()
+        plans = pickle.load(f)
+    if len(argv) > 2 and argv[1] == "--bench":
+        plans += bench_plans(shlex.split(argv[2]))
+    kernels = {k.name: k for p in plans for k in codegen.emit(p)}.values()
     t0 = time.perf_counter()
     bins = build.build(list(kernels), jobs=os.cpu_count())
     print(f"collect_kernels: {len(bins)} kernels ({sum(not b.cached for b in bins)} built) in "
@@ -70,4 +85,4 @@ def main(path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1:]))

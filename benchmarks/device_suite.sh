@@ -4,6 +4,7 @@
 # halves over the GPUs present (one GPU: one after the other); a command given as arguments
 # runs after the second half, on its GPU. Logs and results under $OUT.
 #   KERNELS=.kcache/collected.pkl MOKGEN_COMMIT=<sha> bash benchmarks/device_suite.sh [cmd ...]
+# BENCH_ARGS="--backward ..." also builds the layers `python -m mokgen bench $BENCH_ARGS` runs.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MOKGEN_CACHE=${MOKGEN_CACHE:-$PWD/.kcache}
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0
@@ -11,7 +12,8 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=index,name,clocks.sm,memory.used --format=csv,noheader
 KERNELS=${KERNELS:-.kcache/collected.pkl}
-[ -f "$KERNELS" ] && timeout 240 python3 benchmarks/collect_kernels.py "$KERNELS" 2>&1 | tail -2
+[ -f "$KERNELS" ] && timeout 240 python3 benchmarks/collect_kernels.py "$KERNELS" \
+  ${BENCH_ARGS:+--bench "$BENCH_ARGS"} 2>&1 | tail -2
 A="tests/test_gpu_memory.py tests/test_gpu_shapes.py tests/test_gpu_widths.py tests/test_gpu_module.py
    tests/test_gpu_backward.py tests/test_gpu_forward.py"
 B="tests/test_gpu_fp8.py tests/test_gpu_reliability.py tests/test_gpu_transformers.py"

@@ -246,7 +246,7 @@ def bench_backward(layer, ts, shape, args, all_routes, all_weights, fwd_floor_ms
     return r
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m mokgen bench",
                                  description="per-rank slice benchmark against PyTorch baselines")
     ap.add_argument("--shapes", default="kimi-k2.7,glm-5.2,qwen3.5-397b-a17b,deepseek-v4-pro")
@@ -261,7 +261,11 @@ def main(argv=None):
     ap.add_argument("--pingpong", action="store_true",
                     help="each run in both GEMM consumer schedules, cooperative then ping-pong "
                          "(GemmConfig.pingpong, both kernels)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     try:
         configs = _configs(args)  # argument errors before any GPU work
     except ValueError as e:
