@@ -2,7 +2,9 @@
 softmax top-k router, same input tokens and output gradient: forward and training step
 (forward + backward) TFLOP/s = 6 T k D I / t (x 3 for the step), and the peak memory of a
 step above what was allocated before the layer was built, its weights and their gradients
-excluded (workspace included).
+excluded (workspace included). mokgen runs twice: as built by default, and with
+fuse_grad_accumulation=True (the steps after the first add the expert gradients into .grad
+inside the backward kernel, as a training loop with gradient accumulation would).
 
 Getting SonicMoE onto the GPU machine (its CuTe DSL wheel is larger than one call carries):
 ../shared/tools/peers/README.md. In the second device call, after installing:
@@ -12,8 +14,9 @@ Getting SonicMoE onto the GPU machine (its CuTe DSL wheel is larger than one cal
 
 Its first call per shape JIT-compiles for 1.5-3 minutes: `benchmarks/peers_sonicmoe.sh` runs
 both device calls and keeps CuTe DSL's compile cache (CUTE_DSL_CACHE_DIR) under OUT, to be
-carried as `.peers-jit/` next time; `--shapes` picks a subset when the five do not fit one
-call. Where sonicmoe does not import, the rows hold mokgen's numbers and None for SonicMoE's.
+carried as `.peers-jit/` next time (measured: sonic-moe 0.1.2 left it empty, so the JIT
+runs in every call); `--shapes` picks a subset when the five do not fit one call.
+`--prebuild` (no GPU) compiles mokgen's kernels for the shapes into $MOKGEN_CACHE, to carry. Where sonicmoe does not import, the rows hold mokgen's numbers and None for SonicMoE's.
 Writes OUT/peers_sonicmoe.json.
 """
 from __future__ import annotations
@@ -54,10 +57,28 @@ def sonicmoe_layer(D, I, E, k):
     return layer, lambda x: layer(x, kernel_backend_moe=KernelBackendMoE.sonicmoe)[0]
 
 
-def mokgen_layer(D, I, E, k, T):
-    shape = mokgen.MoEShape(E, D, I, k, shared_experts=0)
-    layer = mokgen.MoE(shape, tokens_per_rank=T).cuda()
+def mokgen_shape(D, I, E, k):
+    return mokgen.MoEShape(E, D, I, k, shared_experts=0)
+
+
+def mokgen_layer(D, I, E, k, T, fuse=False):
+    layer = mokgen.MoE(mokgen_shape(D, I, E, k), tokens_per_rank=T,
+                       fuse_grad_accumulation=fuse).cuda()
     return layer, layer
+
+
+def prebuild(shapes) -> None:
+    """Compile the kernels mokgen.MoE builds for `shapes` (its plan: ep = 1, tuned overrides)."""
+    from mokgen import build, codegen
+    from mokgen.tune import with_tuned
+    kernels = {}
+    for _, T, D, I, E, k in shapes:
+        shape = mokgen_shape(D, I, E, k)
+        plan = mokgen.plan(shape, ep=1, tokens_per_rank=T,
+                           **with_tuned(shape, 1, "bf16", T, {}))
+        kernels.update({kern.name: kern for kern in codegen.emit(plan)})
+    bins = build.build(list(kernels.values()), jobs=os.cpu_count())
+    print(f"prebuild: {len(bins)} kernels, {sum(not b.cached for b in bins)} built")
 
 
 def measure(make, T, D, iters):
@@ -97,36 +118,47 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES),
                     help="comma-separated names from SHAPES")
+    ap.add_argument("--prebuild", action="store_true",
+                    help="only compile mokgen's kernels for the shapes (no GPU needed)")
     a = ap.parse_args(argv)
     wanted = a.shapes.split(",")
     unknown = set(wanted) - {s[0] for s in SHAPES}
     if unknown:
         ap.error(f"unknown shapes {sorted(unknown)}; known: {[s[0] for s in SHAPES]}")
+    if a.prebuild:
+        prebuild([s for s in SHAPES if s[0] in wanted])
+        return 0
     commit = os.environ.get("MOKGEN_COMMIT") or subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     rows = []
     for name, T, D, I, E, k in (s for s in SHAPES if s[0] in wanted):
         flops = 6 * T * k * D * I
         m = measure(lambda: mokgen_layer(D, I, E, k, T), T, D, a.iters)
+        mf = measure(lambda: mokgen_layer(D, I, E, k, T, fuse=True), T, D, a.iters)
         s = measure(lambda: sonicmoe_layer(D, I, E, k), T, D, a.iters)
         tf = lambda ms, f: None if ms is None else f / ms / 1e9  # noqa: E731
         rows.append(dict(shape=name, T=T, D=D, I=I, E=E, k=k,
                          mokgen_fwd_tflops=tf(m[0], flops), sonicmoe_fwd_tflops=tf(s[0], flops),
                          mokgen_train_tflops=tf(m[1], 3 * flops),
                          sonicmoe_train_tflops=tf(s[1], 3 * flops),
-                         mokgen_peak_mb=m[2], sonicmoe_peak_mb=s[2]))
+                         mokgen_peak_mb=m[2], sonicmoe_peak_mb=s[2],
+                         mokgen_fused_train_tflops=tf(mf[1], 3 * flops),
+                         mokgen_fused_peak_mb=mf[2]))
         print(json.dumps(rows[-1]), flush=True)
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "peers_sonicmoe.json"), "w") as f:
             json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                            commit=commit, rows=rows), f, indent=1)
     fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
-    print("| shape | fwd mokgen | SonicMoE | train mokgen | SonicMoE | peak MB mokgen | SonicMoE |")
+    print("| shape | fwd mokgen | SonicMoE | train mokgen / fused | SonicMoE "
+          "| peak MB mokgen / fused | SonicMoE |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['shape']} | {fmt(r['mokgen_fwd_tflops'])} | {fmt(r['sonicmoe_fwd_tflops'])} "
-              f"| {fmt(r['mokgen_train_tflops'])} | {fmt(r['sonicmoe_train_tflops'])} "
-              f"| {fmt(r['mokgen_peak_mb'])} | {fmt(r['sonicmoe_peak_mb'])} |")
+              f"| {fmt(r['mokgen_train_tflops'])} / {fmt(r['mokgen_fused_train_tflops'])} "
+              f"| {fmt(r['sonicmoe_train_tflops'])} "
+              f"| {fmt(r['mokgen_peak_mb'])} / {fmt(r['mokgen_fused_peak_mb'])} "
+              f"| {fmt(r['sonicmoe_peak_mb'])} |")
 
 
 if __name__ == "__main__":
