@@ -27,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -62,8 +63,9 @@ def mokgen_shape(D, I, E, k):
 
 
 def mokgen_layer(D, I, E, k, T, fuse=False):
+    # .to(bf16) as SonicMoE's layer above (its router included): the user's model dtype
     layer = mokgen.MoE(mokgen_shape(D, I, E, k), tokens_per_rank=T,
-                       fuse_grad_accumulation=fuse).cuda()
+                       fuse_grad_accumulation=fuse).to("cuda", torch.bfloat16)
     return layer, layer
 
 
@@ -100,8 +102,10 @@ def measure(make, T, D, iters):
         xg = x.detach().requires_grad_()
         call(xg).backward(dy)
 
+    t0 = time.perf_counter()
     with torch.no_grad():
         fwd = time_ms(lambda: call(x), iters, warmup=3)
+    print(f"  built and first calls in {time.perf_counter() - t0:.0f} s", flush=True)
     train = time_ms(step, iters, warmup=3)  # gradients exist from here on: counted as the weights' own
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -133,8 +137,11 @@ def main(argv=None):
     rows = []
     for name, T, D, I, E, k in (s for s in SHAPES if s[0] in wanted):
         flops = 6 * T * k * D * I
+        print(f"{name}: mokgen", flush=True)
         m = measure(lambda: mokgen_layer(D, I, E, k, T), T, D, a.iters)
+        print(f"{name}: mokgen fused", flush=True)
         mf = measure(lambda: mokgen_layer(D, I, E, k, T, fuse=True), T, D, a.iters)
+        print(f"{name}: SonicMoE", flush=True)
         s = measure(lambda: sonicmoe_layer(D, I, E, k), T, D, a.iters)
         tf = lambda ms, f: None if ms is None else f / ms / 1e9  # noqa: E731
         rows.append(dict(shape=name, T=T, D=D, I=I, E=E, k=k,
