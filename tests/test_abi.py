@@ -51,3 +51,30 @@ def test_headers_match_the_description_and_a_drift_fails_the_build(tmp_path, mon
     monkeypatch.setitem(abi.STRUCTS, "FwdBuffers", tuple(swapped))
     r = _compile("fwd", codegen.abi_checks("fwd"), tmp_path)
     assert r.returncode != 0 and "FwdBuffers.row_weight drifted" in r.stderr
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_fp8_padded_widths_agree_with_the_header_and_a_drift_fails_the_build(tmp_path,
+                                                                               monkeypatch):
+    """The fp8 weights' padded widths are computed by the host (abi.padded, which lays the
+    weights out) and by the header (FwdConsts::PD / PI, which indexes them): the sources
+    assert them equal. 2880 and 720 are not multiples of 128, so the two sides differ unless
+    both pad."""
+    import mokgen
+    plan = mokgen.plan(mokgen.MoEShape(8, 2880, 720, 2, shared_experts=0), ep=1, dtype="fp8",
+                       tokens_per_rank=256)
+
+    def checks():  # the generated source's FwdConsts and its padded-width assertion
+        src = codegen.emit(plan, units=("fwd",))[0].source
+        inst = src[src.index("using C = "):src.index(";", src.index("using C = ")) + 1]
+        start = src.index("static_assert(C::PD ==")
+        return f"{inst}\n{src[start:src.index(');', start) + 2]}"
+
+    c = codegen.constants(plan)["fwd"]
+    assert (c["padded_hidden"], c["padded_intermediate"]) == (2944, 768)
+    r = _compile("fwd", checks(), tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    monkeypatch.setattr(abi, "padded", lambda n: -(-n // 64) * 64)  # a host padding to 64
+    r = _compile("fwd", checks(), tmp_path)
+    assert r.returncode != 0 and "padded widths drifted" in r.stderr

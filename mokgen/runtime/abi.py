@@ -90,6 +90,12 @@ PROFILES = {"no_routed_wgrad": ("kProfNoRoutedWgrad", 1), "no_dh_quant": ("kProf
             "fp8_plain_epilogue": ("kProfFp8PlainEpilogue", 8)}
 
 
+
+def padded(n: int) -> int:
+    """A width of the fp8 weights (and of dh's halves) in the kernels' layouts: whole
+    128-blocks (FwdConsts::PD, PI; the fwd and bwd sources assert they agree: codegen.constants)."""
+    return -(-n // 128) * 128
+
 def profile_mask(names) -> int:
     return sum(PROFILES[n][1] for n in names)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .abi import padded
 from .peers import peer_shapes
 
 BF16 = torch.bfloat16
@@ -128,12 +129,6 @@ class BackwardScratch:
             self.ring_sdy = torch.empty(-(-D // q), M, **f32)
             self.ring_dh8 = torch.empty(M, 2 * padded(I), **u8)
             self.ring_sdh = torch.empty(2 * padded(I) // q, M, **f32)
-
-
-def padded(n: int) -> int:
-    """A width of the fp8 weights (and of dh's halves) in the kernels' layouts: whole
-    128-blocks (FwdConsts::PD, PI)."""
-    return -(-n // 128) * 128
 
 
 def backward_tiles(s: LayerSpec) -> tuple[int, int]:
