@@ -34,12 +34,13 @@ def main(argv=None):
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--ep", default="", help="comma list of ep (default: 1 and the virtual one)")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     a = ap.parse_args(argv)
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for name in a.models.split(","):
-        for ep in eps(mokgen.shapes.get(name)):
+        for ep in ([int(e) for e in a.ep.split(",")] if a.ep else eps(mokgen.shapes.get(name))):
             r = bench_one(name, ep, a.tokens, a.iters, g, backward=True, naive=False)
             b = r["backward"]
             r["train_mokgen_ms"] = r["mokgen_ms"] + b["mokgen_ms"]

@@ -255,9 +255,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--comm-sms", default="", help="comma list: sweep comm_sms_fwd")
+    ap.add_argument("--comm-sms-bwd", default="",
+                    help="comma list: sweep comm_sms_bwd (with --backward)")
     ap.add_argument("--minibatch", default="", help="comma list: sweep the minibatch")
     ap.add_argument("--backward", action="store_true",
                     help="also time the backward (ours vs autograd through the baselines)")
+    ap.add_argument("--no-naive", action="store_true",
+                    help="skip the per-expert loop baseline (slow at many local experts)")
     ap.add_argument("--pingpong", action="store_true",
                     help="each run in both GEMM consumer schedules, cooperative then ping-pong "
                          "(GemmConfig.pingpong, both kernels)")
@@ -277,13 +281,15 @@ def main(argv=None):
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for name, ep, n, ov in progress(configs, "bench"):
-        r = bench_one(name, ep, n, args.iters, g, backward=args.backward, **ov)
+        r = bench_one(name, ep, n, args.iters, g, backward=args.backward,
+                      naive=not args.no_naive, **ov)
         gc.collect()
         torch.cuda.empty_cache()
         r["overrides"] = ov
         rows.append(r)
         print(json.dumps(r), flush=True)
-    fname = "moe_layer_fwd_bf16_sweep.json" if args.comm_sms or args.minibatch else \
+    fname = "moe_layer_fwd_bf16_sweep.json" if args.comm_sms or args.comm_sms_bwd or \
+        args.minibatch else \
         "moe_layer_fwdbwd_bf16.json" if args.backward else "moe_layer_fwd_bf16.json"
     if args.pingpong:
         fname = fname.replace(".json", "_pingpong.json")
@@ -354,6 +360,9 @@ def _configs(args) -> list:
     sweeps = [{}]
     if args.comm_sms:
         sweeps = [dict(comm_sms_fwd=c) for c in _ints(args.comm_sms, "--comm-sms")]
+    if args.comm_sms_bwd:
+        sweeps = [dict(s, comm_sms_bwd=c) for s in sweeps
+                  for c in _ints(args.comm_sms_bwd, "--comm-sms-bwd")]
     if args.minibatch:
         sweeps = [dict(s, minibatch=b) for s in sweeps for b in _ints(args.minibatch, "--minibatch")]
     if args.pingpong:
