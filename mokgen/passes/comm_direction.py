@@ -67,6 +67,7 @@ def forward_costs(plan: Plan, dispatch: str, combine: str) -> dict:
     def signals(op, d, extra_cross=0):
         local, cross = signal_counts(op, d, R)
         cross += extra_cross if cross else 0
+        local = max(local, 1 - min(cross, 1))  # one rank: its own pushes still signal
         return minibatches * (local * gpu.flag_latency + cross * gpu.peer_flag_latency)
 
     moved_d = rows * plan.row_bytes + (table if dispatch == "push" else 0)
