@@ -212,7 +212,8 @@ struct FwdProblem {
       return xflag(dir->xflags[buf->rank], buf->max_minibatches, kXDnDone, 0);
     return ready() + buf->max_minibatches;
   }
-  MOKGEN_DEV uint32_t* gu_done() const { return dn_done() + buf->max_minibatches; }
+  // (the counters' own dn_done words stay in the layout, unused by the non-default directions)
+  MOKGEN_DEV uint32_t* gu_done() const { return ready() + 2 * buf->max_minibatches; }
   MOKGEN_DEV uint32_t* sgu_done() const {
     return gu_done() + buf->max_minibatches * S::RT_FULL;
   }
