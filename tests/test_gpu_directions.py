@@ -3,34 +3,35 @@ ranks side by side (push dispatch and pull combine wait on peers inside the mega
 the R ranks' kernels run at once, each on its share of the SMs: reserve_sms), against the
 reference, bitwise equal across directions (the same fixed-order sums), and bitwise over
 repeated calls. Real ranks: test_multigpu.py."""
-import itertools
-
 import pytest
 import torch
 
 import mokgen
-from mokgen.workloads import make_inputs, reference_grads, reference_outputs, rel_error
+from mokgen.workloads import (FORWARD_DIRECTIONS, direction_layers, make_inputs,
+                              reference_grads, reference_outputs, rel_error)
 
 pytestmark = pytest.mark.gpu
-FORWARD = list(itertools.product(("pull", "push"), ("push", "pull")))  # (dispatch, combine)
+FORWARD = FORWARD_DIRECTIONS  # (dispatch, combine), the paper's first
 EP = 2
 
 
-def side_by_side(ep: int) -> dict:
-    """Decisions that fit ep virtual ranks' megakernels on the GPU at once."""
+def layer_kwargs(shape, tokens, sms: int, **pinned) -> dict:
+    """(dispatch, combine) -> mokgen.compile's arguments: the ep virtual ranks' megakernels
+    fit the GPU's `sms` at once (reserve_sms), every other decision pinned (workloads.
+    direction_layers). No GPU needed: benchmarks/directions.py --prebuild --tests builds them."""
+    return direction_layers(shape, EP, tokens, reserve_sms=sms - sms // EP, **pinned)
+
+
+# (tokens, pinned) of every layer the tests below compile
+CASES = {"plain": (900, {}), "ring-wraps": (900, dict(minibatch=128, macrobatch=256)),
+         "skew-one": (900, {}), "odd-tokens": (777, {}), "backward": (600, {})}
+
+
+def compile_all(case):
+    shape, (tokens, pinned) = mokgen.shapes.get("gpu-small"), CASES[case]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return dict(reserve_sms=sms - sms // ep)
-
-
-def compile_all(shape, tokens, **pinned):
-    """One layer per direction, every other decision pinned to the paper's plan (so only the
-    direction differs; pull combine needs >= 2 comm CTAs)."""
-    common = dict(ep=EP, tokens_per_rank=tokens, **side_by_side(EP))
-    base = mokgen.plan(shape, **common, **pinned)
-    fixed = dict(minibatch=base.minibatch, macrobatch=base.macrobatch,
-                 comm_sms_fwd=max(2, base.comm_sms_fwd))
-    return {dc: mokgen.compile(shape, virtual=True, dispatch=dc[0], combine=dc[1], **common,
-                               **fixed) for dc in FORWARD}
+    return {dc: mokgen.compile(shape, virtual=True, **kw)
+            for dc, kw in layer_kwargs(shape, tokens, sms, **pinned).items()}
 
 
 def run_poisoned(layer, inputs):
@@ -43,10 +44,8 @@ def run_poisoned(layer, inputs):
 
 @pytest.mark.parametrize("case", ["plain", "ring-wraps", "skew-one", "odd-tokens"])
 def test_every_direction_matches_the_reference_and_each_other_bitwise(case):
-    shape = mokgen.shapes.get("gpu-small")
-    tokens = {"odd-tokens": 777}.get(case, 900)
-    pinned = dict(minibatch=128, macrobatch=256) if case == "ring-wraps" else {}
-    layers = compile_all(shape, tokens, **pinned)
+    shape, tokens = mokgen.shapes.get("gpu-small"), CASES[case][0]
+    layers = compile_all(case)
     inputs = make_inputs(shape, EP, tokens, skew="one" if case == "skew-one" else None)
     ref = reference_outputs(shape, inputs)
     outs = {}
@@ -68,9 +67,8 @@ def test_every_direction_matches_the_reference_and_each_other_bitwise(case):
 def test_backward_after_every_forward_direction():
     """The backward reads the ring the forward filled (either way, the same rows): its
     gradients match the reference and are bitwise the same after every direction."""
-    shape = mokgen.shapes.get("gpu-small")
-    tokens = 600
-    layers = compile_all(shape, tokens)
+    shape, tokens = mokgen.shapes.get("gpu-small"), CASES["backward"][0]
+    layers = compile_all("backward")
     inputs = make_inputs(shape, EP, tokens)
     dys = [torch.randn_like(x) for x in inputs["x"]]
     ref = reference_grads(shape, inputs, dys)

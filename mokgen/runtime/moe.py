@@ -60,6 +60,11 @@ class ForwardRuntime:
                 f"runs their megakernels side by side: the plan may launch at most "
                 f"{self.num_sms // spec.ep} CTAs each, it launches {self.fwd_ctas} (compile with "
                 f"reserve_sms={self.num_sms - self.num_sms // spec.ep}, or use real ranks)")
+        # Virtual ranks whose plan leaves room for all R megakernels at once (reserve_sms)
+        # run them side by side, whatever the directions: the directions ablation compares
+        # like with like (benchmarks/directions.py).
+        self.side_by_side_ranks = virtual and spec.ep > 1 and \
+            spec.ep * self.fwd_ctas <= self.num_sms
         self._side_streams = None
         self.peers = PeerSet(spec, self.dev, virtual, group)
         self.ranks = [RankBuffers(spec, self.dev, self.peers.local(i))
@@ -169,7 +174,8 @@ class ForwardRuntime:
             else:
                 self.route_given(i, *routes[i], n)
         self.peers.barrier(self._launch_barrier)
-        if self.spec.peer_directions:  # peers read every schedule while the megakernels run
+        if self.spec.peer_directions or self.side_by_side_ranks:
+            # peers read every schedule while the megakernels run
             for i in hosted:
                 self.schedule(i, n)
             self.peers.barrier(self._launch_barrier)
