@@ -274,9 +274,9 @@ def table(out) -> str:
                      f"{'yes' if same else 'NO':>7}  "
                      f"{'<- chosen' if r['chosen'] else ''}")
     for col, v in out["verdict"].items():
+        ok = "chosen is fastest or within noise" if v["chosen_ok"] else "CHOSEN IS SLOWER"
         lines.append(f"{col}: fastest {v['fastest']} {v['fastest_ms']:.3f} ms, chosen "
-                     f"{v['chosen_ms']:.3f} ms, noise {100 * v['noise']:.1f}%: "
-                     f"{'chosen is fastest or within noise' if v['chosen_ok'] else 'CHOSEN IS SLOWER'}")
+                     f"{v['chosen_ms']:.3f} ms, noise {100 * v['noise']:.1f}%: {ok}")
     return "\n".join(lines)
 
 
