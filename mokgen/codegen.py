@@ -42,13 +42,22 @@ _ABI = {"fwd": (("FwdBuffers",), ("Fp8Maps",), abi.FWD_PHASES),
         "bwd": (("BwdBuffers",), ("BwdMaps", "Fp8BwdMaps"), abi.BWD_PHASES)}
 
 
-def abi_checks(unit: str) -> str:
+def abi_checks(unit: str, ranks: int | None = None) -> str:
     """static_asserts that fail the build when a header's struct or constant drifts from
     runtime/abi.py, the description the host packs from: every field's offset and each
-    struct's size, every tensor-map field's slot, the phase numbers and watch-word indices."""
+    struct's size, every tensor-map field's slot, the phase numbers and watch-word indices.
+    `ranks`: the forward also has the non-default directions' DirPeers<ranks> and phases."""
     structs, map_structs, phases = _ABI[unit]
     why = "drifted from mokgen/runtime/abi.py"
     out = []
+    if ranks is not None:
+        offsets, size = abi.layout(abi.FWD_DIR_PEERS, ranks)
+        name = f"DirPeers<{ranks}>"
+        out += [f"static_assert(offsetof(mokgen::{name}, {f}) == {o}, \"DirPeers.{f} {why}\");"
+                for f, o in offsets.items()]
+        out.append(f"static_assert(sizeof(mokgen::{name}) == {size}, \"DirPeers {why}\");")
+        out += [f"static_assert(mokgen::{k} == {v}, \"{k} {why}\");"
+                for k, (v, _) in abi.FWD_DIR_PHASES.items()]
     for name in structs:
         offsets, size = abi.layout(abi.STRUCTS[name])
         out += [f"static_assert(offsetof(mokgen::{name}, {f}) == {o}, \"{name}.{f} {why}\");"
@@ -84,7 +93,9 @@ def emit(plan: Plan, units=tuple(UNITS)) -> list[Kernel]:
     consts = constants(plan)
     flags = ("-DMOKGEN_DEBUG",) if CONFIG.debug else ()
     kernels = [Kernel(f"{u}_{plan.key()}", _ENV.get_template(UNITS[u]).render(
-        **consts[u], abi_checks=abi_checks(u) if u in _ABI else "", fwd_maps=abi.FWD_MAPS),
+        **consts[u], abi_checks=abi_checks(u, consts[u]["ep"] if consts[u].get("dir_peers")
+                                           else None) if u in _ABI else "",
+        fwd_maps=abi.FWD_MAPS),
         flags) for u in units]
     if CONFIG.dump:
         CONFIG.dump.mkdir(parents=True, exist_ok=True)

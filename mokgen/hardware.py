@@ -21,13 +21,16 @@ class GPU:
     nvlink_bw: float            # unidirectional NVLink bandwidth per GPU, bytes/s
     copy_bw_per_sm: float       # bytes/s one SM moves with 16-byte loads/stores
     flag_latency: float         # seconds for a release/acquire hand-off between SMs
+    # seconds for a hand-off through a flag in a peer GPU's memory (system-scope release,
+    # NVLink, the waiter's poll); an estimate until benchmarks/directions.py measures it
+    peer_flag_latency: float
     memory: int                 # bytes of device memory
 
 
 H200 = GPU(
     name="H200", arch="sm_90a", num_sms=132, smem_per_sm=227 * 1024,
     bf16_flops=750e12, fp8_flops=1400e12, hbm_bw=4.2e12, nvlink_bw=450e9,
-    copy_bw_per_sm=40e9, flag_latency=2e-6, memory=141 * 10**9,
+    copy_bw_per_sm=40e9, flag_latency=2e-6, peer_flag_latency=4e-6, memory=141 * 10**9,
 )
 
 # Blackwell (the GPU of a GB200 superchip), for mokgen.simulate only: no kernel is built for
@@ -41,7 +44,8 @@ H200 = GPU(
 GB200 = GPU(
     name="GB200", arch="sm_100a", num_sms=148, smem_per_sm=227 * 1024,
     bf16_flops=0.76 * 2.5e15, fp8_flops=0.76 * 5.0e15, hbm_bw=0.875 * 8.0e12,
-    nvlink_bw=900e9, copy_bw_per_sm=40e9, flag_latency=2e-6, memory=186 * 10**9,
+    nvlink_bw=900e9, copy_bw_per_sm=40e9, flag_latency=2e-6, peer_flag_latency=4e-6,
+    memory=186 * 10**9,
 )
 
 _GPUS = {"H200": H200, "H100": H200, "GB200": GB200, "B200": GB200}

@@ -26,10 +26,11 @@ MAX_TOPK = 32
 MAX_EP = 512
 # Row indices (the schedule table, ring positions, route ordinals) are 32-bit ints.
 MAX_ROUTED_ROWS = 2**31 - 1
-# The comm directions the kernels implement (moe_fwd.cuh, moe_bwd.cuh); the plan's other
-# directions exist for the cost model (passes.comm_direction) only.
-DIRECTIONS = {"dispatch": "pull", "combine": "push", "reverse_combine": "pull",
-              "reverse_dispatch": "push"}
+# The comm directions the kernels implement, per op (moe_fwd.cuh + direction.cuh: both ways
+# for the forward's; moe_bwd.cuh: the paper's one way for the backward's); the backward's
+# other directions exist for the cost model (passes.comm_direction) only.
+DIRECTIONS = {"dispatch": ("pull", "push"), "combine": ("push", "pull"),
+              "reverse_combine": ("pull",), "reverse_dispatch": ("push",)}
 # GEMM tiles (gemm_tile.cuh GemmCfg; one per kernel, every GEMM op of a direction shares it):
 # BM is fixed by the engine, two consumer warpgroups of 64 rows (wgmma m64). BN: the engine
 # also has N = 128, but the fp8 tiles are two 128-column halves and the host's tensor maps
@@ -84,9 +85,15 @@ def violations(plan: "Plan") -> list[str]:
                    f"got {rows}")
     for op, want in DIRECTIONS.items():
         got = getattr(plan, op)
-        if got is not None and got != want:
-            out.append(f"{op} must be {want!r} (the only direction the kernels implement), "
+        if got is not None and got not in want:
+            out.append(f"{op} must be {want[0]!r} (the only direction the kernels implement), "
                        f"got {got!r}")
+    if plan.dispatch == "push" and plan.scale_block:
+        out.append(f"dispatch='push' moves bf16 rows only (direction.cuh push_rows): dtype "
+                   f"{plan.dtype} must use dispatch='pull'")
+    if plan.combine == "pull" and plan.comm_sms_fwd is not None and plan.comm_sms_fwd < 2:
+        out.append(f"combine='pull' needs comm_sms_fwd >= 2 (its own comm CTAs pull the rows, "
+                   f"beside the dispatch ones), got {plan.comm_sms_fwd}")
     for name in ("gemm_fwd", "gemm_bwd"):
         out += _gemm_violations(name, getattr(plan, name))
     broken = set()  # one sentence per field: its first rule broken

@@ -23,7 +23,16 @@ def op_params(op: ir.Op) -> dict:
         out["comm_sms" if a["sm_role"] == "comm" else "compute_ctas"] = a["ctas"]
     if "gemm" in a:
         out["block_m"] = a["gemm"].bm
+    # the forward's comm ops pick their kernel variant (moe_fwd.cuh DPUSH, CPULL); the
+    # backward's run their one implemented direction (limits.DIRECTIONS)
+    if op.comm in _VARIANT and "comm_direction" in a:
+        param, flipped = _VARIANT[op.comm]
+        out[param] = a["comm_direction"] == flipped
     return out
+
+
+# forward comm op -> (template parameter, the direction that sets it)
+_VARIANT = {"dispatch": ("dispatch_push", "push"), "combine": ("combine_pull", "pull")}
 
 
 def lower(g, direction: str) -> dict:
@@ -41,7 +50,12 @@ def lower(g, direction: str) -> dict:
                 gemm_bn=gemm.bn, gemm_stages=gemm.stages, gemm_pingpong=gemm.pingpong,
                 block_m=got["block_m"], minibatch=got["minibatch"],
                 ring_slots=got["ring_rows"] // got["minibatch"],
-                scale_block=got.get("scale_block", 0))
+                scale_block=got.get("scale_block", 0),
+                dispatch_push=got.get("dispatch_push", False),
+                combine_pull=got.get("combine_pull", False),
+                # the variants' peer tables are a kernel parameter only where used, so the
+                # paper's directions render the same source as before they existed
+                dir_peers=got.get("dispatch_push", False) or got.get("combine_pull", False))
 
 
 def problem_params(g) -> dict:

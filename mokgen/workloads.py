@@ -89,3 +89,21 @@ def reference_grads(shape: MoEShape, inputs: dict, dys: list, fp8: str | None = 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.float().flatten(), b.float().flatten()
     return (a @ b / (a.norm() * b.norm()).clamp_min(1e-30)).item()
+
+
+# The forward's (dispatch, combine) directions, the paper's first (tests, directions ablation).
+FORWARD_DIRECTIONS = (("pull", "push"), ("pull", "pull"), ("push", "push"), ("push", "pull"))
+
+
+def direction_layers(shape: MoEShape, ep: int, tokens: int, **common) -> dict:
+    """(dispatch, combine) -> the arguments of mokgen.plan / mokgen.compile (the same plan,
+    so kernels built ahead from them are the ones a run loads) for one layer per direction:
+    every other decision pinned to the paper's plan with `common`, so only the direction
+    differs and the outputs must be bitwise equal (pull combine needs >= 2 comm CTAs)."""
+    import mokgen
+
+    common = dict(common, ep=ep, tokens_per_rank=tokens)
+    base = mokgen.plan(shape, **common)
+    pinned = dict(common, minibatch=base.minibatch, macrobatch=base.macrobatch,
+                  comm_sms_fwd=max(2, base.comm_sms_fwd))
+    return {dc: dict(pinned, dispatch=dc[0], combine=dc[1]) for dc in FORWARD_DIRECTIONS}

@@ -37,8 +37,8 @@ def sources(plan) -> dict:
 BASE = mokgen.plan(SHAPE, **ARGS, minibatch=512)
 # field -> (a value other than the planner's, units whose source changes, or the refusal)
 FLIPS = {
-    "dispatch": ("push", "dispatch must be 'pull'"),
-    "combine": ("pull", "combine must be 'push'"),
+    "dispatch": ("push", {"fwd"}),  # both ways in the forward (direction.cuh)
+    "combine": ("pull", {"fwd"}),
     "reverse_combine": ("push", "reverse_combine must be 'pull'"),
     "reverse_dispatch": ("pull", "reverse_dispatch must be 'push'"),
     "comm_sms_fwd": (BASE.comm_sms_fwd + 1, {"fwd"}),
@@ -145,7 +145,8 @@ def test_ops_lower_to_the_parameters_their_annotations_decide():
     g = BASE.graph
     assert op_params(ir.op_of(g, OpKind.DISPATCH)) == dict(
         comm_sms=BASE.comm_sms_fwd, minibatch=BASE.minibatch, ring_rows=BASE.macrobatch,
-        scale_block=0)
+        scale_block=0, dispatch_push=False)
+    assert op_params(ir.op_of(g, OpKind.COMBINE))["combine_pull"] is False
     assert op_params(ir.op_of(g, OpKind.SHARED_FFN)) == dict(
         compute_ctas=BASE.num_sms - BASE.comm_sms_fwd, gemm=BASE.gemm_fwd, block_m=128)
     assert op_params(ir.op_of(g, OpKind.SCHEDULE_BUILD))["block_m"] == 128

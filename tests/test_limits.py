@@ -67,7 +67,12 @@ def test_any_expert_count_and_topk_up_to_32_plan(e, k, ep):
     (mokgen.MoEShape(64, 328, 256, 8), dict(dtype="fp8"), "hidden must be a multiple of 16"),
     (mokgen.MoEShape(64, 512, 200, 8), dict(dtype="mxfp8"),
      "intermediate must be a multiple of 16"),
-    (mokgen.MoEShape(64, 512, 256, 8), dict(combine="pull"), "combine must be 'push'"),
+    (mokgen.MoEShape(64, 512, 256, 8), dict(reverse_dispatch="pull"),
+     "reverse_dispatch must be 'push'"),
+    (mokgen.MoEShape(64, 512, 256, 8), dict(dispatch="push", dtype="mxfp8"),
+     "dispatch='push' moves bf16 rows only"),
+    (mokgen.MoEShape(64, 512, 256, 8), dict(combine="pull", comm_sms_fwd=1),
+     "combine='pull' needs comm_sms_fwd >= 2"),
     (mokgen.MoEShape(64, 512, 256, 8), dict(reverse_combine="push"),
      "reverse_combine must be 'pull'"),
 ])

@@ -13,7 +13,8 @@ import torch
 
 import mokgen
 from mokgen import reference
-from mokgen.workloads import cosine, make_inputs, reference_grads, reference_outputs, rel_error
+from mokgen.workloads import (cosine, direction_layers, make_inputs, reference_grads,
+                              reference_outputs, rel_error)
 
 pytestmark = pytest.mark.multigpu
 UNDER_TORCHRUN = "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
@@ -263,3 +264,33 @@ def test_a_peer_that_never_arrives_raises_on_the_others(group):
         layer.synchronize()
     dist.barrier()
 
+
+
+def direction_kwargs(R: int) -> dict:
+    """(dispatch, combine) -> the direction test's compile arguments: gpu-small, 700 tokens,
+    a wrapping ring (benchmarks/directions.py --prebuild --tests --world R builds them)."""
+    return direction_layers(mokgen.shapes.get("gpu-small"), R, 700, minibatch=128,
+                            macrobatch=256)
+
+
+@pytest.mark.parametrize("dispatch,combine", [("push", "push"), ("pull", "pull"),
+                                              ("push", "pull")])
+def test_every_forward_direction_matches_the_paper_one_bitwise(group, dispatch, combine):
+    """Push dispatch and pull combine across real GPUs (cross-GPU flags inside the
+    megakernel): y and the gradients match the reference and are bitwise those of pull
+    dispatch + push combine with every other decision the same."""
+    R, r = dist.get_world_size(), dist.get_rank()
+    shape, n = mokgen.shapes.get("gpu-small"), 700
+    kw = direction_kwargs(R)
+    paper = mokgen.compile(shape, group=group, **kw[("pull", "push")])
+    other = mokgen.compile(shape, group=group, **kw[(dispatch, combine)])
+    inputs, dys = global_inputs(shape, R, n)
+    other.runtime().poison()
+    y, grads = run_rank(other, inputs, dys[r], r)
+    other.synchronize()
+    check_rank(shape, inputs, dys, y, grads, r)
+    y0, g0 = run_rank(paper, inputs, dys[r], r)
+    paper.synchronize()
+    assert torch.equal(y, y0), f"rank {r}: y differs bitwise from pull/push"
+    for k in g0:
+        assert torch.equal(grads[k], g0[k]), f"rank {r}: d{k} differs bitwise"

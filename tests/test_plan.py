@@ -98,7 +98,7 @@ def test_passes_annotate_a_copy_and_leave_their_input_alone():
 
 
 def test_comm_direction_pass_counts_signals_and_can_be_forced():
-    g = passes.comm_direction(base())
+    g = upto("comm_direction")
     p = Plan.of(g)
     assert [getattr(p, op) for op in COMM_OPS] == ["pull", "push", "pull", "push"]
     assert ir.op_of(g, OpKind.DISPATCH).attr("comm_direction") == "pull"
@@ -106,10 +106,10 @@ def test_comm_direction_pass_counts_signals_and_can_be_forced():
     assert signal_counts("dispatch", "pull", 64) == (1, 0)
     assert signal_counts("combine", "pull", 8) == (0, 8)
     assert ("combine", "push", 1, 0) in p.signals
-    forced = Plan.of(passes.comm_direction(base(dispatch="push")))
+    forced = Plan.of(upto("comm_direction", dispatch="push"))
     assert forced.dispatch == "push" and forced.combine == "push"
     # one rank: no cross-GPU signals either way, the paper's choice stays
-    one = Plan.of(passes.comm_direction(initial_graph(mokgen.shapes.get("tiny"), 1, "bf16", 8)))
+    one = mokgen.plan(mokgen.shapes.get("tiny"), ep=1, tokens_per_rank=8)
     assert (one.dispatch, one.combine) == ("pull", "push")
 
 

@@ -9,8 +9,10 @@ from .tiling import tiling
 
 # precision sets the bytes per row that the partition and granularity models move;
 # the partition sets the comm bandwidth that granularity's exposed-latency term uses;
-# granularity sizes minibatches in whole GEMM tiles, the ring in whole minibatches.
-PASSES = (comm_direction, precision, sm_partition, tiling, granularity, ring)
+# granularity sizes minibatches in whole GEMM tiles, the ring in whole minibatches;
+# comm_direction prices each direction with all three (SMs, row bytes, minibatches), and the
+# ring holds pull combine's staging rows.
+PASSES = (precision, sm_partition, tiling, granularity, comm_direction, ring)
 
 
 def run(g):

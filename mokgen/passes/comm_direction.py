@@ -1,5 +1,4 @@
-"""Pick, per communication op, the direction in which the GPU that consumes the completion
-signal also issues the transfers (paper 3.1): its hand-off then never leaves the GPU.
+"""Pick, per communication op, push or pull (paper 3.1) by a cost model of the topology.
 
 Signals are counted per minibatch on the receiving rank, for R ranks:
 - pull: the consumer issued every load itself, so one GPU-local flag says "arrived".
@@ -7,16 +6,37 @@ Signals are counted per minibatch on the receiving rank, for R ranks:
 For combine (and reverse-dispatch) the consumer of the *hand-off* is the comm side of the
 expert rank waiting on its own compute, so push is the local one and pull would need every
 owner to poll R peers per minibatch.
+
+The forward's two ops are implemented both ways (moe_fwd.cuh, direction.cuh) and chosen
+together, since they share the comm CTAs: `forward_costs` prices each of the four combinations
+as the time its copies and signals take on one rank, per call:
+- bytes: the routed rows each rank receives (dispatch) and sends back (combine); a pushing
+  source or a pulling owner also reads the peer's schedule table (8 bytes a row) to find its
+  rows, at every rank;
+- the SMs that issue them: pull dispatch and push dispatch use the dispatch comm CTAs (all
+  comm CTAs, or all but the combine's half with pull combine); push combine is stored by the
+  compute CTAs' down epilogues (many SMs, stolen from the GEMMs), pull combine by half of
+  the comm CTAs; each side runs at min(link, SMs x per-SM copy rate) (mokgen/hardware.py);
+- signals: local ones x the GPU-local hand-off latency, cross-GPU ones x the peer flag
+  latency, per minibatch (a push dispatch also polls the peer's slot-free flag: one more).
+The backward's ops have one implementation each (limits.DIRECTIONS): the paper's, kept.
+Overrides (`dispatch="push"`, ...) force an op; the model then picks the other around it.
 """
 from __future__ import annotations
 
-from .. import ir
+import itertools
+import math
+
+from .. import hardware, ir
+from ..limits import DIRECTIONS
+from ..plan import Plan
 
 # Which side must learn that data is ready: "dst" = the rank that receives the rows and
 # computes on them (dispatch, reverse-combine); "src" = the rank that produced rows on its
 # own compute SMs and hands them to another rank (combine, reverse-dispatch).
 _WAITER = {"dispatch": "dst", "reverse_combine": "dst",
            "combine": "src", "reverse_dispatch": "src"}
+TABLE_ENTRY_BYTES = 8  # int2 (src rank, src route) per ring-layout row
 
 
 def signal_counts(op: str, direction: str, ranks: int) -> tuple[int, int]:
@@ -29,17 +49,64 @@ def signal_counts(op: str, direction: str, ranks: int) -> tuple[int, int]:
     return 0, ranks if ranks > 1 else 0
 
 
+def forward_costs(plan: Plan, dispatch: str, combine: str) -> dict:
+    """Seconds one rank spends on the forward's dispatch and combine moved that way
+    ({"dispatch", "combine", "total"}; inf where the kernels cannot run it: pull combine
+    needs two comm CTAs). `plan` has its SM split, minibatch and row bytes decided."""
+    gpu = hardware.get(plan.gpu)
+    s, R, c = plan.shape, plan.ep, plan.comm_sms_fwd
+    cc = c // 2 if combine == "pull" else 0
+    if combine == "pull" and cc < 1:
+        return dict(dispatch=math.inf, combine=math.inf, total=math.inf)
+    rows = plan.tokens_per_rank * s.topk  # expected rows per rank, uniform routing
+    minibatches = math.ceil(rows / plan.minibatch)
+    link = gpu.nvlink_bw if R > 1 else gpu.hbm_bw / 2
+    rate = lambda sms: min(link, sms * gpu.copy_bw_per_sm)  # noqa: E731
+    table = rows * TABLE_ENTRY_BYTES * R  # every peer's whole table is scanned
+
+    def signals(op, d, extra_cross=0):
+        local, cross = signal_counts(op, d, R)
+        cross += extra_cross if cross else 0
+        local = max(local, 1 - min(cross, 1))  # one rank: its own pushes still signal
+        return minibatches * (local * gpu.flag_latency + cross * gpu.peer_flag_latency)
+
+    moved_d = rows * plan.row_bytes + (table if dispatch == "push" else 0)
+    t_d = moved_d / rate(c - cc) + signals("dispatch", dispatch, extra_cross=1)
+    moved_c = rows * 2 * s.hidden
+    if combine == "push":
+        t_c = moved_c / rate(plan.num_sms - c) + signals("combine", combine)
+    else:
+        t_c = (moved_c + table) / rate(cc) + signals("combine", combine)
+    return dict(dispatch=t_d, combine=t_c, total=t_d + t_c)
+
+
+def choose_forward(plan: Plan, forced: dict) -> tuple[str, str]:
+    """The (dispatch, combine) of least modeled time among the implemented ones that agree
+    with `forced`; ties keep the paper's choice."""
+    options = [(d, c) for d, c in itertools.product(DIRECTIONS["dispatch"],
+                                                     DIRECTIONS["combine"])
+               if forced.get("dispatch", d) == d and forced.get("combine", c) == c]
+    if not options:  # a forced direction the kernels lack: limits.check says so
+        return forced.get("dispatch", "pull"), forced.get("combine", "push")
+    cost = {o: forward_costs(plan, *o)["total"] for o in options}
+    best = min(options, key=cost.get)
+    paper = ("pull", "push")
+    return paper if paper in cost and cost[paper] <= cost[best] * (1 + 1e-9) else best
+
+
 def comm_direction(g):
     """Annotates each comm op with its `comm_direction` and its `signals` per minibatch
-    either way, ((direction, local, cross), ...)."""
+    either way, ((direction, local, cross), ...). Runs after granularity (the model needs
+    the SM split and the minibatch)."""
     problem = g.graph["problem"]
+    plan = Plan.of(g)
+    overrides = problem["overrides"]
+    chosen = dict(zip(("dispatch", "combine"), choose_forward(plan, overrides)))
     changes = {}
     for op in ir.comm_ops(g):
         counts = {d: signal_counts(op.comm, d, problem["ep"]) for d in ("pull", "push")}
-        # Fewest cross-GPU signals; ties (ep=1) keep the paper's choice for that op.
-        chosen = problem["overrides"].get(op.comm) or min(
-            ("pull", "push"), key=lambda d: (counts[d][1], d != _paper_choice(op.comm)))
-        changes[op.name] = dict(comm_direction=chosen,
+        direction = overrides.get(op.comm) or chosen.get(op.comm) or _paper_choice(op.comm)
+        changes[op.name] = dict(comm_direction=direction,
                                 signals=tuple((d, *c) for d, c in counts.items()))
     return ir.annotate(g, changes)
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import struct
 
-# (field, kind): "ptr" (a device pointer, 8 bytes), "u64", "i32"; in declaration order.
+# (field, kind): "ptr" (a device pointer, 8 bytes), "u64", "i32", "ptrs" (one pointer per
+# rank, R of them: a peer table); in declaration order.
 FWD_BUFFERS = (
     ("table", "ptr"), ("row_weight", "ptr"), ("meta", "ptr"), ("offsets", "ptr"),
     ("ring_x", "ptr"), ("ring_a", "ptr"), ("ring_h", "ptr"), ("h_shared", "ptr"),
@@ -33,6 +34,14 @@ BWD_BUFFERS = (
     ("n_tokens", "i32"), ("max_minibatches", "i32"), ("rank", "i32"), ("resident", "i32"),
     ("accumulate", "i32"),
 )
+# The forward's non-default directions (push dispatch, pull combine: direction.cuh DirPeers<R>),
+# a kernel parameter only of the kernels that have them: every rank's cross-rank flag words
+# (peer_shapes "xflags"), ring, schedule table and row count, and staging rows.
+FWD_DIR_PEERS = (("xflags", "ptrs"), ("ring_x", "ptrs"), ("table", "ptrs"), ("meta", "ptrs"),
+                 ("stage", "ptrs"))
+PEER_STRUCTS = {"DirPeers": FWD_DIR_PEERS}
+# Words of one rank's xflags per forward minibatch: landed, dn_done, pulled (direction.cuh).
+XFLAG_WORDS = 3
 # Tensor-map structs: CUtensorMap fields in declaration order. The forward's bf16 maps are
 # kernel parameters of their own (codegen renders the parameter list from FWD_MAPS).
 FWD_MAPS = ("x", "hs", "ring_x", "ring_a", "sw1", "sw2", "w1", "w2")
@@ -72,7 +81,16 @@ BWD_PHASES = {
     "kPhaseBwdRingSlot": (19, "a backward comm CTA waiting for minibatch {index} to free its "
                               "ring slot"),
 }
-PHASES = {**FWD_PHASES, **BWD_PHASES}
+# the non-default directions' waits (direction.cuh DirPhase), checked by the kernels that have them
+FWD_DIR_PHASES = {
+    "kPhasePushSlot": (5, "a push-dispatch comm CTA waiting for a peer's minibatch {index} to "
+                          "free its ring slot"),
+    "kPhaseCombineReady": (6, "a pull-combine comm CTA waiting for a peer's minibatch {index} "
+                              "to leave its down GEMM"),
+    "kPhaseStageSlot": (7, "a down tile waiting for the owners to pull minibatch {index}'s "
+                           "staged rows (pull combine)"),
+}
+PHASES = {**FWD_PHASES, **FWD_DIR_PHASES, **BWD_PHASES}
 BARRIER_PHASE = (100, "the rank barrier, waiting for peer rank {index}")  # sync.cuh barrier
 
 
@@ -100,35 +118,41 @@ def profile_mask(names) -> int:
     return sum(PROFILES[n][1] for n in names)
 
 
-_FORMAT = {"ptr": "Q", "u64": "Q", "i32": "i"}
+_FORMAT = {"ptr": "Q", "ptrs": "Q", "u64": "Q", "i32": "i"}
 
 
-def layout(fields) -> tuple[dict, int]:
+def layout(fields, ranks: int = 1) -> tuple[dict, int]:
     """{field: byte offset} and the struct's size under the C ABI (natural alignment,
-    size rounded up to the largest member's alignment)."""
+    size rounded up to the largest member's alignment); "ptrs" fields hold `ranks` pointers."""
     offsets, off, align = {}, 0, 1
     for name, kind in fields:
         size = struct.calcsize(_FORMAT[kind])
         off = -(-off // size) * size
         offsets[name] = off
-        off += size
+        off += size * (ranks if kind == "ptrs" else 1)
         align = max(align, size)
     return offsets, -(-off // align) * align
 
 
-def pack(fields, **values) -> bytes:
+def pack(fields, ranks: int = 1, **values) -> bytes:
     """The struct's bytes from field values by name; a pointer may be given as a tensor or
-    None (a null pointer)."""
+    None (a null pointer), a "ptrs" field as `ranks` of them."""
     names = [n for n, _ in fields]
     if set(values) != set(names):
         missing, unknown = set(names) - set(values), set(values) - set(names)
         raise ValueError(f"struct fields missing {sorted(missing)}, unknown {sorted(unknown)}")
-    offsets, size = layout(fields)
+    offsets, size = layout(fields, ranks)
     out = bytearray(size)
+    ptr = lambda v: v if isinstance(v, int) else 0 if v is None else v.data_ptr()  # noqa: E731
     for name, kind in fields:
         v = values[name]
-        if kind == "ptr" and not isinstance(v, int):
-            v = 0 if v is None else v.data_ptr()
+        if kind == "ptrs":
+            if len(v) != ranks:
+                raise ValueError(f"struct field {name} needs {ranks} pointers, got {len(v)}")
+            struct.pack_into(f"<{ranks}Q", out, offsets[name], *map(ptr, v))
+            continue
+        if kind == "ptr":
+            v = ptr(v)
         struct.pack_into("<" + _FORMAT[kind], out, offsets[name], v)
     return bytes(out)
 

@@ -4,8 +4,10 @@ the current torch stream, never synchronizes with the host.
 Knows nothing of plans or passes: it gets a `LayerSpec` (plain sizes) and the verified cubins
 (bytes; build.py checked their hashes).
 Ranks: `virtual=True` hosts all R ranks on this GPU (their kernels run one after another on
-the stream; the forward megakernel has no cross-rank waits, so this is the whole EP protocol
-on one GPU); otherwise this process is one rank and peers come from symmetric memory.
+the stream; the paper's directions leave the forward megakernel no cross-rank waits, so this
+is the whole EP protocol on one GPU; the other directions wait on peers inside it, so their
+R megakernels run side by side, each on its plan's share of the SMs); otherwise this process
+is one rank and peers come from symmetric memory.
 """
 from __future__ import annotations
 
@@ -52,6 +54,18 @@ class ForwardRuntime:
         self.watchdog_s = watchdog_s
         for m in (pro, fwd):
             self.adopt_module(m)
+        if virtual and spec.peer_directions and spec.ep * self.fwd_ctas > self.num_sms:
+            raise ValueError(
+                f"dispatch={spec.dispatch!r} combine={spec.combine!r} on {spec.ep} virtual ranks "
+                f"runs their megakernels side by side: the plan may launch at most "
+                f"{self.num_sms // spec.ep} CTAs each, it launches {self.fwd_ctas} (compile with "
+                f"reserve_sms={self.num_sms - self.num_sms // spec.ep}, or use real ranks)")
+        # Virtual ranks whose plan leaves room for all R megakernels at once (reserve_sms)
+        # run them side by side, whatever the directions: the directions ablation compares
+        # like with like (benchmarks/directions.py).
+        self.side_by_side_ranks = virtual and spec.ep > 1 and \
+            spec.ep * self.fwd_ctas <= self.num_sms
+        self._side_streams = None
         self.peers = PeerSet(spec, self.dev, virtual, group)
         self.ranks = [RankBuffers(spec, self.dev, self.peers.local(i))
                       for i in range(len(self.peers.hosted_ranks))]
@@ -82,7 +96,7 @@ class ForwardRuntime:
         then sees any element the kernels skip."""
         for b in self.ranks:
             for t in (b.combine, b.ring_x, b.ring_a, b.ring_h, b.h_shared, b.y_shared,
-                      b.row_weight):
+                      b.row_weight, *([b.stage] if b.stage is not None else [])):
                 t.fill_(float("nan"))
             b.table.fill_(-2)
             if self.spec.scale_block:
@@ -152,17 +166,45 @@ class ForwardRuntime:
         x_ptrs = self.peer_rows(xs)  # staged before the barrier: peers read it after
         for i in hosted:
             self.ranks[i].counters.zero_()
+            if self.spec.peer_directions:  # before the barrier: peers count into them
+                self.ranks[i].xflags.zero_()
             self.quantize_x(i, xs[i])
             if routes is None:
                 self.route(i, logits[i], n)
             else:
                 self.route_given(i, *routes[i], n)
         self.peers.barrier(self._launch_barrier)
-        for i in hosted:
-            self.schedule(i, n)
-            self.experts(i, xs[i], x_ptrs, w1s[i], w2s[i], shared_w1, shared_w2, save)
+        if self.spec.peer_directions or self.side_by_side_ranks:
+            # peers read every schedule while the megakernels run
+            for i in hosted:
+                self.schedule(i, n)
+            self.peers.barrier(self._launch_barrier)
+            self.side_by_side(hosted, lambda i: self.experts(
+                i, xs[i], x_ptrs, w1s[i], w2s[i], shared_w1, shared_w2, save))
+        else:
+            for i in hosted:
+                self.schedule(i, n)
+                self.experts(i, xs[i], x_ptrs, w1s[i], w2s[i], shared_w1, shared_w2, save)
         self.peers.barrier(self._launch_barrier)
         return [self.combine_sum(i, n) for i in hosted]
+
+    def side_by_side(self, hosted, launch) -> None:
+        """`launch(i)` for every hosted rank, each on its own stream forked from and joined
+        back into the current one: virtual ranks whose megakernels wait on each other run at
+        once (their plan fits them side by side: __init__ checks). One rank: in place."""
+        if len(hosted) == 1:
+            launch(hosted[0])
+            return
+        main = self._stream()
+        if self._side_streams is None:
+            self._side_streams = [torch.cuda.Stream(self.dev) for _ in hosted]
+        for st in self._side_streams:
+            st.wait_stream(main)
+        for i, st in zip(hosted, self._side_streams):
+            with torch.cuda.stream(st):
+                launch(i)
+        for st in self._side_streams:
+            main.wait_stream(st)
 
     def routes_of(self, i, n):
         """Hosted rank i's routes of its n tokens (global experts int32 [n, k], weights fp32
@@ -175,6 +217,10 @@ class ForwardRuntime:
         """Hosted rank i's own work alone (route, schedule, experts, sum), reusing the other
         ranks' routes and combine rows from an earlier full call: the per-rank slice of an
         EP deployment that benchmarks time on one GPU."""
+        if self.spec.peer_directions:
+            raise ValueError(f"dispatch={self.spec.dispatch!r} combine={self.spec.combine!r}: "
+                             f"a rank's megakernel waits on its peers' running at once, so one "
+                             f"rank cannot run alone; time the whole call (forward)")
         n = xs[0].shape[0]
         self.generation += 1
         self.saved = save
@@ -252,9 +298,16 @@ class ForwardRuntime:
                         ring_h=b.ring_h if save else None, h_shared=b.h_shared,
                         y_shared=b.y_shared, counters=b.counters, **fp8_fields, n_tokens=n,
                         max_minibatches=s.max_minibatches, rank=self.peers.hosted_ranks[i])
+        dirs = [self.dir_peers()] if s.peer_directions else []
         cuda.launch(self.f_fwd, self.fwd_ctas, 384, self.fwd_smem, self._stream(),
-                    [maps[k] for k in abi.FWD_MAPS] + [f8, peer_table, cuda.Raw(bufs)],
+                    [maps[k] for k in abi.FWD_MAPS] + [f8, peer_table, cuda.Raw(bufs)] + dirs,
                     cooperative=True)
+
+    def dir_peers(self) -> cuda.Raw:
+        """The non-default directions' DirPeers<R> (by value): every rank's buffers they
+        reach (runtime/abi.py FWD_DIR_PEERS, peers.DIR_KINDS)."""
+        return cuda.Raw(abi.pack(abi.FWD_DIR_PEERS, ranks=self.spec.ep,
+                                 **{k: self.peers.ptrs[k] for k, _ in abi.FWD_DIR_PEERS}))
 
     def _fp8_operands(self, b, w1, w2):
         """The fp8 forward's Fp8Maps (by value) and its FwdBuffers fields; zero maps and

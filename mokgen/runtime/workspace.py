@@ -42,6 +42,15 @@ class LayerSpec:
     comm_sms_bwd: int = 0
     scale_block: int = 0  # routed experts in fp8: elements per scale along K (128 or 32)
     block_n: int = 256  # the backward's GEMM tile N: plan.gemm_bwd.bn (checked against the cubin)
+    dispatch: str = "pull"  # the forward's comm directions (the cubin is built for them)
+    combine: str = "push"
+
+    @property
+    def peer_directions(self) -> bool:
+        """Whether the forward moves rows the non-default way (direction.cuh): then its
+        megakernel reads peers' schedules, rings and flags while they run, so the ranks'
+        megakernels must run at once (virtual ranks: side by side on one GPU)."""
+        return self.dispatch != "pull" or self.combine != "push"
 
     @property
     def local_experts(self) -> int:
@@ -77,10 +86,14 @@ class RankBuffers:
         self.ordinal = torch.empty(R * N * K, **i32)
         self.counts = torch.empty(R * L, **i32)
         self.offsets = torch.empty(L + 1, **i32)
-        self.meta = torch.empty(4, **i32)
-        self.table = torch.empty(s.max_rows, 2, **i32)
+        # the non-default directions' peers read the schedule and write the ring: then
+        # these are peer buffers (PeerSet), as are the cross-rank flags and staging rows
+        self.xflags, self.stage = peer.get("xflags"), peer.get("stage")
+        self.meta = peer["meta"] if "meta" in peer else torch.empty(4, **i32)
+        self.table = peer["table"] if "table" in peer else torch.empty(s.max_rows, 2, **i32)
         self.row_weight = torch.empty(s.max_rows, dtype=torch.float32, device=dev)
-        self.ring_x = torch.empty(s.macrobatch, s.hidden, dtype=BF16, device=dev)
+        self.ring_x = peer["ring_x"] if "ring_x" in peer else \
+            torch.empty(s.macrobatch, s.hidden, dtype=BF16, device=dev)
         self.ring_a = torch.empty(s.macrobatch, s.intermediate, dtype=BF16, device=dev)
         self.ring_h = torch.empty(s.macrobatch, 2 * s.intermediate, dtype=BF16, device=dev)
         self.h_shared = torch.empty(N, max(s.shared_dim, 64), dtype=BF16, device=dev)

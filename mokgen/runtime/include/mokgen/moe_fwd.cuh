@@ -17,6 +17,7 @@
 #pragma once
 #include <cuda_bf16.h>
 #include "mokgen/combine.cuh"
+#include "mokgen/direction.cuh"
 #include "mokgen/fp8.cuh"
 #include "mokgen/gemm_tile.cuh"
 #include "mokgen/sync.cuh"
@@ -30,15 +31,22 @@ enum FwdPhase : int { kPhaseSharedDown = 1, kPhaseGateUp = 2, kPhaseDown = 3, kP
 
 // Plan constants. B = minibatch rows, SLOTS = ring slots (ring rows = B * SLOTS). Q: the
 // routed experts' operands, 0 = bf16, 128 = blockwise fp8, 32 = MXFP8 (fp8.cuh).
+// DPUSH: push dispatch instead of pull; CPULL: pull combine instead of push (direction.cuh).
+// With pull combine the comm CTAs split: [0, CD) dispatch, [CD, COMM) combine (CC of them);
+// otherwise all COMM dispatch (push combine's stores are the down tiles' epilogues).
 // PD, PI: D and I as the routed experts' B operands lay them out. fp8: padded to whole 128 x
 // 128 blocks per expert, W1 per gate / up half (runtime/moe.py pad_weight), so every weight
 // tile and blockwise scale starts at a whole block of its expert's part, and dh's halves the
 // same (quantize_dh); D and I themselves otherwise (and for every width a multiple of 128).
 template <int D_, int I_, int IS_, int K_, int L_, int R_, int B_, int SLOTS_, int COMM_,
-          int Q_ = 0>
+          int Q_ = 0, bool DPUSH_ = false, bool CPULL_ = false>
 struct FwdConsts {
   static constexpr int D = D_, I = I_, IS = IS_, K = K_, L = L_, R = R_, B = B_, SLOTS = SLOTS_;
   static constexpr int COMM = COMM_, Q = Q_, RING_ROWS = B_ * SLOTS_;
+  static constexpr bool DPUSH = DPUSH_, CPULL = CPULL_, DIRS = DPUSH_ || CPULL_;
+  static constexpr int CC = CPULL_ ? COMM_ / 2 : 0, CD = COMM_ - CC;
+  static_assert(!CPULL_ || CC >= 1, "pull combine needs at least 2 comm CTAs (one to pull)");
+  static_assert(!DPUSH_ || Q_ == 0, "push dispatch moves bf16 rows only (limits.py)");
   static constexpr int PD = Q_ ? (D_ + 127) / 128 * 128 : D_;
   static constexpr int PI = Q_ ? (I_ + 127) / 128 * 128 : I_;
 };
@@ -186,6 +194,7 @@ struct FwdProblem {
   const PeerTable<C::R>* peers;
   const FwdBuffers* buf;
   S s;
+  const DirPeers<C::R>* dir = nullptr;  // the non-default directions' peers (C::DIRS)
   // K blocks; TMA zero-fills a K tail past the width in both operands
   static constexpr int k_d = ceil_div(C::D, 64), k_i = ceil_div(C::I, 64);
   static constexpr int k_is = ceil_div(C::IS, 64);
@@ -197,8 +206,14 @@ struct FwdProblem {
 
   // Counter arrays, derived where used rather than held: consumer registers are scarce.
   MOKGEN_DEV uint32_t* ready() const { return buf->counters + 1; }
-  MOKGEN_DEV uint32_t* dn_done() const { return ready() + buf->max_minibatches; }
-  MOKGEN_DEV uint32_t* gu_done() const { return dn_done() + buf->max_minibatches; }
+  // the non-default directions' peers poll this rank's down tiles (direction.cuh xflags)
+  MOKGEN_DEV uint32_t* dn_done() const {
+    if constexpr (C::DIRS)
+      return xflag(dir->xflags[buf->rank], buf->max_minibatches, kXDnDone, 0);
+    return ready() + buf->max_minibatches;
+  }
+  // (the counters' own dn_done words stay in the layout, unused by the non-default directions)
+  MOKGEN_DEV uint32_t* gu_done() const { return ready() + 2 * buf->max_minibatches; }
   MOKGEN_DEV uint32_t* sgu_done() const {
     return gu_done() + buf->max_minibatches * S::RT_FULL;
   }
@@ -282,7 +297,13 @@ struct FwdProblem {
       return stop_task();
     if (gu) {  // gate/up + SwiGLU of one row tile, BN/2 output columns
       const int n0 = nt * (BN / 2);
-      if (!wait_at_least(ready() + m, C::COMM, buf->rank, kPhaseGateUp, m)) return stop_task();
+      if constexpr (C::DPUSH) {  // every source rank's dispatch CTAs pushed their rows
+        if (!wait_at_least<true>(xflag(dir->xflags[buf->rank], buf->max_minibatches, kXLanded,
+                                       m), C::R * C::CD, buf->rank, kPhaseGateUp, m))
+          return stop_task();
+      } else if (!wait_at_least(ready() + m, C::CD, buf->rank, kPhaseGateUp, m)) {
+        return stop_task();
+      }
       fence_proxy_async_global();  // ring rows were written by the comm CTAs' plain stores
       return Task{kGateUp | kRouted, slot_row, e * 2 * C::PI + n0, e * 2 * C::PI + C::PI + n0,
                   p0, n0, BM, k_rd};
@@ -290,6 +311,14 @@ struct FwdProblem {
     if (!wait_at_least(gu_done() + m * S::RT_FULL + rt, S::GU_N, buf->rank, kPhaseDown,
                        m * S::RT_FULL + rt))
       return stop_task();
+    if constexpr (C::CPULL) {  // the staging slot's previous rows: pulled by every owner
+      if (q >= C::SLOTS) {
+        const int prev = s.minibatch_at(q - C::SLOTS);
+        if (!wait_at_least<true>(xflag(dir->xflags[buf->rank], buf->max_minibatches, kXPulled,
+                                       prev), C::R * C::CC, buf->rank, kPhaseStageSlot, prev))
+          return stop_task();
+      }
+    }
     fence_proxy_async_global();
     // an fp8 edge tile whose second 128-column half is past D reads its first 128 B rows
     // twice (BwdProblem::fp8_half1 says why)
@@ -344,7 +373,12 @@ struct FwdProblem {
         const int2 src = buf->table[p];
         const bool ok = src.x >= 0 &&  // padding rows go nowhere
             MOKGEN_OK(src.x < C::R && src.y < buf->n_tokens * C::K && p < s.rows, 5, src.x, p);
-        dst[h] = ok ? peers->combine[src.x] + (size_t)src.y * C::D + t.c_col0 : nullptr;
+        if constexpr (C::CPULL)  // staged at the row's ring row; its owner pulls it
+          dst[h] = ok ? dir->stage[buf->rank] +
+                            (size_t)(t.a_row0 + 64 * cwg + acc_row(2 * h)) * C::D + t.c_col0
+                      : nullptr;
+        else
+          dst[h] = ok ? peers->combine[src.x] + (size_t)src.y * C::D + t.c_col0 : nullptr;
         w[h] = buf->row_weight[p];
       }
       const int n_valid = cols_valid<C::D, BN>(t.c_col0);  // an edge tile's columns
@@ -365,7 +399,10 @@ struct FwdProblem {
     if (op == kSharedGateUp) signal_add(sgu_done() + t.c_row0 / BM);
     else if (op == kGateUp)
       signal_add(gu_done() + (t.c_row0 / C::B) * S::RT_FULL + (t.c_row0 % C::B) / BM);
-    else if (op == kDown) signal_add(dn_done() + t.c_row0 / C::B);
+    else if (op == kDown) {
+      if constexpr (C::DIRS) signal_add_sys(dn_done() + t.c_row0 / C::B);  // peers poll it
+      else signal_add(dn_done() + t.c_row0 / C::B);
+    }
   }
 
   // fp8 gate/up epilogue: a = silu(g) * u from the fp32 accumulators, quantized along I
@@ -429,14 +466,24 @@ struct FwdProblem {
   }
 };
 
-// Comm CTA: pull every minibatch into its ring slot, in processing order.
+// Comm CTA: pull every minibatch into its ring slot, in processing order (or, with the
+// non-default directions, push this rank's rows / pull its combine rows: direction.cuh).
 template <class C, class Cfg>
-MOKGEN_DEV void fwd_comm(const PeerTable<C::R>& peers, const FwdBuffers& buf) {
+MOKGEN_DEV void fwd_comm(const PeerTable<C::R>& peers, const FwdBuffers& buf,
+                         const DirPeers<C::R>* dir = nullptr) {
   using S = FwdSchedule<C, Cfg>;
+  if constexpr (C::CPULL) {
+    if (blockIdx.x >= C::CD)
+      return fwd_pull_combine<C, S>(*dir, peers.combine[buf.rank], buf.rank,
+                                    buf.max_minibatches, blockIdx.x - C::CD);
+  }
+  if constexpr (C::DPUSH)
+    return fwd_push_dispatch<C, S>(*dir, peers.x[buf.rank], buf.rank, buf.max_minibatches);
   S s;
   s.init(buf.meta[0], buf.n_tokens);
   uint32_t* ready = buf.counters + 1;
   uint32_t* dn_done = ready + buf.max_minibatches;
+  if constexpr (C::DIRS) dn_done = xflag(dir->xflags[buf.rank], buf.max_minibatches, kXDnDone, 0);
   const int warps = blockDim.x / 32;
   __shared__ int go;
   for (int q = 0; q < s.nm; ++q) {
@@ -453,10 +500,10 @@ MOKGEN_DEV void fwd_comm(const PeerTable<C::R>& peers, const FwdBuffers& buf) {
       pull_rows_fp8<C::D, C::K, C::Q, C::RING_ROWS>(
           buf.table, reinterpret_cast<const uint8_t* const*>(peers.x), buf.xq_scales_at,
           buf.ring_x8, buf.ring_sx, p0, p1, (q % C::SLOTS) * C::B,
-          blockIdx.x * warps + threadIdx.x / 32, C::COMM * warps);
+          blockIdx.x * warps + threadIdx.x / 32, C::CD * warps);
     else
       pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, (q % C::SLOTS) * C::B,
-                            blockIdx.x * warps + threadIdx.x / 32, C::COMM * warps);
+                            blockIdx.x * warps + threadIdx.x / 32, C::CD * warps);
     fence_proxy_async_global();  // compute reads the ring through TMA (async proxy)
     __syncthreads();
     if (threadIdx.x == 0) signal_add(ready + m);
