@@ -81,3 +81,20 @@ def test_pool_shares_while_alive_and_forgets_after():
     assert live_workspaces() == before
     c = shared(("test-key",), make)
     assert len(made) == 1 and c is made[0]  # a fresh one
+
+
+def test_rel_error_in_pieces_matches_the_plain_formula():
+    """workloads.rel_error sums in pieces (no fp32 copy of a model's gradients): same value
+    as the one-shot formula, whatever the piece size; broadcasting still works."""
+    import torch
+
+    from mokgen.workloads import rel_error
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(300, 77, generator=g).bfloat16()
+    b = (a.float() + 1e-2 * torch.randn(300, 77, generator=g)).bfloat16()
+    plain = ((a.float() - b.float()).norm() / b.float().norm()).item()
+    for chunk in (1, 1000, 77 * 300, 1 << 26):
+        assert abs(rel_error(a, b, chunk=chunk) - plain) <= 1e-5 * plain  # fp32 sums
+    assert rel_error(a, a) == 0.0
+    assert abs(rel_error(a.float(), a.float()[:1]) - ((a.float() - a.float()[:1]).norm()
+                                                       / a.float()[:1].norm()).item()) < 1e-6
