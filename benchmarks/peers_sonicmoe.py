@@ -17,7 +17,7 @@ both device calls and keeps CuTe DSL's compile cache (CUTE_DSL_CACHE_DIR) under 
 carried as `.peers-jit/` next time (measured: sonic-moe 0.1.2 left it empty, so the JIT
 runs in every call); `--shapes` picks a subset when the five do not fit one call.
 `--prebuild` (no GPU) compiles mokgen's kernels for the shapes into $MOKGEN_CACHE, to carry. Where sonicmoe does not import, the rows hold mokgen's numbers and None for SonicMoE's.
-Writes OUT/peers_sonicmoe.json.
+Writes OUT/peers_sonicmoe.json (and its .png where matplotlib is installed).
 """
 from __future__ import annotations
 
@@ -153,9 +153,15 @@ def main(argv=None):
                          mokgen_fused_peak_mb=mf[2]))
         print(json.dumps(rows[-1]), flush=True)
         os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, "peers_sonicmoe.json"), "w") as f:
+        path = os.path.join(a.out, "peers_sonicmoe.json")
+        with open(path, "w") as f:
             json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                            commit=commit, rows=rows), f, indent=1)
+        try:
+            from mokgen.plot import plot_peers
+            plot_peers(path, path[:-5] + ".png")
+        except ImportError as e:  # matplotlib is optional
+            print(f"no plot: {e}", flush=True)
     fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
     print("| shape | fwd mokgen | SonicMoE | train mokgen / fused | SonicMoE "
           "| peak MB mokgen / fused | SonicMoE |")

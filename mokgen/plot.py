@@ -37,3 +37,44 @@ def plot(json_path: str, png_path: str, impls=BF16_IMPLS,
 
 if __name__ == "__main__":
     plot(sys.argv[1], sys.argv[2])
+
+
+def plot_peers(json_path: str, png_path: str, peer: str = "sonicmoe",
+               peer_name: str = "SonicMoE") -> None:
+    """Two panels of a peers JSON (benchmarks/peers_sonicmoe.py): forward and training-step
+    TFLOP/s per shape (mokgen, mokgen with fused accumulation, the peer), and peak MB."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.load(open(json_path))
+    rows = data["rows"]
+    labels = [r["shape"] for r in rows]
+    fig, (ax, mx) = plt.subplots(1, 2, figsize=(max(10, len(rows) * 2.2), 4.5))
+    bars = (("mokgen_fwd_tflops", "mokgen fwd"), (f"{peer}_fwd_tflops", f"{peer_name} fwd"),
+            ("mokgen_train_tflops", "mokgen train"),
+            ("mokgen_fused_train_tflops", "mokgen train, fused accumulation"),
+            (f"{peer}_train_tflops", f"{peer_name} train"))
+    bars = [b for b in bars if any(r.get(b[0]) for r in rows)]  # columns an older run lacks
+    width = 0.8 / len(bars)
+    for i, (key, name) in enumerate(bars):
+        ax.bar([x + i * width for x in range(len(rows))], [r.get(key) or 0.0 for r in rows],
+               width, label=name)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], labels, fontsize=8)
+    ax.set_ylabel("TFLOP/s  (6 T k D I / t, x3 for train)")
+    ax.legend(fontsize=7)
+    mem = (("mokgen_peak_mb", "mokgen"), ("mokgen_fused_peak_mb", "mokgen, fused"),
+           (f"{peer}_peak_mb", peer_name))
+    mem = [m for m in mem if any(r.get(m[0]) for r in rows)]
+    width = 0.8 / len(mem)
+    for i, (key, name) in enumerate(mem):
+        mx.bar([x + i * width for x in range(len(rows))], [r.get(key) or 0.0 for r in rows],
+               width, label=name)
+    mx.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], labels, fontsize=8)
+    mx.set_ylabel("peak MB of a training step (workspace included)")
+    mx.legend(fontsize=7)
+    fig.suptitle(f"mokgen vs {peer_name}, whole layer at ep = 1 on one {data.get('gpu', '?')} "
+                 f"(commit {data.get('commit', '?')})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
