@@ -56,25 +56,24 @@ def plot_peers(json_path: str, png_path: str, peer: str = "sonicmoe",
             ("mokgen_train_tflops", "mokgen train"),
             ("mokgen_fused_train_tflops", "mokgen train, fused accumulation"),
             (f"{peer}_train_tflops", f"{peer_name} train"))
-    bars = [b for b in bars if any(r.get(b[0]) for r in rows)]  # columns an older run lacks
+    _grouped_bars(ax, rows, labels, bars, "TFLOP/s  (6 T k D I / t, x3 for train)")
+    mem = (("mokgen_peak_mb", "mokgen"), ("mokgen_fused_peak_mb", "mokgen, fused"),
+           (f"{peer}_peak_mb", peer_name))
+    _grouped_bars(mx, rows, labels, mem, "peak MB of a training step (workspace included)")
+    fig.suptitle(f"mokgen vs {peer_name}, whole layer at ep = 1 on one {data.get('gpu', '?')} "
+                 f"(commit {data.get('commit', '?')})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+
+
+def _grouped_bars(ax, rows, labels, bars, ylabel: str) -> None:
+    """One group of bars per row, one bar per (key, legend) of `bars` that any row has (an
+    older run lacks the newer columns)."""
+    bars = [b for b in bars if any(r.get(b[0]) for r in rows)]
     width = 0.8 / len(bars)
     for i, (key, name) in enumerate(bars):
         ax.bar([x + i * width for x in range(len(rows))], [r.get(key) or 0.0 for r in rows],
                width, label=name)
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], labels, fontsize=8)
-    ax.set_ylabel("TFLOP/s  (6 T k D I / t, x3 for train)")
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize=7)
-    mem = (("mokgen_peak_mb", "mokgen"), ("mokgen_fused_peak_mb", "mokgen, fused"),
-           (f"{peer}_peak_mb", peer_name))
-    mem = [m for m in mem if any(r.get(m[0]) for r in rows)]
-    width = 0.8 / len(mem)
-    for i, (key, name) in enumerate(mem):
-        mx.bar([x + i * width for x in range(len(rows))], [r.get(key) or 0.0 for r in rows],
-               width, label=name)
-    mx.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], labels, fontsize=8)
-    mx.set_ylabel("peak MB of a training step (workspace included)")
-    mx.legend(fontsize=7)
-    fig.suptitle(f"mokgen vs {peer_name}, whole layer at ep = 1 on one {data.get('gpu', '?')} "
-                 f"(commit {data.get('commit', '?')})", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=110)
