@@ -59,18 +59,12 @@ def pytest_sessionfinish(session, exitstatus):
     print(f"\ncollect_kernels: {len(_PLANS)} plans -> {path}")
 
 
-def compiled_plan(shape, ep: int, n: int, dtype: str = "bf16", **overrides):
-    """The plan mokgen.compile(shape, ep, dtype, n, **overrides) builds (tuned results applied)."""
-    import mokgen
-    from mokgen.tune import with_tuned
-    return mokgen.plan(shape, ep, dtype, n, **with_tuned(shape, ep, dtype, n, overrides))
-
-
 def bench_plans(argv: list) -> list:
     """The plans `python -m mokgen bench argv` runs (its own parser and validation)."""
     import mokgen
     from mokgen import bench
-    return [compiled_plan(mokgen.shapes.get(name), ep, n, **ov)
+    from mokgen.tune import tuned_plan
+    return [tuned_plan(mokgen.shapes.get(name), ep, "bf16", n, **ov)
             for name, ep, n, ov in bench._configs(bench.parser().parse_args(argv))]
 
 

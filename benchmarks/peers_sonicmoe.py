@@ -16,7 +16,8 @@ Its first call per shape JIT-compiles for 1.5-3 minutes: `benchmarks/peers_sonic
 both device calls and keeps CuTe DSL's compile cache (CUTE_DSL_CACHE_DIR) under OUT, to be
 carried as `.peers-jit/` next time (measured: sonic-moe 0.1.2 left it empty, so the JIT
 runs in every call); `--shapes` picks a subset when the five do not fit one call.
-`--prebuild` (no GPU) compiles mokgen's kernels for the shapes into $MOKGEN_CACHE, to carry. Where sonicmoe does not import, the rows hold mokgen's numbers and None for SonicMoE's.
+`--prebuild` (no GPU) compiles mokgen's kernels for the shapes into $MOKGEN_CACHE, to carry.
+Where sonicmoe does not import, the rows hold mokgen's numbers and None for SonicMoE's.
 Writes OUT/peers_sonicmoe.json (and its .png where matplotlib is installed).
 """
 from __future__ import annotations
@@ -72,12 +73,10 @@ def mokgen_layer(D, I, E, k, T, fuse=False):
 def prebuild(shapes) -> None:
     """Compile the kernels mokgen.MoE builds for `shapes` (its plan: ep = 1, tuned overrides)."""
     from mokgen import build, codegen
-    from mokgen.tune import with_tuned
+    from mokgen.tune import tuned_plan
     kernels = {}
     for _, T, D, I, E, k in shapes:
-        shape = mokgen_shape(D, I, E, k)
-        plan = mokgen.plan(shape, ep=1, tokens_per_rank=T,
-                           **with_tuned(shape, 1, "bf16", T, {}))
+        plan = tuned_plan(mokgen_shape(D, I, E, k), 1, "bf16", T)
         kernels.update({kern.name: kern for kern in codegen.emit(plan)})
     bins = build.build(list(kernels.values()), jobs=os.cpu_count())
     print(f"prebuild: {len(bins)} kernels, {sum(not b.cached for b in bins)} built")

@@ -63,10 +63,12 @@ def main(argv=None):
         for _ in range(3):
             step()
         torch.cuda.synchronize()
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60)
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25,
+                                      max_name_column_width=60)
     print(table)
     flops = 6 * a.tokens * shape.topk * shape.hidden * shape.intermediate
-    out = dict(shape=a.shape, tokens=a.tokens, fuse=a.fuse, **{k: round(v, 3) for k, v in times.items()},
+    out = dict(shape=a.shape, tokens=a.tokens, fuse=a.fuse,
+               **{k: round(v, 3) for k, v in times.items()},
                step_tflops=round(3 * flops / times["step"] / 1e9, 1))
     print(json.dumps(out))
     od = os.environ.get("OUT")

@@ -36,11 +36,10 @@ def compile(shape: MoEShape, ep: int, dtype: str = "bf16", tokens_per_rank: int 
     run beside the layer (FSDP gathers on a side stream); the kernels leave them SMs (H200:
     16, passes/sm_partition.py); `reserve_sms=n` forces the count."""
     from .api import compile_layer
-    from .tune import with_tuned
+    from .tune import tuned_plan
 
-    overrides = with_tuned(shape, ep, dtype, tokens_per_rank, overrides)
-    return compile_layer(plan(shape, ep, dtype, tokens_per_rank, **overrides), virtual=virtual,
-                         group=group, watchdog_s=watchdog_s)
+    return compile_layer(tuned_plan(shape, ep, dtype, tokens_per_rank, **overrides),
+                         virtual=virtual, group=group, watchdog_s=watchdog_s)
 
 
 def __getattr__(name):  # the nn.Module pulls in torch.library registration: load on use

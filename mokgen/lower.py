@@ -3,8 +3,9 @@
 Every op contributes the parameters its annotations decide: a comm op its launch's comm CTAs,
 a compute op the rest, a GEMM op the tile engine's BM x BN x stages and consumer schedule, an
 op on the ring the minibatch and ring rows, an op touching e4m3 data the scale block, the
-schedule the tile its expert regions are padded to. A kernel instantiates each parameter once, so two of its ops
-asking for different values is a plan it cannot run: ValueError naming both.
+schedule the tile its expert regions are padded to, a forward comm op its direction's kernel
+variant. A kernel instantiates each parameter once, so two of its ops asking for different
+values is a plan it cannot run: ValueError naming both.
 """
 from __future__ import annotations
 

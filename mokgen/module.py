@@ -39,19 +39,15 @@ class MoE(nn.Module):
         super().__init__()
         if overlap_comm:
             overrides = {"overlap_comm": True, **overrides}
-        from . import plan as make_plan
-
         if not isinstance(shape, MoEShape):
             raise TypeError(f"shape must be a mokgen.MoEShape, got {type(shape).__name__}")
         if backend not in ("kernels", "reference"):
             raise ValueError(f"backend must be 'kernels' or 'reference', got {backend!r}")
-        from .tune import with_tuned
+        from .tune import tuned_plan
 
         self.ep_group = ep_group
         ep, self.rank = group_size_rank(ep_group)
-        overrides = with_tuned(shape, ep, dtype, tokens_per_rank, overrides)  # as compile()
-        self.plan = make_plan(shape, ep=ep, dtype=dtype, tokens_per_rank=tokens_per_rank,
-                              **overrides)
+        self.plan = tuned_plan(shape, ep, dtype, tokens_per_rank, **overrides)  # as compile()
         self.shape, self.dtype_name = shape, dtype
         E, D, I, L = shape.num_experts, shape.hidden, shape.intermediate, self.plan.local_experts
         pdt = _DTYPES.get(dtype, torch.bfloat16)  # mxfp8 quantizes bf16 master weights

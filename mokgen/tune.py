@@ -52,6 +52,13 @@ def with_tuned(shape, ep: int, dtype: str, tokens: int, overrides: dict) -> dict
     return {**load_tuned(shape, ep, dtype, tokens), **overrides}
 
 
+def tuned_plan(shape, ep: int, dtype: str, tokens: int, **overrides):
+    """The plan mokgen.compile and mokgen.MoE build: the planner run with `overrides`
+    completed by a stored tuning result (with_tuned)."""
+    return make_plan(shape, ep=ep, dtype=dtype, tokens_per_rank=tokens,
+                     **with_tuned(shape, ep, dtype, tokens, overrides))
+
+
 def candidates(base) -> list:
     b, c = base.minibatch, base.comm_sms_fwd
     tile = base.block_m

@@ -39,7 +39,6 @@ BWD_BUFFERS = (
 # (peer_shapes "xflags"), ring, schedule table and row count, and staging rows.
 FWD_DIR_PEERS = (("xflags", "ptrs"), ("ring_x", "ptrs"), ("table", "ptrs"), ("meta", "ptrs"),
                  ("stage", "ptrs"))
-PEER_STRUCTS = {"DirPeers": FWD_DIR_PEERS}
 # Words of one rank's xflags per forward minibatch: landed, dn_done, pulled (direction.cuh).
 XFLAG_WORDS = 3
 # Tensor-map structs: CUtensorMap fields in declaration order. The forward's bf16 maps are
@@ -108,11 +107,12 @@ PROFILES = {"no_routed_wgrad": ("kProfNoRoutedWgrad", 1), "no_dh_quant": ("kProf
             "fp8_plain_epilogue": ("kProfFp8PlainEpilogue", 8)}
 
 
-
 def padded(n: int) -> int:
     """A width of the fp8 weights (and of dh's halves) in the kernels' layouts: whole
-    128-blocks (FwdConsts::PD, PI; the fwd and bwd sources assert they agree: codegen.constants)."""
+    128-blocks (FwdConsts::PD, PI; the fwd and bwd sources assert they agree:
+    codegen.constants)."""
     return -(-n // 128) * 128
+
 
 def profile_mask(names) -> int:
     return sum(PROFILES[n][1] for n in names)

@@ -18,9 +18,10 @@ from collections import OrderedDict
 import torch
 
 from . import abi, cuda
+from .abi import padded
 from .checks import check_ctas
 from .peers import PeerSet
-from .workspace import LayerSpec, RankBuffers, padded  # noqa: F401 - LayerSpec: re-exported
+from .workspace import LayerSpec, RankBuffers  # noqa: F401 - LayerSpec: re-exported
 
 BF16 = torch.bfloat16
 MAX_MAPS = 4096  # tensor maps kept (128 B each): a 48-layer model uses about 30 per layer

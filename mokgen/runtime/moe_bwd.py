@@ -13,8 +13,9 @@ import struct
 import torch
 
 from . import abi, cuda
+from .abi import padded
 from .checks import check_ctas
-from .workspace import BF16, BackwardScratch, backward_tiles, padded
+from .workspace import BF16, BackwardScratch, backward_tiles
 
 
 class BackwardPass(BackwardScratch):
