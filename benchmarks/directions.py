@@ -53,6 +53,8 @@ def parse(argv=None):
     ap.add_argument("--repeats", type=int, default=3, help="medians per direction (noise)")
     ap.add_argument("--no-backward", action="store_true", help="forward only (no training "
                     "step, no backward directions)")
+    ap.add_argument("--comm-sms-bwd", type=int, default=None, help="the backward table's comm "
+                    "CTAs (default: the plan's, >= 2; pull reverse-dispatch pulls with half)")
     ap.add_argument("--prebuild", action="store_true", help="compile the kernels, no GPU")
     ap.add_argument("--world", type=int, default=None, help="--prebuild: the real world size "
                     "to build for (default: virtual ranks, --ep)")
@@ -86,6 +88,8 @@ def backward_plans(args, R: int, virtual: bool, sms: int = H200_SMS) -> dict:
     directions the paper's and every other decision pinned
     (mokgen.workloads.backward_direction_layers); "chosen" -> the backward's left to the pass."""
     common = dict(reserve_sms=sms - sms // R) if virtual else {}
+    if args.comm_sms_bwd is not None:
+        common["comm_sms_bwd"] = args.comm_sms_bwd
     out = backward_direction_layers(layer_shape(args, R), R, args.tokens, **common)
     out["chosen"] = {k: v for k, v in out[("pull", "push")].items()
                      if k not in ("reverse_combine", "reverse_dispatch")}
