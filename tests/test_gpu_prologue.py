@@ -1,0 +1,104 @@
+"""The schedule's kernels alone (count, offsets, place: schedule.cuh) against mokgen.schedule,
+bitwise: every intermediate buffer and the padded table, on random and skewed routes (marked
+gpu: skipped without one)."""
+import pytest
+import torch
+
+import mokgen
+from mokgen.runtime import abi
+from mokgen.schedule import chunk_ordinals, dispatch_schedule
+
+pytestmark = pytest.mark.gpu
+
+_RIGS = {}
+
+
+def rig(E, k, ep, tokens):
+    """One built prologue per layout (E, k, ep, tokens per rank), reused across cases."""
+    from mokgen.standalone import StandalonePrologue
+
+    key = (E, k, ep, tokens)
+    if key not in _RIGS:
+        plan = mokgen.plan(mokgen.MoEShape(E, 256, 128, k), ep=ep, tokens_per_rank=tokens)
+        _RIGS[key] = StandalonePrologue(plan)
+    return _RIGS[key]
+
+
+def make_routes(kind, R, n, k, E, g):
+    """int64 [R, n*k] global experts. random: k distinct experts per token; hot: expert
+    E // 2 (a middle rank's) in ~90% of the tokens; one: every route to expert 0 (k copies
+    per token: the schedule does not need distinct experts)."""
+    if kind == "one":
+        return torch.zeros(R, n * k, dtype=torch.long)
+    z = torch.randn(R, n, E, generator=g)
+    if kind == "hot":
+        z[..., E // 2] += 3.0
+    return z.topk(k, dim=-1).indices.reshape(R, n * k)
+
+
+def check_rank(p, routes, weights, rank, n):
+    s = p.spec
+    L, R, TILE = s.local_experts, s.ep, s.block_m
+    b = p.ranks[rank]
+    for t in (b.ordinal, b.chunk_counts, b.counts, b.offsets, b.meta, b.table, b.row_weight):
+        t.fill_(-7)  # poison: every element read below must be written by the kernels
+    p.schedule(rank, n)
+    torch.cuda.synchronize()
+    ref = dispatch_schedule(routes, rank, L)
+    r, j, inside, base = chunk_ordinals(routes, rank, L, abi.SCHED_CHUNK)
+    C = base.shape[1]
+    at = r * (n * s.topk) + j
+    assert torch.equal(b.ordinal.cpu()[at].long(), inside), "ordinal inside the chunk"
+    got_base = b.chunk_counts[: R * C * L].cpu().long().view(R, C, L)
+    assert torch.equal(got_base, base), "chunk bases"
+    counts = torch.bincount(r * L + (routes[r, j] - rank * L), minlength=R * L).view(R, L)
+    assert torch.equal(b.counts.cpu().long().view(R, L), counts), "counts[r][l]"
+    offsets = ref.padded_offsets(TILE)
+    rows = int(offsets[-1])
+    assert torch.equal(b.offsets.cpu().long(), offsets), "padded offsets"
+    assert int(b.meta[0]) == rows, "padded row count"
+    want = torch.full((rows, 2), -1, dtype=torch.long)
+    pos = ref.padded_positions(TILE)
+    want[pos] = ref.table
+    assert torch.equal(b.table[:rows].cpu().long(), want), "table"
+    w = weights[ref.table[:, 0], ref.table[:, 1]]
+    assert torch.equal(b.row_weight[:rows].cpu()[pos], w), "row weights"
+
+
+# (E, k, ep, tokens per rank): Qwen3-30B-A3B at ep 1 and 8 (64 and 8 chunks per rank), route
+# counts that are no multiple of the chunk, 512 local experts (the offsets kernel's groups
+# split its columns in two), local expert counts that are no power of two, one route per rank
+CASES = [(128, 8, 1, 8192), (128, 8, 8, 1000), (60, 4, 4, 777), (512, 10, 1, 300),
+         (1024, 32, 8, 100), (33, 32, 3, 256), (16, 1, 2, 1)]
+
+
+@pytest.mark.parametrize("kind", ["random", "hot", "one"])
+@pytest.mark.parametrize("E,k,ep,tokens", CASES)
+def test_schedule_matches_reference_bitwise(E, k, ep, tokens, kind, rng):
+    p = rig(E, k, ep, tokens)
+    R = ep
+    for n in sorted({tokens, max(0, tokens - 37)}):  # fewer tokens than planned too
+        routes = make_routes(kind, R, n, k, E, rng)
+        weights = torch.rand(R, n * k, generator=rng)
+        p.set_routes(routes.cuda(), weights.cuda())
+        for rank in sorted({0, R // 2, R - 1}):
+            check_rank(p, routes, weights, rank, n)
+
+
+def test_no_tokens_writes_an_empty_schedule():
+    p = rig(128, 8, 8, 1000)
+    for rank in (0, 7):
+        check_rank(p, torch.zeros(8, 0, dtype=torch.long), torch.zeros(8, 0), rank, 0)
+
+
+def test_schedule_is_deterministic_and_segments_run(rng):
+    p = rig(128, 8, 8, 1000)
+    routes = make_routes("hot", 8, 1000, 8, 128, rng)
+    p.set_routes(routes.cuda(), torch.rand(8, 8000, generator=rng).cuda())
+    p.schedule(3, 1000)
+    first = p.ranks[3].table.clone()
+    for _ in range(3):
+        p.schedule(3, 1000)
+        assert torch.equal(p.ranks[3].table, first)
+    p.segments(3)
+    torch.cuda.synchronize()
