@@ -181,20 +181,25 @@ __device__ void schedule_place(const int* __restrict__ routes, const float* __re
 // kernel); unit m+1 the segments that end in minibatch m, by expert.
 // seg = {expert, first row, end row, index | count << 16}; seg_start[u] = segments before
 // unit u, for u in [0, minibatches + 1].
+// The walk is serial (one thread), so it reads the offsets from shared memory, staged by the
+// warp: from global memory every expert cost the thread an L2 round trip.
 template <int L, int B>
 __device__ void schedule_segments(const int* offsets, const int* meta, int slots, int4* segs,
                                   int* seg_start) {
+  __shared__ int off[L + 1];
+  for (int e = threadIdx.x; e <= L; e += blockDim.x) off[e] = offsets[e];
+  __syncthreads();
   if (threadIdx.x != 0) return;
   const int rows = meta[0], nm = (rows + B - 1) / B;
   const bool whole = nm <= slots;
   int n = 0;
   seg_start[0] = 0;
   for (int e = 0; e < L; ++e)
-    if (offsets[e + 1] == offsets[e]) segs[n++] = make_int4(e, 0, 0, 1 << 16);
+    if (off[e + 1] == off[e]) segs[n++] = make_int4(e, 0, 0, 1 << 16);
   seg_start[1] = n;
   int m_open = 0;  // minibatches whose seg_start is written: [0, m_open)
   for (int e = 0; e < L; ++e) {
-    const int r0 = offsets[e], r1 = offsets[e + 1];
+    const int r0 = off[e], r1 = off[e + 1];
     if (r0 == r1) continue;
     const int first = r0 / B, last = (r1 - 1) / B;
     for (int m = whole ? last : first; m <= last; ++m) {
