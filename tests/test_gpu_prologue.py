@@ -65,11 +65,14 @@ def check_rank(p, routes, weights, rank, n):
     assert torch.equal(b.row_weight[:rows].cpu()[pos], w), "row weights"
 
 
-# (E, k, ep, tokens per rank): Qwen3-30B-A3B at ep 1 and 8 (64 and 8 chunks per rank), route
-# counts that are no multiple of the chunk, 512 local experts (the offsets kernel's groups
-# split its columns in two), local expert counts that are no power of two, one route per rank
-CASES = [(128, 8, 1, 8192), (128, 8, 8, 1000), (60, 4, 4, 777), (512, 10, 1, 300),
-         (1024, 32, 8, 100), (33, 32, 3, 256), (16, 1, 2, 1)]
+# (E, k, ep, tokens per rank): Qwen3-30B-A3B at ep 1 (64 chunks per rank: the offsets kernel
+# splits each column among 8 thread groups) and ep 8; route counts that are no multiple of the
+# chunk; 512 local experts (columns in 2 groups); 2 ranks' columns in 2 groups; as many
+# columns as threads (1024 experts, the most routing takes); local expert counts that are no
+# power of two; one route per rank
+CASES = [(128, 8, 1, 8192), (128, 8, 8, 1000), (60, 4, 4, 777), (512, 10, 1, 1000),
+         (64, 4, 2, 4000), (1024, 8, 1, 200), (1024, 32, 8, 100), (33, 32, 3, 256),
+         (16, 1, 2, 1)]
 
 
 @pytest.mark.parametrize("kind", ["random", "hot", "one"])

@@ -61,12 +61,16 @@ __device__ void schedule_count(const int* __restrict__ routes, int routes_per_ra
   if (local) ordinal[at] = wcnt[warp * L + l] + before_in_warp;
 }
 
+// Chunk values one thread loads at once (below): a column is a chain of L2 round trips
+// otherwise.
+constexpr int kChunkBatch = 8;
+
 // Column `p[0], p[stride], ... p[(n-1)*stride]` (one (rank, expert) pair's chunk values):
 // with `scan`, replaced by their exclusive prefix sums starting from `run`. Returns run plus
-// their sum. Loads go in batches: a column is a chain of L2 round trips otherwise.
+// their sum.
 template <bool scan>
 __device__ __forceinline__ int chunk_column(int* p, int n, int stride, int run) {
-  constexpr int kBatch = 8;
+  constexpr int kBatch = kChunkBatch;
   for (int c0 = 0; c0 < n; c0 += kBatch) {
     int v[kBatch];
 #pragma unroll
@@ -84,10 +88,12 @@ __device__ __forceinline__ int chunk_column(int* p, int n, int stride, int run) 
 // bases; counts[R][L] = M; offsets[L+1] padded region starts; meta[0] = padded rows; table
 // padding = -1. Each (rank, expert) column of chunks is split among G thread groups when the
 // block has more threads than columns (one expert-parallel rank has few columns: E of them,
-// over R ranks): group sums first, then each group scans its part from the sum before it.
-// Values written by this block are read back from shared memory, or from global memory only
-// through pointers that are not __restrict__: a __restrict__ pointer let the compiler hoist
-// those reads above the barrier (stale offsets once sent the padding fill out of bounds).
+// over R ranks), at least a batch of chunks each: group sums first, then each group scans its
+// part from the sum before it. M sums into total[l] by shared-memory integer atomics (exact,
+// so in any order the same): a loop over the ranks would be R round trips to L2.
+// What the block reads back of its own writes across a barrier it reads from shared memory:
+// through a __restrict__ global pointer, the compiler once hoisted such reads above the
+// barrier (stale offsets sent the padding fill out of bounds).
 template <int L, int TILE>
 __device__ void schedule_offsets(int* chunk_counts, int ranks, int chunks, int* counts,
                                  int* offsets, int* meta, int2* table) {
@@ -95,13 +101,15 @@ __device__ void schedule_offsets(int* chunk_counts, int ranks, int chunks, int* 
   __shared__ int total[L];
   __shared__ int start[L + 1];
   const int cols = ranks * L, nt = blockDim.x;
-  const int G = max(1, nt / cols), span = (chunks + G - 1) / G;
+  const int G = max(1, min(nt / cols, (chunks + kChunkBatch - 1) / kChunkBatch));
+  const int span = (chunks + G - 1) / G;
   // G == 1: threads stride over the columns; otherwise thread t is column t % cols, group t / cols
   const int g = G == 1 ? 0 : threadIdx.x / cols;
   const int c0 = min(chunks, g * span), n = min(chunks, c0 + span) - c0;
   auto column = [&](int col) {
     return chunk_counts + ((size_t)(col / L) * chunks + c0) * L + col % L;
   };
+  for (int l = threadIdx.x; l < L; l += nt) total[l] = 0;
   if (G > 1 && g < G) {
     const int col = threadIdx.x % cols;
     part[threadIdx.x] = chunk_column<false>(column(col), n, L, 0);
@@ -112,13 +120,10 @@ __device__ void schedule_offsets(int* chunk_counts, int ranks, int chunks, int* 
     int base = 0;
     for (int h = 0; h < g; ++h) base += part[h * cols + col];
     const int m = chunk_column<true>(column(col), n, L, base);
-    if (g == G - 1) counts[col] = m;  // the last group's chunks end the column
-  }
-  __syncthreads();
-  for (int l = threadIdx.x; l < L; l += nt) {
-    int c = 0;
-    for (int r = 0; r < ranks; ++r) c += counts[r * L + l];
-    total[l] = c;
+    if (g == G - 1) {  // the last group's chunks end the column
+      counts[col] = m;
+      atomicAdd(&total[col % L], m);
+    }
   }
   __syncthreads();
   const int lane = threadIdx.x % 32, nwarps = nt / 32;
