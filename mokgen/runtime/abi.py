@@ -122,11 +122,6 @@ def sched_chunks(routes_per_rank: int) -> int:
     return max(1, -(-routes_per_rank // SCHED_CHUNK))
 
 
-def sched_count_smem(local_experts: int) -> int:
-    """Dynamic shared memory of the count kernel: one int per (warp, local expert)."""
-    return SCHED_CHUNK // 32 * local_experts * 4
-
-
 def padded(n: int) -> int:
     """A width of the fp8 weights (and of dh's halves) in the kernels' layouts: whole
     128-blocks (FwdConsts::PD, PI; the fwd and bwd sources assert they agree: codegen.constants)."""

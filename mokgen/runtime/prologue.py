@@ -19,7 +19,9 @@ class Prologue:
         self.L, self.K = local_experts, topk
         self.f_route = module.function("mokgen_route")
         self.f_route_given = module.function("mokgen_route_given")
-        self.f_count = module.function("mokgen_sched_count", abi.sched_count_smem(local_experts))
+        self.count_smem = struct.unpack(
+            "<i", cuda.read_global(module, "mokgen_sched_count_smem"))[0]
+        self.f_count = module.function("mokgen_sched_count", self.count_smem)
         self.f_offsets = module.function("mokgen_sched_offsets")
         self.f_place = module.function("mokgen_sched_place")
         self.f_segments = module.function("mokgen_sched_segments")
@@ -46,7 +48,7 @@ class Prologue:
     def count(self, st, b, n, ranks, rank) -> None:
         rpr = n * self.K
         cuda.launch(self.f_count, (abi.sched_chunks(rpr), ranks), abi.SCHED_CHUNK,
-                    abi.sched_count_smem(self.L), st,
+                    self.count_smem, st,
                     [b.routes, rpr, rank, b.ordinal, b.chunk_counts])
 
     def offsets(self, st, b, n, ranks) -> None:

@@ -25,7 +25,10 @@
 namespace mokgen {
 
 // Block (c, r): routes c*CHUNK .. c*CHUNK + CHUNK - 1 of source rank r, one per thread.
-// smem: wcnt[CHUNK / 32][L] ints.
+// Dynamic shared memory: wcnt[CHUNK / 32][L] ints, schedule_count_smem bytes.
+template <int L, int CHUNK>
+constexpr int schedule_count_smem = CHUNK / 32 * L * (int)sizeof(int);
+
 template <int L, int CHUNK>
 __device__ void schedule_count(const int* __restrict__ routes, int routes_per_rank, int rank,
                                int* __restrict__ ordinal, int* __restrict__ chunk_counts) {
