@@ -25,11 +25,12 @@ def rig(E, k, ep, tokens):
 
 
 def make_routes(kind, R, n, k, E, g):
-    """int64 [R, n*k] global experts. random: k distinct experts per token; hot: expert
-    E // 2 (a middle rank's) in ~90% of the tokens; one: every route to expert 0 (k copies
-    per token: the schedule does not need distinct experts)."""
-    if kind == "one":
-        return torch.zeros(R, n * k, dtype=torch.long)
+    """int64 [R, n*k] global experts, k distinct ones per token (the plan sizes the table
+    for no more than that). random; hot: expert E // 2 (a middle rank's) in ~90% of the
+    tokens; first: every token to experts 0..k-1 (expert 0 takes every token, the last
+    ranks' experts none)."""
+    if kind == "first":
+        return torch.arange(k).repeat(R, n)
     z = torch.randn(R, n, E, generator=g)
     if kind == "hot":
         z[..., E // 2] += 3.0
@@ -75,7 +76,7 @@ CASES = [(128, 8, 1, 8192), (128, 8, 8, 1000), (60, 4, 4, 777), (512, 10, 1, 100
          (16, 1, 2, 1)]
 
 
-@pytest.mark.parametrize("kind", ["random", "hot", "one"])
+@pytest.mark.parametrize("kind", ["random", "hot", "first"])
 @pytest.mark.parametrize("E,k,ep,tokens", CASES)
 def test_schedule_matches_reference_bitwise(E, k, ep, tokens, kind, rng):
     p = rig(E, k, ep, tokens)
