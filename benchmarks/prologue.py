@@ -66,9 +66,12 @@ def measure(name: str, ep: int, tokens: int, iters: int) -> dict:
 
 
 def commit() -> str:
+    if os.environ.get("MOKGEN_COMMIT"):  # a copy of the tree with no .git (device runs)
+        return os.environ["MOKGEN_COMMIT"][:7]
+    here = os.path.dirname(os.path.abspath(__file__))
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, cwd=os.path.dirname(__file__)).stdout.strip() or "?"
+                              text=True, cwd=here).stdout.strip() or "?"
     except OSError:
         return "?"
 
@@ -92,8 +95,11 @@ def main(argv=None):
               + "".join(f"{r['kernel_us'][k] or float('nan'):>10.1f}" for k in KERNELS)
               + f"{r['forward_prologue_us']:>9.1f}")
     c = commit()
+    # before the chunked count: torch.profiler in a training step (profile_step_*_22c0a7d)
+    before = {"commit": "22c0a7d", "preset": "qwen3-30b-a3b", "ep": 1, "tokens_per_rank": 8192,
+              "sched_count_us": 176}
     doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": c,
-           "iters": a.iters, "rows": rows}
+           "iters": a.iters, "rows": rows, "before": before}
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, f"prologue_{c}.json")
     with open(path, "w") as fh:
