@@ -38,11 +38,11 @@ __device__ void schedule_count(const int* __restrict__ routes, int routes_per_ra
   int* wcnt = sched_smem;  // routes of warp w to expert l; then those of warps before w
   const int c = blockIdx.x, r = blockIdx.y;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int i = threadIdx.x; i < W * L; i += CHUNK) wcnt[i] = 0;
-  __syncthreads();
   const int j = c * CHUNK + threadIdx.x;
   const size_t at = (size_t)r * routes_per_rank + j;
-  const int l = j < routes_per_rank ? routes[at] - rank * L : -1;
+  const int l = j < routes_per_rank ? routes[at] - rank * L : -1;  // in flight while zeroing
+  for (int i = threadIdx.x; i < W * L; i += CHUNK) wcnt[i] = 0;
+  __syncthreads();
   const bool local = l >= 0 && l < L;
   // lanes with the same expert; non-local lanes get unique keys so they match only themselves
   const unsigned same = __match_any_sync(0xffffffff, local ? l : -1 - lane);
