@@ -5,6 +5,10 @@ mean over the iterations), and the forward's prologue (route + count + offsets +
 whole with CUDA events (median), launch gaps included.
 
     python benchmarks/prologue.py [--presets qwen3-30b-a3b,...] [--tokens 8192] [--out DIR]
+    MOKGEN_CACHE=$PWD/.mokgen-cache python benchmarks/prologue.py --build-only   # no GPU
+
+--build-only compiles the prologues this benchmark and tests/test_gpu_prologue.py run (nvcc
+only), into a cache a device call can carry.
 
 Prints a table and writes DIR/prologue_<commit>.json (DIR: --out, else $OUT, else
 benchmarks/results)."""
@@ -65,6 +69,20 @@ def measure(name: str, ep: int, tokens: int, iters: int) -> dict:
             "forward_prologue_us": 1e3 * time_ms(forward_prologue, iters)}
 
 
+def build_only(a) -> None:
+    from mokgen import build, codegen
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from test_gpu_prologue import CASES
+
+    plans = [mokgen.plan(mokgen.shapes.get(n), ep=ep, tokens_per_rank=a.tokens)
+             for n in a.presets.split(",") for ep in map(int, a.eps.split(","))]
+    plans += [mokgen.plan(mokgen.MoEShape(E, 256, 128, k), ep=ep, tokens_per_rank=t)
+              for E, k, ep, t in CASES]
+    bins = build.build([k for p in plans for k in codegen.emit(p, units=("prologue",))])
+    print(f"{len(bins)} prologues, {sum(not b.cached for b in bins)} built")
+
+
 def commit() -> str:
     if os.environ.get("MOKGEN_COMMIT"):  # a copy of the tree with no .git (device runs)
         return os.environ["MOKGEN_COMMIT"][:7]
@@ -84,7 +102,11 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--build-only", action="store_true")
     a = ap.parse_args(argv)
+    if a.build_only:
+        build_only(a)
+        return
     rows = [measure(n, ep, a.tokens, a.iters) for n in a.presets.split(",")
             for ep in map(int, a.eps.split(","))]
     head = f"{'preset':<20}{'ep':>3}{'L':>5}{'routes':>8}" + "".join(
