@@ -125,6 +125,19 @@ PROFILES = {"no_routed_wgrad": ("kProfNoRoutedWgrad", 1), "no_dh_quant": ("kProf
 
 
 
+# Routes of one source rank that one block of the schedule's count kernel takes (schedule.cuh
+# schedule_count's CHUNK, one thread per route). The host launches ranks x sched_chunks()
+# blocks of this many threads and sizes the per-chunk counts by it; the prologue is rendered
+# with it and the runtime checks the cubin's copy (mokgen_sched_chunk) on load.
+SCHED_CHUNK = 1024
+
+
+def sched_chunks(routes_per_rank: int) -> int:
+    """Chunks of one source rank's routes; at least one, so that a call with no tokens still
+    writes (zero) counts."""
+    return max(1, -(-routes_per_rank // SCHED_CHUNK))
+
+
 def padded(n: int) -> int:
     """A width of the fp8 weights (and of dh's halves) in the kernels' layouts: whole
     128-blocks (FwdConsts::PD, PI; the fwd and bwd sources assert they agree: codegen.constants)."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .abi import padded
+from .abi import padded, sched_chunks
 from .peers import peer_shapes
 
 BF16 = torch.bfloat16
@@ -91,7 +91,11 @@ class RankBuffers:
         i32 = dict(dtype=torch.int32, device=dev)
         self.routes, self.weights, self.combine = peer["routes"], peer["weights"], peer["combine"]
         self.dweight = peer["dweight"]  # router-weight gradients pushed by the backward
+        # the schedule's count kernel: each route's ordinal inside its chunk of SCHED_CHUNK
+        # routes, and per (source rank, chunk) its routes to each local expert, which the
+        # offsets kernel turns into the chunk's base (runtime/prologue.py, schedule.cuh)
         self.ordinal = torch.empty(R * N * K, **i32)
+        self.chunk_counts = torch.empty(R * sched_chunks(N * K) * L, **i32)
         self.counts = torch.empty(R * L, **i32)
         self.offsets = torch.empty(L + 1, **i32)
         # the non-default directions' peers read the schedule and write the ring: then
