@@ -1,22 +1,26 @@
-"""The communication-direction ablation (paper 3.1, issue #18): the layer's forward (and its
-training step) with every direction the kernels implement, timed side by side:
+"""The communication-direction ablation (paper 3.1, issue #18): the layer's forward, its
+backward and its training step with every direction the kernels implement, timed side by side:
 
     python benchmarks/directions.py [--shape kimi-k2.7] [--load ep8] [--tokens 2048]  # virtual
     torchrun --nproc-per-node=2 benchmarks/directions.py ...                          # real
     python benchmarks/directions.py --prebuild --world 2   # compile ahead, no GPU (nvcc)
 
 Each GPU carries one rank's load of the preset's deployment (multigpu.load_shape: L = E/64 or
-E/8 local experts, N tokens). Per (dispatch, combine): forward ms and training-step ms
-(forward + backward megakernels through autograd; the backward has one direction, so its
-differences come from the forward), the slowest rank's median; the cost model's seconds
-(comm_direction.forward_costs) beside them; which one the pass picks unforced (`chosen`) and
-whether it is the fastest or within noise of it (noise: the spread of --repeats medians of
-the fastest). Every other decision (minibatch, ring, comm CTAs, >= 2 for pull combine) is
-pinned to one value for all four, so the outputs must be bitwise equal: checked.
+E/8 local experts, N tokens). Per (dispatch, combine), the backward the paper's: forward ms
+and training-step ms (forward + backward megakernels through autograd), the slowest rank's
+median; the cost model's seconds (comm_direction.forward_costs) beside them; which one the
+pass picks unforced (`chosen`) and whether it is the fastest or within noise of it (noise: the
+spread of --repeats medians of the fastest). Then per (reverse_combine, reverse_dispatch), the
+forward the paper's: backward ms (autograd's backward alone, after an untimed forward) and
+training-step ms, comm_direction.backward_costs, the pass's choice judged the same way.
+Every other decision (minibatch, ring, comm CTAs, >= 2 for pull combine or pull
+reverse-dispatch) is pinned to one value per table, so the outputs and every gradient must be
+bitwise equal to the paper's directions': checked.
 
-Virtual ranks: push dispatch and pull combine wait on peers inside the megakernel, so the R
-ranks' megakernels run at once on one GPU, each on SMs / R of it (reserve_sms): every
-direction runs so here, the paper's too, for a fair comparison; the "links" are then HBM.
+Virtual ranks: push dispatch, pull combine, push reverse-combine and pull reverse-dispatch wait
+on peers inside the megakernel, so the R ranks' megakernels run at once on one GPU, each on
+SMs / R of it (reserve_sms): every direction runs so here, the paper's too, for a fair
+comparison; the "links" are then HBM.
 Real ranks (torchrun, WORLD_SIZE > 1): one GPU per rank over NVLink, full SMs.
 JSON: $OUT/directions_{virtual,real}_R{R}.json (rows + meta); a table on stdout.
 """
@@ -32,8 +36,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 import mokgen  # noqa: E402
-from mokgen.passes.comm_direction import forward_costs  # noqa: E402
-from mokgen.workloads import FORWARD_DIRECTIONS as FORWARD, direction_layers  # noqa: E402
+from mokgen.passes.comm_direction import backward_costs, forward_costs  # noqa: E402
+from mokgen.workloads import BACKWARD_DIRECTIONS as BACKWARD  # noqa: E402
+from mokgen.workloads import FORWARD_DIRECTIONS as FORWARD  # noqa: E402
+from mokgen.workloads import backward_direction_layers, direction_layers  # noqa: E402
 H200_SMS = 132
 
 
@@ -45,7 +51,10 @@ def parse(argv=None):
     ap.add_argument("--ep", type=int, default=2, help="virtual ranks (real: the world size)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3, help="medians per direction (noise)")
-    ap.add_argument("--no-backward", action="store_true", help="forward only")
+    ap.add_argument("--no-backward", action="store_true", help="forward only (no training "
+                    "step, no backward directions)")
+    ap.add_argument("--comm-sms-bwd", type=int, default=None, help="the backward table's comm "
+                    "CTAs (default: the plan's, >= 2; pull reverse-dispatch pulls with half)")
     ap.add_argument("--prebuild", action="store_true", help="compile the kernels, no GPU")
     ap.add_argument("--world", type=int, default=None, help="--prebuild: the real world size "
                     "to build for (default: virtual ranks, --ep)")
@@ -74,6 +83,19 @@ def plans(args, R: int, virtual: bool, sms: int = H200_SMS) -> dict:
     return out
 
 
+def backward_plans(args, R: int, virtual: bool, sms: int = H200_SMS) -> dict:
+    """(reverse_combine, reverse_dispatch) -> the overrides of its layer, the forward's
+    directions the paper's and every other decision pinned
+    (mokgen.workloads.backward_direction_layers); "chosen" -> the backward's left to the pass."""
+    common = dict(reserve_sms=sms - sms // R) if virtual else {}
+    if args.comm_sms_bwd is not None:
+        common["comm_sms_bwd"] = args.comm_sms_bwd
+    out = backward_direction_layers(layer_shape(args, R), R, args.tokens, **common)
+    out["chosen"] = {k: v for k, v in out[("pull", "push")].items()
+                     if k not in ("reverse_combine", "reverse_dispatch")}
+    return out
+
+
 def test_layers(R: int | None, sms: int = H200_SMS) -> list:
     """(shape, kwargs) of the layers tests/test_gpu_directions.py (R None: virtual ranks) or
     the direction test of tests/test_multigpu.py (R ranks) compiles (keep in step)."""
@@ -83,9 +105,13 @@ def test_layers(R: int | None, sms: int = H200_SMS) -> list:
         import test_gpu_directions as t
 
         return [(shape, kw) for tokens, pinned in t.CASES.values()
-                for kw in t.layer_kwargs(shape, tokens, sms, **pinned).values()]
+                for kw in t.layer_kwargs(shape, tokens, sms, **pinned).values()] + \
+            [(shape, kw) for tokens, pinned, _ in t.BWD_CASES.values()
+             for kw in t.backward_layer_kwargs(shape, tokens, sms, **pinned).values()]
     return [(shape, kw) for kw in direction_layers(shape, R, 700, minibatch=128,
-                                                   macrobatch=256).values()]
+                                                   macrobatch=256).values()] + \
+        [(shape, kw) for kw in backward_direction_layers(shape, R, 700, minibatch=128,
+                                                         macrobatch=256).values()]
 
 
 def prebuild(args) -> int:
@@ -96,6 +122,8 @@ def prebuild(args) -> int:
     shape = layer_shape(args, R)
     ps = [mokgen.plan(shape, **kw) for k, kw in plans(args, R, virtual).items()
           if k != "chosen"]
+    ps += [mokgen.plan(shape, **kw) for k, kw in backward_plans(args, R, virtual).items()
+           if k != "chosen"]
     if args.tests:
         ps += [mokgen.plan(s, **kw) for s, kw in test_layers(None if virtual else R)]
     kernels = {k.name: k for p in ps for k in codegen.emit(p)}
@@ -128,11 +156,11 @@ class Runner:
             self.dys = [torch.randn(x.shape, device="cuda", generator=g).bfloat16()
                         for x in inp["x"]]
 
-    def ms(self, fn, iters: int) -> float:
+    def ms(self, fn, iters: int, setup=None) -> float:
         import torch
         from mokgen.bench import time_ms
 
-        t = time_ms(fn, iters, warmup=5)
+        t = time_ms(fn, iters, warmup=5, setup=setup)
         if not self.real:
             return t
         import torch.distributed as dist
@@ -163,6 +191,24 @@ class Runner:
             torch.autograd.backward(ys if isinstance(ys, list) else [ys], self.dys)
         run.leaves = leaves
         return run
+
+    def backward_step(self, layer):
+        """(setup, fn): setup clears the leaves' grads and runs the forward (untimed), fn the
+        backward from dy alone."""
+        import torch
+
+        step = self.train_step(layer)
+        state = {}
+
+        def setup():
+            for t in self.flat(step.leaves):
+                t.grad = None
+            ys = layer(*step.leaves)
+            state["ys"] = ys if isinstance(ys, list) else [ys]
+
+        def fn():
+            torch.autograd.backward(state.pop("ys"), self.dys)
+        return setup, fn
 
     @staticmethod
     def flat(leaves) -> list:
@@ -227,13 +273,19 @@ def run(args) -> None:
         rows.append(row)
         del layer
     verdict = judge(rows)
+    brows, bchosen, bverdict = [], None, {}
+    if not args.no_backward:
+        brows, bchosen = run_backward(args, runner, shape, R, real, sms, group)
+        bverdict = judge(brows, ("reverse_combine", "reverse_dispatch"))
     if rank == 0:
         from multigpu import meta
 
         mode = "real" if real else "virtual"
         out = dict(mode=mode, world=R, shape=shape.name, load=args.load, tokens=args.tokens,
                    chosen=dict(dispatch=chosen[0], combine=chosen[1]), verdict=verdict,
-                   meta=meta(), rows=rows)
+                   meta=meta(), rows=rows, backward_rows=brows, backward_verdict=bverdict,
+                   backward_chosen=None if bchosen is None else dict(
+                       reverse_combine=bchosen[0], reverse_dispatch=bchosen[1]))
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, f"directions_{mode}_R{R}.json")
         with open(path, "w") as f:
@@ -245,18 +297,55 @@ def run(args) -> None:
         dist.destroy_process_group()
 
 
-def judge(rows) -> dict:
+def run_backward(args, runner, shape, R: int, real: bool, sms: int, group):
+    """The backward table: per (reverse_combine, reverse_dispatch), the forward the paper's,
+    backward and training-step ms, the model's seconds, every gradient bitwise against the
+    paper's directions'. -> (rows, the pass's unforced choice)."""
+    import torch
+
+    kws = backward_plans(args, R, not real, sms)
+    pick = mokgen.plan(shape, **kws["chosen"])
+    chosen = (pick.reverse_combine, pick.reverse_dispatch)
+    rows, gs0 = [], None
+    for rr in BACKWARD:
+        if rr not in kws:
+            continue
+        layer = mokgen.compile(shape, virtual=not real, group=group, **kws[rr])
+        p = layer.plan
+        step = runner.train_step(layer)
+        step()
+        torch.cuda.synchronize()
+        gs = [t.grad.clone() for t in runner.flat(step.leaves)]
+        same = gs0 is None or all(torch.equal(a, b) for a, b in zip(gs0, gs))
+        gs0 = gs0 or gs
+        setup, fn = runner.backward_step(layer)
+        bwd = [runner.ms(fn, args.iters, setup=setup) for _ in range(args.repeats)]
+        tr = [runner.ms(step, args.iters) for _ in range(args.repeats)]
+        rows.append(dict(reverse_combine=rr[0], reverse_dispatch=rr[1], chosen=rr == chosen,
+                         bwd_ms=statistics.median(bwd), bwd_ms_repeats=bwd,
+                         train_ms=statistics.median(tr), train_ms_repeats=tr,
+                         grads_bitwise_equal_to_pull_push=runner.all_true(same),
+                         model_us={k: 1e6 * v for k, v in backward_costs(p, *rr).items()},
+                         plan=dict(comm_sms_bwd=p.comm_sms_bwd, minibatch=p.minibatch,
+                                   macrobatch=p.macrobatch, num_sms=p.num_sms)))
+        layer.synchronize()
+        del layer
+    return rows, chosen
+
+
+def judge(rows, keys=("dispatch", "combine")) -> dict:
     """Per timed column: the fastest direction, the chosen one's time, the noise (the
-    relative spread of the fastest's repeats, at least 1%) and whether chosen is within it."""
+    relative spread of the fastest's repeats, at least 1%) and whether chosen is within it.
+    `keys`: the row fields naming a direction (the forward's, or the backward's)."""
     out = {}
-    for col in ("fwd_ms", "train_ms"):
-        if col not in rows[0]:
+    for col in ("fwd_ms", "bwd_ms", "train_ms"):
+        if not rows or col not in rows[0]:
             continue
         best = min(rows, key=lambda r: r[col])
         pick = next(r for r in rows if r["chosen"])
         reps = best[col + "_repeats"]
         noise = max(0.01, (max(reps) - min(reps)) / min(reps))
-        out[col] = dict(fastest=f"{best['dispatch']}/{best['combine']}", fastest_ms=best[col],
+        out[col] = dict(fastest="/".join(best[k] for k in keys), fastest_ms=best[col],
                         chosen_ms=pick[col], noise=noise,
                         chosen_ok=pick[col] <= best[col] * (1 + noise))
     return out
@@ -273,11 +362,27 @@ def table(out) -> str:
                      f"{r.get('train_ms', float('nan')):9.3f} {r['model_us']['total']:9.1f} "
                      f"{'yes' if same else 'NO':>7}  "
                      f"{'<- chosen' if r['chosen'] else ''}")
-    for col, v in out["verdict"].items():
-        ok = "chosen is fastest or within noise" if v["chosen_ok"] else "CHOSEN IS SLOWER"
-        lines.append(f"{col}: fastest {v['fastest']} {v['fastest_ms']:.3f} ms, chosen "
-                     f"{v['chosen_ms']:.3f} ms, noise {100 * v['noise']:.1f}%: {ok}")
+    lines += verdict_lines(out["verdict"])
+    if out.get("backward_rows"):
+        lines.append(f"{'rev comb':>8} {'rev disp':>8} {'bwd ms':>7} {'train ms':>9} "
+                     f"{'model us':>9} {'bitwise':>7}  chosen")
+        for r in out["backward_rows"]:
+            lines.append(f"{r['reverse_combine']:>8} {r['reverse_dispatch']:>8} "
+                         f"{r['bwd_ms']:7.3f} {r['train_ms']:9.3f} "
+                         f"{r['model_us']['total']:9.1f} "
+                         f"{'yes' if r['grads_bitwise_equal_to_pull_push'] else 'NO':>7}  "
+                         f"{'<- chosen' if r['chosen'] else ''}")
+        lines += verdict_lines(out["backward_verdict"])
     return "\n".join(lines)
+
+
+def verdict_lines(verdict) -> list:
+    out = []
+    for col, v in verdict.items():
+        ok = "chosen is fastest or within noise" if v["chosen_ok"] else "CHOSEN IS SLOWER"
+        out.append(f"{col}: fastest {v['fastest']} {v['fastest_ms']:.3f} ms, chosen "
+                   f"{v['chosen_ms']:.3f} ms, noise {100 * v['noise']:.1f}%: {ok}")
+    return out
 
 
 def main(argv=None) -> int:

@@ -27,7 +27,7 @@ def constants(plan: Plan) -> dict:
     of the plan's graph, the backward the backward ops."""
     g = annotated(plan)
     common = dict(problem_params(g), plan_key=plan.key(),
-                  profile_mask=abi.profile_mask(plan.profile))
+                  profile_mask=abi.profile_mask(plan.profile), sched_chunk=abi.SCHED_CHUNK)
     # fp8 plans: the host lays the weights out at these widths (runtime/moe.py pad_weight)
     q = bool(plan.scale_block)
     common.update(padded_hidden=abi.padded(plan.shape.hidden) if q else plan.shape.hidden,
@@ -40,24 +40,29 @@ def constants(plan: Plan) -> dict:
 # what each unit's source checks of the host <-> device interface (runtime/abi.py)
 _ABI = {"fwd": (("FwdBuffers",), ("Fp8Maps",), abi.FWD_PHASES),
         "bwd": (("BwdBuffers",), ("BwdMaps", "Fp8BwdMaps"), abi.BWD_PHASES)}
+# unit -> its non-default directions' peer struct, fields and phases
+_DIR_ABI = {"fwd": ("DirPeers", abi.FWD_DIR_PEERS, abi.FWD_DIR_PHASES),
+            "bwd": ("BwdDirPeers", abi.BWD_DIR_PEERS, abi.BWD_DIR_PHASES)}
 
 
 def abi_checks(unit: str, ranks: int | None = None) -> str:
     """static_asserts that fail the build when a header's struct or constant drifts from
     runtime/abi.py, the description the host packs from: every field's offset and each
     struct's size, every tensor-map field's slot, the phase numbers and watch-word indices.
-    `ranks`: the forward also has the non-default directions' DirPeers<ranks> and phases."""
+    `ranks`: the kernel also has the non-default directions' DirPeers<ranks> (forward) or
+    BwdDirPeers<ranks> (backward) and their phases."""
     structs, map_structs, phases = _ABI[unit]
     why = "drifted from mokgen/runtime/abi.py"
     out = []
     if ranks is not None:
-        offsets, size = abi.layout(abi.FWD_DIR_PEERS, ranks)
-        name = f"DirPeers<{ranks}>"
-        out += [f"static_assert(offsetof(mokgen::{name}, {f}) == {o}, \"DirPeers.{f} {why}\");"
+        struct, fields, dir_phases = _DIR_ABI[unit]
+        offsets, size = abi.layout(fields, ranks)
+        name = f"{struct}<{ranks}>"
+        out += [f"static_assert(offsetof(mokgen::{name}, {f}) == {o}, \"{struct}.{f} {why}\");"
                 for f, o in offsets.items()]
-        out.append(f"static_assert(sizeof(mokgen::{name}) == {size}, \"DirPeers {why}\");")
+        out.append(f"static_assert(sizeof(mokgen::{name}) == {size}, \"{struct} {why}\");")
         out += [f"static_assert(mokgen::{k} == {v}, \"{k} {why}\");"
-                for k, (v, _) in abi.FWD_DIR_PHASES.items()]
+                for k, (v, _) in dir_phases.items()]
     for name in structs:
         offsets, size = abi.layout(abi.STRUCTS[name])
         out += [f"static_assert(offsetof(mokgen::{name}, {f}) == {o}, \"{name}.{f} {why}\");"

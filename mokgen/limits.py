@@ -26,11 +26,10 @@ MAX_TOPK = 32
 MAX_EP = 512
 # Row indices (the schedule table, ring positions, route ordinals) are 32-bit ints.
 MAX_ROUTED_ROWS = 2**31 - 1
-# The comm directions the kernels implement, per op (moe_fwd.cuh + direction.cuh: both ways
-# for the forward's; moe_bwd.cuh: the paper's one way for the backward's); the backward's
-# other directions exist for the cost model (passes.comm_direction) only.
+# The comm directions the kernels implement, per op, the paper's first (moe_fwd.cuh +
+# direction.cuh, moe_bwd.cuh + direction_bwd.cuh: every op both ways).
 DIRECTIONS = {"dispatch": ("pull", "push"), "combine": ("push", "pull"),
-              "reverse_combine": ("pull",), "reverse_dispatch": ("push",)}
+              "reverse_combine": ("pull", "push"), "reverse_dispatch": ("push", "pull")}
 # GEMM tiles (gemm_tile.cuh GemmCfg; one per kernel, every GEMM op of a direction shares it):
 # BM is fixed by the engine, two consumer warpgroups of 64 rows (wgmma m64). BN: the engine
 # also has N = 128, but the fp8 tiles are two 128-column halves and the host's tensor maps
@@ -94,6 +93,14 @@ def violations(plan: "Plan") -> list[str]:
     if plan.combine == "pull" and plan.comm_sms_fwd is not None and plan.comm_sms_fwd < 2:
         out.append(f"combine='pull' needs comm_sms_fwd >= 2 (its own comm CTAs pull the rows, "
                    f"beside the dispatch ones), got {plan.comm_sms_fwd}")
+    if plan.reverse_combine == "push" and plan.scale_block:
+        out.append(f"reverse_combine='push' moves bf16 dy rows only (direction_bwd.cuh: the "
+                   f"fp8 backward's comm CTAs also quantize the dy they pull): dtype "
+                   f"{plan.dtype} must use reverse_combine='pull'")
+    if plan.reverse_dispatch == "pull" and plan.comm_sms_bwd is not None and \
+            plan.comm_sms_bwd < 2:
+        out.append(f"reverse_dispatch='pull' needs comm_sms_bwd >= 2 (its own comm CTAs pull "
+                   f"the dx rows, beside the dy ones), got {plan.comm_sms_bwd}")
     for name in ("gemm_fwd", "gemm_bwd"):
         out += _gemm_violations(name, getattr(plan, name))
     broken = set()  # one sentence per field: its first rule broken

@@ -24,16 +24,18 @@ def op_params(op: ir.Op) -> dict:
         out["comm_sms" if a["sm_role"] == "comm" else "compute_ctas"] = a["ctas"]
     if "gemm" in a:
         out["block_m"] = a["gemm"].bm
-    # the forward's comm ops pick their kernel variant (moe_fwd.cuh DPUSH, CPULL); the
-    # backward's run their one implemented direction (limits.DIRECTIONS)
+    # each comm op picks its kernel variant (moe_fwd.cuh DPUSH, CPULL; moe_bwd.cuh RCPUSH,
+    # RDPULL)
     if op.comm in _VARIANT and "comm_direction" in a:
         param, flipped = _VARIANT[op.comm]
         out[param] = a["comm_direction"] == flipped
     return out
 
 
-# forward comm op -> (template parameter, the direction that sets it)
-_VARIANT = {"dispatch": ("dispatch_push", "push"), "combine": ("combine_pull", "pull")}
+# comm op -> (template parameter, the direction that sets it: not the paper's)
+_VARIANT = {"dispatch": ("dispatch_push", "push"), "combine": ("combine_pull", "pull"),
+            "reverse_combine": ("reverse_combine_push", "push"),
+            "reverse_dispatch": ("reverse_dispatch_pull", "pull")}
 
 
 def lower(g, direction: str) -> dict:
@@ -47,16 +49,17 @@ def lower(g, direction: str) -> dict:
                                  f"{direction} kernel instantiates one {k}")
             who.setdefault(k, op.name)
     gemm = got["gemm"]
+    # every kernel gets every flag (false: not its op, or the paper's way)
+    variants = {param: got.get(param, False) for param, _ in _VARIANT.values()}
     return dict(comm_sms=got["comm_sms"], num_sms=got["comm_sms"] + got["compute_ctas"],
                 gemm_bn=gemm.bn, gemm_stages=gemm.stages, gemm_pingpong=gemm.pingpong,
                 block_m=got["block_m"], minibatch=got["minibatch"],
                 ring_slots=got["ring_rows"] // got["minibatch"],
                 scale_block=got.get("scale_block", 0),
-                dispatch_push=got.get("dispatch_push", False),
-                combine_pull=got.get("combine_pull", False),
+                **variants,
                 # the variants' peer tables are a kernel parameter only where used, so the
                 # paper's directions render the same source as before they existed
-                dir_peers=got.get("dispatch_push", False) or got.get("combine_pull", False))
+                dir_peers=any(variants.values()))
 
 
 def problem_params(g) -> dict:

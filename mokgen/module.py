@@ -78,6 +78,16 @@ class MoE(nn.Module):
             return {"workspace": 0, "layers_sharing": 0, "saved_per_call": 0}
         return kernels.compiled.memory()
 
+    def expert_grads(self, w1: torch.Tensor, w2: torch.Tensor):
+        """(w1.grad, w2.grad) when the call's expert weights are this module's (the same
+        storage: checkpointing saves detached aliases of them), else None. Read by the fused
+        gradient accumulation (ops._accumulate_into), which checks the gradients' layout."""
+        if self.w1.data_ptr() != w1.data_ptr() or self.w2.data_ptr() != w2.data_ptr():
+            return None
+        if self.w1.grad is None or self.w2.grad is None:
+            return None
+        return self.w1.grad, self.w2.grad
+
     def reset_parameters(self) -> None:
         """Normal(0, 1/fan_in) expert weights: outputs stay O(1) whatever D and I are."""
         s = self.shape

@@ -243,8 +243,9 @@ def _(dy, x, experts, weights, token, w1, w2, shared_w1, shared_w2, acc_w1, acc_
 
 # ---------------------------------------------------------------- fused accumulation
 def _accumulate_into(layer: int, x, w1, w2) -> tuple:
-    """(.grad of the owner's w1, w2) where the layer fuses gradient accumulation into its
-    CUDA backward, the owner's parameters are the weights this call used, and both hold a
+    """(.grad of the owner's w1, w2, or of the slices of them this rank's experts are) where
+    the layer fuses gradient accumulation into its CUDA backward, the owner's parameters are
+    the weights this call used (the owner's `expert_grads(w1, w2)` says), and both hold a
     gradient it can add into (bf16, contiguous, the weights' shapes; eager only: the *_into
     ops mutate, which tracing would have to functionalize); else (): autograd adds what the op
     returns, as usual. The owner's, not the saved tensors': activation checkpointing saves
@@ -254,10 +255,10 @@ def _accumulate_into(layer: int, x, w1, w2) -> tuple:
     if module is None or torch.compiler.is_compiling() or \
             _kernels(layer, x, backward=True) is None:
         return ()
-    p1, p2 = module.w1, module.w2
-    if p1.data_ptr() != w1.data_ptr() or p2.data_ptr() != w2.data_ptr():
-        return ()  # other storage (e.g. a parallel wrapper's copies): autograd's path
-    g1, g2 = p1.grad, p2.grad
+    targets = module.expert_grads(w1, w2)
+    if targets is None:
+        return ()  # other storage (e.g. a parallel wrapper's copies), no .grad: autograd's path
+    g1, g2 = targets
     ok = all(g is not None and g.dtype == torch.bfloat16 and g.shape == w.shape
              and g.is_contiguous() and not g.requires_grad for g, w in ((g1, w1), (g2, w2)))
     return (g1, g2) if ok else ()

@@ -89,3 +89,19 @@ def dispatch_positions(routes: torch.Tensor, rank: int, num_local_experts: int):
     lower = torch.arange(R, device=routes.device)[None, :] < src_rank[:, None]
     earlier = ((m_l > o[:, None]) & lower).sum(1)             # |{r' < r : M[r',l] > o}|
     return src_rank, src_index, start[expert] + before + earlier
+
+
+def chunk_ordinals(routes: torch.Tensor, rank: int, num_local_experts: int, chunk: int):
+    """The GPU count kernel's split of the ordinals (schedule.cuh schedule_count): each source
+    rank's routes cut into chunks of `chunk` consecutive routes, counted apart. Returns
+    (src_rank, src_index, inside, base): per local route (in _local_routes order) its ordinal
+    inside its chunk, and int64 [R, C, L] the routes of source r to local expert l in the
+    chunks before chunk c, C = max(1, ceil(N*k / chunk)). A route's ordinal (dispatch_positions)
+    is base[r, j // chunk, l] + inside."""
+    L = num_local_experts
+    R, NK = routes.shape
+    C = max(1, -(-NK // chunk))
+    src_rank, src_index, expert = _local_routes(routes, rank, L)
+    key = (src_rank * C + src_index // chunk) * L + expert
+    counts = torch.bincount(key, minlength=R * C * L).view(R, C, L)
+    return src_rank, src_index, _ordinals(key), counts.cumsum(1) - counts

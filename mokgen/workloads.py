@@ -118,3 +118,23 @@ def direction_layers(shape: MoEShape, ep: int, tokens: int, **common) -> dict:
     pinned = dict(common, minibatch=base.minibatch, macrobatch=base.macrobatch,
                   comm_sms_fwd=max(2, base.comm_sms_fwd))
     return {dc: dict(pinned, dispatch=dc[0], combine=dc[1]) for dc in FORWARD_DIRECTIONS}
+
+
+# The backward's (reverse_combine, reverse_dispatch) directions, the paper's first.
+BACKWARD_DIRECTIONS = (("pull", "push"), ("pull", "pull"), ("push", "push"), ("push", "pull"))
+
+
+def backward_direction_layers(shape: MoEShape, ep: int, tokens: int, **common) -> dict:
+    """(reverse_combine, reverse_dispatch) -> the arguments of mokgen.plan / mokgen.compile for
+    one layer per backward direction, the forward's the paper's and every other decision
+    pinned as direction_layers pins them (and the backward's comm CTAs, >= 2 for pull
+    reverse-dispatch), so only the backward's directions differ and the gradients must be
+    bitwise equal. fp8 plans leave push reverse-combine out (bf16 dy rows only)."""
+    import mokgen
+
+    fwd = direction_layers(shape, ep, tokens, **common)[("pull", "push")]
+    base = mokgen.plan(shape, **fwd)
+    pinned = dict(fwd, comm_sms_bwd=max(2, base.comm_sms_bwd))
+    fp8 = common.get("dtype", "bf16") != "bf16"
+    return {rr: dict(pinned, reverse_combine=rr[0], reverse_dispatch=rr[1])
+            for rr in BACKWARD_DIRECTIONS if not (fp8 and rr[0] == "push")}

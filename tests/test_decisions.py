@@ -39,8 +39,8 @@ BASE = mokgen.plan(SHAPE, **ARGS, minibatch=512)
 FLIPS = {
     "dispatch": ("push", {"fwd"}),  # both ways in the forward (direction.cuh)
     "combine": ("pull", {"fwd"}),
-    "reverse_combine": ("push", "reverse_combine must be 'pull'"),
-    "reverse_dispatch": ("pull", "reverse_dispatch must be 'push'"),
+    "reverse_combine": ("push", {"bwd"}),  # both ways in the backward (direction_bwd.cuh)
+    "reverse_dispatch": ("pull", {"bwd"}),
     "comm_sms_fwd": (BASE.comm_sms_fwd + 1, {"fwd"}),
     "comm_sms_bwd": (BASE.comm_sms_bwd + 1, {"bwd"}),
     "minibatch": (256, ALL),
@@ -147,6 +147,8 @@ def test_ops_lower_to_the_parameters_their_annotations_decide():
         comm_sms=BASE.comm_sms_fwd, minibatch=BASE.minibatch, ring_rows=BASE.macrobatch,
         scale_block=0, dispatch_push=False)
     assert op_params(ir.op_of(g, OpKind.COMBINE))["combine_pull"] is False
+    assert op_params(ir.op_of(g, OpKind.REVERSE_COMBINE))["reverse_combine_push"] is False
+    assert op_params(ir.op_of(g, OpKind.REVERSE_DISPATCH))["reverse_dispatch_pull"] is False
     assert op_params(ir.op_of(g, OpKind.SHARED_FFN)) == dict(
         compute_ctas=BASE.num_sms - BASE.comm_sms_fwd, gemm=BASE.gemm_fwd, block_m=128)
     assert op_params(ir.op_of(g, OpKind.SCHEDULE_BUILD))["block_m"] == 128

@@ -1,6 +1,7 @@
-"""The forward's communication directions (CPU): both ways for dispatch and combine, chosen by
-the comm_direction pass's cost model or forced, each way its own kernel source; the
-backward's other directions refused. GPU checks: test_gpu_directions.py, test_multigpu.py."""
+"""The communication directions (CPU): both ways for dispatch and combine (forward) and for
+reverse-combine and reverse-dispatch (backward), chosen by the comm_direction pass's cost model
+or forced, each way its own kernel source. GPU checks: test_gpu_directions.py,
+test_multigpu.py."""
 import itertools
 
 import pytest
@@ -8,15 +9,18 @@ import pytest
 import mokgen
 from mokgen import build, codegen, hardware
 from mokgen.api import layer_spec
-from mokgen.passes.comm_direction import choose_forward, forward_costs
+from mokgen.passes.comm_direction import (backward_costs, choose_backward, choose_forward,
+                                          forward_costs)
 from mokgen.passes.ring import ring_row_bytes
 from mokgen.runtime import abi
-from mokgen.runtime.peers import DIR_KINDS, peer_shapes
+from mokgen.runtime.peers import BWD_DIR_KINDS, DIR_KINDS, peer_shapes
 from mokgen.runtime.workspace import workspace_bytes
 
 SHAPE = mokgen.shapes.get("gpu-small")
 ARGS = dict(ep=2, tokens_per_rank=1024)
 FORWARD = list(itertools.product(("pull", "push"), ("push", "pull")))  # (dispatch, combine)
+# (reverse_combine, reverse_dispatch), the paper's first
+BACKWARD = list(itertools.product(("pull", "push"), ("push", "pull")))
 
 
 def fwd_source(plan) -> str:
@@ -24,17 +28,26 @@ def fwd_source(plan) -> str:
     return k.source.replace(plan.key(), "<key>")
 
 
-def test_every_forward_direction_plans_and_the_backward_keeps_its_one_way():
+def bwd_source(plan) -> str:
+    (k,) = [k for k in codegen.emit(plan, units=("bwd",))]
+    return k.source.replace(plan.key(), "<key>")
+
+
+def test_every_direction_plans_and_each_direction_keeps_the_other_s_paper_choice():
     for d, c in FORWARD:
         p = mokgen.plan(SHAPE, **ARGS, dispatch=d, combine=c)
         assert (p.dispatch, p.combine) == (d, c)
         assert (p.reverse_combine, p.reverse_dispatch) == ("pull", "push")
         assert f"dispatch={d} combine={c}" in str(p)
-    for op, bad in (("reverse_combine", "push"), ("reverse_dispatch", "pull")):
-        with pytest.raises(ValueError, match=f"{op} must be"):
-            mokgen.plan(SHAPE, **ARGS, **{op: bad})
-    with pytest.raises(ValueError, match="dispatch must be one of"):
-        mokgen.plan(SHAPE, **ARGS, dispatch="both")
+    for rc, rd in BACKWARD:
+        p = mokgen.plan(SHAPE, **ARGS, reverse_combine=rc, reverse_dispatch=rd)
+        assert (p.reverse_combine, p.reverse_dispatch) == (rc, rd)
+        assert (p.dispatch, p.combine) == ("pull", "push")
+        assert f"reverse_combine={rc} reverse_dispatch={rd}" in str(p)
+        assert mokgen.Plan.from_json(p.to_json()).reverse_combine == rc
+    for op in ("dispatch", "reverse_combine", "reverse_dispatch"):
+        with pytest.raises(ValueError, match=f"{op} must be one of"):
+            mokgen.plan(SHAPE, **ARGS, **{op: "both"})
 
 
 def test_each_direction_renders_its_own_forward_and_the_default_none_of_it():
@@ -172,3 +185,219 @@ def test_ablation_pins_everything_but_the_directions():
     assert v["fastest"] == "push/push" and v["chosen_ok"]  # 0.5% faster: within 1% noise
     rows[2]["fwd_ms"] = 0.9
     assert not bench.judge(rows)["fwd_ms"]["chosen_ok"]
+
+
+# --- the backward's directions ---------------------------------------------------------------
+
+def test_each_backward_direction_renders_its_own_backward_and_the_default_none_of_it():
+    pinned = dict(ARGS, minibatch=512, macrobatch=2048, comm_sms_bwd=8)
+    src = {rr: bwd_source(mokgen.plan(SHAPE, **pinned, reverse_combine=rr[0],
+                                      reverse_dispatch=rr[1])) for rr in BACKWARD}
+    assert len(set(src.values())) == 4
+    default = src[("pull", "push")]
+    # the paper's directions render the source they rendered before the others existed
+    assert "RCPUSH" not in default and "BwdDirPeers" not in default and "&dir" not in default
+    for (rc, rd), s in src.items():
+        if (rc, rd) == ("pull", "push"):
+            continue
+        assert (f"/*RCPUSH*/ {str(rc == 'push').lower()},\n"
+                f"                            /*RDPULL*/ {str(rd == 'pull').lower()}>") in s
+        assert "/*DPUSH*/ false, /*CPULL*/ false" in s
+        assert "mokgen::BwdDirPeers<C::R> dir" in s and "bwd_comm<C, Cfg>(peers, buf, &dir)" in s
+        assert "&buf, {}, &dir}" in s
+        assert "static_assert(sizeof(mokgen::BwdDirPeers<2>) == 96" in s
+        assert "static_assert(mokgen::kPhaseDxStageSlot == 20" in s
+    # the forward and the prologue do not depend on the backward's directions
+    a = codegen.emit(mokgen.plan(SHAPE, **pinned))
+    b = codegen.emit(mokgen.plan(SHAPE, **pinned, reverse_combine="push",
+                                 reverse_dispatch="pull"))
+    for ka, kb in zip(a, b):
+        if not ka.name.startswith("bwd"):
+            assert ka.source.split("\n", 1)[1] == kb.source.split("\n", 1)[1], ka.name
+
+
+def test_both_directions_non_default_at_once_render_each_kernel_its_own():
+    p = mokgen.plan(SHAPE, **ARGS, dispatch="push", combine="pull", reverse_combine="push",
+                    reverse_dispatch="pull")
+    fwd, bwd = fwd_source(p), bwd_source(p)
+    assert "/*DPUSH*/ true, /*CPULL*/ true>" in fwd and "BwdDirPeers" not in fwd
+    assert "/*DPUSH*/ false, /*CPULL*/ false, /*RCPUSH*/ true" in bwd
+    assert "mokgen::DirPeers<" not in bwd
+    spec = layer_spec(p)
+    assert spec.peer_directions and spec.bwd_peer_directions
+    # one set of direction buffers serves both kernels: flags, schedule, staging rows
+    assert set(peer_shapes(spec)) >= set(DIR_KINDS) | set(BWD_DIR_KINDS)
+
+
+def test_backward_refusals_name_the_rule():
+    with pytest.raises(ValueError, match="reverse_combine='push' moves bf16 dy rows only"):
+        mokgen.plan(SHAPE, **ARGS, dtype="fp8", reverse_combine="push")
+    with pytest.raises(ValueError, match="reverse_combine='push' moves bf16 dy rows only"):
+        mokgen.plan(SHAPE, **ARGS, dtype="mxfp8", reverse_combine="push")
+    with pytest.raises(ValueError, match="reverse_dispatch='pull' needs comm_sms_bwd >= 2"):
+        mokgen.plan(SHAPE, **ARGS, reverse_dispatch="pull", comm_sms_bwd=1)
+    # fp8 pulls its dx rows like bf16: the dx epilogue's output is bf16 either way
+    for dtype in ("fp8", "mxfp8"):
+        p = mokgen.plan(SHAPE, **ARGS, dtype=dtype, reverse_dispatch="pull")
+        assert p.reverse_dispatch == "pull" and "/*RDPULL*/ true" in bwd_source(p)
+    # a forced pull reverse-dispatch gets the two comm CTAs it needs from the SM partition
+    q = mokgen.plan(mokgen.shapes.get("tiny"), ep=2, tokens_per_rank=8, reverse_dispatch="pull")
+    assert q.comm_sms_bwd >= 2
+
+
+def test_backward_cost_model_prices_bytes_sms_and_signals():
+    p = mokgen.plan(mokgen.shapes.get("kimi-k2.7"), ep=8, tokens_per_rank=2048)
+    cost = {rr: backward_costs(p, *rr) for rr in BACKWARD}
+    # NVLink: the cross-GPU signals and the peer table scans make the paper's choice cheapest
+    assert min(cost, key=lambda rr: cost[rr]["total"]) == ("pull", "push")
+    assert (p.reverse_combine, p.reverse_dispatch) == ("pull", "push")
+    gpu = hardware.get(p.gpu)
+    minibatches = -(-p.tokens_per_rank * p.shape.topk // p.minibatch)
+    # push reverse-combine pays R cross-GPU arrivals + the slot-free poll per minibatch, where
+    # pull pays one local hand-off, and every owner scans every peer's table
+    extra = cost[("push", "push")]["reverse_combine"] - cost[("pull", "push")]["reverse_combine"]
+    assert extra >= minibatches * ((p.ep + 1) * gpu.peer_flag_latency - gpu.flag_latency)
+    # pull reverse-dispatch: R cross-GPU polls a minibatch on half the comm CTAs, where push
+    # stores from every compute SM's epilogue
+    assert cost[("pull", "pull")]["reverse_dispatch"] > cost[("pull", "push")]["reverse_dispatch"]
+    # the two ops' costs are independent: the total is their sum
+    for rr, c in cost.items():
+        assert c["total"] == pytest.approx(c["reverse_combine"] + c["reverse_dispatch"])
+    p64 = mokgen.plan(mokgen.shapes.get("kimi-k2.7"), ep=64, tokens_per_rank=2048)
+    assert backward_costs(p64, "push", "push")["reverse_combine"] > \
+        cost[("push", "push")]["reverse_combine"]
+    one = mokgen.plan(SHAPE, **ARGS, comm_sms_bwd=1)
+    assert backward_costs(one, "pull", "pull")["total"] == float("inf")
+    fp8 = mokgen.plan(SHAPE, **ARGS, dtype="fp8")
+    assert backward_costs(fp8, "push", "push")["total"] == float("inf")
+    assert (fp8.reverse_combine, fp8.reverse_dispatch) == ("pull", "push")
+    solo = mokgen.plan(SHAPE, ep=1, tokens_per_rank=256)
+    assert (solo.reverse_combine, solo.reverse_dispatch) == ("pull", "push")
+
+
+def test_forcing_one_backward_op_lets_the_model_pick_the_other():
+    p = mokgen.plan(SHAPE, **ARGS, reverse_combine="push")
+    assert p.reverse_combine == "push"
+    assert p.reverse_dispatch == choose_backward(p, {"reverse_combine": "push"})[1]
+    assert choose_backward(p, {"reverse_dispatch": "pull"})[1] == "pull"
+    # a forward override does not move the backward's choice, nor the other way round
+    f = mokgen.plan(SHAPE, **ARGS, dispatch="push")
+    assert (f.reverse_combine, f.reverse_dispatch) == ("pull", "push")
+
+
+def test_pull_reverse_dispatch_stages_dx_rows_and_reports_them():
+    base = mokgen.plan(SHAPE, **ARGS, minibatch=512, macrobatch=2048)
+    pulled = mokgen.plan(SHAPE, **ARGS, minibatch=512, macrobatch=2048,
+                         reverse_dispatch="pull")
+    # a bf16 dx row and its fp32 router-weight gradient per ring row
+    assert ring_row_bytes(pulled) == ring_row_bytes(base) + 2 * SHAPE.hidden + 4
+    both = mokgen.plan(SHAPE, **ARGS, minibatch=512, macrobatch=2048, combine="pull",
+                       reverse_dispatch="pull")
+    assert ring_row_bytes(both) == ring_row_bytes(pulled)  # one set of staging rows
+    spec, dspec = layer_spec(base), layer_spec(pulled)
+    assert (dspec.reverse_combine, dspec.reverse_dispatch) == ("pull", "pull")
+    assert dspec.bwd_peer_directions and not dspec.peer_directions
+    assert not spec.bwd_peer_directions and not set(BWD_DIR_KINDS) & set(peer_shapes(spec))
+    shapes = peer_shapes(dspec)
+    assert set(BWD_DIR_KINDS) <= set(shapes) and "ring_x" not in shapes  # the forward's own
+    assert shapes["stage"][0] == (2048, SHAPE.hidden) and shapes["stage_dw"][0] == (2048,)
+    assert shapes["ring_dy"][0] == (2048, SHAPE.hidden)
+    assert shapes["xflags"][0] == (abi.XFLAG_WORDS * dspec.max_minibatches,)
+    assert abi.XFLAG_WORDS == 4  # dy_landed, slot_free, dx_pulled, dx_done
+    pushed = layer_spec(mokgen.plan(SHAPE, **ARGS, minibatch=512, macrobatch=2048,
+                                    reverse_combine="push"))
+    assert peer_shapes(pushed)["stage"][0] == (1, SHAPE.hidden)  # nothing is staged
+    # the dy ring moved to peer memory (not counted twice); the staging rows came on top
+    w, dw = workspace_bytes(spec), workspace_bytes(dspec)
+    assert dw["total"] >= w["total"] + 2048 * (2 * SHAPE.hidden + 4)
+    assert workspace_bytes(pushed)["backward"] == w["backward"] - 2048 * 2 * SHAPE.hidden
+
+
+def test_bwd_dir_peers_struct_packs_one_pointer_per_rank():
+    import struct
+
+    offsets, size = abi.layout(abi.BWD_DIR_PEERS, ranks=4)
+    assert offsets == {"xflags": 0, "ring_dy": 32, "table": 64, "meta": 96, "stage": 128,
+                       "stage_dw": 160}
+    assert size == 192
+    raw = abi.pack(abi.BWD_DIR_PEERS, ranks=2, xflags=[1, 2], ring_dy=[3, 4], table=[5, 6],
+                   meta=[7, 8], stage=[None, 9], stage_dw=[10, 11])
+    assert struct.unpack("<12Q", raw) == (1, 2, 3, 4, 5, 6, 7, 8, 0, 9, 10, 11)
+    assert "push-reverse-combine" in abi.phase_text(8) and "every owner" in abi.phase_text(9)
+    assert "pull-reverse-dispatch" in abi.phase_text(10)
+    assert "pull reverse-dispatch" in abi.phase_text(20)
+    numbers = [v for v, _ in abi.PHASES.values()]
+    assert len(numbers) == len(set(numbers))  # no two waits share a watchdog phase
+
+
+@pytest.mark.parametrize("reverse_combine,reverse_dispatch,dtype",
+                         [("push", "push", "bf16"), ("pull", "pull", "bf16"),
+                          ("push", "pull", "bf16"), ("pull", "pull", "mxfp8"),
+                          ("pull", "pull", "fp8")])
+def test_backward_direction_kernels_compile_without_spills(reverse_combine, reverse_dispatch,
+                                                           dtype):
+    """nvcc builds every backward variant for sm_90a (the CPU suite's compile check)."""
+    p = mokgen.plan(SHAPE, ep=4, tokens_per_rank=512, dtype=dtype,
+                    reverse_combine=reverse_combine, reverse_dispatch=reverse_dispatch)
+    (b,) = build.build(codegen.emit(p, units=("bwd",)), arch=p.arch)
+    res = b.resources["mokgen_bwd"]
+    assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res
+
+
+def _bench():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "directions.py"
+    spec = importlib.util.spec_from_file_location("directions_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_backward_ablation_pins_everything_but_the_backward_directions():
+    """benchmarks/directions.py's backward layers: four plans differing only in
+    (reverse_combine, reverse_dispatch), the forward's the paper's, and the pass's choice."""
+    bench = _bench()
+    args = bench.parse(["--shape", "gpu-small", "--tokens", "1024"])
+    for virtual in (True, False):
+        kws = bench.backward_plans(args, 2, virtual)
+        ps = {k: mokgen.plan(mokgen.shapes.get("gpu-small"), **kw) for k, kw in kws.items()}
+        assert len({p.key() for p in ps.values()}) == 5
+        fields = ("minibatch", "macrobatch", "comm_sms_fwd", "comm_sms_bwd", "num_sms",
+                  "gemm_fwd", "gemm_bwd", "dispatch", "combine")
+        assert len({tuple(getattr(p, f) for f in fields) for p in ps.values()}) == 1
+        assert {(p.reverse_combine, p.reverse_dispatch) for k, p in ps.items()
+                if k != "chosen"} == set(BACKWARD)
+        chosen = ps["chosen"]
+        assert (chosen.reverse_combine, chosen.reverse_dispatch) == ("pull", "push")
+        assert (chosen.dispatch, chosen.combine) == ("pull", "push")
+    rows = [dict(reverse_combine=rc, reverse_dispatch=rd, chosen=(rc, rd) == ("pull", "push"),
+                 bwd_ms=t, bwd_ms_repeats=[t, t * 1.002], train_ms=t + 1,
+                 train_ms_repeats=[t + 1] * 2)
+            for (rc, rd), t in zip(BACKWARD, (1.0, 2.0, 1.5, 3.0))]
+    v = bench.judge(rows, ("reverse_combine", "reverse_dispatch"))
+    assert v["bwd_ms"]["fastest"] == "pull/push" and v["bwd_ms"]["chosen_ok"]
+    assert set(v) == {"bwd_ms", "train_ms"}
+    rows[2]["bwd_ms"] = 0.5
+    v = bench.judge(rows, ("reverse_combine", "reverse_dispatch"))
+    assert v["bwd_ms"]["fastest"] == "push/push" and not v["bwd_ms"]["chosen_ok"]
+    out = dict(shape="gpu-small", load="ep8", tokens=1024, world=2, mode="virtual",
+               meta=dict(gpu="H200"), verdict={}, rows=[], backward_rows=[
+                   dict(r, model_us=dict(total=1.0), grads_bitwise_equal_to_pull_push=True)
+                   for r in rows], backward_verdict=v)
+    text = bench.table(out)
+    assert "rev comb" in text and "CHOSEN IS SLOWER" in text
+    assert max(map(len, text.splitlines())) <= 100
+
+
+def test_direction_test_layers_plan_and_prebuild_covers_them():
+    """Every layer the GPU and multi-GPU direction tests compile plans (so --prebuild --tests
+    builds it), the backward's among them with their directions."""
+    bench = _bench()
+    for R in (None, 2):
+        layers = bench.test_layers(R)
+        ps = [mokgen.plan(s, **kw) for s, kw in layers]
+        got = {(p.reverse_combine, p.reverse_dispatch) for p in ps}
+        assert got == set(BACKWARD), R
+        assert any(p.scale_block and p.reverse_dispatch == "pull" for p in ps) == (R is None)

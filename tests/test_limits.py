@@ -67,14 +67,16 @@ def test_any_expert_count_and_topk_up_to_32_plan(e, k, ep):
     (mokgen.MoEShape(64, 328, 256, 8), dict(dtype="fp8"), "hidden must be a multiple of 16"),
     (mokgen.MoEShape(64, 512, 200, 8), dict(dtype="mxfp8"),
      "intermediate must be a multiple of 16"),
-    (mokgen.MoEShape(64, 512, 256, 8), dict(reverse_dispatch="pull"),
-     "reverse_dispatch must be 'push'"),
+    (mokgen.MoEShape(64, 512, 256, 8), dict(reverse_dispatch="pull", comm_sms_bwd=1),
+     "reverse_dispatch='pull' needs comm_sms_bwd >= 2"),
     (mokgen.MoEShape(64, 512, 256, 8), dict(dispatch="push", dtype="mxfp8"),
      "dispatch='push' moves bf16 rows only"),
     (mokgen.MoEShape(64, 512, 256, 8), dict(combine="pull", comm_sms_fwd=1),
      "combine='pull' needs comm_sms_fwd >= 2"),
-    (mokgen.MoEShape(64, 512, 256, 8), dict(reverse_combine="push"),
-     "reverse_combine must be 'pull'"),
+    (mokgen.MoEShape(64, 512, 256, 8), dict(reverse_combine="push", dtype="mxfp8"),
+     "reverse_combine='push' moves bf16 dy rows only"),
+    (mokgen.MoEShape(64, 512, 256, 8), dict(reverse_combine="sideways"),
+     "reverse_combine must be one of"),
 ])
 def test_every_kernel_rule_is_a_plan_time_error_naming_the_field(shape, kw, match):
     with pytest.raises(ValueError, match=match):

@@ -13,8 +13,8 @@ import torch
 
 import mokgen
 from mokgen import reference
-from mokgen.workloads import (cosine, direction_layers, make_inputs, reference_grads,
-                              reference_outputs, rel_error)
+from mokgen.workloads import (backward_direction_layers, cosine, direction_layers,
+                              make_inputs, reference_grads, reference_outputs, rel_error)
 
 pytestmark = pytest.mark.multigpu
 UNDER_TORCHRUN = "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
@@ -294,3 +294,43 @@ def test_every_forward_direction_matches_the_paper_one_bitwise(group, dispatch, 
     assert torch.equal(y, y0), f"rank {r}: y differs bitwise from pull/push"
     for k in g0:
         assert torch.equal(grads[k], g0[k]), f"rank {r}: d{k} differs bitwise"
+
+
+def backward_direction_kwargs(R: int) -> dict:
+    """(reverse_combine, reverse_dispatch) -> the backward direction test's compile arguments:
+    as direction_kwargs (benchmarks/directions.py --prebuild --tests --world R builds them)."""
+    return backward_direction_layers(mokgen.shapes.get("gpu-small"), R, 700, minibatch=128,
+                                     macrobatch=256)
+
+
+@pytest.mark.parametrize("reverse_combine,reverse_dispatch", [("push", "push"), ("pull", "pull"),
+                                                              ("push", "pull")])
+def test_every_backward_direction_matches_the_paper_one_bitwise(group, reverse_combine,
+                                                               reverse_dispatch):
+    """Push reverse-combine and pull reverse-dispatch across real GPUs (cross-GPU flags inside
+    the backward megakernel, a ring that wraps: the owners wait on the experts' freed slots):
+    the gradients match the reference and are bitwise those of pull reverse-combine + push
+    reverse-dispatch with every other decision the same; outputs poisoned first."""
+    R, r = dist.get_world_size(), dist.get_rank()
+    shape, n = mokgen.shapes.get("gpu-small"), 700
+    kw = backward_direction_kwargs(R)
+    paper = mokgen.compile(shape, group=group, **kw[("pull", "push")])
+    other = mokgen.compile(shape, group=group, **kw[(reverse_combine, reverse_dispatch)])
+    assert (other.plan.reverse_combine, other.plan.reverse_dispatch) == \
+        (reverse_combine, reverse_dispatch)
+    inputs, dys = global_inputs(shape, R, n)
+    other.runtime().poison()
+    other.backward_runtime().poison()
+    y, grads = run_rank(other, inputs, dys[r], r)
+    other.synchronize()
+    check_rank(shape, inputs, dys, y, grads, r)
+    y0, g0 = run_rank(paper, inputs, dys[r], r)
+    paper.synchronize()
+    assert torch.equal(y, y0), f"rank {r}: y differs bitwise from pull/push"
+    for k in g0:
+        assert torch.equal(grads[k], g0[k]), f"rank {r}: d{k} differs bitwise"
+    # again: the cross-rank flags are zeroed per call, the staging and dy rings reused
+    y2, g2 = run_rank(other, inputs, dys[r], r)
+    other.synchronize()
+    for k in g0:
+        assert torch.equal(g2[k], g0[k]), f"rank {r}: d{k} differs bitwise on a repeat"

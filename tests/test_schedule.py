@@ -93,3 +93,22 @@ def test_rejects_bad_input():
         dispatch_schedule(torch.zeros(4, dtype=torch.float32), 0, 2)
     with pytest.raises(ValueError, match="rank"):
         dispatch_schedule(torch.zeros(2, 4, dtype=torch.long), 2, 2)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 32, 1024])
+@pytest.mark.parametrize("kind", ["random", "skewed", "sparse"])
+def test_chunked_ordinals_add_up(chunk, kind, rng):
+    """The GPU count kernel counts chunks of routes apart: a chunk's base plus the ordinal
+    inside it is the route's ordinal, whatever the chunk size (one larger than the routes,
+    one route each)."""
+    from mokgen.schedule import _local_routes, _ordinals, chunk_ordinals
+
+    R, N, k, L = 4, 50, 3, 4
+    routes = make_routes(kind, R, N, k, R * L, rng)
+    for rank in (0, R - 1):
+        r, j, inside, base = chunk_ordinals(routes, rank, L, chunk)
+        src_rank, src_index, expert = _local_routes(routes, rank, L)
+        assert torch.equal(r, src_rank) and torch.equal(j, src_index)
+        assert base.shape == (R, max(1, -(-N * k // chunk)), L)
+        assert torch.equal(base[r, j // chunk, expert] + inside, _ordinals(r * L + expert))
+        assert (inside < chunk).all()

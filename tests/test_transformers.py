@@ -97,3 +97,23 @@ def test_unsupported_models_get_a_clear_error():
     with pytest.raises(ValueError, match="not a supported MoE block"):
         PatchedMoEBlock(torch.nn.Linear(4, 4))
     assert mokgen.patch is patch
+
+
+def test_fused_accumulation_targets_are_this_ranks_slices_of_the_experts_grads():
+    """PatchedMoEBlock.expert_grads: the slices of gate_up_proj.grad / down_proj.grad that
+    belong to the rank's experts, only for the weights the block's forward passes (views of
+    those parameters) and only once the gradients exist."""
+    model = build(qwen3)
+    patch(model, backend="reference", fuse_grad_accumulation=True)
+    block = next(m for m in model.modules() if isinstance(m, PatchedMoEBlock))
+    p1, p2 = block.experts.gate_up_proj, block.experts.down_proj
+    block.rank, block.local = 1, p1.shape[0] // 2  # as rank 1 of an ep = 2 group
+    w1, w2 = block._local(p1), block._local(p2)
+    assert block.expert_grads(w1, w2) is None  # no .grad yet
+    p1.grad, p2.grad = torch.zeros_like(p1), torch.zeros_like(p2)
+    g1, g2 = block.expert_grads(w1, w2)
+    assert g1.shape == w1.shape and g2.shape == w2.shape and g1.is_contiguous()
+    assert g1.data_ptr() == p1.grad[block.local:].data_ptr()  # rank 1's half, in place
+    assert g2.data_ptr() == p2.grad[block.local:].data_ptr()
+    assert block.expert_grads(p1[:block.local], w2) is None  # other experts' weights
+    assert block.expert_grads(w1.clone(), w2) is None       # a copy, not the parameter

@@ -14,6 +14,8 @@ model's state dict and checkpoints stay as they are.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 
@@ -32,7 +34,11 @@ FAMILIES = {
 
 class PatchedMoEBlock(nn.Module):
     def __init__(self, block: nn.Module, ep_group=None, dtype: str = "bf16",
-                 tokens_per_rank: int = 8192, backend: str = "kernels"):
+                 tokens_per_rank: int = 8192, backend: str = "kernels",
+                 fuse_grad_accumulation: bool = False):
+        """fuse_grad_accumulation: as mokgen.MoE's (its docstring): once the experts'
+        gate_up_proj / down_proj hold a .grad, the backward kernel adds this rank's experts'
+        gradients into their slice of it instead of returning new tensors."""
         super().__init__()
         name = type(block).__name__
         if name not in FAMILIES:
@@ -55,7 +61,25 @@ class PatchedMoEBlock(nn.Module):
         ep, rank = group_size_rank(ep_group)
         self.plan = make_plan(shape, ep=ep, dtype=dtype, tokens_per_rank=tokens_per_rank)
         self.rank, self.local = rank, shape.num_experts // ep
-        self._registration = LayerRegistration(self.plan, ep_group, backend)
+        self._registration = LayerRegistration(
+            self.plan, ep_group, backend, weakref.ref(self) if fuse_grad_accumulation else None)
+
+    def _local(self, p: torch.Tensor) -> torch.Tensor:
+        """This rank's experts of a [E, ...] expert tensor (a view)."""
+        lo = self.rank * self.local
+        return p[lo:lo + self.local]
+
+    def expert_grads(self, w1: torch.Tensor, w2: torch.Tensor):
+        """The slices of gate_up_proj.grad / down_proj.grad of this rank's experts when the
+        call's weights are those parameters' slices (forward uses exactly these views), else
+        None. Read by the fused gradient accumulation (mokgen.ops._accumulate_into)."""
+        p1, p2 = self.experts.gate_up_proj, self.experts.down_proj
+        if self._local(p1).data_ptr() != w1.data_ptr() or \
+                self._local(p2).data_ptr() != w2.data_ptr():
+            return None
+        if p1.grad is None or p2.grad is None:
+            return None
+        return self._local(p1.grad), self._local(p2.grad)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         lead, D = hidden_states.shape[:-1], hidden_states.shape[-1]
@@ -63,9 +87,8 @@ class PatchedMoEBlock(nn.Module):
         if self.training and self.jitter_noise > 0:  # Mixtral's multiplicative router noise
             h = h * torch.empty_like(h).uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
         _, weights, experts = self.gate(h)
-        lo = self.rank * self.local
-        w1 = self.experts.gate_up_proj[lo:lo + self.local]   # views: this rank's experts
-        w2 = self.experts.down_proj[lo:lo + self.local]
+        w1 = self._local(self.experts.gate_up_proj)   # views: this rank's experts
+        w2 = self._local(self.experts.down_proj)
         sw1 = sw2 = None
         if self.shared_experts is not None:
             se = self.shared_experts
@@ -78,9 +101,10 @@ class PatchedMoEBlock(nn.Module):
 
 
 def patch(model: nn.Module, ep_group=None, dtype: str = "bf16", tokens_per_rank: int = 8192,
-          backend: str = "kernels") -> list:
+          backend: str = "kernels", fuse_grad_accumulation: bool = False) -> list:
     """Replace every supported MoE block of `model` in place; returns the names replaced.
-    Raises ValueError if the model has none (naming the MoE-like blocks it did find)."""
+    Raises ValueError if the model has none (naming the MoE-like blocks it did find).
+    fuse_grad_accumulation: see PatchedMoEBlock (plain training loops; not DDP)."""
     targets = [(name, mod) for name, mod in model.named_modules()
                if type(mod).__name__ in FAMILIES]
     if not targets:
@@ -91,5 +115,6 @@ def patch(model: nn.Module, ep_group=None, dtype: str = "bf16", tokens_per_rank:
     for name, block in targets:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, PatchedMoEBlock(block, ep_group, dtype, tokens_per_rank, backend))
+        setattr(parent, attr, PatchedMoEBlock(block, ep_group, dtype, tokens_per_rank, backend,
+                                              fuse_grad_accumulation))
     return [name for name, _ in targets]

@@ -19,8 +19,18 @@ as the time its copies and signals take on one rank, per call:
   the comm CTAs; each side runs at min(link, SMs x per-SM copy rate) (mokgen/hardware.py);
 - signals: local ones x the GPU-local hand-off latency, cross-GPU ones x the peer flag
   latency, per minibatch (a push dispatch also polls the peer's slot-free flag: one more).
-The backward's ops have one implementation each (limits.DIRECTIONS): the paper's, kept.
-Overrides (`dispatch="push"`, ...) force an op; the model then picks the other around it.
+The backward's two ops are implemented both ways too (moe_bwd.cuh, direction_bwd.cuh) and
+priced the same way by `backward_costs`, per call on one rank:
+- bytes: the dy rows each rank receives (reverse-combine) and the dx rows (+ their 4-byte
+  router-weight gradients) it sends back (reverse-dispatch); a pushing owner or a pulling
+  owner reads every peer's schedule table to find its rows;
+- SMs: pull reverse-combine and push reverse-combine use the dy comm CTAs (all backward comm
+  CTAs, or all but the dx half with pull reverse-dispatch), which also re-pull x for the
+  minibatches the ring lost (the same bytes either way: left out); push reverse-dispatch is
+  stored by the dx epilogues (the compute SMs), pull reverse-dispatch by half the comm CTAs;
+- signals: as the forward's (a push reverse-combine also polls the peer's slot-free flag).
+Overrides (`dispatch="push"`, ...) force an op; the model then picks the other of its
+direction around it.
 """
 from __future__ import annotations
 
@@ -80,6 +90,56 @@ def forward_costs(plan: Plan, dispatch: str, combine: str) -> dict:
     return dict(dispatch=t_d, combine=t_c, total=t_d + t_c)
 
 
+def backward_costs(plan: Plan, reverse_combine: str, reverse_dispatch: str) -> dict:
+    """Seconds one rank spends on the backward's reverse-combine and reverse-dispatch moved
+    that way ({"reverse_combine", "reverse_dispatch", "total"}; inf where the kernels cannot
+    run it: pull reverse-dispatch needs two comm CTAs, push reverse-combine bf16 rows)."""
+    gpu = hardware.get(plan.gpu)
+    s, R, c = plan.shape, plan.ep, plan.comm_sms_bwd
+    cc = c // 2 if reverse_dispatch == "pull" else 0
+    if (reverse_dispatch == "pull" and cc < 1) or \
+            (reverse_combine == "push" and plan.scale_block):
+        return dict(reverse_combine=math.inf, reverse_dispatch=math.inf, total=math.inf)
+    rows = plan.tokens_per_rank * s.topk
+    minibatches = math.ceil(rows / plan.minibatch)
+    link = gpu.nvlink_bw if R > 1 else gpu.hbm_bw / 2
+    rate = lambda sms: min(link, sms * gpu.copy_bw_per_sm)  # noqa: E731
+    table = rows * TABLE_ENTRY_BYTES * R
+
+    def signals(op, d, extra_cross=0):
+        local, cross = signal_counts(op, d, R)
+        cross += extra_cross if cross else 0
+        local = max(local, 1 - min(cross, 1))  # one rank: its own pushes still signal
+        return minibatches * (local * gpu.flag_latency + cross * gpu.peer_flag_latency)
+
+    moved_rc = rows * 2 * s.hidden + (table if reverse_combine == "push" else 0)
+    t_rc = moved_rc / rate(c - cc) + signals("reverse_combine", reverse_combine, extra_cross=1)
+    moved_rd = rows * (2 * s.hidden + 4)
+    if reverse_dispatch == "push":
+        t_rd = moved_rd / rate(plan.num_sms - c) + signals("reverse_dispatch", "push")
+    else:
+        t_rd = (moved_rd + table) / rate(cc) + signals("reverse_dispatch", "pull")
+    return dict(reverse_combine=t_rc, reverse_dispatch=t_rd, total=t_rc + t_rd)
+
+
+def _choose(plan: Plan, forced: dict, ops: tuple, costs) -> tuple[str, str]:
+    """The directions of `ops` (a pair) of least modeled time among the implemented ones
+    that agree with `forced`; ties keep the paper's choice."""
+    paper = tuple(_paper_choice(op) for op in ops)
+    options = [o for o in itertools.product(*(DIRECTIONS[op] for op in ops))
+               if all(forced.get(op, d) == d for op, d in zip(ops, o))]
+    if not options:  # a forced direction the kernels lack: limits.check says so
+        return tuple(forced.get(op, p) for op, p in zip(ops, paper))
+    cost = {o: costs(plan, *o)["total"] for o in options}
+    best = min(options, key=cost.get)
+    return paper if paper in cost and cost[paper] <= cost[best] * (1 + 1e-9) else best
+
+
+def choose_backward(plan: Plan, forced: dict) -> tuple[str, str]:
+    """The (reverse_combine, reverse_dispatch) of least modeled time (as choose_forward)."""
+    return _choose(plan, forced, ("reverse_combine", "reverse_dispatch"), backward_costs)
+
+
 def choose_forward(plan: Plan, forced: dict) -> tuple[str, str]:
     """The (dispatch, combine) of least modeled time among the implemented ones that agree
     with `forced`; ties keep the paper's choice."""
@@ -102,6 +162,7 @@ def comm_direction(g):
     plan = Plan.of(g)
     overrides = problem["overrides"]
     chosen = dict(zip(("dispatch", "combine"), choose_forward(plan, overrides)))
+    chosen.update(zip(("reverse_combine", "reverse_dispatch"), choose_backward(plan, overrides)))
     changes = {}
     for op in ir.comm_ops(g):
         counts = {d: signal_counts(op.comm, d, problem["ep"]) for d in ("pull", "push")}

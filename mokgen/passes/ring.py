@@ -18,9 +18,11 @@ from ..plan import Plan
 def ring_row_bytes(plan: Plan) -> int:
     """Bytes one ring row holds: the dispatched x row, the gate/up pre-activation kept for the
     backward, and the SwiGLU output the down GEMM reads; with pull combine also the weighted
-    down row staged for its owner (direction.cuh)."""
+    down row staged for its owner (direction.cuh), or with pull reverse-dispatch the dx row
+    and its router-weight gradient (direction_bwd.cuh: the same staging rows)."""
     s, q = plan.shape, plan.scale_block
-    stage = 2 * s.hidden if plan.combine == "pull" else 0
+    stage = 2 * s.hidden if plan.combine == "pull" or plan.reverse_dispatch == "pull" else 0
+    stage += 4 if plan.reverse_dispatch == "pull" else 0
     if q:  # e4m3 x and SwiGLU output plus fp32 scales (the bf16 rings stay, for the shared path)
         fp8 = s.hidden + 4 * -(-s.hidden // q) + s.intermediate + 4 * -(-s.intermediate // q)
         return 2 * s.hidden + 2 * (2 * s.intermediate) + 2 * s.intermediate + fp8 + stage

@@ -84,6 +84,8 @@ def sm_partition(g):
             comm[d] = best_comm_sms(moved, flops, gpu, rate, plan.ep, sms)
             if d == "fwd" and plan.combine == "pull":  # forced: its own comm CTAs pull
                 comm[d] = max(comm[d], 2)
+            if d == "bwd" and plan.reverse_dispatch == "pull":  # likewise, the dx rows
+                comm[d] = max(comm[d], 2)
     changes = {}
     for op in ir.ops(g):
         if op.attr("stage") == "megakernel":

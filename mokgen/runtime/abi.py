@@ -39,8 +39,14 @@ BWD_BUFFERS = (
 # (peer_shapes "xflags"), ring, schedule table and row count, and staging rows.
 FWD_DIR_PEERS = (("xflags", "ptrs"), ("ring_x", "ptrs"), ("table", "ptrs"), ("meta", "ptrs"),
                  ("stage", "ptrs"))
-# Words of one rank's xflags per forward minibatch: landed, dn_done, pulled (direction.cuh).
-XFLAG_WORDS = 3
+# The backward's (push reverse-combine, pull reverse-dispatch: direction_bwd.cuh BwdDirPeers<R>),
+# likewise: every rank's cross-rank flag words, dy ring, schedule table and row count, and
+# staging rows (dx and router-weight gradients).
+BWD_DIR_PEERS = (("xflags", "ptrs"), ("ring_dy", "ptrs"), ("table", "ptrs"), ("meta", "ptrs"),
+                 ("stage", "ptrs"), ("stage_dw", "ptrs"))
+# Words of one rank's xflags per minibatch: the forward's landed, dn_done, pulled
+# (direction.cuh); the backward's dy_landed, slot_free, dx_pulled, dx_done (direction_bwd.cuh).
+XFLAG_WORDS = 4
 # Tensor-map structs: CUtensorMap fields in declaration order. The forward's bf16 maps are
 # kernel parameters of their own (codegen renders the parameter list from FWD_MAPS).
 FWD_MAPS = ("x", "hs", "ring_x", "ring_a", "sw1", "sw2", "w1", "w2")
@@ -89,7 +95,17 @@ FWD_DIR_PHASES = {
     "kPhaseStageSlot": (7, "a down tile waiting for the owners to pull minibatch {index}'s "
                            "staged rows (pull combine)"),
 }
-PHASES = {**FWD_PHASES, **FWD_DIR_PHASES, **BWD_PHASES}
+BWD_DIR_PHASES = {
+    "kPhaseDyPushSlot": (8, "a push-reverse-combine comm CTA waiting for a peer's minibatch "
+                            "{index} to free its dy ring slot"),
+    "kPhaseDyLanded": (9, "a dgrad tile waiting for every owner to push minibatch {index}'s dy "
+                          "(push reverse-combine)"),
+    "kPhaseDxReady": (10, "a pull-reverse-dispatch comm CTA waiting for a peer's minibatch "
+                          "{index} to leave its dx GEMM"),
+    "kPhaseDxStageSlot": (20, "a dx tile waiting for the owners to pull minibatch {index}'s "
+                              "staged dx rows (pull reverse-dispatch)"),
+}
+PHASES = {**FWD_PHASES, **FWD_DIR_PHASES, **BWD_PHASES, **BWD_DIR_PHASES}
 BARRIER_PHASE = (100, "the rank barrier, waiting for peer rank {index}")  # sync.cuh barrier
 
 
@@ -105,6 +121,19 @@ def phase_text(code: int) -> str:
 PROFILES = {"no_routed_wgrad": ("kProfNoRoutedWgrad", 1), "no_dh_quant": ("kProfNoDhQuant", 2),
             "fp8_no_promote": ("kProfFp8NoPromote", 4),
             "fp8_plain_epilogue": ("kProfFp8PlainEpilogue", 8)}
+
+
+# Routes of one source rank that one block of the schedule's count kernel takes (schedule.cuh
+# schedule_count's CHUNK, one thread per route). The host launches ranks x sched_chunks()
+# blocks of this many threads and sizes the per-chunk counts by it; the prologue is rendered
+# with it and the runtime checks the cubin's copy (mokgen_sched_chunk) on load.
+SCHED_CHUNK = 1024
+
+
+def sched_chunks(routes_per_rank: int) -> int:
+    """Chunks of one source rank's routes; at least one, so that a call with no tokens still
+    writes (zero) counts."""
+    return max(1, -(-routes_per_rank // SCHED_CHUNK))
 
 
 def padded(n: int) -> int:

@@ -21,6 +21,7 @@ from . import abi, cuda
 from .abi import padded
 from .checks import check_ctas
 from .peers import PeerSet
+from .prologue import Prologue
 from .workspace import LayerSpec, RankBuffers  # noqa: F401 - LayerSpec: re-exported
 
 BF16 = torch.bfloat16
@@ -35,13 +36,7 @@ class ForwardRuntime:
         self.dev = torch.device("cuda", torch.cuda.current_device())
         pro = cuda.load_module(prologue_cubin)
         fwd = cuda.load_module(fwd_cubin)
-        L = spec.local_experts
-        self.f_route = pro.function("mokgen_route")
-        self.f_route_given = pro.function("mokgen_route_given")
-        self.sched_smem = (L + 32 * L) * 4
-        self.f_count = pro.function("mokgen_sched_count", self.sched_smem)
-        self.f_offsets = pro.function("mokgen_sched_offsets")
-        self.f_place = pro.function("mokgen_sched_place")
+        self.prologue = Prologue(pro, spec.local_experts, spec.topk)
         self.f_sum = pro.function("mokgen_combine_sum")
         self.f_quant_x = pro.function("mokgen_quant_x") if spec.scale_block else None
         self.fwd_smem = struct.unpack("<i", cuda.read_global(fwd, "mokgen_fwd_smem_bytes"))[0]
@@ -258,26 +253,18 @@ class ForwardRuntime:
 
     def route(self, i, logits, n):
         """Softmax top-k of rank i's tokens, written into every rank's gathered tables."""
-        cuda.launch(self.f_route, max(1, min(1024, -(-n // 8))), 256, 0, self._stream(),
-                    [logits, n, self.peers.hosted_ranks[i], self._route_tables()])
+        self.prologue.route(self._stream(), logits, n, self.peers.hosted_ranks[i],
+                            self._route_tables())
 
     def route_given(self, i, experts, weights, n):
         """The caller's routes of rank i's tokens, written into every rank's tables."""
-        total = n * self.spec.topk
-        cuda.launch(self.f_route_given, max(1, min(1024, -(-total // 256))), 256, 0,
-                    self._stream(), [experts, weights, n, self.peers.hosted_ranks[i],
-                                     self._route_tables()])
+        self.prologue.route_given(self._stream(), experts, weights, n,
+                                  self.peers.hosted_ranks[i], self._route_tables())
 
     def schedule(self, i, n):
         """Algorithm 1 for rank i from the gathered routes (three small kernels)."""
-        s, st, b = self.spec, self._stream(), self.ranks[i]
-        R, K, r = s.ep, s.topk, self.peers.hosted_ranks[i]
-        cuda.launch(self.f_count, R, 1024, self.sched_smem, st,
-                    [b.routes, n * K, r, b.ordinal, b.counts])
-        cuda.launch(self.f_offsets, 1, 256, 0, st, [b.counts, R, b.offsets, b.meta, b.table])
-        cuda.launch(self.f_place, max(1, min(4096, -(-R * n * K // 256))), 256, 0, st,
-                    [b.routes, b.weights, n * K, R, r, b.ordinal, b.counts, b.offsets,
-                     b.table, b.row_weight])
+        self.prologue.schedule(self._stream(), self.ranks[i], n, self.spec.ep,
+                               self.peers.hosted_ranks[i])
 
     def experts(self, i, x, x_ptrs, w1, w2, shared_w1, shared_w2, save=False):
         """The megakernel of rank i: dispatch, shared + routed experts, push combine."""

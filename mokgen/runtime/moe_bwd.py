@@ -5,6 +5,11 @@ Ring-aware replay: when the rings still hold the forward being differentiated (n
 on this layer in between, and that forward kept its gate/up pre-activations), the kernel
 takes macrobatch 0 from the ring and replays only the rest; otherwise it re-schedules from
 the saved routes and replays everything. Either way the gradients are the same.
+
+Virtual ranks run their backward megakernels one after another, except when the backward
+moves rows the non-default way (push reverse-combine, pull reverse-dispatch: their kernels
+wait on each other) or the plan leaves room for all of them at once (reserve_sms): then side
+by side, each rank with its own scratch.
 """
 from __future__ import annotations
 
@@ -22,7 +27,8 @@ class BackwardPass(BackwardScratch):
     """The backward kernel over its scratch (BackwardScratch) and the forward's runtime."""
 
     def __init__(self, rt, bwd_cubin: bytes):
-        super().__init__(rt.spec, rt.dev)
+        hosted = range(len(rt.peers.hosted_ranks))
+        super().__init__(rt.spec, rt.dev, rt.peers.local(0).get("ring_dy"))
         self.rt = rt
         mod = cuda.load_module(bwd_cubin)
         rt.adopt_module(mod)
@@ -37,18 +43,36 @@ class BackwardPass(BackwardScratch):
         self.ctas = check_ctas("backward", struct.unpack(  # the plan's CTAs (after its reserve)
             "<i", cuda.read_global(mod, "mokgen_bwd_ctas"))[0], rt.num_sms)
         self.f_segments = rt.modules[0].function("mokgen_sched_segments")
+        s, virtual = rt.spec, rt.peers.virtual
+        if virtual and s.bwd_peer_directions and s.ep * self.ctas > rt.num_sms:
+            raise ValueError(
+                f"reverse_combine={s.reverse_combine!r} reverse_dispatch={s.reverse_dispatch!r} "
+                f"on {s.ep} virtual ranks runs their backward megakernels side by side: the plan "
+                f"may launch at most {rt.num_sms // s.ep} CTAs each, it launches {self.ctas} "
+                f"(compile with reserve_sms={rt.num_sms - rt.num_sms // s.ep}, or use real "
+                f"ranks)")
+        # side by side (above, or because the plan leaves room: the directions ablation
+        # compares like with like), each hosted rank needs scratch of its own
+        self.side_by_side = s.bwd_peer_directions or (
+            virtual and s.ep > 1 and s.ep * self.ctas <= rt.num_sms)
+        self.scratch = [self] + [BackwardScratch(s, rt.dev, rt.peers.local(i).get("ring_dy"))
+                                 for i in hosted[1:]] if self.side_by_side else \
+            [self] * len(hosted)
 
     def poison(self) -> None:
-        for t in (self.ring_dy, self.dw_part, self.hs_pre, self.hs_a, self.wg_acc):
-            if t is not None:
-                t.fill_(float("nan"))
-        if self.rt.spec.scale_block:
-            self.ring_dy8.fill_(0xFF)  # e4m3 NaN
-            self.ring_dh8.fill_(0xFF)
-            self.ring_sdy.fill_(float("nan"))
-            self.ring_sdh.fill_(float("nan"))
+        for sc in dict.fromkeys(self.scratch):  # each scratch once
+            for t in (sc.ring_dy, sc.dw_part, sc.hs_pre, sc.hs_a, sc.wg_acc):
+                if t is not None:
+                    t.fill_(float("nan"))
+            if self.rt.spec.scale_block:
+                sc.ring_dy8.fill_(0xFF)  # e4m3 NaN
+                sc.ring_dh8.fill_(0xFF)
+                sc.ring_sdy.fill_(float("nan"))
+                sc.ring_sdh.fill_(float("nan"))
         for b in self.rt.ranks:
             b.dweight.fill_(float("nan"))
+            if self.rt.spec.bwd_peer_directions:  # pull reverse-dispatch stages dx there
+                b.stage.fill_(float("nan"))
 
     # ------------------------------------------------------------------ the call
     def backward(self, dys, xs, w1s, w2s, shared_w1, shared_w2, routes, generation,
@@ -75,10 +99,15 @@ class BackwardPass(BackwardScratch):
         if not resident:  # the tables were rewritten since: rebuild them from the routes
             for i in hosted:
                 rt.route_given(i, *routes[i], n)
+        if s.bwd_peer_directions:  # before the barrier: peers count into them
+            for i in hosted:
+                rt.ranks[i].xflags.zero_()
         rt.peers.barrier(rt._launch_barrier)
         if not resident:
             for i in hosted:
                 rt.schedule(i, n)
+        if s.bwd_peer_directions:  # peers read every schedule while the megakernels run
+            rt.peers.barrier(rt._launch_barrier)
         if accumulate is not None:
             _check_accumulate(accumulate, w1s, w2s)
             dw1s, dw2s = [a[0] for a in accumulate], [a[1] for a in accumulate]
@@ -87,10 +116,14 @@ class BackwardPass(BackwardScratch):
             dw2s = [rt.output(tuple(w.shape), BF16) for w in w2s]
         dsw = [[rt.output(tuple(w.shape), BF16) for w in (shared_w1, shared_w2)]
                if shared_w1 is not None else [None, None] for _ in hosted]
-        for i in hosted:
-            self._launch(i, n, xs[i], dys[i], x_ptrs, dy_ptrs, w1s[i], w2s[i], shared_w1,
-                         shared_w2, dw1s[i], dw2s[i], *dsw[i], resident,
-                         accumulate is not None)
+        launch = lambda i: self._launch(  # noqa: E731
+            i, n, xs[i], dys[i], x_ptrs, dy_ptrs, w1s[i], w2s[i], shared_w1, shared_w2,
+            dw1s[i], dw2s[i], *dsw[i], resident, accumulate is not None)
+        if self.side_by_side:
+            rt.side_by_side(list(hosted), launch)
+        else:
+            for i in hosted:
+                launch(i)
         rt.peers.barrier(rt._launch_barrier)
         dxs = [rt.combine_sum(i, n) for i in hosted]
         dweights = [rt.ranks[i].dweight[: n * s.topk].view(n, s.topk).clone() for i in hosted]
@@ -103,6 +136,11 @@ class BackwardPass(BackwardScratch):
         its forward_rank(save=True), reusing the other ranks' buffers from an earlier full
         call: the per-rank slice that benchmarks time. -> (dx, dw1, dw2, dsw1, dsw2)."""
         rt, n = self.rt, xs[0].shape[0]
+        if rt.spec.bwd_peer_directions:
+            raise ValueError(f"reverse_combine={rt.spec.reverse_combine!r} reverse_dispatch="
+                             f"{rt.spec.reverse_dispatch!r}: a rank's backward megakernel "
+                             f"waits on its peers' running at once, so one rank cannot run "
+                             f"alone; time the whole call (backward)")
         resident = rt.saved
         rt.generation += 1
         rt.saved = False
@@ -116,45 +154,54 @@ class BackwardPass(BackwardScratch):
 
     def _launch(self, i, n, x, dy, x_ptrs, dy_ptrs, w1, w2, sw1, sw2, dw1, dw2, dsw1, dsw2,
                 resident, accumulate=False):
-        rt, s, b = self.rt, self.rt.spec, self.rt.ranks[i]
+        rt, s, b, sc = self.rt, self.rt.spec, self.rt.ranks[i], self.scratch[i]
         st = rt._stream()
         cuda.launch(self.f_segments, 1, 32, 0, st,
-                    [b.offsets, b.meta, self.segs, self.seg_start])
-        self.counters.zero_()
+                    [b.offsets, b.meta, sc.segs, sc.seg_start])
+        sc.counters.zero_()
         L, D, I, M = s.local_experts, s.hidden, s.intermediate, s.macrobatch
-        IS = self.hs_a.shape[1]
-        sw1 = sw1 if sw1 is not None else self.hs_pre  # placeholders without a shared expert
-        sw2 = sw2 if sw2 is not None else self.hs_a
+        IS = sc.hs_a.shape[1]
+        sw1 = sw1 if sw1 is not None else sc.hs_pre  # placeholders without a shared expert
+        sw2 = sw2 if sw2 is not None else sc.hs_a
         mp = rt._map
         maps = {"x_k": mp(x, n, D, 128), "sw1_k": mp(sw1, sw1.shape[0], sw1.shape[1], 128),
                 "dy_k": mp(dy, n, D, 128), "sw2_mn": mp(sw2, sw2.shape[0], sw2.shape[1], 64),
-                "hs_dh_k": mp(self.hs_pre, n, 2 * IS, 128),  # dh over the pre-activations
+                "hs_dh_k": mp(sc.hs_pre, n, 2 * IS, 128),  # dh over the pre-activations
                 "sw1_mn": mp(sw1, sw1.shape[0], sw1.shape[1], 64), "dy_mn": mp(dy, n, D, 64),
-                "hs_a_mn": mp(self.hs_a, n, IS, 64), "hs_dh_mn": mp(self.hs_pre, n, 2 * IS, 64),
+                "hs_a_mn": mp(sc.hs_a, n, IS, 64), "hs_dh_mn": mp(sc.hs_pre, n, 2 * IS, 64),
                 "x_mn": mp(x, n, D, 64),
                 "ring_x_k": mp(b.ring_x, M, D, 128), "w1_k": mp(w1, L * 2 * I, D, 128),
-                "ring_dy_k": mp(self.ring_dy, M, D, 128), "w2_mn": mp(w2, L * D, I, 64),
+                "ring_dy_k": mp(sc.ring_dy, M, D, 128), "w2_mn": mp(w2, L * D, I, 64),
                 # dh lands over the pre-activations, w * a over a (moe_bwd.cuh, DG)
                 "ring_dh_k": mp(b.ring_h, M, 2 * I, 128), "w1_mn": mp(w1, L * 2 * I, D, 64),
-                "ring_dy_mn": mp(self.ring_dy, M, D, 64), "ring_a_mn": mp(b.ring_a, M, I, 64),
+                "ring_dy_mn": mp(sc.ring_dy, M, D, 64), "ring_a_mn": mp(b.ring_a, M, I, 64),
                 "ring_dh_mn": mp(b.ring_h, M, 2 * I, 64),
                 "ring_x_mn": mp(b.ring_x, M, D, 64)}
         maps_raw = abi.pack_maps(abi.BWD_MAPS, maps, cuda.tensor_map_bytes)
-        f8, fp8_fields = self._fp8_operands(b, w1, w2)
+        f8, fp8_fields = self._fp8_operands(b, sc, w1, w2)
         peers = struct.pack(f"<{s.ep}Q", *x_ptrs) + struct.pack(f"<{s.ep}Q", *dy_ptrs) \
             + rt.peers.table("combine") + rt.peers.table("dweight")
         bufs = abi.pack(
             abi.BWD_BUFFERS, table=b.table, row_weight=b.row_weight, meta=b.meta,
-            offsets=b.offsets, segs=self.segs, seg_start=self.seg_start, ring_x=b.ring_x,
-            ring_h=b.ring_h, ring_a=b.ring_a, ring_dy=self.ring_dy, dw_part=self.dw_part,
-            hs_pre=self.hs_pre, hs_a=self.hs_a, dx_shared=b.y_shared, dw1=dw1, dw2=dw2,
-            dsw1=dsw1, dsw2=dsw2, wg_acc=self.wg_acc, counters=self.counters, **fp8_fields, n_tokens=n,
+            offsets=b.offsets, segs=sc.segs, seg_start=sc.seg_start, ring_x=b.ring_x,
+            ring_h=b.ring_h, ring_a=b.ring_a, ring_dy=sc.ring_dy, dw_part=sc.dw_part,
+            hs_pre=sc.hs_pre, hs_a=sc.hs_a, dx_shared=b.y_shared, dw1=dw1, dw2=dw2,
+            dsw1=dsw1, dsw2=dsw2, wg_acc=sc.wg_acc, counters=sc.counters, **fp8_fields, n_tokens=n,
             max_minibatches=s.max_minibatches, rank=rt.peers.hosted_ranks[i],
             resident=int(resident), accumulate=int(accumulate))
+        dirs = [self.dir_peers()] if s.bwd_peer_directions else []
         cuda.launch(self.f_bwd, self.ctas, 384, self.smem, st,
-                    [cuda.Raw(maps_raw), f8, cuda.Raw(peers), cuda.Raw(bufs)], cooperative=True)
+                    [cuda.Raw(maps_raw), f8, cuda.Raw(peers), cuda.Raw(bufs)] + dirs,
+                    cooperative=True)
 
-    def _fp8_operands(self, b, w1, w2):
+    def dir_peers(self) -> cuda.Raw:
+        """The backward's non-default directions' BwdDirPeers<R> (by value): every rank's
+        buffers they reach (runtime/abi.py BWD_DIR_PEERS, peers.BWD_DIR_KINDS)."""
+        rt = self.rt
+        return cuda.Raw(abi.pack(abi.BWD_DIR_PEERS, ranks=rt.spec.ep,
+                                 **{k: rt.peers.ptrs[k] for k, _ in abi.BWD_DIR_PEERS}))
+
+    def _fp8_operands(self, b, sc, w1, w2):
         """The fp8 backward's Fp8BwdMaps (by value) and its BwdBuffers fields; zero maps and
         null pointers for bf16 plans."""
         rt, s, q = self.rt, self.rt.spec, self.rt.spec.scale_block
@@ -168,17 +215,17 @@ class BackwardPass(BackwardScratch):
         w, wt = rt.weights.get(w1, w2), rt.weights.transposed(w1, w2)
         maps = rt.fp8_maps(abi.FP8_BWD_MAPS,
                            {"ring_x": (b.ring_x8, M, D), "w1": (w.w1, L * 2 * PI, PD),
-                            "ring_dy": (self.ring_dy8, M, D), "w2t": (wt.w2, L * PI, PD),
-                            "ring_dh": (self.ring_dh8, M, 2 * PI),
+                            "ring_dy": (sc.ring_dy8, M, D), "w2t": (wt.w2, L * PI, PD),
+                            "ring_dh": (sc.ring_dh8, M, 2 * PI),
                             "w1t": (wt.w1, L * PD, 2 * PI)},
-                           {"ring_sx": (b.ring_sx, D, M), "ring_sdy": (self.ring_sdy, D, M),
-                            "ring_sdh": (self.ring_sdh, 2 * PI, M)},
+                           {"ring_sx": (b.ring_sx, D, M), "ring_sdy": (sc.ring_sdy, D, M),
+                            "ring_sdh": (sc.ring_sdh, 2 * PI, M)},
                            {"w1s": (w.s1, PD, L * 2 * PI), "w2ts": (wt.s2, PD, L * PI),
                             "w1ts": (wt.s1, 2 * PI, L * PD)})
         blockwise = q == 128
-        return maps, dict(ring_x8=b.ring_x8, ring_sx=b.ring_sx, ring_dy8=self.ring_dy8,
-                          ring_sdy=self.ring_sdy, ring_dh8=self.ring_dh8,
-                          ring_sdh=self.ring_sdh, w1s=w.s1 if blockwise else None,
+        return maps, dict(ring_x8=b.ring_x8, ring_sx=b.ring_sx, ring_dy8=sc.ring_dy8,
+                          ring_sdy=sc.ring_sdy, ring_dh8=sc.ring_dh8,
+                          ring_sdh=sc.ring_sdh, w1s=w.s1 if blockwise else None,
                           w2ts=wt.s2 if blockwise else None, w1ts=wt.s1 if blockwise else None)
 
 

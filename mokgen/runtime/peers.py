@@ -20,22 +20,35 @@ STAGED = ("x", "dy")  # callers' tensors, staged in symmetric memory by real ran
 # Buffers the forward's non-default directions (push dispatch, pull combine: direction.cuh)
 # reach on peers; only layers with such a direction have them (`LayerSpec.peer_directions`).
 DIR_KINDS = ("xflags", "ring_x", "table", "meta", "stage")
+# The backward's (push reverse-combine, pull reverse-dispatch: direction_bwd.cuh), likewise
+# (`LayerSpec.bwd_peer_directions`); the flags, schedule and staging rows are the same buffers.
+BWD_DIR_KINDS = ("xflags", "ring_dy", "table", "meta", "stage", "stage_dw")
+
+
+def dir_kinds(spec) -> tuple:
+    """The direction buffers this layer's kernels reach on peers, each once."""
+    out = (DIR_KINDS if spec.peer_directions else ()) + \
+        (BWD_DIR_KINDS if spec.bwd_peer_directions else ())
+    return tuple(dict.fromkeys(out))
 
 
 def kinds(spec) -> tuple:
-    return KINDS + (DIR_KINDS if spec.peer_directions else ())
+    return KINDS + dir_kinds(spec)
 
 
 def peer_shapes(spec) -> dict:
     """kind -> (shape, dtype) of one rank's peer buffers."""
     R, N, K = spec.ep, spec.tokens_per_rank, spec.topk
-    out = {}
-    if spec.peer_directions:
-        stage = spec.macrobatch if spec.combine == "pull" else 1  # unread by push combine
-        out = {"xflags": ((XFLAG_WORDS * spec.max_minibatches,), torch.int32),
-               "ring_x": ((spec.macrobatch, spec.hidden), torch.bfloat16),
-               "table": ((spec.max_rows, 2), torch.int32), "meta": ((4,), torch.int32),
-               "stage": ((stage, spec.hidden), torch.bfloat16)}
+    M = spec.macrobatch
+    # staging rows: unread unless something pulls from them
+    stage = M if spec.combine == "pull" or spec.reverse_dispatch == "pull" else 1
+    every = {"xflags": ((XFLAG_WORDS * spec.max_minibatches,), torch.int32),
+             "ring_x": ((M, spec.hidden), torch.bfloat16),
+             "ring_dy": ((M, spec.hidden), torch.bfloat16),
+             "table": ((spec.max_rows, 2), torch.int32), "meta": ((4,), torch.int32),
+             "stage": ((stage, spec.hidden), torch.bfloat16),
+             "stage_dw": ((M if spec.reverse_dispatch == "pull" else 1,), torch.float32)}
+    out = {k: every[k] for k in dir_kinds(spec)}
     return {**out, "routes": ((R, N * K), torch.int32), "weights": ((R, N * K), torch.float32),
             "combine": ((N * K, spec.hidden), torch.bfloat16),
             "x": ((N, spec.hidden), torch.bfloat16), "dy": ((N, spec.hidden), torch.bfloat16),

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .abi import padded
+from .abi import padded, sched_chunks
 from .peers import peer_shapes
 
 BF16 = torch.bfloat16
@@ -44,6 +44,8 @@ class LayerSpec:
     block_n: int = 256  # the backward's GEMM tile N: plan.gemm_bwd.bn (checked against the cubin)
     dispatch: str = "pull"  # the forward's comm directions (the cubin is built for them)
     combine: str = "push"
+    reverse_combine: str = "pull"  # the backward's
+    reverse_dispatch: str = "push"
 
     @property
     def peer_directions(self) -> bool:
@@ -51,6 +53,12 @@ class LayerSpec:
         megakernel reads peers' schedules, rings and flags while they run, so the ranks'
         megakernels must run at once (virtual ranks: side by side on one GPU)."""
         return self.dispatch != "pull" or self.combine != "push"
+
+    @property
+    def bwd_peer_directions(self) -> bool:
+        """Whether the backward moves rows the non-default way (direction_bwd.cuh): then, as
+        above, its ranks' megakernels wait on each other and must run at once."""
+        return self.reverse_combine != "pull" or self.reverse_dispatch != "push"
 
     @property
     def local_experts(self) -> int:
@@ -83,7 +91,11 @@ class RankBuffers:
         i32 = dict(dtype=torch.int32, device=dev)
         self.routes, self.weights, self.combine = peer["routes"], peer["weights"], peer["combine"]
         self.dweight = peer["dweight"]  # router-weight gradients pushed by the backward
+        # the schedule's count kernel: each route's ordinal inside its chunk of SCHED_CHUNK
+        # routes, and per (source rank, chunk) its routes to each local expert, which the
+        # offsets kernel turns into the chunk's base (runtime/prologue.py, schedule.cuh)
         self.ordinal = torch.empty(R * N * K, **i32)
+        self.chunk_counts = torch.empty(R * sched_chunks(N * K) * L, **i32)
         self.counts = torch.empty(R * L, **i32)
         self.offsets = torch.empty(L + 1, **i32)
         # the non-default directions' peers read the schedule and write the ring: then
@@ -118,12 +130,13 @@ class BackwardScratch:
     tables of weight-gradient segments and, only where an expert's rows can span several
     ring passes (`LayerSpec.needs_wg_acc`), the fp32 running sums of its weight gradients."""
 
-    def __init__(self, spec: LayerSpec, dev):
+    def __init__(self, spec: LayerSpec, dev, ring_dy=None):
         s = spec
         M, D, I, N = s.macrobatch, s.hidden, s.intermediate, s.tokens_per_rank
         IS, L = max(s.shared_dim, 64), s.local_experts
         e = dict(dtype=BF16, device=dev)
-        self.ring_dy = torch.empty(M, D, **e)
+        # push reverse-combine: the owners write the dy ring, a peer buffer (PeerSet)
+        self.ring_dy = ring_dy if ring_dy is not None else torch.empty(M, D, **e)
         self.dw_part = torch.empty(s.max_rows, backward_tiles(s)[0], dtype=torch.float32,
                                    device=dev)
         self.hs_pre = torch.empty(N, 2 * IS, **e)
@@ -189,14 +202,16 @@ def workspace_bytes(spec: LayerSpec) -> dict:
     """Bytes of one real rank's workspace by part, sized on the meta device (no GPU needed):
     `peer` (what peers read or write: routes, combine rows, staged x and dy), `forward`
     (schedule, ring, shared-expert scratch), `backward` (BackwardScratch) and `total`. A GPU
-    hosting R virtual ranks holds R times peer (less the staging) + forward, and one backward."""
+    hosting R virtual ranks holds R times peer (less the staging) + forward, and one backward
+    (R of them when the ranks' backward megakernels run side by side)."""
     meta = torch.device("meta")
     peer = {k: torch.empty(*shape, dtype=dt, device=meta)
             for k, (shape, dt) in peer_shapes(spec).items()}
     fwd = [t for t in tensors_of(RankBuffers(spec, meta, peer))
            if not any(t is p for p in peer.values())]
     parts = {"peer": nbytes(peer.values()), "forward": nbytes(fwd),
-             "backward": nbytes(tensors_of(BackwardScratch(spec, meta)))}
+             "backward": nbytes([t for t in tensors_of(BackwardScratch(
+                 spec, meta, peer.get("ring_dy"))) if not any(t is p for p in peer.values())])}
     parts["total"] = sum(parts.values())
     return parts
 

@@ -32,9 +32,13 @@
 // earlier in the list, or on comm, which waits only on finished minibatches >= 2 units
 // earlier (at least 2 ring slots), so any interleaving of CTAs makes progress and every output
 // element is computed by one tile in a fixed K order: bitwise reproducible.
+// The other directions (FwdConsts::RCPUSH, RDPULL; direction_bwd.cuh): the owners push dy
+// into the ring (the comm CTAs then only replay x, and push their own rank's dy to every
+// rank), and the dx tiles stage their rows for the owners to pull.
 #pragma once
 #include <cuda_bf16.h>
 #include "mokgen/combine.cuh"
+#include "mokgen/direction_bwd.cuh"
 #include "mokgen/fp8.cuh"
 #include "mokgen/gemm_tile.cuh"
 #include "mokgen/moe_fwd.cuh"
@@ -225,6 +229,7 @@ struct BwdProblem {
   const BwdPeers<C::R>* peers;
   const BwdBuffers* buf;
   S s;
+  const BwdDirPeers<C::R>* dir = nullptr;  // the non-default directions' peers (C::BDIRS)
 
   // counters: [0] tasks | ready[MB] | r_done[MB*RT] | dg_done[MB*RT] | fin_done[MB]
   // | wg_seq[L*WT] | sr_done[SRT] | sdg_done[SRT] | sr_all | sdg_all
@@ -341,7 +346,7 @@ struct BwdProblem {
 
   // ---------------------------------------------------------------- routed minibatch m
   MOKGEN_DEV bool wait_ready(int m, int phase) const {
-    if (!wait_at_least(ready() + m, C::COMM, buf->rank, phase, m)) return false;
+    if (!wait_at_least(ready() + m, C::CD, buf->rank, phase, m)) return false;
     fence_proxy_async_global();
     return true;
   }
@@ -364,6 +369,12 @@ struct BwdProblem {
     const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * BN;
     const int p0 = m * C::B + rt * BM, e = expert_of(p0);
     if (!wait_ready(m, kPhaseDgrad)) return stop_task();
+    if constexpr (C::RCPUSH) {  // every owner's dy comm CTAs pushed their rows
+      if (!wait_at_least<true>(bxflag(dir->xflags[buf->rank], buf->max_minibatches, kXDyLanded,
+                                      m), C::R * C::CD, buf->rank, kPhaseDyLanded, m))
+        return stop_task();
+      fence_proxy_async_global();  // the owners' plain stores, read through TMA
+    }
     if (s.replayed(m)) {
       if (!wait_at_least(r_done() + m * S::RT_FULL + rt, S::GU_N, buf->rank, kPhaseDgrad, m))
         return stop_task();
@@ -378,6 +389,13 @@ struct BwdProblem {
     const int p0 = m * C::B + rt * BM, e = expert_of(p0);
     if (!wait_at_least(dg_done() + m * S::RT_FULL + rt, S::DG_N, buf->rank, kPhaseDx, m))
       return stop_task();
+    if constexpr (C::RDPULL) {  // the staging slot's previous rows: pulled by every owner
+      if (m >= C::SLOTS &&
+          !wait_at_least<true>(bxflag(dir->xflags[buf->rank], buf->max_minibatches, kXDxPulled,
+                                      m - C::SLOTS), C::R * C::CC, buf->rank, kPhaseDxStageSlot,
+                               m - C::SLOTS))
+        return stop_task();
+    }
     fence_proxy_async_global();
     if (C::Q > 0)  // B = W1^T [L*PD, 2PI], K-major; A = dh [rows, 2PI]
       return Task{kDx | kF8, s.slot_row(m) + rt * BM, e * C::PD + n0,
@@ -659,7 +677,12 @@ struct BwdProblem {
         const int2 src = buf->table[p];
         const bool ok = src.x >= 0 &&
             MOKGEN_OK(src.x < C::R && src.y < buf->n_tokens * C::K && p < s.rows, 22, src.x, p);
-        dst[h] = ok ? peers->dx[src.x] + (size_t)src.y * C::D + t.c_col0 : nullptr;
+        if constexpr (C::RDPULL)  // staged; its owner pulls it (direction_bwd.cuh)
+          dst[h] = ok ? dir->stage[buf->rank] +
+                            (size_t)stage_row<C::B, C::SLOTS>(p) * C::D + t.c_col0
+                      : nullptr;
+        else
+          dst[h] = ok ? peers->dx[src.x] + (size_t)src.y * C::D + t.c_col0 : nullptr;
       }
       const int n_valid = cols_valid<C::D, BN>(t.c_col0);
 #pragma unroll
@@ -679,7 +702,8 @@ struct BwdProblem {
           float sum = 0.f;
 #pragma unroll
           for (int j = 0; j < S::DG_N; ++j) sum += __ldcg(buf->dw_part + (size_t)p * S::DG_N + j);
-          peers->dweight[src.x][src.y] = sum;
+          if constexpr (C::RDPULL) dir->stage_dw[buf->rank][stage_row<C::B, C::SLOTS>(p)] = sum;
+          else peers->dweight[src.x][src.y] = sum;
         }
       }
     } else {
@@ -698,7 +722,11 @@ struct BwdProblem {
       case kSDgrad: signal_add(sdg_done() + t.c_row0 / BM); signal_add(sdg_all()); break;
       case kReplay: signal_add(r_done() + m * S::RT_FULL + rt); break;
       case kDgrad: signal_add(dg_done() + m * S::RT_FULL + rt); break;
-      case kDx: signal_add(fin_done() + m); break;
+      case kDx:
+        signal_add(fin_done() + m);
+        if constexpr (C::RDPULL)  // the owners poll it
+          signal_add_sys(bxflag(dir->xflags[buf->rank], buf->max_minibatches, kXDxDone, m));
+        break;
       case kWgrad2: case kWgrad1: {
         const int4 seg = buf->segs[t.m_valid];
         if (seg.z == seg.y) break;  // a zero tile of an expert without rows
@@ -714,45 +742,81 @@ struct BwdProblem {
   }
 };
 
+// One minibatch of a comm CTA's own rank: wait for its ring slot (and, with push
+// reverse-combine, tell the owners it is free), replay-pull x if the ring lost it, pull dy
+// (unless the owners push it), publish. false: the watchdog fired.
+template <class C, class S>
+MOKGEN_DEV bool bwd_comm_minibatch(const BwdPeers<C::R>& peers, const BwdBuffers& buf,
+                                   const S& s, int m, int worker, int workers,
+                                   uint32_t* fin_done, uint32_t* ready,
+                                   const BwdDirPeers<C::R>* dir) {
+  __shared__ int go;
+  if (m >= C::SLOTS) {  // the slot's previous minibatch must be finished (DX and WG)
+    const int prev = m - C::SLOTS;
+    if (threadIdx.x == 0) {
+      go = wait_at_least(fin_done + prev, s.fin_size(prev + 1), buf.rank, kPhaseBwdRingSlot,
+                         prev);
+      if constexpr (C::RCPUSH)  // the owners' pushes of minibatch m may now land
+        if (go) signal_add_sys(bxflag(dir->xflags[buf.rank], buf.max_minibatches, kXSlotFree,
+                                      prev));
+    }
+    __syncthreads();
+    if (!go) return false;
+  }
+  const int p0 = m * C::B, p1 = min(p0 + C::B, s.rows), ring0 = s.slot_row(m);
+  if constexpr (C::Q > 0) {  // the replay and dgrad read e4m3 rows; the weight gradients bf16
+    using Sink = QuantSink<C::D, C::Q, C::RING_ROWS>;
+    if (s.replayed(m))
+      pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, ring0, worker, workers,
+                            nullptr, nullptr, Sink{buf.ring_x8, buf.ring_sx});
+    else
+      pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, ring0, worker, workers);
+    pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker, workers,
+                          nullptr, nullptr, Sink{buf.ring_dy8, buf.ring_sdy});
+  } else {
+    if (s.replayed(m))
+      pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, ring0, worker, workers);
+    if constexpr (!C::RCPUSH)
+      pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker, workers);
+  }
+  fence_proxy_async_global();
+  __syncthreads();
+  if (threadIdx.x == 0) signal_add(ready + m);
+  return true;
+}
+
 // Comm CTA: per minibatch in backward order, free its ring slot, replay-pull x if the ring
-// lost it, pull dy, publish.
+// lost it, pull dy, publish. With the other directions (direction_bwd.cuh): the CTAs
+// [CD, COMM) pull this rank's dx rows instead; with push reverse-combine the CTAs [0, CD)
+// publish the freed slot to the owners instead of pulling dy, and push this rank's dy rows
+// to every rank, minibatch by minibatch (every rank's: the loop runs to the longest schedule).
 template <class C, class Cfg>
-MOKGEN_DEV void bwd_comm(const BwdPeers<C::R>& peers, const BwdBuffers& buf) {
+MOKGEN_DEV void bwd_comm(const BwdPeers<C::R>& peers, const BwdBuffers& buf,
+                         const BwdDirPeers<C::R>* dir = nullptr) {
   using S = BwdSchedule<C, Cfg>;
+  if constexpr (C::RDPULL) {
+    if (blockIdx.x >= C::CD)
+      return bwd_pull_dx<C, S>(*dir, peers.dx[buf.rank], peers.dweight[buf.rank], buf.rank,
+                               buf.max_minibatches, blockIdx.x - C::CD);
+  }
   S s;
   s.init(buf.meta[0], buf.n_tokens, buf.resident, buf.seg_start);
   uint32_t* ready = buf.counters + 1;  // counter layout: BwdProblem
   uint32_t* fin_done = ready + buf.max_minibatches * (1 + 2 * S::RT_FULL);
   const int warps = blockDim.x / 32;
-  const int worker = blockIdx.x * warps + threadIdx.x / 32, workers = C::COMM * warps;
-  __shared__ int go;
-  for (int m = 0; m < s.nm; ++m) {
-    if (m >= C::SLOTS) {  // the slot's previous minibatch must be finished (DX and WG)
-      const int prev = m - C::SLOTS;
-      if (threadIdx.x == 0)
-        go = wait_at_least(fin_done + prev, s.fin_size(prev + 1), buf.rank, kPhaseBwdRingSlot,
-                           prev);
-      __syncthreads();
-      if (!go) return;
+  const int worker = blockIdx.x * warps + threadIdx.x / 32, workers = C::CD * warps;
+  int nm = s.nm;
+  if constexpr (C::RCPUSH) nm = bwd_max_minibatches<C, S>(*dir);
+  for (int m = 0; m < nm; ++m) {
+    if (m < s.nm && !bwd_comm_minibatch<C, S>(peers, buf, s, m, worker, workers, fin_done,
+                                              ready, dir))
+      return;
+    // after this rank's own part: the pushes wait for the slot that part frees here
+    if constexpr (C::RCPUSH) {
+      if (!push_dy_minibatch<C, S>(*dir, peers.dy[buf.rank], buf.rank, buf.max_minibatches, m,
+                                   worker, workers))
+        return;
     }
-    const int p0 = m * C::B, p1 = min(p0 + C::B, s.rows), ring0 = s.slot_row(m);
-    if constexpr (C::Q > 0) {  // the replay and dgrad read e4m3 rows; the weight gradients bf16
-      using Sink = QuantSink<C::D, C::Q, C::RING_ROWS>;
-      if (s.replayed(m))
-        pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, ring0, worker, workers,
-                              nullptr, nullptr, Sink{buf.ring_x8, buf.ring_sx});
-      else
-        pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, ring0, worker, workers);
-      pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker, workers,
-                            nullptr, nullptr, Sink{buf.ring_dy8, buf.ring_sdy});
-    } else {
-      if (s.replayed(m))
-        pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, ring0, worker, workers);
-      pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker, workers);
-    }
-    fence_proxy_async_global();
-    __syncthreads();
-    if (threadIdx.x == 0) signal_add(ready + m);
   }
 }
 

@@ -38,15 +38,24 @@ enum FwdPhase : int { kPhaseSharedDown = 1, kPhaseGateUp = 2, kPhaseDown = 3, kP
 // 128 blocks per expert, W1 per gate / up half (runtime/moe.py pad_weight), so every weight
 // tile and blockwise scale starts at a whole block of its expert's part, and dh's halves the
 // same (quantize_dh); D and I themselves otherwise (and for every width a multiple of 128).
+// The backward (moe_bwd.cuh) instantiates the same constants with its own directions, RCPUSH:
+// push reverse-combine instead of pull, RDPULL: pull reverse-dispatch instead of push
+// (direction_bwd.cuh); RDPULL splits its comm CTAs like CPULL: [0, CD) dy, [CD, COMM) dx.
 template <int D_, int I_, int IS_, int K_, int L_, int R_, int B_, int SLOTS_, int COMM_,
-          int Q_ = 0, bool DPUSH_ = false, bool CPULL_ = false>
+          int Q_ = 0, bool DPUSH_ = false, bool CPULL_ = false, bool RCPUSH_ = false,
+          bool RDPULL_ = false>
 struct FwdConsts {
   static constexpr int D = D_, I = I_, IS = IS_, K = K_, L = L_, R = R_, B = B_, SLOTS = SLOTS_;
   static constexpr int COMM = COMM_, Q = Q_, RING_ROWS = B_ * SLOTS_;
   static constexpr bool DPUSH = DPUSH_, CPULL = CPULL_, DIRS = DPUSH_ || CPULL_;
-  static constexpr int CC = CPULL_ ? COMM_ / 2 : 0, CD = COMM_ - CC;
+  static constexpr bool RCPUSH = RCPUSH_, RDPULL = RDPULL_, BDIRS = RCPUSH_ || RDPULL_;
+  static constexpr int CC = (CPULL_ || RDPULL_) ? COMM_ / 2 : 0, CD = COMM_ - CC;
   static_assert(!CPULL_ || CC >= 1, "pull combine needs at least 2 comm CTAs (one to pull)");
+  static_assert(!RDPULL_ || CC >= 1,
+                "pull reverse-dispatch needs at least 2 comm CTAs (one to pull)");
   static_assert(!DPUSH_ || Q_ == 0, "push dispatch moves bf16 rows only (limits.py)");
+  static_assert(!RCPUSH_ || Q_ == 0, "push reverse-combine moves bf16 rows only (limits.py)");
+  static_assert(!(DIRS && BDIRS), "a kernel is a forward or a backward, not both");
   static constexpr int PD = Q_ ? (D_ + 127) / 128 * 128 : D_;
   static constexpr int PI = Q_ ? (I_ + 127) / 128 * 128 : I_;
 };

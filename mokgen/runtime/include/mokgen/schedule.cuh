@@ -1,105 +1,175 @@
 // mokgen/schedule.cuh -- Algorithm 1 (pull-dispatch schedule) on the GPU, no host sync.
 //
 // Three small kernels, launched back to back on the stream:
-//  1. count:   one block per source rank r scans r's routes in order and gives every route
-//              to a local expert its ordinal o (earlier routes of r to the same expert) and
-//              M[r][l] (routes of r to local expert l);
-//  2. offsets: one block turns M into expert regions padded to the GEMM tile (so no tile
-//              mixes experts), writes the total padded row count and marks padding rows;
-//  3. place:   each route goes to p = S_l + sum_r' min(M[r'][l], o) + |{r' < r : M[r'][l] > o}|
+//  1. count:   a grid of (chunk, source rank) blocks, one thread per route of a chunk of
+//              CHUNK consecutive routes of rank r: every route to a local expert gets its
+//              ordinal inside the chunk, and the chunk its count per local expert. Blocks are
+//              independent (one rank's routes are not scanned by one block in series: at
+//              ep = 1 that was one SM walking every route);
+//  2. offsets: one block turns the chunk counts into each chunk's base (routes of r to l in
+//              earlier chunks), sums them into M[r][l] (routes of r to local expert l), and M
+//              into expert regions padded to the GEMM tile (so no tile mixes experts); writes
+//              the total padded row count and marks padding rows;
+//  3. place:   each route's ordinal o (earlier routes of r to the same expert: its chunk's
+//              base plus its ordinal in the chunk) puts it at
+//              p = S_l + sum_r' min(M[r'][l], o) + |{r' < r : M[r'][l] > o}|
 //              -- sorting by (expert, ordinal, source) without a sort: experts contiguous,
 //              sources round-robin inside an expert (mokgen.schedule.dispatch_positions).
 // Row p of the table is (src_rank, src_route); the route's weight is copied beside it so
 // the down-GEMM epilogue reads one array.
+// chunk_counts layout: [ranks][chunks][L], chunks = gridDim.x of count (runtime/abi.py
+// sched_chunks); count writes counts, offsets overwrites them with the bases.
 #pragma once
 #include "mokgen/ptx.cuh"
 
 namespace mokgen {
 
-// smem: run[L] + wcnt[32][L] ints
-template <int L>
+// Block (c, r): routes c*CHUNK .. c*CHUNK + CHUNK - 1 of source rank r, one per thread.
+// Dynamic shared memory: wcnt[CHUNK / 32][L] ints, schedule_count_smem bytes.
+template <int L, int CHUNK>
+constexpr int schedule_count_smem = CHUNK / 32 * L * (int)sizeof(int);
+
+template <int L, int CHUNK>
 __device__ void schedule_count(const int* __restrict__ routes, int routes_per_rank, int rank,
-                               int* __restrict__ ordinal, int* __restrict__ counts) {
+                               int* __restrict__ ordinal, int* __restrict__ chunk_counts) {
+  static_assert(CHUNK % 32 == 0 && CHUNK <= 1024, "one thread per route: whole warps, one block");
+  constexpr int W = CHUNK / 32;
   extern __shared__ int sched_smem[];
-  int* run = sched_smem;
-  int* wcnt = sched_smem + L;
-  const int r = blockIdx.x;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-  for (int i = threadIdx.x; i < L; i += blockDim.x) run[i] = 0;
-  const int* my = routes + (size_t)r * routes_per_rank;
-  for (int base = 0; base < routes_per_rank; base += blockDim.x) {
-    for (int i = threadIdx.x; i < nwarps * L; i += blockDim.x) wcnt[i] = 0;
-    __syncthreads();
-    const int j = base + threadIdx.x;
-    int l = j < routes_per_rank ? my[j] - rank * L : -1;
-    const bool local = l >= 0 && l < L;
-    // lanes with the same expert; non-local lanes get unique keys so they match only themselves
-    const unsigned same = __match_any_sync(0xffffffff, local ? l : -1 - lane);
-    const int before_in_warp = __popc(same & ((1u << lane) - 1));
-    if (local && before_in_warp == 0) wcnt[warp * L + l] = __popc(same);
-    __syncthreads();
-    if (local) {
-      int o = run[l] + before_in_warp;
-      for (int w = 0; w < warp; ++w) o += wcnt[w * L + l];
-      ordinal[(size_t)r * routes_per_rank + j] = o;
+  int* wcnt = sched_smem;  // routes of warp w to expert l; then those of warps before w
+  const int c = blockIdx.x, r = blockIdx.y;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int j = c * CHUNK + threadIdx.x;
+  const size_t at = (size_t)r * routes_per_rank + j;
+  const int l = j < routes_per_rank ? routes[at] - rank * L : -1;  // in flight while zeroing
+  for (int i = threadIdx.x; i < W * L; i += CHUNK) wcnt[i] = 0;
+  __syncthreads();
+  const bool local = l >= 0 && l < L;
+  // lanes with the same expert; non-local lanes get unique keys so they match only themselves
+  const unsigned same = __match_any_sync(0xffffffff, local ? l : -1 - lane);
+  const int before_in_warp = __popc(same & ((1u << lane) - 1));
+  if (local && before_in_warp == 0) wcnt[warp * L + l] = __popc(same);
+  __syncthreads();
+  // per expert, exclusive over warps (one column per thread): its total is the chunk's count
+  for (int e = threadIdx.x; e < L; e += CHUNK) {
+    int run = 0;
+#pragma unroll 8
+    for (int w = 0; w < W; ++w) {
+      const int v = wcnt[w * L + e];
+      wcnt[w * L + e] = run;
+      run += v;
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < L; i += blockDim.x) {
-      int add = 0;
-      for (int w = 0; w < nwarps; ++w) add += wcnt[w * L + i];
-      run[i] += add;
-    }
-    __syncthreads();
+    chunk_counts[((size_t)r * gridDim.x + c) * L + e] = run;
   }
-  for (int i = threadIdx.x; i < L; i += blockDim.x) counts[r * L + i] = run[i];
+  __syncthreads();
+  if (local) ordinal[at] = wcnt[warp * L + l] + before_in_warp;
 }
 
-// One block. offsets[L+1] padded region starts; meta[0] = padded rows; table padding = -1.
-// The offsets are computed in shared memory and read back from there: global `offsets`
-// written by thread 0 must not be re-read by the block (a __restrict__ pointer let the
-// compiler hoist those reads above the barrier, and stale offsets sent the padding fill
-// out of bounds).
+// Chunk values one thread loads at once (below): a column is a chain of L2 round trips
+// otherwise.
+constexpr int kChunkBatch = 8;
+
+// Column `p[0], p[stride], ... p[(n-1)*stride]` (one (rank, expert) pair's chunk values):
+// with `scan`, replaced by their exclusive prefix sums starting from `run`. Returns run plus
+// their sum.
+template <bool scan>
+__device__ __forceinline__ int chunk_column(int* p, int n, int stride, int run) {
+  constexpr int kBatch = kChunkBatch;
+  for (int c0 = 0; c0 < n; c0 += kBatch) {
+    int v[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) v[k] = c0 + k < n ? p[(size_t)(c0 + k) * stride] : 0;
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      if (scan && c0 + k < n) p[(size_t)(c0 + k) * stride] = run;
+      run += v[k];
+    }
+  }
+  return run;
+}
+
+// One block (any size up to 1024 threads). chunk_counts in: per-chunk counts, out: per-chunk
+// bases; counts[R][L] = M; offsets[L+1] padded region starts; meta[0] = padded rows; table
+// padding = -1. Each (rank, expert) column of chunks is split among G thread groups when the
+// block has more threads than columns (one expert-parallel rank has few columns: E of them,
+// over R ranks), at least a batch of chunks each: group sums first, then each group scans its
+// part from the sum before it. M sums into total[l] by shared-memory integer atomics (exact,
+// so in any order the same): a loop over the ranks would be R round trips to L2.
+// What the block reads back of its own writes across a barrier it reads from shared memory:
+// through a __restrict__ global pointer, the compiler once hoisted such reads above the
+// barrier (stale offsets sent the padding fill out of bounds).
 template <int L, int TILE>
-__device__ void schedule_offsets(const int* __restrict__ counts, int ranks, int* offsets,
-                                 int* meta, int2* table) {
+__device__ void schedule_offsets(int* chunk_counts, int ranks, int chunks, int* counts,
+                                 int* offsets, int* meta, int2* table) {
+  __shared__ int part[1024];  // [G][cols]: a group's sum of its chunks; G * cols <= blockDim
   __shared__ int total[L];
   __shared__ int start[L + 1];
-  for (int l = threadIdx.x; l < L; l += blockDim.x) {
-    int c = 0;
-    for (int r = 0; r < ranks; ++r) c += counts[r * L + l];
-    total[l] = c;
+  const int cols = ranks * L, nt = blockDim.x;
+  const int G = max(1, min(nt / cols, (chunks + kChunkBatch - 1) / kChunkBatch));
+  const int span = (chunks + G - 1) / G;
+  // G == 1: threads stride over the columns; otherwise thread t is column t % cols, group t / cols
+  const int g = G == 1 ? 0 : threadIdx.x / cols;
+  const int c0 = min(chunks, g * span), n = min(chunks, c0 + span) - c0;
+  auto column = [&](int col) {
+    return chunk_counts + ((size_t)(col / L) * chunks + c0) * L + col % L;
+  };
+  for (int l = threadIdx.x; l < L; l += nt) total[l] = 0;
+  if (G > 1 && g < G) {
+    const int col = threadIdx.x % cols;
+    part[threadIdx.x] = chunk_column<false>(column(col), n, L, 0);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int at = 0;
-    for (int l = 0; l < L; ++l) {
-      start[l] = at;
-      at += (total[l] + TILE - 1) / TILE * TILE;
+  for (int col = G == 1 ? threadIdx.x : threadIdx.x % cols; g < G && col < cols;
+       col += G == 1 ? nt : cols) {
+    int base = 0;
+    for (int h = 0; h < g; ++h) base += part[h * cols + col];
+    const int m = chunk_column<true>(column(col), n, L, base);
+    if (g == G - 1) {  // the last group's chunks end the column
+      counts[col] = m;
+      atomicAdd(&total[col % L], m);
     }
-    start[L] = at;
-    meta[0] = at;
   }
   __syncthreads();
-  for (int l = threadIdx.x; l <= L; l += blockDim.x) offsets[l] = start[l];
-  for (int l = 0; l < L; ++l) {
-    for (int p = start[l] + total[l] + threadIdx.x; p < start[l + 1]; p += blockDim.x)
-      table[p] = make_int2(-1, -1);
+  const int lane = threadIdx.x % 32, nwarps = nt / 32;
+  if (threadIdx.x < 32) {  // start[l + 1] = padded sizes of experts 0..l: a warp scan
+    int at = 0;
+    for (int l0 = 0; l0 < L; l0 += 32) {
+      const int l = l0 + lane;
+      int v = l < L ? (total[l] + TILE - 1) / TILE * TILE : 0;
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const int u = __shfl_up_sync(0xffffffff, v, d);
+        if (lane >= d) v += u;
+      }
+      if (l < L) start[l + 1] = at + v;
+      at += __shfl_sync(0xffffffff, v, 31);
+    }
+    if (lane == 0) {
+      start[0] = 0;
+      meta[0] = at;
+    }
   }
+  __syncthreads();
+  for (int l = threadIdx.x; l <= L; l += nt) offsets[l] = start[l];
+  // padding rows: one warp per expert (under TILE rows each), not every thread per expert
+  for (int l = threadIdx.x / 32; l < L; l += nwarps)
+    for (int p = start[l] + total[l] + lane; p < start[l + 1]; p += 32)
+      table[p] = make_int2(-1, -1);
 }
 
-template <int L>
+template <int L, int CHUNK>
 __device__ void schedule_place(const int* __restrict__ routes, const float* __restrict__ weights,
                                int routes_per_rank, int ranks, int rank,
-                               const int* __restrict__ ordinal, const int* __restrict__ counts,
-                               const int* __restrict__ offsets, int2* __restrict__ table,
-                               float* __restrict__ row_weight) {
+                               const int* __restrict__ ordinal,
+                               const int* __restrict__ chunk_base, int chunks,
+                               const int* __restrict__ counts, const int* __restrict__ offsets,
+                               int2* __restrict__ table, float* __restrict__ row_weight) {
   const size_t n = (size_t)ranks * routes_per_rank;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
     const int l = routes[i] - rank * L;
     if (l < 0 || l >= L) continue;
     const int r = (int)(i / routes_per_rank), j = (int)(i % routes_per_rank);
-    const int o = ordinal[i];
+    const int o = chunk_base[((size_t)r * chunks + j / CHUNK) * L + l] + ordinal[i];
     int p = offsets[l];
     for (int q = 0; q < ranks; ++q) {
       const int m = counts[q * L + l];
@@ -119,20 +189,25 @@ __device__ void schedule_place(const int* __restrict__ routes, const float* __re
 // kernel); unit m+1 the segments that end in minibatch m, by expert.
 // seg = {expert, first row, end row, index | count << 16}; seg_start[u] = segments before
 // unit u, for u in [0, minibatches + 1].
+// The walk is serial (one thread), so it reads the offsets from shared memory, staged by the
+// warp: from global memory every expert cost the thread an L2 round trip.
 template <int L, int B>
 __device__ void schedule_segments(const int* offsets, const int* meta, int slots, int4* segs,
                                   int* seg_start) {
+  __shared__ int off[L + 1];
+  for (int e = threadIdx.x; e <= L; e += blockDim.x) off[e] = offsets[e];
+  __syncthreads();
   if (threadIdx.x != 0) return;
   const int rows = meta[0], nm = (rows + B - 1) / B;
   const bool whole = nm <= slots;
   int n = 0;
   seg_start[0] = 0;
   for (int e = 0; e < L; ++e)
-    if (offsets[e + 1] == offsets[e]) segs[n++] = make_int4(e, 0, 0, 1 << 16);
+    if (off[e + 1] == off[e]) segs[n++] = make_int4(e, 0, 0, 1 << 16);
   seg_start[1] = n;
   int m_open = 0;  // minibatches whose seg_start is written: [0, m_open)
   for (int e = 0; e < L; ++e) {
-    const int r0 = offsets[e], r1 = offsets[e + 1];
+    const int r0 = off[e], r1 = off[e + 1];
     if (r0 == r1) continue;
     const int first = r0 / B, last = (r1 - 1) / B;
     for (int m = whole ? last : first; m <= last; ++m) {

@@ -1,0 +1,67 @@
+"""The prologue's routing and schedule kernels (route.cuh, schedule.cuh), launched on one
+rank's buffers. The forward runtime launches them before its megakernel; tests and
+benchmarks/prologue.py load the prologue cubin alone and run them with no megakernel built.
+"""
+from __future__ import annotations
+
+import struct
+
+from . import abi, cuda
+
+
+class Prologue:
+    def __init__(self, module, local_experts: int, topk: int):
+        chunk = struct.unpack("<i", cuda.read_global(module, "mokgen_sched_chunk"))[0]
+        if chunk != abi.SCHED_CHUNK:
+            raise RuntimeError(f"mokgen: the prologue's count kernel takes {chunk} routes per "
+                               f"block, this runtime sizes for {abi.SCHED_CHUNK} (a cubin "
+                               f"built by another mokgen version)")
+        self.L, self.K = local_experts, topk
+        self.f_route = module.function("mokgen_route")
+        self.f_route_given = module.function("mokgen_route_given")
+        self.count_smem = struct.unpack(
+            "<i", cuda.read_global(module, "mokgen_sched_count_smem"))[0]
+        self.f_count = module.function("mokgen_sched_count", self.count_smem)
+        self.f_offsets = module.function("mokgen_sched_offsets")
+        self.f_place = module.function("mokgen_sched_place")
+        self.f_segments = module.function("mokgen_sched_segments")
+
+    def route(self, st, logits, n, rank, tables) -> None:
+        """Softmax top-k of a rank's n tokens, written into every rank's gathered tables
+        (`tables`: RouteTables<R> by value)."""
+        cuda.launch(self.f_route, max(1, min(1024, -(-n // 8))), 256, 0, st,
+                    [logits, n, rank, tables])
+
+    def route_given(self, st, experts, weights, n, rank, tables) -> None:
+        """The caller's routes of a rank's n tokens, written into every rank's tables."""
+        total = n * self.K
+        cuda.launch(self.f_route_given, max(1, min(1024, -(-total // 256))), 256, 0, st,
+                    [experts, weights, n, rank, tables])
+
+    # Algorithm 1 for rank `rank` from its gathered routes (b: RankBuffers), n tokens per rank
+    # over `ranks` ranks: count, offsets, place, back to back on the stream.
+    def schedule(self, st, b, n, ranks, rank) -> None:
+        self.count(st, b, n, ranks, rank)
+        self.offsets(st, b, n, ranks)
+        self.place(st, b, n, ranks, rank)
+
+    def count(self, st, b, n, ranks, rank) -> None:
+        rpr = n * self.K
+        cuda.launch(self.f_count, (abi.sched_chunks(rpr), ranks), abi.SCHED_CHUNK,
+                    self.count_smem, st,
+                    [b.routes, rpr, rank, b.ordinal, b.chunk_counts])
+
+    def offsets(self, st, b, n, ranks) -> None:
+        cuda.launch(self.f_offsets, 1, 1024, 0, st,
+                    [b.chunk_counts, ranks, abi.sched_chunks(n * self.K), b.counts, b.offsets,
+                     b.meta, b.table])
+
+    def place(self, st, b, n, ranks, rank) -> None:
+        rpr = n * self.K
+        cuda.launch(self.f_place, max(1, min(4096, -(-ranks * rpr // 256))), 256, 0, st,
+                    [b.routes, b.weights, rpr, ranks, rank, b.ordinal, b.chunk_counts,
+                     abi.sched_chunks(rpr), b.counts, b.offsets, b.table, b.row_weight])
+
+    def segments(self, st, offsets, meta, segs, seg_start) -> None:
+        """The backward's weight-gradient segments from a schedule's offsets and row count."""
+        cuda.launch(self.f_segments, 1, 32, 0, st, [offsets, meta, segs, seg_start])
