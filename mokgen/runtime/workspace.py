@@ -225,7 +225,10 @@ def saved_bytes(spec: LayerSpec, tokens: int, by_logits: bool = True) -> int:
 
 # ---------------------------------------------------------------- the pool
 _POOL: dict = {}
-_LOCK = threading.Lock()
+# Re-entrant: make() allocates, an allocation may run the garbage collector, and the collector
+# runs _forget (a dead pooled object's weakref callback) on this thread while shared() holds
+# the lock. A plain Lock deadlocked there (seen on the GPU: test_gpu_widths hung in _forget).
+_LOCK = threading.RLock()
 
 
 def shared(key, make):
