@@ -27,6 +27,7 @@ JSON: $OUT/directions_{virtual,real}_R{R}.json (rows + meta); a table on stdout.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -259,6 +260,7 @@ def run(args) -> None:
                    model_us={k: 1e6 * v for k, v in forward_costs(p, *dc).items()},
                    plan=dict(comm_sms_fwd=p.comm_sms_fwd, minibatch=p.minibatch,
                              macrobatch=p.macrobatch, num_sms=p.num_sms))
+        step = None
         if not args.no_backward:
             step = runner.train_step(layer)
             step()
@@ -271,7 +273,8 @@ def run(args) -> None:
                        grads_bitwise_equal_to_pull_push=runner.all_true(same))
         layer.synchronize()
         rows.append(row)
-        del layer
+        del layer, step
+        release()
     verdict = judge(rows)
     brows, bchosen, bverdict = [], None, {}
     if not args.no_backward:
@@ -329,8 +332,20 @@ def run_backward(args, runner, shape, R: int, real: bool, sms: int, group):
                          plan=dict(comm_sms_bwd=p.comm_sms_bwd, minibatch=p.minibatch,
                                    macrobatch=p.macrobatch, num_sms=p.num_sms)))
         layer.synchronize()
-        del layer
+        del layer, step, setup, fn
+        release()
     return rows, chosen
+
+
+def release() -> None:
+    """Free the layer just timed (its workspaces go with their last holder, the step
+    closures included) before the next one is built: four layers' workspaces at once, each
+    virtual rank with its own backward scratch side by side, ran out of an H200's memory at
+    kimi-k2.7's ep8 load (an 8 GB fp32 weight-gradient accumulator per rank)."""
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def judge(rows, keys=("dispatch", "combine")) -> dict:
