@@ -193,6 +193,18 @@ class Runner:
         run.leaves = leaves
         return run
 
+    def grads_step(self, layer, gs0):
+        """The layer's training step, run once: (the step, whether its gradients are bitwise
+        gs0's, gs0 or, the first time, these gradients)."""
+        import torch
+
+        step = self.train_step(layer)
+        step()
+        torch.cuda.synchronize()
+        gs = [t.grad.clone() for t in self.flat(step.leaves)]
+        same = gs0 is None or all(torch.equal(a, b) for a, b in zip(gs0, gs))
+        return step, same, gs0 or gs
+
     def backward_step(self, layer):
         """(setup, fn): setup clears the leaves' grads and runs the forward (untimed), fn the
         backward from dy alone."""
@@ -262,12 +274,7 @@ def run(args) -> None:
                              macrobatch=p.macrobatch, num_sms=p.num_sms))
         step = None
         if not args.no_backward:
-            step = runner.train_step(layer)
-            step()
-            torch.cuda.synchronize()
-            gs = [t.grad.clone() for t in runner.flat(step.leaves)]
-            same = gs0 is None or all(torch.equal(a, b) for a, b in zip(gs0, gs))
-            gs0 = gs0 or gs
+            step, same, gs0 = runner.grads_step(layer, gs0)
             tr = [runner.ms(step, args.iters) for _ in range(args.repeats)]
             row.update(train_ms=statistics.median(tr), train_ms_repeats=tr,
                        grads_bitwise_equal_to_pull_push=runner.all_true(same))
@@ -315,12 +322,7 @@ def run_backward(args, runner, shape, R: int, real: bool, sms: int, group):
             continue
         layer = mokgen.compile(shape, virtual=not real, group=group, **kws[rr])
         p = layer.plan
-        step = runner.train_step(layer)
-        step()
-        torch.cuda.synchronize()
-        gs = [t.grad.clone() for t in runner.flat(step.leaves)]
-        same = gs0 is None or all(torch.equal(a, b) for a, b in zip(gs0, gs))
-        gs0 = gs0 or gs
+        step, same, gs0 = runner.grads_step(layer, gs0)
         setup, fn = runner.backward_step(layer)
         bwd = [runner.ms(fn, args.iters, setup=setup) for _ in range(args.repeats)]
         tr = [runner.ms(step, args.iters) for _ in range(args.repeats)]

@@ -44,6 +44,19 @@ def run_poisoned(layer, inputs):
     return ys
 
 
+def autograd_grads(layer, inputs, dys):
+    """y and every input's gradient through autograd, from fresh leaves: (ys, {name: [per
+    rank]})."""
+    leaves = {k: [t.detach().clone().requires_grad_() for t in v] if isinstance(v, list)
+              else v.detach().clone().requires_grad_() for k, v in inputs.items()
+              if v is not None}
+    ys = layer(**leaves)
+    torch.autograd.backward(ys, dys)
+    torch.cuda.synchronize()
+    return ys, {k: [t.grad for t in v] if isinstance(v, list) else [v.grad]
+                for k, v in leaves.items()}
+
+
 @pytest.mark.parametrize("case", ["plain", "ring-wraps", "skew-one", "odd-tokens"])
 def test_every_direction_matches_the_reference_and_each_other_bitwise(case):
     shape, tokens = mokgen.shapes.get("gpu-small"), CASES[case][0]
@@ -76,14 +89,7 @@ def test_backward_after_every_forward_direction():
     ref = reference_grads(shape, inputs, dys)
     grads = {}
     for dc, layer in layers.items():
-        leaves = {k: [t.detach().clone().requires_grad_() for t in v] if isinstance(v, list)
-                  else v.detach().clone().requires_grad_() for k, v in inputs.items()
-                  if v is not None}
-        ys = layer(**leaves)
-        torch.autograd.backward(ys, dys)
-        torch.cuda.synchronize()
-        g = {k: [t.grad for t in v] if isinstance(v, list) else [v.grad]
-             for k, v in leaves.items()}
+        _, g = autograd_grads(layer, inputs, dys)
         for k in ("x", "w1", "w2"):
             for r in range(EP):
                 e = rel_error(g[k][r], ref[k][r])
@@ -124,19 +130,13 @@ def backward_layer_kwargs(shape, tokens, sms: int, **pinned) -> dict:
 
 
 def grads_poisoned(layer, inputs, dys):
-    """y and every gradient through autograd, every output and scratch buffer of both
-    megakernels poisoned first (an element a direction forgets to move shows as NaN)."""
+    """autograd_grads, every output and scratch buffer of both megakernels poisoned first
+    (an element a direction forgets to move shows as NaN)."""
     layer.runtime().poison()
     layer.backward_runtime().poison()
-    leaves = {k: [t.detach().clone().requires_grad_() for t in v] if isinstance(v, list)
-              else v.detach().clone().requires_grad_() for k, v in inputs.items()
-              if v is not None}
-    ys = layer(**leaves)
-    torch.autograd.backward(ys, dys)
-    torch.cuda.synchronize()
+    out = autograd_grads(layer, inputs, dys)
     layer.runtime().check()
-    return ys, {k: [t.grad for t in v] if isinstance(v, list) else [v.grad]
-                for k, v in leaves.items()}
+    return out
 
 
 @pytest.mark.parametrize("case", list(BWD_CASES))

@@ -265,12 +265,34 @@ def test_a_peer_that_never_arrives_raises_on_the_others(group):
     dist.barrier()
 
 
-
 def direction_kwargs(R: int) -> dict:
     """(dispatch, combine) -> the direction test's compile arguments: gpu-small, 700 tokens,
     a wrapping ring (benchmarks/directions.py --prebuild --tests --world R builds them)."""
     return direction_layers(mokgen.shapes.get("gpu-small"), R, 700, minibatch=128,
                             macrobatch=256)
+
+
+def against_the_paper(group, kw: dict, key: tuple):
+    """Compile kw[key] and the paper's kw[("pull", "push")] (gpu-small, 700 tokens a rank),
+    run key's with every output and scratch buffer poisoned first, check it against the
+    reference, then bitwise against the paper's. -> (key's layer, inputs, dys, the paper's
+    gradients)."""
+    R, r = dist.get_world_size(), dist.get_rank()
+    shape, n = mokgen.shapes.get("gpu-small"), 700
+    paper = mokgen.compile(shape, group=group, **kw[("pull", "push")])
+    other = mokgen.compile(shape, group=group, **kw[key])
+    inputs, dys = global_inputs(shape, R, n)
+    other.runtime().poison()
+    other.backward_runtime().poison()
+    y, grads = run_rank(other, inputs, dys[r], r)
+    other.synchronize()
+    check_rank(shape, inputs, dys, y, grads, r)
+    y0, g0 = run_rank(paper, inputs, dys[r], r)
+    paper.synchronize()
+    assert torch.equal(y, y0), f"rank {r} {key}: y differs bitwise from pull/push"
+    for k in g0:
+        assert torch.equal(grads[k], g0[k]), f"rank {r} {key}: d{k} differs bitwise"
+    return other, inputs, dys, g0
 
 
 @pytest.mark.parametrize("dispatch,combine", [("push", "push"), ("pull", "pull"),
@@ -279,21 +301,7 @@ def test_every_forward_direction_matches_the_paper_one_bitwise(group, dispatch, 
     """Push dispatch and pull combine across real GPUs (cross-GPU flags inside the
     megakernel): y and the gradients match the reference and are bitwise those of pull
     dispatch + push combine with every other decision the same."""
-    R, r = dist.get_world_size(), dist.get_rank()
-    shape, n = mokgen.shapes.get("gpu-small"), 700
-    kw = direction_kwargs(R)
-    paper = mokgen.compile(shape, group=group, **kw[("pull", "push")])
-    other = mokgen.compile(shape, group=group, **kw[(dispatch, combine)])
-    inputs, dys = global_inputs(shape, R, n)
-    other.runtime().poison()
-    y, grads = run_rank(other, inputs, dys[r], r)
-    other.synchronize()
-    check_rank(shape, inputs, dys, y, grads, r)
-    y0, g0 = run_rank(paper, inputs, dys[r], r)
-    paper.synchronize()
-    assert torch.equal(y, y0), f"rank {r}: y differs bitwise from pull/push"
-    for k in g0:
-        assert torch.equal(grads[k], g0[k]), f"rank {r}: d{k} differs bitwise"
+    against_the_paper(group, direction_kwargs(dist.get_world_size()), (dispatch, combine))
 
 
 def backward_direction_kwargs(R: int) -> dict:
@@ -312,23 +320,9 @@ def test_every_backward_direction_matches_the_paper_one_bitwise(group, reverse_c
     the gradients match the reference and are bitwise those of pull reverse-combine + push
     reverse-dispatch with every other decision the same; outputs poisoned first."""
     R, r = dist.get_world_size(), dist.get_rank()
-    shape, n = mokgen.shapes.get("gpu-small"), 700
-    kw = backward_direction_kwargs(R)
-    paper = mokgen.compile(shape, group=group, **kw[("pull", "push")])
-    other = mokgen.compile(shape, group=group, **kw[(reverse_combine, reverse_dispatch)])
-    assert (other.plan.reverse_combine, other.plan.reverse_dispatch) == \
-        (reverse_combine, reverse_dispatch)
-    inputs, dys = global_inputs(shape, R, n)
-    other.runtime().poison()
-    other.backward_runtime().poison()
-    y, grads = run_rank(other, inputs, dys[r], r)
-    other.synchronize()
-    check_rank(shape, inputs, dys, y, grads, r)
-    y0, g0 = run_rank(paper, inputs, dys[r], r)
-    paper.synchronize()
-    assert torch.equal(y, y0), f"rank {r}: y differs bitwise from pull/push"
-    for k in g0:
-        assert torch.equal(grads[k], g0[k]), f"rank {r}: d{k} differs bitwise"
+    rr = (reverse_combine, reverse_dispatch)
+    other, inputs, dys, g0 = against_the_paper(group, backward_direction_kwargs(R), rr)
+    assert (other.plan.reverse_combine, other.plan.reverse_dispatch) == rr
     # again: the cross-rank flags are zeroed per call, the staging and dy rings reused
     y2, g2 = run_rank(other, inputs, dys[r], r)
     other.synchronize()

@@ -107,8 +107,8 @@ class ForwardRuntime:
              dtype: str = "bf16", swizzle: int = 128):
         """TMA map of a row-major [rows, cols] matrix of t's elements, box box_cols x
         box_rows (bf16 operands: 64 columns x 128 or 256 rows for K-major tiles, 64 for MN-major
-        ones). Cached by address and geometry."""
-        key = (t.data_ptr(), rows, cols, box_rows, box_cols, dtype)
+        ones). Cached by address, geometry and swizzle."""
+        key = (t.data_ptr(), rows, cols, box_rows, box_cols, dtype, swizzle)
         if key in self._maps:
             self._maps.move_to_end(key)
         else:
