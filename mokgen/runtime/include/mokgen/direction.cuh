@@ -132,14 +132,39 @@ MOKGEN_DEV S schedule_of(const int* meta) {
   return s;
 }
 
-// Both loops walk (processing position q, expert rank) q-major, each source starting at a
+// The most minibatches any rank's schedule has (meta[e][0]: its ring-layout rows): the comm
+// loops of the non-default directions, forward and backward, run to it on every rank.
+template <int R, int B>
+MOKGEN_DEV int max_minibatches_of(const int* const (&meta)[R]) {
+  int nm = 0;
+  for (int e = 0; e < R; ++e) nm = max(nm, (meta[e][0] + B - 1) / B);
+  return nm;
+}
+
+// Those loops walk (processing position q, expert rank) q-major, each source starting at a
 // different rank so the R ranks' copies spread over the links; a wait at position q only
 // needs work of positions < q (or this q's earlier stage) on any rank, so it cannot deadlock.
-template <class C>
-MOKGEN_DEV int max_minibatches_of(const DirPeers<C::R>& dir) {
-  int nm = 0;
-  for (int e = 0; e < C::R; ++e) nm = max(nm, (dir.meta[e][0] + C::B - 1) / C::B);
-  return nm;
+// `visit(e, s)` for every rank e whose schedule s = sched_of(e) has a position q; it returns
+// false when its wait fired the watchdog, and so does the walk then.
+template <int R, class Sched, class Visit>
+MOKGEN_DEV bool for_each_rank_at(int q, int me, Sched&& sched_of, Visit&& visit) {
+  for (int i = 0; i < R; ++i) {
+    const int e = (me + i) % R;
+    const auto s = sched_of(e);
+    if (q >= s.nm) continue;
+    if (!visit(e, s)) return false;
+  }
+  return true;
+}
+
+// Thread 0 waits for a peer GPU's count at `flag` to reach `target`; every thread learns
+// whether it did (false: the watchdog fired). Called by the whole CTA; the loops put a
+// __syncthreads between two calls (before their arrival), so `go` is read before rewritten.
+MOKGEN_DEV bool cta_wait_sys(uint32_t* flag, int target, int me, int phase, int index) {
+  __shared__ int go;
+  if (threadIdx.x == 0) go = wait_at_least<true>(flag, target, me, phase, index);
+  __syncthreads();
+  return go;
 }
 
 // Push dispatch: the comm CTAs [0, CD) of every source rank write their own token rows into
@@ -151,22 +176,17 @@ MOKGEN_DEV void fwd_push_dispatch(const DirPeers<C::R>& dir, const __nv_bfloat16
                                   int max_minibatches) {
   const int warps = blockDim.x / 32;
   const int worker = blockIdx.x * warps + threadIdx.x / 32, workers = C::CD * warps;
-  const int nm = max_minibatches_of<C>(dir);
-  __shared__ int go;
+  const int nm = max_minibatches_of<C::R, C::B>(dir.meta);
+  const auto sched_of = [&](int e) { return schedule_of<S>(dir.meta[e]); };
   for (int q = 0; q < nm; ++q) {
-    for (int i = 0; i < C::R; ++i) {
-      const int e = (me + i) % C::R;
-      const S s = schedule_of<S>(dir.meta[e]);
-      if (q >= s.nm) continue;
+    const bool ok = for_each_rank_at<C::R>(q, me, sched_of, [&](int e, const S& s) {
       const int m = s.minibatch_at(q);
       uint32_t* xf = dir.xflags[e];
       if (q >= C::SLOTS) {
         const int prev = s.minibatch_at(q - C::SLOTS);
-        if (threadIdx.x == 0)
-          go = wait_at_least<true>(xflag(xf, max_minibatches, kXDnDone, prev),
-                                   s.down_tiles(prev), me, kPhasePushSlot, prev);
-        __syncthreads();
-        if (!go) return;  // the watchdog fired: stop, let the kernel drain
+        if (!cta_wait_sys(xflag(xf, max_minibatches, kXDnDone, prev), s.down_tiles(prev), me,
+                          kPhasePushSlot, prev))
+          return false;
       }
       const int p0 = m * C::B, p1 = min(p0 + C::B, s.rows);
       push_rows<C::D, C::K>(dir.table[e], me, e, x, dir.ring_x[e], p0, p1, (q % C::SLOTS) * C::B,
@@ -174,7 +194,9 @@ MOKGEN_DEV void fwd_push_dispatch(const DirPeers<C::R>& dir, const __nv_bfloat16
       __threadfence_system();  // this thread's row stores, before the CTA's arrival
       __syncthreads();
       if (threadIdx.x == 0) signal_add_sys(xflag(xf, max_minibatches, kXLanded, m));
-    }
+      return true;
+    });
+    if (!ok) return;  // the watchdog fired: stop, let the kernel drain
   }
 }
 
@@ -187,26 +209,23 @@ MOKGEN_DEV void fwd_pull_combine(const DirPeers<C::R>& dir, __nv_bfloat16* combi
                                  int max_minibatches, int cta) {
   const int warps = blockDim.x / 32;
   const int worker = cta * warps + threadIdx.x / 32, workers = C::CC * warps;
-  const int nm = max_minibatches_of<C>(dir);
-  __shared__ int go;
+  const int nm = max_minibatches_of<C::R, C::B>(dir.meta);
+  const auto sched_of = [&](int e) { return schedule_of<S>(dir.meta[e]); };
   for (int q = 0; q < nm; ++q) {
-    for (int i = 0; i < C::R; ++i) {
-      const int e = (me + i) % C::R;
-      const S s = schedule_of<S>(dir.meta[e]);
-      if (q >= s.nm) continue;
+    const bool ok = for_each_rank_at<C::R>(q, me, sched_of, [&](int e, const S& s) {
       const int m = s.minibatch_at(q);
       uint32_t* xf = dir.xflags[e];
-      if (threadIdx.x == 0)
-        go = wait_at_least<true>(xflag(xf, max_minibatches, kXDnDone, m), s.down_tiles(m), me,
-                                 kPhaseCombineReady, m);
-      __syncthreads();
-      if (!go) return;
+      if (!cta_wait_sys(xflag(xf, max_minibatches, kXDnDone, m), s.down_tiles(m), me,
+                        kPhaseCombineReady, m))
+        return false;
       const int p0 = m * C::B, p1 = min(p0 + C::B, s.rows);
       pull_combine_rows<C::D>(dir.table[e], me, dir.stage[e], combine, p0, p1,
                               (q % C::SLOTS) * C::B, worker, workers);
       __syncthreads();  // every warp's reads of the staging rows are done
       if (threadIdx.x == 0) signal_add_sys(xflag(xf, max_minibatches, kXPulled, m));
-    }
+      return true;
+    });
+    if (!ok) return;
   }
 }
 

@@ -66,13 +66,6 @@ MOKGEN_DEV S bwd_schedule_of(const int* meta) {
   return s;
 }
 
-template <class C, class S>
-MOKGEN_DEV int bwd_max_minibatches(const BwdDirPeers<C::R>& dir) {
-  int nm = 0;
-  for (int e = 0; e < C::R; ++e) nm = max(nm, (dir.meta[e][0] + C::B - 1) / C::B);
-  return nm;
-}
-
 // Push reverse-combine, one owner's minibatch-m part for every expert rank (each source
 // starts at a different rank so the copies spread over the links): wait for the rank's slot
 // to be free, write this owner's dy rows (and, on the expert itself, the zero padding rows:
@@ -80,27 +73,21 @@ MOKGEN_DEV int bwd_max_minibatches(const BwdDirPeers<C::R>& dir) {
 template <class C, class S>
 MOKGEN_DEV bool push_dy_minibatch(const BwdDirPeers<C::R>& dir, const __nv_bfloat16* dy, int me,
                                   int max_minibatches, int m, int worker, int workers) {
-  __shared__ int go;
-  for (int i = 0; i < C::R; ++i) {
-    const int e = (me + i) % C::R;
-    const S s = bwd_schedule_of<S>(dir.meta[e]);
-    if (m >= s.nm) continue;
+  const auto sched_of = [&](int e) { return bwd_schedule_of<S>(dir.meta[e]); };
+  return for_each_rank_at<C::R>(m, me, sched_of, [&](int e, const S& s) {
     uint32_t* xf = dir.xflags[e];
-    if (m >= C::SLOTS) {
-      if (threadIdx.x == 0)
-        go = wait_at_least<true>(bxflag(xf, max_minibatches, kXSlotFree, m - C::SLOTS), C::CD,
-                                 me, kPhaseDyPushSlot, m - C::SLOTS);
-      __syncthreads();
-      if (!go) return false;  // the watchdog fired: stop, let the kernel drain
-    }
+    if (m >= C::SLOTS &&
+        !cta_wait_sys(bxflag(xf, max_minibatches, kXSlotFree, m - C::SLOTS), C::CD, me,
+                      kPhaseDyPushSlot, m - C::SLOTS))
+      return false;  // the watchdog fired: stop, let the kernel drain
     const int p0 = m * C::B, p1 = min(p0 + C::B, s.rows);
     push_rows<C::D, C::K>(dir.table[e], me, e, dy, dir.ring_dy[e], p0, p1, s.slot_row(m),
                           worker, workers);
     __threadfence_system();  // this thread's row stores, before the CTA's arrival
     __syncthreads();
     if (threadIdx.x == 0) signal_add_sys(bxflag(xf, max_minibatches, kXDyLanded, m));
-  }
-  return true;
+    return true;
+  });
 }
 
 // Pull reverse-dispatch, one owner's part of one minibatch of expert rank `src_rank`: the dx
@@ -125,25 +112,22 @@ MOKGEN_DEV void bwd_pull_dx(const BwdDirPeers<C::R>& dir, __nv_bfloat16* dx, flo
                             int me, int max_minibatches, int cta) {
   const int warps = blockDim.x / 32;
   const int worker = cta * warps + threadIdx.x / 32, workers = C::CC * warps;
-  const int nm = bwd_max_minibatches<C, S>(dir);
-  __shared__ int go;
+  const int nm = max_minibatches_of<C::R, C::B>(dir.meta);
+  const auto sched_of = [&](int e) { return bwd_schedule_of<S>(dir.meta[e]); };
   for (int m = 0; m < nm; ++m) {
-    for (int i = 0; i < C::R; ++i) {
-      const int e = (me + i) % C::R;
-      const S s = bwd_schedule_of<S>(dir.meta[e]);
-      if (m >= s.nm) continue;
+    const bool ok = for_each_rank_at<C::R>(m, me, sched_of, [&](int e, const S& s) {
       uint32_t* xf = dir.xflags[e];
-      if (threadIdx.x == 0)
-        go = wait_at_least<true>(bxflag(xf, max_minibatches, kXDxDone, m),
-                                 s.row_tiles(m) * S::DX_N, me, kPhaseDxReady, m);
-      __syncthreads();
-      if (!go) return;
+      if (!cta_wait_sys(bxflag(xf, max_minibatches, kXDxDone, m), s.row_tiles(m) * S::DX_N, me,
+                        kPhaseDxReady, m))
+        return false;
       pull_dx_rows<C::D, C::B, C::SLOTS>(dir.table[e], me, dir.stage[e], dir.stage_dw[e], dx,
                                          dweight, m * C::B, min(m * C::B + C::B, s.rows),
                                          worker, workers);
       __syncthreads();  // every warp's reads of the staging rows are done
       if (threadIdx.x == 0) signal_add_sys(bxflag(xf, max_minibatches, kXDxPulled, m));
-    }
+      return true;
+    });
+    if (!ok) return;
   }
 }
 

@@ -806,7 +806,7 @@ MOKGEN_DEV void bwd_comm(const BwdPeers<C::R>& peers, const BwdBuffers& buf,
   const int warps = blockDim.x / 32;
   const int worker = blockIdx.x * warps + threadIdx.x / 32, workers = C::CD * warps;
   int nm = s.nm;
-  if constexpr (C::RCPUSH) nm = bwd_max_minibatches<C, S>(*dir);
+  if constexpr (C::RCPUSH) nm = max_minibatches_of<C::R, C::B>(dir->meta);
   for (int m = 0; m < nm; ++m) {
     if (m < s.nm && !bwd_comm_minibatch<C, S>(peers, buf, s, m, worker, workers, fin_done,
                                               ready, dir))
