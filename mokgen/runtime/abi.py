@@ -120,7 +120,9 @@ def phase_text(code: int) -> str:
 # gemm_tile.cuh's Profile that codegen sets in GemmCfg's PROF.
 PROFILES = {"no_routed_wgrad": ("kProfNoRoutedWgrad", 1), "no_dh_quant": ("kProfNoDhQuant", 2),
             "fp8_no_promote": ("kProfFp8NoPromote", 4),
-            "fp8_plain_epilogue": ("kProfFp8PlainEpilogue", 8)}
+            "fp8_plain_epilogue": ("kProfFp8PlainEpilogue", 8),
+            "no_wgrad_epilogue": ("kProfNoWgradEpilogue", 16),
+            "no_bwd_epilogues": ("kProfNoBwdEpilogues", 32)}
 
 
 # Routes of one source rank that one block of the schedule's count kernel takes (schedule.cuh

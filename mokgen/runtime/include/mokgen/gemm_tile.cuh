@@ -108,7 +108,9 @@ enum Profile : unsigned {
   kProfNoRoutedWgrad = 1u,    // the backward skips the routed weight-gradient tiles
   kProfNoDhQuant = 2u,        // the fp8 dgrad epilogue does not quantize dh
   kProfFp8NoPromote = 4u,     // fp8 tiles: the wgmma stream alone, no scale promotion
-  kProfFp8PlainEpilogue = 8u  // the fp8 forward's gate/up epilogue: no SwiGLU, no quantization
+  kProfFp8PlainEpilogue = 8u,  // the fp8 forward's gate/up epilogue: no SwiGLU, no quantization
+  kProfNoWgradEpilogue = 16u,  // the routed weight-gradient tiles: mainloop, no epilogue
+  kProfNoBwdEpilogues = 32u    // every backward tile: mainloop, no epilogue (signals still go)
 };
 
 template <int BN_, int STAGES_, int Q_ = 0, unsigned PROF_ = 0, int TASK_SLOTS_ = 4,

@@ -563,6 +563,8 @@ struct BwdProblem {
   // accumulation, no second gradient-sized tensor and no separate add).
   MOKGEN_DEV void wgrad_epilogue(const Task& t, float (&acc)[BN / 2], int cwg) const {
     const int op = opcode(t);
+    if constexpr ((Cfg::PROF & kProfNoWgradEpilogue) != 0)  // profiling (profile_bwd.py)
+      if (op == kWgrad2 || op == kWgrad1) return;
     __nv_bfloat16* out;
     float* ws = nullptr;
     int ld, idx = 0, count = 1;
@@ -618,6 +620,8 @@ struct BwdProblem {
   }
 
   MOKGEN_DEV void epilogue(const Task& t, float (&acc)[Cfg::kAccRegs], int cwg) {
+    // profiling (profile_bwd.py): the task's completion signals are the engine's, after this
+    if constexpr ((Cfg::PROF & kProfNoBwdEpilogues) != 0) return;
     const int op = opcode(t);
     const int row0 = 64 * cwg;  // this warpgroup's first tile row
     if (op == kSGateUp) {
