@@ -1,8 +1,9 @@
 """Where the backward's time goes: the same slice with profiling builds (a plan's `profile`;
 their gradients are wrong; timing only): no_wgrad drops the routed weight-gradient tiles;
-no_wgrad_epilogue runs them without their epilogue (full - this = that epilogue's cost, this -
-no_wgrad = their mainloops and scheduling); no_epilogues runs every backward tile without its
-epilogue (the mainloops, the comm CTAs and the dependency waits alone); fp8 plans also no_wgrad_no_dh_quant (the dgrad epilogue does not quantize dh) and
+no_wgrad_epilogue runs them without their epilogue (full - this = that epilogue's cost,
+this - no_wgrad = their mainloops and scheduling); no_epilogues runs every backward tile
+without its epilogue (the mainloops, the comm CTAs and the dependency waits alone); fp8
+plans also no_wgrad_no_dh_quant (the dgrad epilogue does not quantize dh) and
 no_wgrad_no_promote (the fp8 tiles accumulate without scales: the wgmma stream alone).
 Usage: python benchmarks/profile_bwd.py SHAPE EP N [DTYPE]"""
 import json
