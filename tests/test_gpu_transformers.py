@@ -26,7 +26,8 @@ def configs():
         # MLA has as many key/value heads as query heads (transformers' eager attention
         # repeats keys num_attention_heads / num_key_value_heads times)
         "deepseek-v3": transformers.DeepseekV3Config(
-            **dict(COMMON, num_key_value_heads=COMMON["num_attention_heads"]), intermediate_size=512, moe_intermediate_size=256, n_routed_experts=8,
+            **dict(COMMON, num_key_value_heads=COMMON["num_attention_heads"]),
+            intermediate_size=512, moe_intermediate_size=256, n_routed_experts=8,
             n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
             first_k_dense_replace=1, routed_scaling_factor=2.5, kv_lora_rank=64, q_lora_rank=64,
             qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=64),
