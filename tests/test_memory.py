@@ -83,6 +83,33 @@ def test_pool_shares_while_alive_and_forgets_after():
     assert len(made) == 1 and c is made[0]  # a fresh one
 
 
+def test_pool_survives_the_collector_inside_make():
+    """A pooled object that only the garbage collector frees (a reference cycle) dies while
+    shared() builds another (make() allocates, an allocation runs the collector): its weakref
+    callback must not deadlock on the pool's lock (it did, on the GPU, in test_gpu_widths)."""
+    import threading
+
+    class Cyclic:
+        def __init__(self):
+            self.me = self  # freed by the collector only
+
+    shared(("cycle", 1), Cyclic)  # nobody holds it: garbage, not yet collected
+
+    def make():
+        gc.collect()  # what an allocation may do: runs the dead object's callback here
+        return Cyclic()
+
+    done = []
+    t = threading.Thread(target=lambda: done.append(shared(("cycle", 2), make)), daemon=True)
+    gc.disable()  # the cycle must survive until make() collects it
+    try:
+        t.start()
+        t.join(timeout=10)
+    finally:
+        gc.enable()
+    assert done, "shared() deadlocked in the pool's weakref callback"
+
+
 def test_rel_error_in_pieces_matches_the_plain_formula():
     """workloads.rel_error sums in pieces (no fp32 copy of a model's gradients): same value
     as the one-shot formula, whatever the piece size; broadcasting still works."""
