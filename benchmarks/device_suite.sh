@@ -16,13 +16,15 @@ KERNELS=${KERNELS:-.kcache/collected.pkl}
   ${BENCH_ARGS:+--bench "$BENCH_ARGS"} 2>&1 | tail -2
 A="tests/test_gpu_memory.py tests/test_gpu_shapes.py tests/test_gpu_widths.py tests/test_gpu_module.py
    tests/test_gpu_backward.py tests/test_gpu_forward.py"
-B="tests/test_gpu_fp8.py tests/test_gpu_reliability.py tests/test_gpu_transformers.py"
+B="tests/test_gpu_fp8.py tests/test_gpu_reliability.py tests/test_gpu_transformers.py
+   tests/test_gpu_prologue.py tests/test_gpu_directions.py"
 NG=$(nvidia-smi -L | wc -l)
 GA=0 GB=$(( NG > 1 ? 1 : 0 ))
 half() {  # name gpu files...
   local name=$1 gpu=$2; shift 2
-  CUDA_VISIBLE_DEVICES=$gpu timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -m gpu "$@" \
-    > "$OUT/pytest_$name.log" 2>&1
+  # a test past 120 s dumps every thread's Python stack into the log (a hang shows where)
+  CUDA_VISIBLE_DEVICES=$gpu timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -m gpu \
+    -o faulthandler_timeout=120 "$@" > "$OUT/pytest_$name.log" 2>&1
   echo "== pytest $name (GPU $gpu): $(tail -1 "$OUT/pytest_$name.log")"
 }
 if [ "$NG" -gt 1 ]; then
