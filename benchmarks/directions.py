@@ -311,8 +311,6 @@ def run_backward(args, runner, shape, R: int, real: bool, sms: int, group):
     """The backward table: per (reverse_combine, reverse_dispatch), the forward the paper's,
     backward and training-step ms, the model's seconds, every gradient bitwise against the
     paper's directions'. -> (rows, the pass's unforced choice)."""
-    import torch
-
     kws = backward_plans(args, R, not real, sms)
     pick = mokgen.plan(shape, **kws["chosen"])
     chosen = (pick.reverse_combine, pick.reverse_dispatch)

@@ -24,7 +24,6 @@ import argparse
 import gc
 import json
 import os
-import subprocess
 import sys
 
 import torch
@@ -34,6 +33,7 @@ from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import mokgen  # noqa: E402
+from mokgen.bench import results_commit  # noqa: E402
 
 
 class GroupedMoE(nn.Module):
@@ -232,10 +232,8 @@ def main(argv=None):
               f"| {fmt(r['mokgen_step_ms'], '{:.1f}')} | {fmt(r['torch_step_ms'], '{:.1f}')} "
               f"| {fmt(ratio, '{:.2f}')} |")
     if a.out:
-        commit = os.environ.get("MOKGEN_COMMIT") or subprocess.run(  # as mokgen.bench
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                "commit": commit}
+                "commit": results_commit()}
         with open(a.out, "w") as fh:
             json.dump({**meta, "rows": rows}, fh, indent=1)
 

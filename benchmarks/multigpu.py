@@ -39,7 +39,6 @@ import argparse
 import gc
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -48,6 +47,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import mokgen  # noqa: E402
 from mokgen import hardware, reference  # noqa: E402
+from mokgen.bench import results_commit  # noqa: E402
 from mokgen.ep_baseline import EPBaseline, dist_exchange  # noqa: E402
 
 PRESETS = "kimi-k2.7,glm-5.2,qwen3.5-397b-a17b,deepseek-v4-pro"
@@ -214,11 +214,8 @@ def bench(name, load, n, iters, link_gbps, naive=True):
 
 
 def meta() -> dict:
-    commit = os.environ.get("MOKGEN_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-        cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "?"
     return dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-                cuda=torch.version.cuda, commit=commit, time=time.strftime("%Y-%m-%d %H:%M"),
+                cuda=torch.version.cuda, commit=results_commit(), time=time.strftime("%Y-%m-%d %H:%M"),
                 nccl=str(torch.cuda.nccl.version()))
 
 

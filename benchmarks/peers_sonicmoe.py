@@ -26,7 +26,6 @@ import argparse
 import gc
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -34,7 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import mokgen  # noqa: E402
-from mokgen.bench import time_ms  # noqa: E402
+from mokgen.bench import results_commit, time_ms  # noqa: E402
 
 SHAPES = [  # (name, T, D, I, E, k): issue #17's table
     ("qwen3-30b-a3b", 8192, 2048, 768, 128, 8),
@@ -131,8 +130,7 @@ def main(argv=None):
     if a.prebuild:
         prebuild([s for s in SHAPES if s[0] in wanted])
         return 0
-    commit = os.environ.get("MOKGEN_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = results_commit()
     rows = []
     for name, T, D, I, E, k in (s for s in SHAPES if s[0] in wanted):
         flops = 6 * T * k * D * I

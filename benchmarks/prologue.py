@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import mokgen  # noqa: E402
-from mokgen.bench import time_ms  # noqa: E402
+from mokgen.bench import results_commit, time_ms  # noqa: E402
 from mokgen.standalone import StandalonePrologue  # noqa: E402
 
 KERNELS = ("route", "sched_count", "sched_offsets", "sched_place", "sched_segments")
@@ -83,15 +82,6 @@ def build_only(a) -> None:
     print(f"{len(bins)} prologues, {sum(not b.cached for b in bins)} built")
 
 
-def commit() -> str:
-    if os.environ.get("MOKGEN_COMMIT"):  # a copy of the tree with no .git (device runs)
-        return os.environ["MOKGEN_COMMIT"][:7]
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, cwd=here).stdout.strip() or "?"
-    except OSError:
-        return "?"
 
 
 def main(argv=None):
@@ -116,7 +106,7 @@ def main(argv=None):
         print(f"{r['preset']:<20}{r['ep']:>3}{r['local_experts']:>5}{r['routes_per_rank']:>8}"
               + "".join(f"{r['kernel_us'][k] or float('nan'):>10.1f}" for k in KERNELS)
               + f"{r['forward_prologue_us']:>9.1f}")
-    c = commit()
+    c = results_commit()
     # before the chunked count: torch.profiler in a training step (profile_step_*_22c0a7d)
     before = {"commit": "22c0a7d", "preset": "qwen3-30b-a3b", "ep": 1, "tokens_per_rank": 8192,
               "sched_count_us": 176}

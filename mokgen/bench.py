@@ -28,6 +28,7 @@ import torch.nn.functional as F
 import mokgen
 
 from . import reference
+from .config import CONFIG
 from .limits import DEFAULT_GEMM
 from .progress import progress
 from .workloads import rel_error
@@ -318,13 +319,25 @@ def main(argv=None):
     return 0
 
 
+def results_commit() -> str:
+    """The commit a result records: MOKGEN_COMMIT (mokgen.config), else the checkout's git
+    HEAD, else "?"."""
+    if CONFIG.commit:
+        return CONFIG.commit
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, cwd=here).stdout.strip() or "?"
+    except OSError:
+        return "?"
+
+
 def save_results(path: str, rows: list, **plot_kw) -> dict:
     """Write {meta, rows} JSON (GPU, versions, commit: $MOKGEN_COMMIT, else git's) and its PNG
     next to it (plot_kw: mokgen.plot.plot's impls / what; skipped without matplotlib)."""
-    commit = os.environ.get("MOKGEN_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "?"
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-                cuda=torch.version.cuda, commit=commit, time=time.strftime("%Y-%m-%d %H:%M"))
+                cuda=torch.version.cuda, commit=results_commit(),
+                time=time.strftime("%Y-%m-%d %H:%M"))
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)

@@ -6,6 +6,8 @@ MOKGEN_OVERRIDE  a folder: a file <kernel>.cu there replaces the generated sourc
 MOKGEN_NVCC      the nvcc to use (default: nvcc on PATH)
 MOKGEN_WATCHDOG  seconds a device-side spin-wait may last before it reports and traps
 MOKGEN_DEBUG     1: build kernels with index checks that record the first failure
+MOKGEN_COMMIT    the commit benchmark results record (default: git's HEAD; on the GPU machine
+                 the copied tree's .git can lag the files: pass it there)
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ class Config:
     nvcc: str
     watchdog_s: float
     debug: bool
+    commit: str | None
 
 
 def _load() -> Config:
@@ -32,7 +35,8 @@ def _load() -> Config:
         dump=opt("MOKGEN_DUMP"), override=opt("MOKGEN_OVERRIDE"),
         nvcc=env.get("MOKGEN_NVCC", "nvcc"),
         watchdog_s=float(env.get("MOKGEN_WATCHDOG", "5")),
-        debug=env.get("MOKGEN_DEBUG", "0") not in ("", "0"))
+        debug=env.get("MOKGEN_DEBUG", "0") not in ("", "0"),
+        commit=env.get("MOKGEN_COMMIT") or None)
 
 
 CONFIG = _load()
