@@ -12,10 +12,10 @@ Getting SonicMoE onto the GPU machine (its CuTe DSL wheel is larger than one cal
     PYTHONPATH=/tmp/peers:/tmp/peers/nvidia_cutlass_dsl/python_packages:$PWD \
         python3 benchmarks/peers_sonicmoe.py --out $OUT
 
-Its first call per shape JIT-compiles for 1.5-3 minutes: `benchmarks/peers_sonicmoe.sh` runs
-both device calls and keeps CuTe DSL's compile cache (CUTE_DSL_CACHE_DIR) under OUT, to be
-carried as `.peers-jit/` next time (measured: sonic-moe 0.1.2 left it empty, so the JIT
-runs in every call); `--shapes` picks a subset when the five do not fit one call.
+Its first call per shape JIT-compiles for 3-4 minutes, in every process (CuTe DSL keeps no
+cache of cute.compile's kernels: benchmarks/peers_sonicmoe.sh says why);
+`benchmarks/peers_sonicmoe.sh` runs both device calls; `--shapes` picks a subset when the
+five do not fit one call.
 `--prebuild` (no GPU) compiles mokgen's kernels for the shapes into $MOKGEN_CACHE, to carry.
 Where sonicmoe does not import, the rows hold mokgen's numbers and None for SonicMoE's.
 Writes OUT/peers_sonicmoe.json (and its .png where matplotlib is installed).
