@@ -122,7 +122,20 @@ def main(argv=None):
                     help="comma-separated names from SHAPES")
     ap.add_argument("--prebuild", action="store_true",
                     help="only compile mokgen's kernels for the shapes (no GPU needed)")
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="only merge these result files' rows (a later file's row of a shape "
+                         "replaces an earlier one's) into OUT/peers_sonicmoe.json")
     a = ap.parse_args(argv)
+    if a.merge:
+        rows = {}
+        for path in a.merge:
+            with open(path) as f:
+                d = json.load(f)
+            for r in d["rows"]:  # rows of older files: their file's commit, GPU and torch
+                rows[r["shape"]] = {**{k: d.get(k) for k in ("commit", "gpu", "torch")}, **r}
+        order = [s[0] for s in SHAPES]
+        write(a.out, sorted(rows.values(), key=lambda r: order.index(r["shape"])))
+        return 0
     wanted = a.shapes.split(",")
     unknown = set(wanted) - {s[0] for s in SHAPES}
     if unknown:
@@ -147,27 +160,34 @@ def main(argv=None):
                          sonicmoe_train_tflops=tf(s[1], 3 * flops),
                          mokgen_peak_mb=m[2], sonicmoe_peak_mb=s[2],
                          mokgen_fused_train_tflops=tf(mf[1], 3 * flops),
-                         mokgen_fused_peak_mb=mf[2]))
+                         mokgen_fused_peak_mb=mf[2], commit=commit,
+                         gpu=torch.cuda.get_device_name(), torch=torch.__version__))
         print(json.dumps(rows[-1]), flush=True)
-        os.makedirs(a.out, exist_ok=True)
-        path = os.path.join(a.out, "peers_sonicmoe.json")
-        with open(path, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-                           commit=commit, rows=rows), f, indent=1)
-        try:
-            from mokgen.plot import plot_peers
-            plot_peers(path, path[:-5] + ".png")
-        except ImportError as e:  # matplotlib is optional
-            print(f"no plot: {e}", flush=True)
+        write(a.out, rows)
+
+
+def write(out: str, rows: list) -> None:
+    """OUT/peers_sonicmoe.json (each row says its commit, GPU and torch), its plot, a table."""
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "peers_sonicmoe.json")
+    same = lambda k: ",".join(sorted({str(r.get(k, "?")) for r in rows}))  # noqa: E731
+    with open(path, "w") as f:  # top level: every row's commit, GPU, torch
+        json.dump(dict(commit=same("commit"), gpu=same("gpu"), torch=same("torch"), rows=rows),
+                  f, indent=1)
+    try:
+        from mokgen.plot import plot_peers
+        plot_peers(path, path[:-5] + ".png")
+    except ImportError as e:  # matplotlib is optional
+        print(f"no plot: {e}", flush=True)
     fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
     print("| shape | fwd mokgen | SonicMoE | train mokgen / fused | SonicMoE "
           "| peak MB mokgen / fused | SonicMoE |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['shape']} | {fmt(r['mokgen_fwd_tflops'])} | {fmt(r['sonicmoe_fwd_tflops'])} "
-              f"| {fmt(r['mokgen_train_tflops'])} / {fmt(r['mokgen_fused_train_tflops'])} "
+              f"| {fmt(r['mokgen_train_tflops'])} / {fmt(r.get('mokgen_fused_train_tflops'))} "
               f"| {fmt(r['sonicmoe_train_tflops'])} "
-              f"| {fmt(r['mokgen_peak_mb'])} / {fmt(r['mokgen_fused_peak_mb'])} "
+              f"| {fmt(r['mokgen_peak_mb'])} / {fmt(r.get('mokgen_fused_peak_mb'))} "
               f"| {fmt(r['sonicmoe_peak_mb'])} |")
 
 

@@ -4,6 +4,9 @@
 #   call 1, carry [".peersA"]:                         bash benchmarks/peers_sonicmoe.sh stage
 #   call 2, carry [".peersB", ".kcache"]:              bash benchmarks/peers_sonicmoe.sh run [shapes]
 #   more calls while the machine is warm (within ~30 s): run [other shapes] reuses the install
+#   two GPUs (nvidia-h200-x2): run2 SHAPES0 SHAPES1 instead of run: each list on its own GPU
+#   at once (the JIT is CPU work: two shapes for the wall time of one), the rows merged with
+#   benchmarks/results/peers_sonicmoe.json's into $OUT/peers_sonicmoe.json
 # (`bash ../shared/tools/peers/fetch.sh` here makes .peersA/.peersB.) Call 2 installs and runs
 # benchmarks/peers_sonicmoe.py (shapes: a comma list, default all five). SonicMoE JIT-compiles
 # 3-4 min per shape in every call: its kernels go through cute.compile, which CuTe DSL 4.4.2
@@ -17,7 +20,7 @@ case "${1:-}" in
   stage)
     mkdir -p /tmp/peers-wheels && cp .peersA/part.* /tmp/peers-wheels/ && ls /tmp/peers-wheels | wc -l
     ;;
-  run)
+  run|run2)
     W=/tmp/peers-wheels
     if [ ! -d /tmp/peers/sonicmoe ]; then  # a later call on the same warm machine reuses it
       [ -d "$W" ] || { echo "no $W: run 'stage' in the call right before"; exit 2; }
@@ -26,10 +29,22 @@ case "${1:-}" in
         .peersB/*.whl || exit 3
     fi
     export PYTHONPATH=/tmp/peers:/tmp/peers/nvidia_cutlass_dsl/python_packages:$PYTHONPATH
-    timeout "${RUN_TIMEOUT:-500}" python3 benchmarks/peers_sonicmoe.py --out "$OUT" \
-      ${2:+--shapes "$2"} 2>&1 | tee "$OUT/peers_sonicmoe.log" | tail -12
+    if [ "$1" = run ]; then
+      timeout "${RUN_TIMEOUT:-500}" python3 benchmarks/peers_sonicmoe.py --out "$OUT" \
+        ${2:+--shapes "$2"} 2>&1 | tee "$OUT/peers_sonicmoe.log" | tail -12
+    else
+      for g in 0 1; do
+        s=$([ $g = 0 ] && echo "${2:?run2 SHAPES0 SHAPES1}" || echo "${3:?run2 SHAPES0 SHAPES1}")
+        CUDA_VISIBLE_DEVICES=$g timeout "${RUN_TIMEOUT:-500}" python3 benchmarks/peers_sonicmoe.py \
+          --out "$OUT/gpu$g" --shapes "$s" > "$OUT/peers_sonicmoe_gpu$g.log" 2>&1 &
+      done
+      wait
+      tail -4 "$OUT"/peers_sonicmoe_gpu*.log
+      python3 benchmarks/peers_sonicmoe.py --out "$OUT" --merge \
+        benchmarks/results/peers_sonicmoe.json $(ls "$OUT"/gpu*/peers_sonicmoe.json) | tail -8
+    fi
     ;;
   *)
-    echo "usage: $0 stage | run [shapes]"; exit 2
+    echo "usage: $0 stage | run [shapes] | run2 shapes0 shapes1"; exit 2
     ;;
 esac
