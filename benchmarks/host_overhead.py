@@ -2,8 +2,8 @@
 of GPU work). The GPU is kept busy first (torch.cuda._sleep), so every launch is queued at
 once and the wall time of the Python call is the host's alone: forward without autograd, the
 training step (forward + backward), and the same for a bare nn.Linear as a yardstick; then
-cProfile of a few steps (the top functions by own time) and the step's wall time against its
-GPU time (CUDA events) with the GPU idle before it.
+cProfile of a few steps (the top functions by own time), the step's wall time against its
+GPU time (CUDA events) with the GPU idle before it, and the step replayed from a CUDA graph.
 
     python benchmarks/host_overhead.py [--shape qwen3-30b-a3b] [--tokens 8192] [--fuse]"""
 from __future__ import annotations
@@ -38,6 +38,24 @@ def host_ms(fn, iters: int) -> float:
         out.append(1e3 * (time.perf_counter() - t))
         torch.cuda.synchronize()
     return statistics.median(out)
+
+
+def graph_step_ms(step, xg, iters: int) -> float | None:
+    """The step captured in a CUDA graph and replayed (the host's part: one launch), or None
+    where capture fails (tests/test_gpu_module.py checks replays against eager)."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        return time_ms(graph.replay, iters, warmup=3)
+    except RuntimeError as e:
+        print(f"no CUDA graph: {e}", flush=True)
+        return None
 
 
 def main(argv=None) -> None:
@@ -78,6 +96,7 @@ def main(argv=None) -> None:
     starts[1].record()
     torch.cuda.synchronize()
     res["one_step_idle_gpu_ms"] = starts[0].elapsed_time(starts[1])
+    res["graph_step_ms"] = graph_step_ms(step, xg, a.iters)
     print(json.dumps(res), flush=True)
     prof = cProfile.Profile()
     torch.cuda.synchronize()
