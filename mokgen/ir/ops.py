@@ -166,10 +166,6 @@ class Op:
         """This op with `attrs` added (or replaced): how a pass records a decision."""
         return dataclasses.replace(self, attrs={**dict(self.attrs), **attrs})
 
-    @property
-    def is_comm(self) -> bool:
-        return self.comm is not None
-
     def __str__(self) -> str:
         tag = f" comm={self.comm}" if self.comm else ""
         return f"{self.name} ({self.kind.value}, {self.direction}{tag})"
