@@ -2,9 +2,11 @@
 their gradients are wrong; timing only): no_wgrad drops the routed weight-gradient tiles;
 no_wgrad_epilogue runs them without their epilogue (full - this = that epilogue's cost,
 this - no_wgrad = their mainloops and scheduling); no_epilogues runs every backward tile
-without its epilogue (the mainloops, the comm CTAs and the dependency waits alone); fp8
-plans also no_wgrad_no_dh_quant (the dgrad epilogue does not quantize dh) and
-no_wgrad_no_promote (the fp8 tiles accumulate without scales: the wgmma stream alone).
+without its epilogue (the mainloops, the comm CTAs and the dependency waits alone);
+no_wgrad_waits starts the weight-gradient tiles without waiting for their rows' dgrad or
+their segment order (what those dependencies cost); fp8 plans also no_wgrad_no_dh_quant
+(the dgrad epilogue does not quantize dh) and no_wgrad_no_promote (the fp8 tiles
+accumulate without scales: the wgmma stream alone).
 Usage: python benchmarks/profile_bwd.py SHAPE EP N [DTYPE]"""
 import json
 import os
@@ -18,7 +20,8 @@ from mokgen.bench import bench_one  # noqa: E402
 name, ep, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 dtype = sys.argv[4] if len(sys.argv) > 4 else "bf16"
 VARIANTS = {"full": (), "no_wgrad": ("no_routed_wgrad",),
-            "no_wgrad_epilogue": ("no_wgrad_epilogue",), "no_epilogues": ("no_bwd_epilogues",)}
+            "no_wgrad_epilogue": ("no_wgrad_epilogue",), "no_epilogues": ("no_bwd_epilogues",),
+            "no_wgrad_waits": ("no_wgrad_waits",)}
 if dtype != "bf16":
     VARIANTS["no_wgrad_no_dh_quant"] = ("no_routed_wgrad", "no_dh_quant")
     VARIANTS["no_wgrad_no_promote"] = ("no_routed_wgrad", "fp8_no_promote")

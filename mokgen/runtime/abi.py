@@ -122,7 +122,8 @@ PROFILES = {"no_routed_wgrad": ("kProfNoRoutedWgrad", 1), "no_dh_quant": ("kProf
             "fp8_no_promote": ("kProfFp8NoPromote", 4),
             "fp8_plain_epilogue": ("kProfFp8PlainEpilogue", 8),
             "no_wgrad_epilogue": ("kProfNoWgradEpilogue", 16),
-            "no_bwd_epilogues": ("kProfNoBwdEpilogues", 32)}
+            "no_bwd_epilogues": ("kProfNoBwdEpilogues", 32),
+            "no_wgrad_waits": ("kProfNoWgradWaits", 64)}
 
 
 # Routes of one source rank that one block of the schedule's count kernel takes (schedule.cuh

@@ -110,7 +110,8 @@ enum Profile : unsigned {
   kProfFp8NoPromote = 4u,     // fp8 tiles: the wgmma stream alone, no scale promotion
   kProfFp8PlainEpilogue = 8u,  // the fp8 forward's gate/up epilogue: no SwiGLU, no quantization
   kProfNoWgradEpilogue = 16u,  // the routed weight-gradient tiles: mainloop, no epilogue
-  kProfNoBwdEpilogues = 32u    // every backward tile: mainloop, no epilogue (signals still go)
+  kProfNoBwdEpilogues = 32u,   // every backward tile: mainloop, no epilogue (signals still go)
+  kProfNoWgradWaits = 64u      // the routed weight-gradient tasks start without their waits
 };
 
 template <int BN_, int STAGES_, int Q_ = 0, unsigned PROF_ = 0, int TASK_SLOTS_ = 4,

@@ -435,14 +435,18 @@ struct BwdProblem {
       // the segment's row tiles; a whole-expert segment (schedule_segments) spans minibatches,
       // contiguous in the ring because the ring then holds every minibatch in layout order
       if (!MOKGEN_OK(e < C::L && (seg.z - 1) / C::B == u - 1, 21, sid, u)) return stop_task();
-      for (int p = seg.y; p < seg.z; p += BM) {
-        const int m = p / C::B, rt = (p - m * C::B) / BM;
-        if (!wait_at_least(dg_done() + m * S::RT_FULL + rt, S::DG_N, buf->rank, kPhaseWgrad, m))
+      // profiling (profile_bwd.py): without these waits, what the dependencies cost
+      if constexpr ((Cfg::PROF & kProfNoWgradWaits) == 0) {
+        for (int p = seg.y; p < seg.z; p += BM) {
+          const int m = p / C::B, rt = (p - m * C::B) / BM;
+          if (!wait_at_least(dg_done() + m * S::RT_FULL + rt, S::DG_N, buf->rank, kPhaseWgrad,
+                             m))
+            return stop_task();
+        }
+        if (idx > 0 && !wait_at_least(wg_seq() + e * S::WT + tt, idx, buf->rank,
+                                      kPhaseWgradOrder, e * S::WT + tt))
           return stop_task();
       }
-      if (idx > 0 && !wait_at_least(wg_seq() + e * S::WT + tt, idx, buf->rank, kPhaseWgradOrder,
-                                    e * S::WT + tt))
-        return stop_task();
       fence_proxy_async_global();
       k0 = s.slot_row(seg.y / C::B) + seg.y % C::B;
       kb = (seg.z - seg.y) / 64;
