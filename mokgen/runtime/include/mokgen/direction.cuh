@@ -157,6 +157,19 @@ MOKGEN_DEV bool for_each_rank_at(int q, int me, Sched&& sched_of, Visit&& visit)
   return true;
 }
 
+// The comm loops' walk: every position q up to the longest schedule's minibatch count, then
+// every rank there (for_each_rank_at); `visit(q, e, s)` false stops the walk (the watchdog
+// fired: let the kernel drain).
+template <int R, int B, class Sched, class Visit>
+MOKGEN_DEV void walk_positions(const int* const (&meta)[R], int me, Sched&& sched_of,
+                               Visit&& visit) {
+  const int nm = max_minibatches_of<R, B>(meta);
+  for (int q = 0; q < nm; ++q)
+    if (!for_each_rank_at<R>(q, me, sched_of,
+                             [&](int e, const auto& s) { return visit(q, e, s); }))
+      return;
+}
+
 // Thread 0 waits for a peer GPU's count at `flag` to reach `target`; every thread learns
 // whether it did (false: the watchdog fired). Called by the whole CTA; the loops put a
 // __syncthreads between two calls (before their arrival), so `go` is read before rewritten.
@@ -176,28 +189,24 @@ MOKGEN_DEV void fwd_push_dispatch(const DirPeers<C::R>& dir, const __nv_bfloat16
                                   int max_minibatches) {
   const int warps = blockDim.x / 32;
   const int worker = blockIdx.x * warps + threadIdx.x / 32, workers = C::CD * warps;
-  const int nm = max_minibatches_of<C::R, C::B>(dir.meta);
   const auto sched_of = [&](int e) { return schedule_of<S>(dir.meta[e]); };
-  for (int q = 0; q < nm; ++q) {
-    const bool ok = for_each_rank_at<C::R>(q, me, sched_of, [&](int e, const S& s) {
-      const int m = s.minibatch_at(q);
-      uint32_t* xf = dir.xflags[e];
-      if (q >= C::SLOTS) {
-        const int prev = s.minibatch_at(q - C::SLOTS);
-        if (!cta_wait_sys(xflag(xf, max_minibatches, kXDnDone, prev), s.down_tiles(prev), me,
-                          kPhasePushSlot, prev))
-          return false;
-      }
-      const int p0 = m * C::B, p1 = min(p0 + C::B, s.rows);
-      push_rows<C::D, C::K>(dir.table[e], me, e, x, dir.ring_x[e], p0, p1, (q % C::SLOTS) * C::B,
-                            worker, workers);
-      __threadfence_system();  // this thread's row stores, before the CTA's arrival
-      __syncthreads();
-      if (threadIdx.x == 0) signal_add_sys(xflag(xf, max_minibatches, kXLanded, m));
-      return true;
-    });
-    if (!ok) return;  // the watchdog fired: stop, let the kernel drain
-  }
+  walk_positions<C::R, C::B>(dir.meta, me, sched_of, [&](int q, int e, const S& s) {
+    const int m = s.minibatch_at(q);
+    uint32_t* xf = dir.xflags[e];
+    if (q >= C::SLOTS) {
+      const int prev = s.minibatch_at(q - C::SLOTS);
+      if (!cta_wait_sys(xflag(xf, max_minibatches, kXDnDone, prev), s.down_tiles(prev), me,
+                        kPhasePushSlot, prev))
+        return false;
+    }
+    const int p0 = m * C::B, p1 = min(p0 + C::B, s.rows);
+    push_rows<C::D, C::K>(dir.table[e], me, e, x, dir.ring_x[e], p0, p1, (q % C::SLOTS) * C::B,
+                          worker, workers);
+    __threadfence_system();  // this thread's row stores, before the CTA's arrival
+    __syncthreads();
+    if (threadIdx.x == 0) signal_add_sys(xflag(xf, max_minibatches, kXLanded, m));
+    return true;
+  });
 }
 
 // Pull combine: comm CTA `cta` of the combine group [CD, COMM) of every owner waits for each
@@ -209,24 +218,20 @@ MOKGEN_DEV void fwd_pull_combine(const DirPeers<C::R>& dir, __nv_bfloat16* combi
                                  int max_minibatches, int cta) {
   const int warps = blockDim.x / 32;
   const int worker = cta * warps + threadIdx.x / 32, workers = C::CC * warps;
-  const int nm = max_minibatches_of<C::R, C::B>(dir.meta);
   const auto sched_of = [&](int e) { return schedule_of<S>(dir.meta[e]); };
-  for (int q = 0; q < nm; ++q) {
-    const bool ok = for_each_rank_at<C::R>(q, me, sched_of, [&](int e, const S& s) {
-      const int m = s.minibatch_at(q);
-      uint32_t* xf = dir.xflags[e];
-      if (!cta_wait_sys(xflag(xf, max_minibatches, kXDnDone, m), s.down_tiles(m), me,
-                        kPhaseCombineReady, m))
-        return false;
-      const int p0 = m * C::B, p1 = min(p0 + C::B, s.rows);
-      pull_combine_rows<C::D>(dir.table[e], me, dir.stage[e], combine, p0, p1,
-                              (q % C::SLOTS) * C::B, worker, workers);
-      __syncthreads();  // every warp's reads of the staging rows are done
-      if (threadIdx.x == 0) signal_add_sys(xflag(xf, max_minibatches, kXPulled, m));
-      return true;
-    });
-    if (!ok) return;
-  }
+  walk_positions<C::R, C::B>(dir.meta, me, sched_of, [&](int q, int e, const S& s) {
+    const int m = s.minibatch_at(q);
+    uint32_t* xf = dir.xflags[e];
+    if (!cta_wait_sys(xflag(xf, max_minibatches, kXDnDone, m), s.down_tiles(m), me,
+                      kPhaseCombineReady, m))
+      return false;
+    const int p0 = m * C::B, p1 = min(p0 + C::B, s.rows);
+    pull_combine_rows<C::D>(dir.table[e], me, dir.stage[e], combine, p0, p1,
+                            (q % C::SLOTS) * C::B, worker, workers);
+    __syncthreads();  // every warp's reads of the staging rows are done
+    if (threadIdx.x == 0) signal_add_sys(xflag(xf, max_minibatches, kXPulled, m));
+    return true;
+  });
 }
 
 }  // namespace mokgen

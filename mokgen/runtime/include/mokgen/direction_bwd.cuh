@@ -112,23 +112,19 @@ MOKGEN_DEV void bwd_pull_dx(const BwdDirPeers<C::R>& dir, __nv_bfloat16* dx, flo
                             int me, int max_minibatches, int cta) {
   const int warps = blockDim.x / 32;
   const int worker = cta * warps + threadIdx.x / 32, workers = C::CC * warps;
-  const int nm = max_minibatches_of<C::R, C::B>(dir.meta);
   const auto sched_of = [&](int e) { return bwd_schedule_of<S>(dir.meta[e]); };
-  for (int m = 0; m < nm; ++m) {
-    const bool ok = for_each_rank_at<C::R>(m, me, sched_of, [&](int e, const S& s) {
-      uint32_t* xf = dir.xflags[e];
-      if (!cta_wait_sys(bxflag(xf, max_minibatches, kXDxDone, m), s.row_tiles(m) * S::DX_N, me,
-                        kPhaseDxReady, m))
-        return false;
-      pull_dx_rows<C::D, C::B, C::SLOTS>(dir.table[e], me, dir.stage[e], dir.stage_dw[e], dx,
-                                         dweight, m * C::B, min(m * C::B + C::B, s.rows),
-                                         worker, workers);
-      __syncthreads();  // every warp's reads of the staging rows are done
-      if (threadIdx.x == 0) signal_add_sys(bxflag(xf, max_minibatches, kXDxPulled, m));
-      return true;
-    });
-    if (!ok) return;
-  }
+  walk_positions<C::R, C::B>(dir.meta, me, sched_of, [&](int m, int e, const S& s) {
+    uint32_t* xf = dir.xflags[e];
+    if (!cta_wait_sys(bxflag(xf, max_minibatches, kXDxDone, m), s.row_tiles(m) * S::DX_N, me,
+                      kPhaseDxReady, m))
+      return false;
+    pull_dx_rows<C::D, C::B, C::SLOTS>(dir.table[e], me, dir.stage[e], dir.stage_dw[e], dx,
+                                       dweight, m * C::B, min(m * C::B + C::B, s.rows), worker,
+                                       workers);
+    __syncthreads();  // every warp's reads of the staging rows are done
+    if (threadIdx.x == 0) signal_add_sys(bxflag(xf, max_minibatches, kXDxPulled, m));
+    return true;
+  });
 }
 
 }  // namespace mokgen
