@@ -105,3 +105,37 @@ def chunk_ordinals(routes: torch.Tensor, rank: int, num_local_experts: int, chun
     key = (src_rank * C + src_index // chunk) * L + expert
     counts = torch.bincount(key, minlength=R * C * L).view(R, C, L)
     return src_rank, src_index, _ordinals(key), counts.cumsum(1) - counts
+
+
+def weight_gradient_segments(offsets: list, B: int, slots: int) -> tuple[list, list]:
+    """The backward's weight-gradient segments as schedule.cuh schedule_segments builds them,
+    from the padded region starts `offsets` [L + 1] (minibatches of B rows, a ring of `slots`):
+    unit 0 the empty experts, then per minibatch the segments that end in it, by expert; a
+    segment is (expert, first row, end row, index | count << 16). -> (segments, seg_start)."""
+    L, rows = len(offsets) - 1, offsets[-1]
+    nm = -(-rows // B)
+    whole = nm <= slots
+    units = [[(e, 0, 0, 1 << 16) for e in range(L) if offsets[e + 1] == offsets[e]]]
+    units += [[] for _ in range(nm)]
+    for e in range(L):
+        r0, r1 = offsets[e], offsets[e + 1]
+        if r0 == r1:
+            continue
+        first, last = r0 // B, (r1 - 1) // B
+        if whole:
+            units[last + 1].append((e, r0, r1, 1 << 16))
+            continue
+        for m in range(first, last + 1):
+            units[m + 1].append((e, max(r0, m * B), min(r1, (m + 1) * B),
+                                 (m - first) | ((last - first + 1) << 16)))
+    starts = [0]
+    for u in units:
+        starts.append(starts[-1] + len(u))
+    return [s for u in units for s in u], starts
+
+
+def wg_acc_slot(segment: tuple, B: int, by_minibatch: bool) -> int:
+    """The fp32 running sum a weight-gradient segment adds into (moe_bwd.cuh wgrad_epilogue;
+    workspace.LayerSpec.wg_by_minibatch): its expert's first minibatch, or its expert."""
+    e, y, _, w = segment
+    return y // B - (w & 0xFFFF) if by_minibatch else e

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import mokgen
+from mokgen.api import layer_spec
 from mokgen.workloads import cosine, make_inputs, reference_grads, rel_error
 
 pytestmark = pytest.mark.gpu
@@ -72,6 +73,18 @@ def test_backward_ring_replay_and_wrap():
 def test_backward_skewed_routing(skew):
     run_backward(mokgen.shapes.get("gpu-small"), 4, 600, skew=skew, minibatch=256,
                  macrobatch=512)
+
+
+@pytest.mark.parametrize("skew", [None, "one-soft"])
+def test_backward_running_sums_by_minibatch(skew):
+    """A ring smaller than the rows and more local experts than minibatches: the fp32 weight-
+    gradient sums are kept per minibatch an expert starts in (workspace.LayerSpec.
+    wg_by_minibatch), not per expert; "one-soft" makes expert 0 span most minibatches."""
+    shape = mokgen.shapes.get("gpu-small")
+    kw = dict(minibatch=256, macrobatch=512)
+    spec = layer_spec(mokgen.plan(shape, ep=1, tokens_per_rank=1000, **kw))
+    assert spec.needs_wg_acc and spec.wg_by_minibatch and spec.wg_acc_slots < spec.local_experts
+    run_backward(shape, 1, 1000, skew=skew, **kw)
 
 
 def test_backward_no_shared_expert():

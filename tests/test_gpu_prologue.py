@@ -6,7 +6,7 @@ import torch
 
 import mokgen
 from mokgen.runtime import abi
-from mokgen.schedule import chunk_ordinals, dispatch_schedule
+from mokgen.schedule import chunk_ordinals, dispatch_schedule, weight_gradient_segments
 
 pytestmark = pytest.mark.gpu
 
@@ -106,31 +106,6 @@ def test_schedule_is_deterministic(rng):
         assert torch.equal(p.ranks[3].table, first)
 
 
-def segments_reference(offsets, B, slots):
-    """schedule.cuh schedule_segments as its comment states it: unit 0 the empty experts,
-    then per minibatch the segments that end in it, by expert."""
-    L, rows = len(offsets) - 1, offsets[-1]
-    nm = -(-rows // B)
-    whole = nm <= slots
-    units = [[(e, 0, 0, 1 << 16) for e in range(L) if offsets[e + 1] == offsets[e]]]
-    units += [[] for _ in range(nm)]
-    for e in range(L):
-        r0, r1 = offsets[e], offsets[e + 1]
-        if r0 == r1:
-            continue
-        first, last = r0 // B, (r1 - 1) // B
-        if whole:
-            units[last + 1].append((e, r0, r1, 1 << 16))
-            continue
-        for m in range(first, last + 1):
-            units[m + 1].append((e, max(r0, m * B), min(r1, (m + 1) * B),
-                                 (m - first) | ((last - first + 1) << 16)))
-    starts = [0]
-    for u in units:
-        starts.append(starts[-1] + len(u))
-    return [s for u in units for s in u], starts
-
-
 @pytest.mark.parametrize("E,k,ep,tokens", [(128, 8, 1, 8192), (60, 4, 4, 777), (512, 10, 1, 300)])
 @pytest.mark.parametrize("kind", ["random", "hot"])
 def test_segments_match_their_spec(E, k, ep, tokens, kind, rng):
@@ -144,6 +119,6 @@ def test_segments_match_their_spec(E, k, ep, tokens, kind, rng):
     p.segments(0)
     torch.cuda.synchronize()
     offsets = p.ranks[0].offsets.tolist()
-    segs, starts = segments_reference(offsets, p.plan.minibatch, p.plan.ring_slots)
+    segs, starts = weight_gradient_segments(offsets, p.plan.minibatch, p.plan.ring_slots)
     assert p.bwd.seg_start[: len(starts)].tolist() == starts
     assert [tuple(s) for s in p.bwd.segs[: len(segs)].tolist()] == segs

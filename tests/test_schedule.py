@@ -112,3 +112,51 @@ def test_chunked_ordinals_add_up(chunk, kind, rng):
         assert base.shape == (R, max(1, -(-N * k // chunk)), L)
         assert torch.equal(base[r, j // chunk, expert] + inside, _ordinals(r * L + expert))
         assert (inside < chunk).all()
+
+
+@pytest.mark.parametrize("kind", ["random", "hot", "sparse"])
+@pytest.mark.parametrize("L,B", [(8, 128), (48, 256), (3, 64)])
+def test_weight_gradient_sums_get_slots_of_their_own(kind, L, B, rng):
+    """The backward keeps an fp32 running sum only for an expert whose rows span several
+    minibatches; indexed by the minibatch its rows start in (wg_acc_slot), every such expert
+    has a slot of its own, the same for all its segments, below max_minibatches - 1:
+    LayerSpec.wg_acc_slots of them suffice."""
+    from mokgen.runtime.workspace import LayerSpec
+    from mokgen.schedule import wg_acc_slot, weight_gradient_segments
+
+    for _ in range(20):
+        counts = torch.randint(0, 3 * B, (L,), generator=rng)
+        if kind == "hot":
+            counts[torch.randint(0, L, (1,), generator=rng)] += 7 * B
+        elif kind == "sparse":
+            counts[::2] = 0
+        padded = (counts + 63) // 64 * 64  # block_m regions, as the schedule pads them
+        offsets = [0] + torch.cumsum(padded, 0).tolist()
+        segs, _ = weight_gradient_segments(offsets, B, slots=2)
+        nm = -(-offsets[-1] // B)
+        spec = LayerSpec(num_experts=L, hidden=128, intermediate=128, shared_dim=0, topk=1,
+                         ep=1, tokens_per_rank=offsets[-1], block_m=64, minibatch=B,
+                         macrobatch=2 * B, comm_sms=1, max_rows=max(offsets[-1], 1))
+        owner = {}
+        for s in segs:
+            if s[3] >> 16 < 2:  # one segment: written directly, no sum
+                continue
+            slot = wg_acc_slot(s, B, spec.wg_by_minibatch)
+            assert 0 <= slot < spec.wg_acc_slots, (s, slot, spec.wg_acc_slots)
+            assert owner.setdefault(slot, s[0]) == s[0], f"slot {slot}: experts {owner[slot]}, {s[0]}"
+        assert len(owner) <= max(nm - 1, 0)
+
+
+def test_wg_acc_shrinks_to_the_minibatch_boundaries():
+    """kimi-k2.7's ep8 load as the directions ablation plans it (48 local experts, 16k rows in
+    minibatches of 1408): 11 running sums instead of 48."""
+    from mokgen.runtime.workspace import LayerSpec
+
+    s = LayerSpec(num_experts=96, hidden=7168, intermediate=2048, shared_dim=2048, topk=8,
+                  ep=2, tokens_per_rank=2048, block_m=128, minibatch=1408, macrobatch=2816,
+                  comm_sms=6, max_rows=16384 + 48 * 127)
+    assert s.needs_wg_acc and s.wg_by_minibatch and s.wg_acc_slots == s.max_minibatches - 1 < 48
+    few = LayerSpec(num_experts=8, hidden=6144, intermediate=16384, shared_dim=0, topk=2,
+                    ep=8, tokens_per_rank=4096, block_m=128, minibatch=640, macrobatch=1280,
+                    comm_sms=1, max_rows=8320)
+    assert few.needs_wg_acc and not few.wg_by_minibatch and few.wg_acc_slots == 1

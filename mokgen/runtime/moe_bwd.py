@@ -188,7 +188,8 @@ class BackwardPass(BackwardScratch):
             hs_pre=sc.hs_pre, hs_a=sc.hs_a, dx_shared=b.y_shared, dw1=dw1, dw2=dw2,
             dsw1=dsw1, dsw2=dsw2, wg_acc=sc.wg_acc, counters=sc.counters, **fp8_fields, n_tokens=n,
             max_minibatches=s.max_minibatches, rank=rt.peers.hosted_ranks[i],
-            resident=int(resident), accumulate=int(accumulate))
+            resident=int(resident), accumulate=int(accumulate),
+            wg_by_minibatch=int(s.wg_by_minibatch))
         dirs = [self.dir_peers()] if s.bwd_peer_directions else []
         cuda.launch(self.f_bwd, self.ctas, 384, self.smem, st,
                     [cuda.Raw(maps_raw), f8, cuda.Raw(peers), cuda.Raw(bufs)] + dirs,

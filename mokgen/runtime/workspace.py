@@ -75,6 +75,20 @@ class LayerSpec:
         schedule_segments: a ring that holds every minibatch takes each expert whole)."""
         return self.max_minibatches > self.macrobatch // self.minibatch
 
+    @property
+    def wg_by_minibatch(self) -> bool:
+        """Where the backward keeps an expert's fp32 weight-gradient sum (moe_bwd.cuh
+        wgrad_epilogue, BwdBuffers::wg_by_minibatch): true, in the slot of the minibatch its
+        rows start in (only an expert whose rows span several minibatches has a sum, and only
+        the last expert starting in a minibatch can reach past it: a slot per minibatch but
+        the last one); false, in its own (fewer local experts than that)."""
+        return self.max_minibatches - 1 < self.local_experts
+
+    @property
+    def wg_acc_slots(self) -> int:
+        """Running sums [3 I D] the backward's wg_acc holds (wg_by_minibatch says whose)."""
+        return min(self.local_experts, self.max_minibatches - 1)
+
     def counter_words(self) -> int:
         shared_rt = -(-self.tokens_per_rank // self.block_m)
         return 1 + 2 * self.max_minibatches + self.max_minibatches * (
@@ -128,7 +142,8 @@ class BackwardScratch:
     backward consumes: moe_bwd.cuh), the shared expert's recomputed activations (its dh
     over its pre-activations likewise), the
     tables of weight-gradient segments and, only where an expert's rows can span several
-    ring passes (`LayerSpec.needs_wg_acc`), the fp32 running sums of its weight gradients."""
+    ring passes (`LayerSpec.needs_wg_acc`), the fp32 running sums of its weight gradients
+    (`LayerSpec.wg_acc_slots` of them)."""
 
     def __init__(self, spec: LayerSpec, dev, ring_dy=None):
         s = spec
@@ -142,7 +157,7 @@ class BackwardScratch:
         self.hs_pre = torch.empty(N, 2 * IS, **e)
         self.hs_a = torch.empty(N, IS, **e)
         # None: the kernel gets a null pointer and never reads it (every segment is whole)
-        self.wg_acc = (torch.empty(L, 3 * I * D, dtype=torch.float32, device=dev)
+        self.wg_acc = (torch.empty(s.wg_acc_slots, 3 * I * D, dtype=torch.float32, device=dev)
                        if s.needs_wg_acc else None)
         self.segs = torch.empty(s.max_minibatches + L, 4, dtype=torch.int32, device=dev)
         self.seg_start = torch.empty(s.max_minibatches + 2, dtype=torch.int32, device=dev)

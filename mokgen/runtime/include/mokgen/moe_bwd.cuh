@@ -84,7 +84,7 @@ struct BwdBuffers {
   __nv_bfloat16* dw2;       // [L, D, I]
   __nv_bfloat16* dsw1;      // [2IS, D]
   __nv_bfloat16* dsw2;      // [D, IS]
-  float* wg_acc;            // [L, 3 I D] fp32 sums of experts spanning several minibatches
+  float* wg_acc;            // [slots, 3 I D] fp32 sums of experts spanning several minibatches
   uint32_t* counters;
   // fp8 plans (unused otherwise): e4m3 rings [SLOTS*B, K] and their scales
   // [ceil(K/Q), SLOTS*B]; dh's K is 2 PI, each half padded (FwdConsts::PI, quantize_dh)
@@ -102,6 +102,7 @@ struct BwdBuffers {
   int rank;
   int resident;             // 1: the ring holds the forward's macrobatch 0 (no replay for it)
   int accumulate;           // 1: dw1 / dw2 hold gradients already (the caller's .grad): add
+  int wg_by_minibatch;      // 1: wg_acc's slot is the expert's first minibatch, 0: the expert
 };
 
 // Tensor maps: K-major (box 64 x 128 rows, _k) or MN-major (box 64 x 64, _mn).
@@ -581,13 +582,17 @@ struct BwdProblem {
       idx = seg.w & 0xffff;
       count = seg.w >> 16;
       const size_t ID = (size_t)C::I * C::D;
+      // the running sum's slot (workspace.LayerSpec.wg_by_minibatch): the minibatch the
+      // expert's rows start in (segment idx starts at minibatch first + idx, segment 0 at
+      // the expert's first row), unique to it among the experts that have a sum; or the expert
+      const int slot = buf->wg_by_minibatch ? seg.y / C::B - idx : e;
       if (op == kWgrad2) {
         out = buf->dw2 + e * ID;
-        ws = buf->wg_acc + e * 3 * ID;
+        ws = buf->wg_acc + slot * 3 * ID;
         ld = C::I;
       } else {
         out = buf->dw1 + e * 2 * ID;
-        ws = buf->wg_acc + e * 3 * ID + ID;
+        ws = buf->wg_acc + slot * 3 * ID + ID;
         ld = C::D;
       }
     }
