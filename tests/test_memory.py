@@ -23,7 +23,10 @@ def test_wg_acc_only_where_an_expert_can_span_ring_passes():
     assert BackwardScratch(layer_spec(whole), meta).wg_acc is None
     acc = BackwardScratch(layer_spec(small), meta).wg_acc
     s = QWEN3_30B
-    assert acc is not None and acc.numel() == s.num_experts * 3 * s.intermediate * s.hidden
+    # fewer minibatches than experts: a sum per minibatch boundary, not per expert
+    sp = layer_spec(small)
+    assert sp.wg_by_minibatch and sp.wg_acc_slots == sp.max_minibatches - 1 < s.num_experts
+    assert acc is not None and acc.numel() == sp.wg_acc_slots * 3 * s.intermediate * s.hidden
     a, b = memory_report(whole), memory_report(small)
     assert not a["wg_acc"] and b["wg_acc"]
     assert b["workspace"]["backward"] > acc.numel() * 4
