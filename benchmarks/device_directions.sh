@@ -29,7 +29,7 @@ step() { [[ " $STEPS " == *" $1 "* ]]; }
 if step prebuild; then
   echo "== prebuild ($MOKGEN_CACHE)"
   timeout 300 python3 benchmarks/directions.py --prebuild --tests "${ARGS[@]}" 2>&1 | tail -2
-  if [ "$GPUS" -ge 2 ]; then
+  if [ "$GPUS" -ge 2 ] && { step multigpu || step real; }; then  # world-2 kernels
     timeout 240 python3 benchmarks/directions.py --prebuild --tests --world 2 "${ARGS[@]}" \
       2>&1 | tail -2
   fi
