@@ -39,7 +39,7 @@ case "${1:-}" in
           --out "$OUT/gpu$g" --shapes "$s" > "$OUT/peers_sonicmoe_gpu$g.log" 2>&1 &
       done
       wait
-      tail -4 "$OUT"/peers_sonicmoe_gpu*.log
+      tail -n 4 "$OUT"/peers_sonicmoe_gpu*.log
       python3 benchmarks/peers_sonicmoe.py --out "$OUT" --merge \
         benchmarks/results/peers_sonicmoe.json $(ls "$OUT"/gpu*/peers_sonicmoe.json) | tail -8
     fi
