@@ -19,17 +19,20 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overlap-comm", action="store_true",
                    help="collectives run beside the layer: leave them SMs")
     for d in ("fwd", "bwd"):
-        p.add_argument(f"--gemm-{d}", type=_gemm, default=None, metavar="BMxBNxSTAGES[-pp]",
+        p.add_argument(f"--gemm-{d}", type=_gemm, default=None, metavar="BMxBNxSTAGES[-pp|-sw]",
                        help=f"override the tile of the {d} GEMM ops, e.g. 128x256x3; -pp: "
-                            f"the ping-pong consumer schedule, e.g. 128x256x4-pp")
+                            f"the ping-pong consumer schedule, e.g. 128x256x4-pp; -sw: "
+                            f"the signal warp, e.g. 128x256x4-sw")
 
 
 def _gemm(text: str) -> tuple:
-    tile, pp = (text[:-3], True) if text.endswith("-pp") else (text, False)
+    flags = {"-pp": (True,), "-sw": (False, True)}
+    tile, extra = (text[:-3], flags[text[-3:]]) if text[-3:] in flags else (text, ())
     try:
-        return tuple(int(v) for v in tile.split("x")) + ((True,) if pp else ())
+        return tuple(int(v) for v in tile.split("x")) + extra
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected BMxBNxSTAGES[-pp], got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected BMxBNxSTAGES[-pp|-sw], got {text!r}") \
+            from None
 
 
 def _plan(args):

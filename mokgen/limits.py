@@ -39,6 +39,10 @@ DIRECTIONS = {"dispatch": ("pull", "push"), "combine": ("push", "pull"),
 # and fp8, K- and MN-major; its stages are the cooperative ones (a K-major A box holds both
 # halves' rows). The default stays cooperative until a measurement says otherwise.
 GEMM_BM, GEMM_BN, GEMM_STAGES, GEMM_PINGPONG = (128,), (256,), (2, 3, 4), (False, True)
+# The signal warp (GemmConfig.signal_warp) serves the cooperative schedule only (ping-pong's
+# second warpgroup signals a task once both halves are stored: gemm_tile.cuh), and not the
+# MXFP8 forward (8 bytes of spills with it, nvcc 13.0).
+GEMM_SIGNAL_WARP = (False, True)
 DEFAULT_GEMM = GemmConfig(bm=128, bn=256, stages=4)
 
 
@@ -103,6 +107,9 @@ def violations(plan: "Plan") -> list[str]:
                    f"the dx rows, beside the dy ones), got {plan.comm_sms_bwd}")
     for name in ("gemm_fwd", "gemm_bwd"):
         out += _gemm_violations(name, getattr(plan, name))
+    if plan.gemm_fwd is not None and plan.gemm_fwd.signal_warp and plan.dtype == "mxfp8":
+        out.append("gemm_fwd.signal_warp needs dtype other than mxfp8 (its forward kernel, "
+                   "the most register-bound, spills with it)")
     broken = set()  # one sentence per field: its first rule broken
     for field, v, m, why in forward_width_rules(plan):
         if v % m and field not in broken:
@@ -118,8 +125,10 @@ def _gemm_violations(name: str, cfg: GemmConfig | None) -> list[str]:
     return [f"{name}.{f} must be one of {ok} (gemm_tile.cuh and the host's tensor maps; see "
             f"mokgen/limits.py), got {getattr(cfg, f)}"
             for f, ok in (("bm", GEMM_BM), ("bn", GEMM_BN), ("stages", GEMM_STAGES),
-                          ("pingpong", GEMM_PINGPONG))
-            if getattr(cfg, f) not in ok]
+                          ("pingpong", GEMM_PINGPONG), ("signal_warp", GEMM_SIGNAL_WARP))
+            if getattr(cfg, f) not in ok] + \
+        ([f"{name}.signal_warp needs {name}.pingpong False (the signal warp serves the "
+          f"cooperative schedule: gemm_tile.cuh)"] if cfg.signal_warp and cfg.pingpong else [])
 
 
 def check(plan: "Plan") -> None:

@@ -53,6 +53,7 @@ def lower(g, direction: str) -> dict:
     variants = {param: got.get(param, False) for param, _ in _VARIANT.values()}
     return dict(comm_sms=got["comm_sms"], num_sms=got["comm_sms"] + got["compute_ctas"],
                 gemm_bn=gemm.bn, gemm_stages=gemm.stages, gemm_pingpong=gemm.pingpong,
+                gemm_signal_warp=gemm.signal_warp,
                 block_m=got["block_m"], minibatch=got["minibatch"],
                 ring_slots=got["ring_rows"] // got["minibatch"],
                 scale_block=got.get("scale_block", 0),

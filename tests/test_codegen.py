@@ -128,19 +128,23 @@ def test_fp8_kernels_compile_without_spills(name, dtype):
 
 
 # The ping-pong consumer schedule (GemmConfig.pingpong) of both kernels: a weight-gradient
-# heavy slice (kimi ep64) and a whole layer at ep 1 (Qwen3-30B-A3B), each precision.
+# heavy slice (kimi ep64) and a whole layer at ep 1 (Qwen3-30B-A3B), each precision; the
+# signal warp (GemmConfig.signal_warp, whose warp runs under the producer's 40 registers)
+# on the first.
 PINGPONG = {"kimi-k2.7": (64, 2048), "qwen3-30b-a3b": (1, 8192)}
+SCHEDULES = [("pp", name) for name in PINGPONG] + [("sw", "kimi-k2.7")]
 
 
 @needs_nvcc
 @pytest.mark.nvcc
 @pytest.mark.parametrize("dtype", ["bf16", "fp8", "mxfp8"])
-@pytest.mark.parametrize("name", PINGPONG)
-def test_pingpong_kernels_compile_without_spills(name, dtype):
+@pytest.mark.parametrize("schedule,name", SCHEDULES)
+def test_engine_schedules_compile_without_spills(schedule, name, dtype):
     ep, n = PINGPONG[name]
-    pp = (128, 256, 4, True)
+    cfg = (128, 256, 4, True) if schedule == "pp" else (128, 256, 4, False, True)
+    fwd = (128, 256, 4) if schedule == "sw" and dtype == "mxfp8" else cfg  # limits refuse it
     layer = mokgen.compile(mokgen.shapes.get(name), ep=ep, dtype=dtype, tokens_per_rank=n,
-                           gemm_fwd=pp, gemm_bwd=pp)
+                           gemm_fwd=fwd, gemm_bwd=cfg)
     assert set(layer.binaries) == {"prologue", "fwd", "bwd"}
     assert_no_spills_nor_serialized_wgmma(layer)
 

@@ -185,10 +185,27 @@ def test_ops_of_one_kernel_that_disagree_are_refused(op, attrs, why):
         lower(changed, ir.op_of(changed, OpKind(op)).direction)
 
 
+def test_signal_warp_is_a_decision_that_reaches_the_gemm_engine():
+    """GemmConfig.signal_warp: flipped per kernel, it changes that kernel's source only; the
+    default plan's key has no trace of it; a plan from JSON keeps it; ping-pong with it is
+    refused at plan time."""
+    plain = mokgen.plan(SHAPE, **ARGS)
+    sw = mokgen.plan(SHAPE, **ARGS, gemm_fwd=(128, 256, 4, False, True))
+    assert (sw.gemm_fwd.signal_warp, sw.gemm_bwd.signal_warp) == (True, False)
+    assert "signal warp" in str(sw) and "signal warp" not in str(plain)
+    base, new = sources(plain), sources(sw)
+    assert "/*SIGNAL_WARP*/ true>" in new["fwd"] and "SIGNAL_WARP" not in base["fwd"]
+    assert new["bwd"].split("\n")[1:] == base["bwd"].split("\n")[1:]  # past the key line
+    assert Plan.from_json(sw.to_json()).gemm_fwd == sw.gemm_fwd
+    with pytest.raises(ValueError, match="signal_warp needs gemm_bwd.pingpong False"):
+        mokgen.plan(SHAPE, **ARGS, gemm_bwd=(128, 256, 4, True, True))
+
+
 def test_default_tile_is_a_supported_one():
     t = limits.DEFAULT_GEMM
     assert t.bm in limits.GEMM_BM and t.bn in limits.GEMM_BN and t.stages in limits.GEMM_STAGES
     assert t.pingpong is False and False in limits.GEMM_PINGPONG
+    assert t.signal_warp is False and False in limits.GEMM_SIGNAL_WARP
 
 
 @pytest.mark.nvcc

@@ -1,17 +1,21 @@
-"""The ping-pong consumer schedule (GemmConfig.pingpong, gemm_tile.cuh) on the GPU (marked gpu):
-layers whose forward and backward kernels run it, against the reference, repeated bitwise, and
-bitwise equal to the default (cooperative) schedule: each output element is the same
-warpgroup's wgmma chain in the same K order in both, and every epilogue is shared."""
+"""The ping-pong consumer schedule (GemmConfig.pingpong, gemm_tile.cuh) and the signal warp
+(GemmConfig.signal_warp) on the GPU (marked gpu): layers whose forward and backward kernels run
+them, against the reference, repeated bitwise, and bitwise equal to the default (cooperative,
+consumer-signalled) schedule: each output element is the same warpgroup's wgmma chain in the
+same K order in all three, and every epilogue is shared."""
 import pytest
 import torch
 
 import mokgen
+from mokgen.ir.ops import GemmConfig
+from mokgen.limits import DEFAULT_GEMM
 from mokgen.workloads import make_inputs, reference_grads, reference_outputs, rel_error
 
 from test_gpu_backward import check, gemm_test_module, grads_of
 
 pytestmark = pytest.mark.gpu
 PP = (128, 256, 4, True)
+SW = (128, 256, 4, False, True)
 
 
 def flat(grads):
@@ -19,17 +23,21 @@ def flat(grads):
             for i, t in enumerate(v if isinstance(v, list) else [v])]
 
 
-def run_both(shape, ep, tokens, dtype="bf16", skew=None, **overrides):
-    """The ping-pong layer's forward and backward, twice (bitwise), against the reference
+def run_both(shape, ep, tokens, dtype="bf16", skew=None, gemm=PP, fwd=True, **overrides):
+    """The layer of GEMM config `gemm` (ping-pong, or the signal warp) in both kernels (fwd
+    False: the backward's only): forward and backward, twice (bitwise), against the reference
     (bf16: its tolerances); then the default layer on the same inputs: bitwise the same."""
     inputs = make_inputs(shape, ep, tokens, skew=skew)
     dys = [torch.randn_like(x) for x in inputs["x"]]
+    want = GemmConfig(*gemm)
     out = {}
-    for name, gemm in (("pp", dict(gemm_fwd=PP, gemm_bwd=PP)), ("coop", {})):
+    for name, cfg in (("variant", dict(gemm_fwd=gemm if fwd else DEFAULT_GEMM, gemm_bwd=gemm)),
+                      ("coop", {})):
         layer = mokgen.compile(shape, ep=ep, tokens_per_rank=tokens, dtype=dtype, virtual=True,
-                               **gemm, **overrides)
-        assert (layer.plan.gemm_fwd.pingpong, layer.plan.gemm_bwd.pingpong) == \
-            ((True, True) if name == "pp" else (False, False))
+                               **cfg, **overrides)
+        assert (layer.plan.gemm_fwd, layer.plan.gemm_bwd) == \
+            ((want if fwd else DEFAULT_GEMM, want) if name == "variant"
+             else (DEFAULT_GEMM, DEFAULT_GEMM))
         layer.runtime().poison()
         with torch.no_grad():
             ys = [y.clone() for y in layer(**inputs)]
@@ -40,7 +48,7 @@ def run_both(shape, ep, tokens, dtype="bf16", skew=None, **overrides):
         layer.synchronize()
         for (k, i, a), (_, _, b) in zip(flat(grads), flat(again)):
             assert torch.equal(a, b), f"{name} {k}[{i}]: not bitwise identical over calls"
-        if name == "pp" and dtype == "bf16":
+        if name == "variant" and dtype == "bf16":
             for r, (y, want) in enumerate(zip(ys, reference_outputs(shape, inputs))):
                 assert not y.isnan().any(), f"rank {r}: unwritten (NaN) output elements"
                 e = rel_error(y, want)
@@ -48,10 +56,10 @@ def run_both(shape, ep, tokens, dtype="bf16", skew=None, **overrides):
             check(grads, reference_grads(shape, inputs, dys))
         # copies: the next layer may share this one's workspace
         out[name] = ys, [(k, i, t.clone()) for k, i, t in flat(grads)]
-    for r, (a, b) in enumerate(zip(out["pp"][0], out["coop"][0])):
-        assert torch.equal(a, b), f"forward rank {r}: ping-pong differs from cooperative"
-    for (k, i, a), (_, _, b) in zip(out["pp"][1], out["coop"][1]):
-        assert torch.equal(a, b), f"{k}[{i}]: ping-pong differs from cooperative"
+    for r, (a, b) in enumerate(zip(out["variant"][0], out["coop"][0])):
+        assert torch.equal(a, b), f"forward rank {r}: {gemm} differs from the default"
+    for (k, i, a), (_, _, b) in zip(out["variant"][1], out["coop"][1]):
+        assert torch.equal(a, b), f"{k}[{i}]: {gemm} differs from the default"
 
 
 @pytest.mark.parametrize("ep,tokens", [(1, 1000), (4, 777)])
@@ -74,6 +82,23 @@ def test_pingpong_preset_dims_and_edge_tiles():
 @pytest.mark.parametrize("dtype", ["fp8", "mxfp8"])
 def test_pingpong_fp8_equals_cooperative(dtype):
     run_both(mokgen.shapes.get("gpu-small"), 2, 700, dtype=dtype)
+
+
+@pytest.mark.parametrize("ep,tokens", [(1, 1000), (4, 777)])
+def test_signal_warp_layer(ep, tokens):
+    run_both(mokgen.shapes.get("gpu-small"), ep, tokens, gemm=SW)
+
+
+def test_signal_warp_ring_replay_skew_and_edge_tiles():
+    run_both(mokgen.shapes.get("gpu-small"), 4, 900, skew="one-soft", minibatch=128,
+             macrobatch=256, gemm=SW)
+    run_both(mokgen.MoEShape(8, 1040, 720, 2, shared_intermediate=336), 2, 300, gemm=SW)
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "mxfp8"])
+def test_signal_warp_fp8_equals_cooperative(dtype):
+    # limits: the MXFP8 forward refuses it (spills)
+    run_both(mokgen.shapes.get("gpu-small"), 2, 700, dtype=dtype, gemm=SW, fwd=dtype == "fp8")
 
 
 @pytest.mark.parametrize("trans", [0, 1, 2])

@@ -189,6 +189,10 @@ def test_cli_plan(capsys):
                  "128x256x4-pp"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["gemm_bwd"] == [128, 256, 4, True] and d["gemm_fwd"] == [128, 256, 4]
+    assert main(["plan", "--shape", "tiny", "--ep", "2", "--json", "--gemm-fwd",
+                 "128x256x4-sw"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["gemm_fwd"] == [128, 256, 4, False, True] and d["gemm_bwd"] == [128, 256, 4]
 
 
 def test_reserve_sms_leaves_sms_to_collectives():

@@ -79,21 +79,28 @@ class GemmConfig(NamedTuple):
     outputs per CTA tile, `stages` K-slices in flight in shared memory, and the consumer
     schedule: `pingpong` runs a tile's two 64-row halves one after the other on the two
     consumer warpgroups, so one's epilogue overlaps the other's MMA (False: both halves at
-    once, the epilogue after; gemm_tile.cuh says more)."""
+    once, the epilogue after; gemm_tile.cuh says more). `signal_warp` (cooperative only): a
+    warp of the producer warpgroup raises each tile's completion signal, whose fence waits
+    for the tile's stores to drain, so the consumers start the next tile's MMA meanwhile."""
 
     bm: int
     bn: int
     stages: int
     pingpong: bool = False
+    signal_warp: bool = False
 
     def __str__(self) -> str:
         pp = ", ping-pong" if self.pingpong else ""
-        return f"{self.bm}x{self.bn}, {self.stages} stages{pp}"
+        sw = ", signal warp" if self.signal_warp else ""
+        return f"{self.bm}x{self.bn}, {self.stages} stages{pp}{sw}"
 
     def fields(self) -> list:
-        """As JSON: (bm, bn, stages), + pingpong only when set, so plans of the default
-        schedule keep their keys (and their kernels' names) from before the field existed."""
-        return list(self) if self.pingpong else list(self[:3])
+        """As JSON: (bm, bn, stages), + the schedule flags only when one is set, so plans of
+        the default schedule keep their keys (and their kernels' names) from before the
+        fields existed."""
+        if self.signal_warp:
+            return list(self)
+        return list(self[:4]) if self.pingpong else list(self[:3])
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 // CTA shape: 384 threads = 3 warpgroups.
 //   warpgroup 0: producer. One elected thread pops tasks from the scheduler (Problem),
 //                publishes them on the smem task channel, and streams A/B K-slices into the
-//                smem ring with TMA. The other 127 threads exit right away. setmaxnreg.dec.
+//                smem ring with TMA. With SIGNAL_WARP, warp 1 raises the tasks' completion
+//                signals (signal_tasks). The other threads exit right away. setmaxnreg.dec.
 //   warpgroups 1,2: consumers. Each owns 64 rows of the BM=128 tile (cwg = 0/1) and issues
 //                m64nBNk16 wgmma over the whole BN; then runs the epilogue. setmaxnreg.inc.
 // Tile op: C[BM x BN] = A[a_row0 : a_row0+BM, 0:K] * B[b_row0 : b_row0+BN, 0:K]^T, A and B
@@ -115,12 +116,14 @@ enum Profile : unsigned {
 };
 
 template <int BN_, int STAGES_, int Q_ = 0, unsigned PROF_ = 0, int TASK_SLOTS_ = 4,
-          bool PINGPONG_ = false>
+          bool PINGPONG_ = false, bool SIGNAL_WARP_ = false>
 struct GemmCfg {
   static constexpr int BM = 128, BK = 64, BN = BN_, Q = Q_;
   static constexpr unsigned PROF = PROF_;
   static constexpr int STAGES = STAGES_, TASK_SLOTS = TASK_SLOTS_;
   static constexpr bool PINGPONG = PINGPONG_;
+  // a warp of the producer warpgroup raises each task's completion signal (signal_warp)
+  static constexpr bool SIGNAL_WARP = SIGNAL_WARP_;
   static constexpr int kThreads = 384;
   static constexpr int kConsumerWarps = 8;
   // warps that read (and free) each ring stage: both consumer warpgroups, or in ping-pong the
@@ -140,14 +143,15 @@ struct GemmCfg {
   static constexpr int BAR_BYTES = 8 * (2 * STAGES + 2 * TASK_SLOTS);
   // 1024 B of slack: the 128B-swizzle atom must be 1024-aligned and the dynamic smem base is
   // not guaranteed to be.
-  static constexpr int SMEM_BYTES =
-      1024 + STAGES * (STAGE_BYTES + SC_BYTES) + BAR_BYTES + 32 * TASK_SLOTS;
+  static constexpr int SMEM_BYTES = 1024 + STAGES * (STAGE_BYTES + SC_BYTES) + BAR_BYTES +
+                                    32 * TASK_SLOTS + (SIGNAL_WARP ? 16 : 0);
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for N = 128, 256");
   static_assert(STAGE_BYTES % 1024 == 0, "stages keep 1024 B alignment");
   static_assert(Q == 0 || ((Q == 128 || Q == 32) && BN == 256 && BM * BK8 == A_BYTES),
                 "fp8 tiles: Q = 128 or 32, two 128-column halves, slices as large as bf16's");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
+  static_assert(!(PINGPONG && SIGNAL_WARP), "the signal warp serves the cooperative schedule");
 };
 
 // Pointers carved out of dynamic shared memory. Ring stage s: A at stage(s), B right after.
@@ -171,6 +175,10 @@ struct GemmSmem {
   MOKGEN_DEV float* scales() const {  // [STAGES][SC_BYTES / 4] fp8 scales of each stage
     return reinterpret_cast<float*>(tasks() + Cfg::TASK_SLOTS);
   }
+  // SIGNAL_WARP: set by a consumer whose mainloop timed out (the signal warp then stops)
+  MOKGEN_DEV int* stopped() const {
+    return reinterpret_cast<int*>(scales() + Cfg::STAGES * (Cfg::SC_BYTES / 4));
+  }
 
   MOKGEN_DEV uint8_t* a_stage(int s) const { return ring + s * Cfg::STAGE_BYTES; }
   MOKGEN_DEV uint8_t* b_stage(int s) const { return ring + s * Cfg::STAGE_BYTES + Cfg::A_BYTES; }
@@ -191,8 +199,10 @@ struct GemmSmem {
     }
     for (int s = 0; s < Cfg::TASK_SLOTS; ++s) {
       mbar_init(&task_full()[s], 1);
-      mbar_init(&task_empty()[s], Cfg::kConsumerWarps);
+      // the signal warp frees a slot once it has signalled the task (signal_warp)
+      mbar_init(&task_empty()[s], Cfg::SIGNAL_WARP ? 1 : Cfg::kConsumerWarps);
     }
+    if constexpr (Cfg::SIGNAL_WARP) *stopped() = 0;
     fence_mbarrier_init();
   }
 };
@@ -552,8 +562,10 @@ MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState&
 // Named barriers of the consumer warpgroups (0 is __syncthreads): kBarTile, both warpgroups
 // at the end of a cooperative tile; ping-pong: kBarTurn + h, warpgroup h may run its
 // mainloop (the other arrives once its own is issued: consume_tile); kBarDone + (task parity),
-// both halves of a task are stored (warpgroup 0 arrives, warpgroup 1 waits and signals).
-enum : uint32_t { kBarTile = 1, kBarTurn = 2, kBarDone = 4 };
+// both halves of a task are stored (warpgroup 0 arrives, warpgroup 1 waits and signals);
+// SIGNAL_WARP: kBarSignal + task slot, both consumer warpgroups have stored the slot's task
+// (they arrive, the signal warp waits).
+enum : uint32_t { kBarTile = 1, kBarTurn = 2, kBarDone = 4, kBarSignal = 6 };
 
 // A consumer warpgroup's accumulators (fp8: + the scratch, consume_tile_fp8), zeroed per tile
 // although the first wgmma overwrites them (scale_d = 0): "+f" operands of an uninitialized
@@ -572,6 +584,13 @@ struct ConsumerAcc {
 };
 
 // Cooperative consumers: warpgroup cwg does rows 64 cwg .. of every tile, both at once.
+// A task's signal publishes its epilogue's stores: a gpu-scope fence, which waits until they
+// have all reached L2, then the count. Raised by a consumer thread (thread 128), that wait
+// holds its warp, and with it its warpgroup's next wgmma, for the whole drain of the tile's
+// stores. With SIGNAL_WARP the consumers only arrive on the slot's barrier and go on to the
+// next task's mainloop; the signal warp (signal_tasks) waits there, fences and signals, so
+// the drain runs under the next tile's MMA. The fence is cumulative: the stores are ordered
+// before it by the barrier (PTX memory model), as they were by kBarTile before.
 template <class Cfg, class Problem>
 MOKGEN_DEV void consumer_cooperative(Problem& prob, const GemmSmem<Cfg>& sm, int cwg) {
   PipeState ps, ts;
@@ -583,11 +602,38 @@ MOKGEN_DEV void consumer_cooperative(Problem& prob, const GemmSmem<Cfg>& sm, int
     const bool ok = consume<Cfg, Problem>(prob, sm, ps, t, acc.r, cwg);
     if (!ok) {  // a stage never arrived: record it and stop (see mbar_wait_lean)
       record_timeout(103, ps.phase());
+      if constexpr (Cfg::SIGNAL_WARP) {  // the signal warp must not wait for us forever
+        *sm.stopped() = 1;
+        named_bar_arrive(kBarSignal + ts.idx(), 256 + 32);
+      }
       break;
     }
     prob.epilogue(t, acc.main(), cwg);
-    named_bar_sync(kBarTile, 256);
-    if (threadIdx.x == 128) prob.signal(t);
+    if constexpr (Cfg::SIGNAL_WARP) {
+      named_bar_arrive(kBarSignal + ts.idx(), 256 + 32);
+      ts.template advance<Cfg::TASK_SLOTS>();  // the signal warp frees the slot
+    } else {
+      named_bar_sync(kBarTile, 256);
+      if (threadIdx.x == 128) prob.signal(t);
+      task_release<Cfg>(sm, ts);
+    }
+  }
+}
+
+// The signal warp (SIGNAL_WARP; warp 1, in the producer warpgroup): follows the task channel
+// as the consumers do, waits for both consumer warpgroups to have stored each task, signals
+// it and frees its slot (the producer can then reuse it). It waits on nothing but the
+// consumers of the task at hand, so a task's signal never waits for a later task.
+template <class Cfg, class Problem>
+MOKGEN_DEV void signal_tasks(const Problem& prob, const GemmSmem<Cfg>& sm) {
+  static_assert(kBarSignal + Cfg::TASK_SLOTS <= 16, "16 named barriers");
+  PipeState ts;
+  for (;;) {
+    const Task* slot = task_pop<Cfg>(sm, ts);
+    if (slot == nullptr || slot->op < 0) break;
+    named_bar_sync(kBarSignal + ts.idx(), 256 + 32);
+    if (*sm.stopped()) break;
+    if ((threadIdx.x & 31) == 0) prob.signal(*slot);
     task_release<Cfg>(sm, ts);
   }
 }
@@ -645,6 +691,8 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
   const int wg = warpgroup_idx();
   if (wg == 0) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
+    if constexpr (Cfg::SIGNAL_WARP)
+      if (threadIdx.x >= 32 && threadIdx.x < 64) signal_tasks<Cfg>(prob, sm);
     if (threadIdx.x < 32 && elect_one()) {
       prob.prefetch();
       PipeState ps, ts;

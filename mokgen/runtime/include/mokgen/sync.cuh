@@ -77,6 +77,12 @@ MOKGEN_DEV void signal_add(uint32_t* flag, uint32_t v = 1) {
   atomicAdd(flag, v);
 }
 
+// Bump a GPU-local count that publishes no data: the caller's stores need not be visible to
+// whoever waits on it. signal_add's fence waits until every store the caller's warp issued has
+// reached L2, which a consumer warp pays before its warpgroup's next mainloop can start (the
+// wgmma is warpgroup-wide): a tile's whole epilogue drained, the tensor core idle meanwhile.
+MOKGEN_DEV void signal_add_relaxed(uint32_t* flag, uint32_t v = 1) { atomicAdd(flag, v); }
+
 // Barrier across R ranks by unicast peer writes (no multicast): rank `rank` writes `epoch`
 // into slot `rank` of every peer's flag array, then waits until all R slots of its own
 // array hold `epoch`. One thread calls it.
