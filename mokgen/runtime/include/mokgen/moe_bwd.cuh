@@ -607,6 +607,16 @@ struct BwdProblem {
     const int m_valid = op == kWgrad1    ? rows_valid<2 * C::I, BM>(t.c_row0)
                         : op == kSWgrad1 ? rows_valid<2 * C::IS, BM>(t.c_row0)
                                          : rows_valid<C::D, BM>(t.c_row0);  // dW2, dsw2
+    if (count == 1 && !add) {  // the whole expert in one segment: bf16 stores alone. Its
+      // own loop: with the sum's load and the branches of the general one below in each
+      // pair's body, ptxas kept them there (a loop of 64 pairs is not unswitched), ~10
+      // instructions a pair where this needs a convert and a store (ncu, kimi ep 8)
+      for_each_acc_pair<BN>(acc, cwg, m_valid, [&](int r, int c, float v0, float v1) {
+        *reinterpret_cast<__nv_bfloat162*>(out + (size_t)r * ld + c) =
+            __floats2bfloat162_rn(v0, v1);
+      }, n_valid);
+      return;
+    }
     if (add && last) {  // the gradient already there, in a pass of loads alone (a load next
       // to each store below would wait for that store: the compiler cannot tell them apart)
       for_each_acc_pair<BN>(acc, cwg, m_valid, [&](int r, int c, float& v0, float& v1) {
