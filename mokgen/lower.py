@@ -54,6 +54,11 @@ def lower(g, direction: str) -> dict:
     return dict(comm_sms=got["comm_sms"], num_sms=got["comm_sms"] + got["compute_ctas"],
                 gemm_bn=gemm.bn, gemm_stages=gemm.stages, gemm_pingpong=gemm.pingpong,
                 gemm_signal_warp=gemm.signal_warp,
+                # the backward's whole-expert weight-gradient tiles leave through shared
+                # memory and TMA stores (moe_bwd.cuh kTmaWgrad): two 8 KB boxes a consumer
+                # warpgroup; fp8 plans' stages hold their scales too, leaving no room
+                wgrad_stage_bytes=32768 if direction == "bwd" and not got.get("scale_block")
+                else 0,
                 block_m=got["block_m"], minibatch=got["minibatch"],
                 ring_slots=got["ring_rows"] // got["minibatch"],
                 scale_block=got.get("scale_block", 0),

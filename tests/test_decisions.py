@@ -114,7 +114,9 @@ def test_pingpong_is_a_decision_that_reaches_the_gemm_engine():
     assert (pp.gemm_fwd.pingpong, pp.gemm_bwd.pingpong) == (False, True)
     assert "ping-pong" in str(pp) and "ping-pong" not in str(plain)
     base, new = sources(plain), sources(pp)
-    assert "/*PINGPONG*/ true>" in new["bwd"] and "PINGPONG" not in base["bwd"]
+    # the backward spells every engine parameter (it stages weight gradients: EPI_BYTES)
+    assert "/*PINGPONG*/ true," in new["bwd"] and "/*PINGPONG*/ false," in base["bwd"]
+    assert "PINGPONG" not in base["fwd"]
     assert new["fwd"].split("\n")[1:] == base["fwd"].split("\n")[1:]  # past the key line
     assert '"gemm_fwd": [\n    128,\n    256,\n    4\n  ]' in plain.to_json()
     back = Plan.from_json(pp.to_json())
@@ -199,6 +201,16 @@ def test_signal_warp_is_a_decision_that_reaches_the_gemm_engine():
     assert Plan.from_json(sw.to_json()).gemm_fwd == sw.gemm_fwd
     with pytest.raises(ValueError, match="signal_warp needs gemm_bwd.pingpong False"):
         mokgen.plan(SHAPE, **ARGS, gemm_bwd=(128, 256, 4, True, True))
+
+
+def test_weight_gradient_staging_follows_the_precision():
+    """The backward stages whole-expert weight-gradient tiles for TMA stores (shared memory
+    beside the 4 bf16 stages); fp8 plans, whose stages hold scales too, do not; the forward
+    never."""
+    bf16 = sources(mokgen.plan(SHAPE, **ARGS))
+    fp8 = sources(mokgen.plan(SHAPE, **ARGS, dtype="fp8"))
+    assert "/*EPI_BYTES*/ 32768>" in bf16["bwd"] and "EPI_BYTES" not in bf16["fwd"]
+    assert "EPI_BYTES" not in fp8["bwd"]
 
 
 def test_default_tile_is_a_supported_one():

@@ -52,7 +52,7 @@ XFLAG_WORDS = 4
 FWD_MAPS = ("x", "hs", "ring_x", "ring_a", "sw1", "sw2", "w1", "w2")
 BWD_MAPS = ("x_k", "sw1_k", "dy_k", "sw2_mn", "hs_dh_k", "sw1_mn", "dy_mn", "hs_a_mn",
             "hs_dh_mn", "x_mn", "ring_x_k", "w1_k", "ring_dy_k", "w2_mn", "ring_dh_k", "w1_mn",
-            "ring_dy_mn", "ring_a_mn", "ring_dh_mn", "ring_x_mn")
+            "ring_dy_mn", "ring_a_mn", "ring_dh_mn", "ring_x_mn", "dw1_st", "dw2_st")
 FP8_MAPS = ("ring_x", "ring_a", "w1", "w2", "ring_sx", "ring_sa", "w1s", "w2s")
 FP8_BWD_MAPS = ("ring_x", "w1", "ring_dy", "w2t", "ring_dh", "w1t", "ring_sx", "ring_sdy",
                 "ring_sdh", "w1s", "w2ts", "w1ts")

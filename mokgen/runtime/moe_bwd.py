@@ -176,7 +176,9 @@ class BackwardPass(BackwardScratch):
                 "ring_dh_k": mp(b.ring_h, M, 2 * I, 128), "w1_mn": mp(w1, L * 2 * I, D, 64),
                 "ring_dy_mn": mp(sc.ring_dy, M, D, 64), "ring_a_mn": mp(b.ring_a, M, I, 64),
                 "ring_dh_mn": mp(b.ring_h, M, 2 * I, 64),
-                "ring_x_mn": mp(b.ring_x, M, D, 64)}
+                "ring_x_mn": mp(b.ring_x, M, D, 64),
+                # the weight gradients, for the TMA stores of whole-expert tiles
+                "dw1_st": mp(dw1, L * 2 * I, D, 64), "dw2_st": mp(dw2, L * D, I, 64)}
         maps_raw = abi.pack_maps(abi.BWD_MAPS, maps, cuda.tensor_map_bytes)
         f8, fp8_fields = self._fp8_operands(b, sc, w1, w2)
         peers = struct.pack(f"<{s.ep}Q", *x_ptrs) + struct.pack(f"<{s.ep}Q", *dy_ptrs) \

@@ -59,6 +59,8 @@
 //   each half streams its slices on its own, which costs more than the hidden epilogue
 //   saves. So cooperative is the default and ping-pong a plan option.
 #pragma once
+#include <cuda_bf16.h>
+
 #include "mokgen/ptx.cuh"
 #include "mokgen/tma.cuh"
 #include "mokgen/wgmma.cuh"
@@ -116,7 +118,7 @@ enum Profile : unsigned {
 };
 
 template <int BN_, int STAGES_, int Q_ = 0, unsigned PROF_ = 0, int TASK_SLOTS_ = 4,
-          bool PINGPONG_ = false, bool SIGNAL_WARP_ = false>
+          bool PINGPONG_ = false, bool SIGNAL_WARP_ = false, int EPI_BYTES_ = 0>
 struct GemmCfg {
   static constexpr int BM = 128, BK = 64, BN = BN_, Q = Q_;
   static constexpr unsigned PROF = PROF_;
@@ -124,6 +126,8 @@ struct GemmCfg {
   static constexpr bool PINGPONG = PINGPONG_;
   // a warp of the producer warpgroup raises each task's completion signal (signal_warp)
   static constexpr bool SIGNAL_WARP = SIGNAL_WARP_;
+  // shared memory the Problem's epilogues stage tiles in (GemmSmem::epi), after the rest
+  static constexpr int EPI_BYTES = EPI_BYTES_;
   static constexpr int kThreads = 384;
   static constexpr int kConsumerWarps = 8;
   // warps that read (and free) each ring stage: both consumer warpgroups, or in ping-pong the
@@ -143,8 +147,10 @@ struct GemmCfg {
   static constexpr int BAR_BYTES = 8 * (2 * STAGES + 2 * TASK_SLOTS);
   // 1024 B of slack: the 128B-swizzle atom must be 1024-aligned and the dynamic smem base is
   // not guaranteed to be.
-  static constexpr int SMEM_BYTES = 1024 + STAGES * (STAGE_BYTES + SC_BYTES) + BAR_BYTES +
-                                    32 * TASK_SLOTS + (SIGNAL_WARP ? 16 : 0);
+  static constexpr int ENGINE_BYTES = STAGES * (STAGE_BYTES + SC_BYTES) + BAR_BYTES +
+                                      32 * TASK_SLOTS + (SIGNAL_WARP ? 16 : 0);
+  static constexpr int EPI_AT = (ENGINE_BYTES + 1023) / 1024 * 1024;  // 1024-aligned
+  static constexpr int SMEM_BYTES = 1024 + (EPI_BYTES ? EPI_AT + EPI_BYTES : ENGINE_BYTES);
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for N = 128, 256");
   static_assert(STAGE_BYTES % 1024 == 0, "stages keep 1024 B alignment");
@@ -152,6 +158,7 @@ struct GemmCfg {
                 "fp8 tiles: Q = 128 or 32, two 128-column halves, slices as large as bf16's");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
   static_assert(!(PINGPONG && SIGNAL_WARP), "the signal warp serves the cooperative schedule");
+  static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block (sm_90)");
 };
 
 // Pointers carved out of dynamic shared memory. Ring stage s: A at stage(s), B right after.
@@ -175,6 +182,8 @@ struct GemmSmem {
   MOKGEN_DEV float* scales() const {  // [STAGES][SC_BYTES / 4] fp8 scales of each stage
     return reinterpret_cast<float*>(tasks() + Cfg::TASK_SLOTS);
   }
+  // [EPI_BYTES] the Problem's epilogue staging (1024-aligned: 128B-swizzled TMA boxes)
+  MOKGEN_DEV uint8_t* epi() const { return ring + Cfg::EPI_AT; }
   // SIGNAL_WARP: set by a consumer whose mainloop timed out (the signal warp then stops)
   MOKGEN_DEV int* stopped() const {
     return reinterpret_cast<int*>(scales() + Cfg::STAGES * (Cfg::SC_BYTES / 4));
@@ -506,6 +515,58 @@ MOKGEN_DEV void for_each_dual_pair(const float (&acc)[BN / 2], int cwg, int m_va
   }
 }
 
+// Named barriers of the consumer warpgroups (0 is __syncthreads): kBarTile, both warpgroups
+// at the end of a cooperative tile; ping-pong: kBarTurn + h, warpgroup h may run its
+// mainloop (the other arrives once its own is issued: consume_tile); kBarDone + (task parity),
+// both halves of a task are stored (warpgroup 0 arrives, warpgroup 1 waits and signals);
+// SIGNAL_WARP: kBarSignal + task slot, both consumer warpgroups have stored the slot's task
+// (they arrive, the signal warp waits).
+// store_rows_tma: kBarEpi + warpgroup, its 128 threads around each staged box.
+enum : uint32_t { kBarTile = 1, kBarTurn = 2, kBarDone = 4, kBarSignal = 6, kBarEpi = 10 };
+
+// A warpgroup's 64 x BN fp32 accumulators (rows 64 cwg .. of the tile) stored as bf16 through
+// shared memory with TMA, instead of each thread's 4-byte stores (a warp's store then covers
+// 8 rows x 16 B: half-filled sectors, and the warpgroup's next mainloop waits until all are
+// issued). 64-column chunks, each a 64 x 64 box (8 KB, 128B-swizzled: a row's 16-byte chunk
+// c sits at c ^ (row % 8), so the 8 rows of a warp's shared store hit distinct banks), in
+// two buffers of `stage` (16 KB of this warpgroup's, 1024-aligned) in turn; one thread (the
+// warpgroup's first) writes each box to global memory with a bulk tensor store, whose read
+// of the buffer is waited for only when the buffer comes round again, so the writes to
+// global memory run under the next chunks and the next tile's mainloop. Columns from n_valid
+// on are past the tensor (an edge tile): the map's bounds drop them; rows must all exist.
+// (row0, col0): the warpgroup's first output element in the map's coordinates.
+template <int BN>
+MOKGEN_DEV void store_rows_tma(const float (&acc)[BN / 2], int cwg, uint8_t* stage,
+                               const CUtensorMap* map, int col0, int row0, int n_valid) {
+  const int w = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
+  const bool issuer = (threadIdx.x & 127) == 0;
+  const uint32_t bar = kBarEpi + cwg;
+#pragma unroll
+  for (int q = 0; q < BN / 64; ++q) {
+    if (64 * q >= n_valid) break;
+    uint8_t* box = stage + (q & 1) * 8192;
+    if (issuer) bulk_wait_read<1>();  // the box this buffer held (2 chunks ago) was read
+    named_bar_sync(bar, 128);
+#pragma unroll
+    for (int g = 0; g < 8; ++g) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {  // accumulator pair 4 j + 2 hh: row + 8 hh, group j
+        const int r = 16 * w + (l >> 2) + 8 * hh, a = 4 * (8 * q + g) + 2 * hh;
+        const __nv_bfloat162 v = __floats2bfloat162_rn(acc[a], acc[a + 1]);
+        const uint32_t off = r * 128 + ((g ^ (r & 7)) << 4) + (l & 3) * 4;
+        asm volatile("st.shared.b32 [%0], %1;" ::"r"(smem_u32(box + off)),
+                     "r"(*reinterpret_cast<const uint32_t*>(&v)) : "memory");
+      }
+    }
+    fence_proxy_async_shared();  // this thread's writes, before the async proxy reads them
+    named_bar_sync(bar, 128);
+    if (issuer) {
+      tma_store_2d(map, box, col0 + 64 * q, row0);
+      bulk_commit();
+    }
+  }
+}
+
 // __fdividef: IEEE division compiles to a called slow-path subroutine per element; the fast
 // form is exact enough for bf16 outputs and gives 0 for very negative x (huge denominator).
 MOKGEN_DEV float silu(float x) { return __fdividef(x, 1.f + __expf(-x)); }
@@ -558,14 +619,6 @@ MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState&
 //   fp8 (kQ > 0): map_sa(t), map_sb(t) (TMA maps of the scales) and const float* wsb(t).
 // Must be called by all 384 threads with the kernel's dynamic smem (>= Cfg::SMEM_BYTES) and
 // the kernel declared __launch_bounds__(384, 1) so setmaxnreg takes effect.
-
-// Named barriers of the consumer warpgroups (0 is __syncthreads): kBarTile, both warpgroups
-// at the end of a cooperative tile; ping-pong: kBarTurn + h, warpgroup h may run its
-// mainloop (the other arrives once its own is issued: consume_tile); kBarDone + (task parity),
-// both halves of a task are stored (warpgroup 0 arrives, warpgroup 1 waits and signals);
-// SIGNAL_WARP: kBarSignal + task slot, both consumer warpgroups have stored the slot's task
-// (they arrive, the signal warp waits).
-enum : uint32_t { kBarTile = 1, kBarTurn = 2, kBarDone = 4, kBarSignal = 6 };
 
 // A consumer warpgroup's accumulators (fp8: + the scratch, consume_tile_fp8), zeroed per tile
 // although the first wgmma overwrites them (scale_d = 0): "+f" operands of an uninitialized
@@ -720,6 +773,8 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
     if constexpr (Cfg::PINGPONG) consumer_pingpong<Cfg>(prob, sm, wg - 1);
     else consumer_cooperative<Cfg>(prob, sm, wg - 1);
+    // store_rows_tma's last stores read shared memory, which ends with the CTA
+    if constexpr (Cfg::EPI_BYTES > 0) bulk_wait<0>();
   }
 }
 

@@ -110,7 +110,8 @@ struct BwdMaps {
   // hs_dh_*: hs_pre, which holds the shared expert's dh once its dgrad ran
   CUtensorMap x_k, sw1_k, dy_k, sw2_mn, hs_dh_k, sw1_mn, dy_mn, hs_a_mn, hs_dh_mn, x_mn,
       ring_x_k, w1_k, ring_dy_k, w2_mn, ring_dh_k, w1_mn, ring_dy_mn, ring_a_mn, ring_dh_mn,
-      ring_x_mn;  // ring_dh_*: ring_h, which holds dh once DG ran
+      ring_x_mn,  // ring_dh_*: ring_h, which holds dh once DG ran
+      dw1_st, dw2_st;  // the weight gradients [L 2I, D] / [L D, I], 64 x 64 boxes: TMA stores
 };
 
 // The fp8 backward's operand maps (all zero for bf16 plans): e4m3 boxes 128 x 128 of the rings
@@ -231,6 +232,12 @@ struct BwdProblem {
   const BwdBuffers* buf;
   S s;
   const BwdDirPeers<C::R>* dir = nullptr;  // the non-default directions' peers (C::BDIRS)
+  uint8_t* stage = nullptr;  // Cfg::EPI_BYTES of shared memory: the weight gradients' boxes
+  // A weight-gradient tile of a whole expert goes out through shared memory and TMA stores
+  // (store_rows_tma) where the kernel has the staging and every tile row lies in its expert
+  // (the stores' map spans all experts: an edge row tile would write into the next one's).
+  static constexpr bool kTmaWgrad =
+      Cfg::EPI_BYTES >= 2 * 16384 && C::D % BM == 0 && (2 * C::I) % BM == 0;
 
   // counters: [0] tasks | ready[MB] | r_done[MB*RT] | dg_done[MB*RT] | fin_done[MB]
   // | wg_seq[L*WT] | sr_done[SRT] | sdg_done[SRT] | sr_all | sdg_all
@@ -244,7 +251,10 @@ struct BwdProblem {
   MOKGEN_DEV uint32_t* sr_all() const { return sdg_done() + (buf->n_tokens + BM - 1) / BM; }
   MOKGEN_DEV uint32_t* sdg_all() const { return sr_all() + 1; }
 
-  MOKGEN_DEV void setup() { s.init(buf->meta[0], buf->n_tokens, buf->resident, buf->seg_start); }
+  MOKGEN_DEV void setup(uint8_t* dyn_smem) {
+    s.init(buf->meta[0], buf->n_tokens, buf->resident, buf->seg_start);
+    if constexpr (Cfg::EPI_BYTES > 0) stage = GemmSmem<Cfg>::carve(dyn_smem).epi();
+  }
 
   MOKGEN_DEV void prefetch() const {
     const CUtensorMap* m = &maps->x_k;
@@ -608,9 +618,19 @@ struct BwdProblem {
                         : op == kSWgrad1 ? rows_valid<2 * C::IS, BM>(t.c_row0)
                                          : rows_valid<C::D, BM>(t.c_row0);  // dW2, dsw2
     if (count == 1 && !add) {  // the whole expert in one segment: bf16 stores alone. Its
-      // own loop: with the sum's load and the branches of the general one below in each
+      // own path: with the sum's load and the branches of the general one below in each
       // pair's body, ptxas kept them there (a loop of 64 pairs is not unswitched), ~10
       // instructions a pair where this needs a convert and a store (ncu, kimi ep 8)
+      if constexpr (kTmaWgrad) {
+        if (op == kWgrad2 || op == kWgrad1) {
+          const int e = buf->segs[t.m_valid].x;
+          const int rows = op == kWgrad2 ? C::D : 2 * C::I;
+          store_rows_tma<BN>(acc, cwg, stage + cwg * 16384,
+                             op == kWgrad2 ? &maps->dw2_st : &maps->dw1_st, t.c_col0,
+                             e * rows + t.c_row0 + 64 * cwg, n_valid);
+          return;
+        }
+      }
       for_each_acc_pair<BN>(acc, cwg, m_valid, [&](int r, int c, float v0, float v1) {
         *reinterpret_cast<__nv_bfloat162*>(out + (size_t)r * ld + c) =
             __floats2bfloat162_rn(v0, v1);

@@ -39,6 +39,30 @@ MOKGEN_DEV void tma_load_2d_hint(void* dst, const CUtensorMap* map, uint64_t* ba
       : "memory");
 }
 
+// 2D tile store (bulk async-group of the issuing thread): the box at (c0, c1) of the map's
+// tensor from shared memory `src` (laid out as the map's swizzle says); box elements past the
+// tensor's bounds are not written. The smem writes it reads must be made visible to the
+// async proxy first (fence_proxy_async_shared) by every thread that wrote them.
+MOKGEN_DEV void tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
+               ::"l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(src)), "r"(c0), "r"(c1)
+               : "memory");
+}
+MOKGEN_DEV void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// This thread's bulk groups but the N most recent have read their shared memory (it may be
+// written again) / have completed (their global writes are done).
+template <int N>
+MOKGEN_DEV void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+template <int N>
+MOKGEN_DEV void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+MOKGEN_DEV void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 MOKGEN_DEV uint64_t l2_policy_evict_last() {
   uint64_t p;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
