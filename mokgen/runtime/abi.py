@@ -32,7 +32,7 @@ BWD_BUFFERS = (
     ("ring_x8", "ptr"), ("ring_sx", "ptr"), ("ring_dy8", "ptr"), ("ring_sdy", "ptr"),
     ("ring_dh8", "ptr"), ("ring_sdh", "ptr"), ("w1s", "ptr"), ("w2ts", "ptr"), ("w1ts", "ptr"),
     ("n_tokens", "i32"), ("max_minibatches", "i32"), ("rank", "i32"), ("resident", "i32"),
-    ("accumulate", "i32"), ("wg_by_minibatch", "i32"),
+    ("accumulate", "i32"), ("wg_by_minibatch", "i32"), ("wgrad_tma", "i32"),
 )
 # The forward's non-default directions (push dispatch, pull combine: direction.cuh DirPeers<R>),
 # a kernel parameter only of the kernels that have them: every rank's cross-rank flag words

@@ -39,6 +39,9 @@ class BackwardPass(BackwardScratch):
         if tiles != backward_tiles(rt.spec):
             raise RuntimeError(f"mokgen: the backward kernel's tile counts {tiles} differ "
                                f"from the workspace's {backward_tiles(rt.spec)}")
+        # whether the kernel stores whole-expert weight-gradient tiles with TMA (moe_bwd.cuh
+        # kTmaWgrad): then each call passes maps of its dw1 / dw2 and turns it on
+        self.wgrad_tma = bool(struct.unpack("<i", cuda.read_global(mod, "mokgen_bwd_wgrad_tma"))[0])
         self.f_bwd = mod.function("mokgen_bwd", self.smem)
         self.ctas = check_ctas("backward", struct.unpack(  # the plan's CTAs (after its reserve)
             "<i", cuda.read_global(mod, "mokgen_bwd_ctas"))[0], rt.num_sms)
@@ -176,10 +179,16 @@ class BackwardPass(BackwardScratch):
                 "ring_dh_k": mp(b.ring_h, M, 2 * I, 128), "w1_mn": mp(w1, L * 2 * I, D, 64),
                 "ring_dy_mn": mp(sc.ring_dy, M, D, 64), "ring_a_mn": mp(b.ring_a, M, I, 64),
                 "ring_dh_mn": mp(b.ring_h, M, 2 * I, 64),
-                "ring_x_mn": mp(b.ring_x, M, D, 64),
-                # the weight gradients, for the TMA stores of whole-expert tiles
-                "dw1_st": mp(dw1, L * 2 * I, D, 64), "dw2_st": mp(dw2, L * D, I, 64)}
-        maps_raw = abi.pack_maps(abi.BWD_MAPS, maps, cuda.tensor_map_bytes)
+                "ring_x_mn": mp(b.ring_x, M, D, 64)}
+        # the weight gradients for the TMA stores of whole-expert tiles: into fresh outputs
+        # (fused accumulation reads the caller's .grad first: the kernel's register path),
+        # whose base TMA can address (16-byte aligned); otherwise zero maps, unused
+        tma = self.wgrad_tma and not accumulate and all(
+            t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (dw1, dw2))
+        maps["dw1_st"] = mp(dw1, L * 2 * I, D, 64) if tma else None
+        maps["dw2_st"] = mp(dw2, L * D, I, 64) if tma else None
+        maps_raw = abi.pack_maps(abi.BWD_MAPS, maps, lambda m: bytes(abi.TENSOR_MAP_BYTES)
+                                 if m is None else cuda.tensor_map_bytes(m))
         f8, fp8_fields = self._fp8_operands(b, sc, w1, w2)
         peers = struct.pack(f"<{s.ep}Q", *x_ptrs) + struct.pack(f"<{s.ep}Q", *dy_ptrs) \
             + rt.peers.table("combine") + rt.peers.table("dweight")
@@ -191,7 +200,7 @@ class BackwardPass(BackwardScratch):
             dsw1=dsw1, dsw2=dsw2, wg_acc=sc.wg_acc, counters=sc.counters, **fp8_fields, n_tokens=n,
             max_minibatches=s.max_minibatches, rank=rt.peers.hosted_ranks[i],
             resident=int(resident), accumulate=int(accumulate),
-            wg_by_minibatch=int(s.wg_by_minibatch))
+            wg_by_minibatch=int(s.wg_by_minibatch), wgrad_tma=int(tma))
         dirs = [self.dir_peers()] if s.bwd_peer_directions else []
         cuda.launch(self.f_bwd, self.ctas, 384, self.smem, st,
                     [cuda.Raw(maps_raw), f8, cuda.Raw(peers), cuda.Raw(bufs)] + dirs,

@@ -103,6 +103,7 @@ struct BwdBuffers {
   int resident;             // 1: the ring holds the forward's macrobatch 0 (no replay for it)
   int accumulate;           // 1: dw1 / dw2 hold gradients already (the caller's .grad): add
   int wg_by_minibatch;      // 1: wg_acc's slot is the expert's first minibatch, 0: the expert
+  int wgrad_tma;            // 1: maps dw1_st / dw2_st are dw1 / dw2 (kTmaWgrad kernels)
 };
 
 // Tensor maps: K-major (box 64 x 128 rows, _k) or MN-major (box 64 x 64, _mn).
@@ -622,7 +623,7 @@ struct BwdProblem {
       // pair's body, ptxas kept them there (a loop of 64 pairs is not unswitched), ~10
       // instructions a pair where this needs a convert and a store (ncu, kimi ep 8)
       if constexpr (kTmaWgrad) {
-        if (op == kWgrad2 || op == kWgrad1) {
+        if (buf->wgrad_tma && (op == kWgrad2 || op == kWgrad1)) {
           const int e = buf->segs[t.m_valid].x;
           const int rows = op == kWgrad2 ? C::D : 2 * C::I;
           store_rows_tma<BN>(acc, cwg, stage + cwg * 16384,
