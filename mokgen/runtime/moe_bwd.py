@@ -41,7 +41,8 @@ class BackwardPass(BackwardScratch):
                                f"from the workspace's {backward_tiles(rt.spec)}")
         # whether the kernel stores whole-expert weight-gradient tiles with TMA (moe_bwd.cuh
         # kTmaWgrad): then each call passes maps of its dw1 / dw2 and turns it on
-        self.wgrad_tma = bool(struct.unpack("<i", cuda.read_global(mod, "mokgen_bwd_wgrad_tma"))[0])
+        self.wgrad_tma = bool(struct.unpack(
+            "<i", cuda.read_global(mod, "mokgen_bwd_wgrad_tma"))[0])
         self.f_bwd = mod.function("mokgen_bwd", self.smem)
         self.ctas = check_ctas("backward", struct.unpack(  # the plan's CTAs (after its reserve)
             "<i", cuda.read_global(mod, "mokgen_bwd_ctas"))[0], rt.num_sms)
