@@ -87,6 +87,21 @@ def test_backward_running_sums_by_minibatch(skew):
     run_backward(shape, 1, 1000, skew=skew, **kw)
 
 
+def test_weight_gradients_leave_through_tma_where_the_kernel_can():
+    """bf16 kernels whose widths are whole 128-row tiles store whole-expert weight-gradient
+    tiles with TMA (moe_bwd.cuh kTmaWgrad, read back as BackwardPass.wgrad_tma); fp8 kernels
+    (no shared memory to spare) and widths with edge row tiles keep the register stores.
+    Poisoned runs (NaN-filled outputs) check every element of both: this file's, and
+    test_gpu_widths.py's edge widths."""
+    gs = mokgen.shapes.get("gpu-small")
+    on = mokgen.compile(gs, ep=2, tokens_per_rank=300, virtual=True)
+    off = [mokgen.compile(gs, ep=2, tokens_per_rank=300, virtual=True, dtype="fp8"),
+           mokgen.compile(mokgen.MoEShape(8, 1040, 720, 2, shared_intermediate=336), ep=2,
+                          tokens_per_rank=300, virtual=True)]
+    assert on.backward_runtime().wgrad_tma
+    assert not any(layer.backward_runtime().wgrad_tma for layer in off)
+
+
 def test_backward_no_shared_expert():
     run_backward(mokgen.MoEShape(16, 512, 256, 2, shared_experts=0), 2, 300)
 
