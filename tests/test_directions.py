@@ -82,18 +82,26 @@ def test_refusals_name_the_rule():
     assert mokgen.plan(SHAPE, **ARGS, dtype="fp8", combine="pull").combine == "pull"
 
 
-def test_cost_model_prices_bytes_sms_and_signals():
+def paper_pair_priced_cheapest(costs, pairs, pushed: str, chosen) -> dict:
+    """kimi-k2.7 at ep 8 over NVLink: -> {pair: costs(plan, *pair)}, having checked
+    that the cross-GPU signals and the peer table scans make the paper's pair (pull, push)
+    the cheapest and the plan's choice (`chosen(plan)`), and that pushing op `pushed` pays R
+    cross-GPU arrivals + the slot-free poll per minibatch where pulling it pays one local
+    hand-off."""
     p = mokgen.plan(mokgen.shapes.get("kimi-k2.7"), ep=8, tokens_per_rank=2048)
-    cost = {dc: forward_costs(p, *dc) for dc in FORWARD}
-    # NVLink: the cross-GPU signals and the peer table scans make the paper's choice cheapest
-    assert min(cost, key=lambda dc: cost[dc]["total"]) == ("pull", "push")
-    assert (p.dispatch, p.combine) == ("pull", "push")
+    cost = {pair: costs(p, *pair) for pair in pairs}
+    assert min(cost, key=lambda pair: cost[pair]["total"]) == ("pull", "push")
+    assert chosen(p) == ("pull", "push")
     gpu = hardware.get(p.gpu)
     minibatches = -(-p.tokens_per_rank * p.shape.topk // p.minibatch)
-    # push dispatch pays R cross-GPU arrivals + the slot-free poll per minibatch, where
-    # pull pays one local hand-off
-    extra = cost[("push", "push")]["dispatch"] - cost[("pull", "push")]["dispatch"]
+    extra = cost[("push", "push")][pushed] - cost[("pull", "push")][pushed]
     assert extra >= minibatches * ((p.ep + 1) * gpu.peer_flag_latency - gpu.flag_latency)
+    return cost
+
+
+def test_cost_model_prices_bytes_sms_and_signals():
+    cost = paper_pair_priced_cheapest(forward_costs, FORWARD, "dispatch",
+                                      lambda p: (p.dispatch, p.combine))
     # more ranks: more signals per minibatch, so push costs more
     p64 = mokgen.plan(mokgen.shapes.get("kimi-k2.7"), ep=64, tokens_per_rank=2048)
     assert forward_costs(p64, "push", "push")["dispatch"] > cost[("push", "push")]["dispatch"]
@@ -246,17 +254,9 @@ def test_backward_refusals_name_the_rule():
 
 
 def test_backward_cost_model_prices_bytes_sms_and_signals():
-    p = mokgen.plan(mokgen.shapes.get("kimi-k2.7"), ep=8, tokens_per_rank=2048)
-    cost = {rr: backward_costs(p, *rr) for rr in BACKWARD}
-    # NVLink: the cross-GPU signals and the peer table scans make the paper's choice cheapest
-    assert min(cost, key=lambda rr: cost[rr]["total"]) == ("pull", "push")
-    assert (p.reverse_combine, p.reverse_dispatch) == ("pull", "push")
-    gpu = hardware.get(p.gpu)
-    minibatches = -(-p.tokens_per_rank * p.shape.topk // p.minibatch)
-    # push reverse-combine pays R cross-GPU arrivals + the slot-free poll per minibatch, where
-    # pull pays one local hand-off, and every owner scans every peer's table
-    extra = cost[("push", "push")]["reverse_combine"] - cost[("pull", "push")]["reverse_combine"]
-    assert extra >= minibatches * ((p.ep + 1) * gpu.peer_flag_latency - gpu.flag_latency)
+    # push reverse-combine also has every owner scan every peer's table
+    cost = paper_pair_priced_cheapest(backward_costs, BACKWARD, "reverse_combine",
+                                      lambda p: (p.reverse_combine, p.reverse_dispatch))
     # pull reverse-dispatch: R cross-GPU polls a minibatch on half the comm CTAs, where push
     # stores from every compute SM's epilogue
     assert cost[("pull", "pull")]["reverse_dispatch"] > cost[("pull", "push")]["reverse_dispatch"]
