@@ -46,7 +46,6 @@ class BackwardPass(BackwardScratch):
         self.f_bwd = mod.function("mokgen_bwd", self.smem)
         self.ctas = check_ctas("backward", struct.unpack(  # the plan's CTAs (after its reserve)
             "<i", cuda.read_global(mod, "mokgen_bwd_ctas"))[0], rt.num_sms)
-        self.f_segments = rt.modules[0].function("mokgen_sched_segments")
         s, virtual = rt.spec, rt.peers.virtual
         if virtual and s.bwd_peer_directions and s.ep * self.ctas > rt.num_sms:
             raise ValueError(
@@ -160,8 +159,7 @@ class BackwardPass(BackwardScratch):
                 resident, accumulate=False):
         rt, s, b, sc = self.rt, self.rt.spec, self.rt.ranks[i], self.scratch[i]
         st = rt._stream()
-        cuda.launch(self.f_segments, 1, 32, 0, st,
-                    [b.offsets, b.meta, sc.segs, sc.seg_start])
+        rt.prologue.segments(st, b.offsets, b.meta, sc.segs, sc.seg_start)
         sc.counters.zero_()
         L, D, I, M = s.local_experts, s.hidden, s.intermediate, s.macrobatch
         IS = sc.hs_a.shape[1]
