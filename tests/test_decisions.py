@@ -196,7 +196,8 @@ def test_signal_warp_is_a_decision_that_reaches_the_gemm_engine():
     assert (sw.gemm_fwd.signal_warp, sw.gemm_bwd.signal_warp) == (True, False)
     assert "signal warp" in str(sw) and "signal warp" not in str(plain)
     base, new = sources(plain), sources(sw)
-    assert "/*SIGNAL_WARP*/ true>" in new["fwd"] and "SIGNAL_WARP" not in base["fwd"]
+    assert "/*SIGNAL_WARP*/ true, /*EPI_BYTES*/ 0>" in new["fwd"]
+    assert "SIGNAL_WARP" not in base["fwd"]
     assert new["bwd"].split("\n")[1:] == base["bwd"].split("\n")[1:]  # past the key line
     assert Plan.from_json(sw.to_json()).gemm_fwd == sw.gemm_fwd
     with pytest.raises(ValueError, match="signal_warp needs gemm_bwd.pingpong False"):
