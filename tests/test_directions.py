@@ -50,17 +50,23 @@ def test_every_direction_plans_and_each_direction_keeps_the_other_s_paper_choice
             mokgen.plan(SHAPE, **ARGS, **{op: "both"})
 
 
-def test_each_direction_renders_its_own_forward_and_the_default_none_of_it():
-    src = {dc: fwd_source(mokgen.plan(SHAPE, **ARGS, minibatch=512, macrobatch=2048,
-                                      comm_sms_fwd=8, dispatch=dc[0], combine=dc[1]))
-           for dc in FORWARD}
+def other_directions_sources(render, pairs, absent) -> dict:
+    """render(pair) for each direction pair: four different sources, and the paper's
+    (pull, push) has none of `absent` (it renders the source it rendered before the other
+    directions existed). -> the other three pairs' sources."""
+    src = {pair: render(pair) for pair in pairs}
     assert len(set(src.values())) == 4
-    default = src[("pull", "push")]
-    # the paper's directions render the source they rendered before the others existed
-    assert "DPUSH" not in default and "DirPeers" not in default and "&dir" not in default
+    default = src.pop(("pull", "push"))
+    assert not [a for a in absent if a in default]
+    return src
+
+
+def test_each_direction_renders_its_own_forward_and_the_default_none_of_it():
+    src = other_directions_sources(
+        lambda dc: fwd_source(mokgen.plan(SHAPE, **ARGS, minibatch=512, macrobatch=2048,
+                                          comm_sms_fwd=8, dispatch=dc[0], combine=dc[1])),
+        FORWARD, ("DPUSH", "DirPeers", "&dir"))
     for (d, c), s in src.items():
-        if (d, c) == ("pull", "push"):
-            continue
         assert f"/*DPUSH*/ {str(d == 'push').lower()}, /*CPULL*/ {str(c == 'pull').lower()}>" in s
         assert "mokgen::DirPeers<C::R> dir" in s and "fwd_comm<C, Cfg>(peers, buf, &dir)" in s
         assert "static_assert(sizeof(mokgen::DirPeers<2>) == 80" in s
@@ -199,15 +205,11 @@ def test_ablation_pins_everything_but_the_directions():
 
 def test_each_backward_direction_renders_its_own_backward_and_the_default_none_of_it():
     pinned = dict(ARGS, minibatch=512, macrobatch=2048, comm_sms_bwd=8)
-    src = {rr: bwd_source(mokgen.plan(SHAPE, **pinned, reverse_combine=rr[0],
-                                      reverse_dispatch=rr[1])) for rr in BACKWARD}
-    assert len(set(src.values())) == 4
-    default = src[("pull", "push")]
-    # the paper's directions render the source they rendered before the others existed
-    assert "RCPUSH" not in default and "BwdDirPeers" not in default and "&dir" not in default
+    src = other_directions_sources(
+        lambda rr: bwd_source(mokgen.plan(SHAPE, **pinned, reverse_combine=rr[0],
+                                          reverse_dispatch=rr[1])),
+        BACKWARD, ("RCPUSH", "BwdDirPeers", "&dir"))
     for (rc, rd), s in src.items():
-        if (rc, rd) == ("pull", "push"):
-            continue
         assert (f"/*RCPUSH*/ {str(rc == 'push').lower()},\n"
                 f"                            /*RDPULL*/ {str(rd == 'pull').lower()}>") in s
         assert "/*DPUSH*/ false, /*CPULL*/ false" in s
