@@ -88,18 +88,19 @@ def test_backward_running_sums_by_minibatch(skew):
 
 
 def test_weight_gradients_leave_through_tma_where_the_kernel_can():
-    """bf16 kernels whose widths are whole 128-row tiles store whole-expert weight-gradient
-    tiles with TMA (moe_bwd.cuh kTmaWgrad, read back as BackwardPass.wgrad_tma); fp8 kernels
-    (no shared memory to spare) and widths with edge row tiles keep the register stores.
-    Poisoned runs (NaN-filled outputs) check every element of both: this file's, and
-    test_gpu_widths.py's edge widths."""
+    """bf16 kernels store whole-expert weight-gradient tiles with TMA (moe_bwd.cuh kTmaWgrad,
+    read back as BackwardPass.wgrad_tma), edge widths too (3D maps: an edge row tile stops at
+    its expert's last row); fp8 kernels (no shared memory to spare) keep the register stores.
+    Poisoned runs (NaN-filled outputs) check every element: this file's, and
+    test_gpu_widths.py's and test_gpu_pingpong.py's edge widths."""
     gs = mokgen.shapes.get("gpu-small")
-    on = mokgen.compile(gs, ep=2, tokens_per_rank=300, virtual=True)
-    off = [mokgen.compile(gs, ep=2, tokens_per_rank=300, virtual=True, dtype="fp8"),
-           mokgen.compile(mokgen.MoEShape(8, 1040, 720, 2, shared_intermediate=336), ep=2,
-                          tokens_per_rank=300, virtual=True)]
-    assert on.backward_runtime().wgrad_tma
-    assert not any(layer.backward_runtime().wgrad_tma for layer in off)
+    edge = mokgen.MoEShape(8, 1040, 720, 2, shared_intermediate=336)
+    on = [mokgen.compile(gs, ep=2, tokens_per_rank=300, virtual=True),
+          mokgen.compile(edge, ep=2, tokens_per_rank=300, virtual=True)]
+    off = mokgen.compile(gs, ep=2, tokens_per_rank=300, virtual=True, dtype="fp8")
+    assert all(layer.backward_runtime().wgrad_tma for layer in on)
+    assert not off.backward_runtime().wgrad_tma
+    run_backward(edge, 2, 300)  # M and N edge tiles through the 3D maps
 
 
 def test_backward_no_shared_expert():

@@ -263,6 +263,30 @@ def tensor_map_bytes(m: cu.CUtensorMap) -> bytes:
     return ctypes.string_at(int(m.getPtr()), TENSOR_MAP_BYTES)
 
 
+def make_tensor_map_3d(t, box_rows: int, box_cols: int, dtype: str = "bf16",
+                       swizzle: int = 128) -> cu.CUtensorMap:
+    """Tiled 3D map over a contiguous [depth, rows, cols] tensor t, box box_cols x box_rows x 1:
+    a box stops at its own matrix's last row (a 2D map over [depth * rows, cols] would run
+    into the next matrix). TMA coordinates are (col, row, matrix)."""
+    depth, rows, cols = t.shape
+    dt, esize = _DTYPES[dtype]
+    if t.data_ptr() % 16 or (cols * esize) % 16 or not t.is_contiguous():
+        raise ValueError("TMA needs a contiguous tensor, 16-byte aligned base and row stride")
+    if swizzle and box_cols * esize > swizzle:
+        raise ValueError(f"box inner extent {box_cols * esize} B exceeds the {swizzle}B swizzle")
+    return check("cuTensorMapEncodeTiled", cu.cuTensorMapEncodeTiled(
+        dt, 3, t.data_ptr(),
+        [cu.cuuint64_t(cols), cu.cuuint64_t(rows), cu.cuuint64_t(depth)],
+        [cu.cuuint64_t(cols * esize), cu.cuuint64_t(rows * cols * esize)],
+        [cu.cuuint32_t(box_cols), cu.cuuint32_t(box_rows), cu.cuuint32_t(1)],
+        [cu.cuuint32_t(1), cu.cuuint32_t(1), cu.cuuint32_t(1)],
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        _SWIZZLE[swizzle],
+        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+    ))
+
+
 def make_tensor_map_2d(tensor_or_ptr, rows: int, cols: int, row_stride_bytes: int,
                        box_rows: int, box_cols: int, dtype: str = "bf16",
                        swizzle: int = 128) -> cu.CUtensorMap:

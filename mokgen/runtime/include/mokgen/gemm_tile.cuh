@@ -532,12 +532,14 @@ enum : uint32_t { kBarTile = 1, kBarTurn = 2, kBarDone = 4, kBarSignal = 6, kBar
 // two buffers of `stage` (16 KB of this warpgroup's, 1024-aligned) in turn; one thread (the
 // warpgroup's first) writes each box to global memory with a bulk tensor store, whose read
 // of the buffer is waited for only when the buffer comes round again, so the writes to
-// global memory run under the next chunks and the next tile's mainloop. Columns from n_valid
-// on are past the tensor (an edge tile): the map's bounds drop them; rows must all exist.
-// (row0, col0): the warpgroup's first output element in the map's coordinates.
+// global memory run under the next chunks and the next tile's mainloop. Rows and columns
+// past the map's bounds (an edge tile) are dropped by TMA; chunks from n_valid on are not
+// issued. (col0, row0, z): the warpgroup's first output element in the map's coordinates
+// (z: the matrix of a 3D map).
 template <int BN>
 MOKGEN_DEV void store_rows_tma(const float (&acc)[BN / 2], int cwg, uint8_t* stage,
-                               const CUtensorMap* map, int col0, int row0, int n_valid) {
+                               const CUtensorMap* map, int col0, int row0, int z,
+                               int n_valid) {
   const int w = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
   const bool issuer = (threadIdx.x & 127) == 0;
   const uint32_t bar = kBarEpi + cwg;
@@ -561,7 +563,7 @@ MOKGEN_DEV void store_rows_tma(const float (&acc)[BN / 2], int cwg, uint8_t* sta
     fence_proxy_async_shared();  // this thread's writes, before the async proxy reads them
     named_bar_sync(bar, 128);
     if (issuer) {
-      tma_store_2d(map, box, col0 + 64 * q, row0);
+      tma_store_3d(map, box, col0 + 64 * q, row0, z);
       bulk_commit();
     }
   }

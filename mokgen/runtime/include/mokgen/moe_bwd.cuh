@@ -112,7 +112,7 @@ struct BwdMaps {
   CUtensorMap x_k, sw1_k, dy_k, sw2_mn, hs_dh_k, sw1_mn, dy_mn, hs_a_mn, hs_dh_mn, x_mn,
       ring_x_k, w1_k, ring_dy_k, w2_mn, ring_dh_k, w1_mn, ring_dy_mn, ring_a_mn, ring_dh_mn,
       ring_x_mn,  // ring_dh_*: ring_h, which holds dh once DG ran
-      dw1_st, dw2_st;  // the weight gradients [L 2I, D] / [L D, I], 64 x 64 boxes: TMA stores
+      dw1_st, dw2_st;  // the weight gradients [L, 2I, D] / [L, D, I] (3D), 64 x 64 x 1 boxes
 };
 
 // The fp8 backward's operand maps (all zero for bf16 plans): e4m3 boxes 128 x 128 of the rings
@@ -235,10 +235,9 @@ struct BwdProblem {
   const BwdDirPeers<C::R>* dir = nullptr;  // the non-default directions' peers (C::BDIRS)
   uint8_t* stage = nullptr;  // Cfg::EPI_BYTES of shared memory: the weight gradients' boxes
   // A weight-gradient tile of a whole expert goes out through shared memory and TMA stores
-  // (store_rows_tma) where the kernel has the staging and every tile row lies in its expert
-  // (the stores' map spans all experts: an edge row tile would write into the next one's).
-  static constexpr bool kTmaWgrad =
-      Cfg::EPI_BYTES >= 2 * 16384 && C::D % BM == 0 && (2 * C::I) % BM == 0;
+  // (store_rows_tma) where the kernel has the staging; the maps are 3D, an expert a matrix,
+  // so an edge row tile's rows past the expert's are dropped, not written into the next.
+  static constexpr bool kTmaWgrad = Cfg::EPI_BYTES >= 2 * 16384;
 
   // counters: [0] tasks | ready[MB] | r_done[MB*RT] | dg_done[MB*RT] | fin_done[MB]
   // | wg_seq[L*WT] | sr_done[SRT] | sdg_done[SRT] | sr_all | sdg_all
@@ -624,11 +623,9 @@ struct BwdProblem {
       // instructions a pair where this needs a convert and a store (ncu, kimi ep 8)
       if constexpr (kTmaWgrad) {
         if (buf->wgrad_tma && (op == kWgrad2 || op == kWgrad1)) {
-          const int e = buf->segs[t.m_valid].x;
-          const int rows = op == kWgrad2 ? C::D : 2 * C::I;
           store_rows_tma<BN>(acc, cwg, stage + cwg * 16384,
                              op == kWgrad2 ? &maps->dw2_st : &maps->dw1_st, t.c_col0,
-                             e * rows + t.c_row0 + 64 * cwg, n_valid);
+                             t.c_row0 + 64 * cwg, buf->segs[t.m_valid].x, n_valid);
           return;
         }
       }

@@ -48,6 +48,13 @@ MOKGEN_DEV void tma_store_2d(const CUtensorMap* map, const void* src, int c0, in
                ::"l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(src)), "r"(c0), "r"(c1)
                : "memory");
 }
+// The same for a 3D map (c2: the matrix of a [depth, rows, cols] tensor).
+MOKGEN_DEV void tma_store_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];"
+      ::"l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
 MOKGEN_DEV void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 // This thread's bulk groups but the N most recent have read their shared memory (it may be
 // written again) / have completed (their global writes are done).
