@@ -103,7 +103,11 @@ def measure(make, T, D, iters):
     t0 = time.perf_counter()
     with torch.no_grad():
         fwd = time_ms(lambda: call(x), iters, warmup=3)
-    print(f"  built and first calls in {time.perf_counter() - t0:.0f} s", flush=True)
+    print(f"  built and first forward calls in {time.perf_counter() - t0:.0f} s", flush=True)
+    t0 = time.perf_counter()
+    step()  # the first backward: SonicMoE JIT-compiles its backward kernels here
+    torch.cuda.synchronize()
+    print(f"  first training step in {time.perf_counter() - t0:.0f} s", flush=True)
     train = time_ms(step, iters, warmup=3)  # gradients exist from here on: counted as the weights' own
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
