@@ -4,7 +4,9 @@ no_wgrad_epilogue runs them without their epilogue (full - this = that epilogue'
 this - no_wgrad = their mainloops and scheduling); no_epilogues runs every backward tile
 without its epilogue (the mainloops, the comm CTAs and the dependency waits alone);
 no_wgrad_waits starts the weight-gradient tiles without waiting for their rows' dgrad or
-their segment order (what those dependencies cost); fp8 plans also no_wgrad_no_dh_quant
+their segment order (what those dependencies cost); no_fwd_epilogues runs every forward
+tile without its epilogue (read its fwd_ms: the forward's epilogue cost; its backward runs
+on garbage); fp8 plans also no_wgrad_no_dh_quant
 (the dgrad epilogue does not quantize dh) and no_wgrad_no_promote (the fp8 tiles
 accumulate without scales: the wgmma stream alone).
 Usage: python benchmarks/profile_bwd.py SHAPE EP N [DTYPE] [--variants full,no_wgrad,...]
@@ -33,7 +35,7 @@ gemm = dict(gemm_fwd=args.gemm, gemm_bwd=args.gemm) if args.gemm else {}
 name, ep, n, dtype = args.shape, args.ep, args.n, args.dtype
 VARIANTS = {"full": (), "no_wgrad": ("no_routed_wgrad",),
             "no_wgrad_epilogue": ("no_wgrad_epilogue",), "no_epilogues": ("no_bwd_epilogues",),
-            "no_wgrad_waits": ("no_wgrad_waits",)}
+            "no_wgrad_waits": ("no_wgrad_waits",), "no_fwd_epilogues": ("no_fwd_epilogues",)}
 if dtype != "bf16":
     VARIANTS["no_wgrad_no_dh_quant"] = ("no_routed_wgrad", "no_dh_quant")
     VARIANTS["no_wgrad_no_promote"] = ("no_routed_wgrad", "fp8_no_promote")

@@ -123,7 +123,8 @@ PROFILES = {"no_routed_wgrad": ("kProfNoRoutedWgrad", 1), "no_dh_quant": ("kProf
             "fp8_plain_epilogue": ("kProfFp8PlainEpilogue", 8),
             "no_wgrad_epilogue": ("kProfNoWgradEpilogue", 16),
             "no_bwd_epilogues": ("kProfNoBwdEpilogues", 32),
-            "no_wgrad_waits": ("kProfNoWgradWaits", 64)}
+            "no_wgrad_waits": ("kProfNoWgradWaits", 64),
+            "no_fwd_epilogues": ("kProfNoFwdEpilogues", 128)}
 
 
 # Routes of one source rank that one block of the schedule's count kernel takes (schedule.cuh

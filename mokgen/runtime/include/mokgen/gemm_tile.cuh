@@ -114,7 +114,8 @@ enum Profile : unsigned {
   kProfFp8PlainEpilogue = 8u,  // the fp8 forward's gate/up epilogue: no SwiGLU, no quantization
   kProfNoWgradEpilogue = 16u,  // the routed weight-gradient tiles: mainloop, no epilogue
   kProfNoBwdEpilogues = 32u,   // every backward tile: mainloop, no epilogue (signals still go)
-  kProfNoWgradWaits = 64u      // the routed weight-gradient tasks start without their waits
+  kProfNoWgradWaits = 64u,     // the routed weight-gradient tasks start without their waits
+  kProfNoFwdEpilogues = 128u   // every forward tile: mainloop, no epilogue (signals still go)
 };
 
 template <int BN_, int STAGES_, int Q_ = 0, unsigned PROF_ = 0, int TASK_SLOTS_ = 4,

@@ -342,6 +342,8 @@ struct FwdProblem {
   // (Staging rows through shared memory for 16-byte stores made ptxas spill in the mainloop
   // at 168 registers; see benchmarks/NOTES.md.)
   MOKGEN_DEV void epilogue(const Task& t, float (&acc)[Cfg::kAccRegs], int cwg) {
+    // profiling (profile_bwd.py): the task's completion signals are the engine's, after this
+    if constexpr ((Cfg::PROF & kProfNoFwdEpilogues) != 0) return;
     constexpr int BN = Cfg::BN;
     const int op = opcode(t);
     if (C::Q > 0 && op == kGateUp) {
