@@ -5,6 +5,7 @@
 # runs after the second half, on its GPU. Logs and results under $OUT.
 #   KERNELS=.kcache/collected.pkl MOKGEN_COMMIT=<sha> bash benchmarks/device_suite.sh [cmd ...]
 # BENCH_ARGS="--backward ..." also builds the layers `python -m mokgen bench $BENCH_ARGS` runs.
+# EXTRA_CACHE=$PWD/.build/kc: the command's kernel cache (prebuilt here and carried as .build).
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MOKGEN_CACHE=${MOKGEN_CACHE:-$PWD/.kcache}
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0
@@ -35,7 +36,8 @@ else
 fi
 half b $GB $B
 if [ $# -gt 0 ]; then
-  CUDA_VISIBLE_DEVICES=$GB timeout ${EXTRA_TIMEOUT:-300} "$@" > "$OUT/extra.log" 2>&1
+  CUDA_VISIBLE_DEVICES=$GB MOKGEN_CACHE=${EXTRA_CACHE:-$MOKGEN_CACHE} \
+    timeout ${EXTRA_TIMEOUT:-300} "$@" > "$OUT/extra.log" 2>&1
   echo "== extra: exit $?"; tail -${EXTRA_TAIL:-30} "$OUT/extra.log"
 fi
 [ "$NG" -gt 1 ] && wait $PA
