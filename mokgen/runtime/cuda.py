@@ -263,28 +263,42 @@ def tensor_map_bytes(m: cu.CUtensorMap) -> bytes:
     return ctypes.string_at(int(m.getPtr()), TENSOR_MAP_BYTES)
 
 
+def _encode_tiled(ptr: int, dtype: str, sizes: list, strides: list, box: list,
+                  swizzle: int) -> cu.CUtensorMap:
+    """cuTensorMapEncodeTiled with TMA's limits checked: sizes and box innermost first,
+    strides (bytes) of the outer dimensions; out-of-bounds box elements are zero-filled on
+    loads (OOB_FILL_NONE means "fill with zeros") and dropped on stores."""
+    dt, esize = _DTYPES[dtype]
+    if ptr % 16 or any(st % 16 for st in strides):
+        raise ValueError("TMA needs 16-byte aligned base address and row stride")
+    if swizzle and box[0] * esize > swizzle:
+        raise ValueError(f"box inner extent {box[0] * esize} B exceeds the {swizzle}B swizzle")
+    if not all(1 <= b <= 256 for b in box):
+        raise ValueError("TMA box dimensions must be in [1, 256]")
+    return check("cuTensorMapEncodeTiled", cu.cuTensorMapEncodeTiled(
+        dt, len(sizes), ptr,
+        [cu.cuuint64_t(v) for v in sizes],
+        [cu.cuuint64_t(v) for v in strides],
+        [cu.cuuint32_t(v) for v in box],
+        [cu.cuuint32_t(1)] * len(sizes),
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        _SWIZZLE[swizzle],
+        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+    ))
+
+
 def make_tensor_map_3d(t, box_rows: int, box_cols: int, dtype: str = "bf16",
                        swizzle: int = 128) -> cu.CUtensorMap:
     """Tiled 3D map over a contiguous [depth, rows, cols] tensor t, box box_cols x box_rows x 1:
     a box stops at its own matrix's last row (a 2D map over [depth * rows, cols] would run
     into the next matrix). TMA coordinates are (col, row, matrix)."""
     depth, rows, cols = t.shape
-    dt, esize = _DTYPES[dtype]
-    if t.data_ptr() % 16 or (cols * esize) % 16 or not t.is_contiguous():
-        raise ValueError("TMA needs a contiguous tensor, 16-byte aligned base and row stride")
-    if swizzle and box_cols * esize > swizzle:
-        raise ValueError(f"box inner extent {box_cols * esize} B exceeds the {swizzle}B swizzle")
-    return check("cuTensorMapEncodeTiled", cu.cuTensorMapEncodeTiled(
-        dt, 3, t.data_ptr(),
-        [cu.cuuint64_t(cols), cu.cuuint64_t(rows), cu.cuuint64_t(depth)],
-        [cu.cuuint64_t(cols * esize), cu.cuuint64_t(rows * cols * esize)],
-        [cu.cuuint32_t(box_cols), cu.cuuint32_t(box_rows), cu.cuuint32_t(1)],
-        [cu.cuuint32_t(1), cu.cuuint32_t(1), cu.cuuint32_t(1)],
-        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        _SWIZZLE[swizzle],
-        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-    ))
+    esize = _DTYPES[dtype][1]
+    if not t.is_contiguous():
+        raise ValueError("a 3D TMA map needs a contiguous [depth, rows, cols] tensor")
+    return _encode_tiled(t.data_ptr(), dtype, [cols, rows, depth],
+                         [cols * esize, rows * cols * esize], [box_cols, box_rows, 1], swizzle)
 
 
 def make_tensor_map_2d(tensor_or_ptr, rows: int, cols: int, row_stride_bytes: int,
@@ -296,22 +310,5 @@ def make_tensor_map_2d(tensor_or_ptr, rows: int, cols: int, row_stride_bytes: in
     means "fill with zeros"), which the GEMM relies on for ragged M and K tails.
     """
     ptr = tensor_or_ptr.data_ptr() if hasattr(tensor_or_ptr, "data_ptr") else int(tensor_or_ptr)
-    dt, esize = _DTYPES[dtype]
-    if ptr % 16 or row_stride_bytes % 16:
-        raise ValueError("TMA needs 16-byte aligned base address and row stride")
-    if swizzle and box_cols * esize > swizzle:
-        raise ValueError(f"box inner extent {box_cols * esize} B exceeds the {swizzle}B swizzle")
-    if not (1 <= box_rows <= 256 and 1 <= box_cols <= 256):
-        raise ValueError("TMA box dimensions must be in [1, 256]")
-    tmap = check("cuTensorMapEncodeTiled", cu.cuTensorMapEncodeTiled(
-        dt, 2, ptr,
-        [cu.cuuint64_t(cols), cu.cuuint64_t(rows)],
-        [cu.cuuint64_t(row_stride_bytes)],
-        [cu.cuuint32_t(box_cols), cu.cuuint32_t(box_rows)],
-        [cu.cuuint32_t(1), cu.cuuint32_t(1)],
-        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        _SWIZZLE[swizzle],
-        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-    ))
-    return tmap
+    return _encode_tiled(ptr, dtype, [cols, rows], [row_stride_bytes], [box_cols, box_rows],
+                         swizzle)

@@ -39,16 +39,11 @@ MOKGEN_DEV void tma_load_2d_hint(void* dst, const CUtensorMap* map, uint64_t* ba
       : "memory");
 }
 
-// 2D tile store (bulk async-group of the issuing thread): the box at (c0, c1) of the map's
-// tensor from shared memory `src` (laid out as the map's swizzle says); box elements past the
-// tensor's bounds are not written. The smem writes it reads must be made visible to the
-// async proxy first (fence_proxy_async_shared) by every thread that wrote them.
-MOKGEN_DEV void tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
-               ::"l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(src)), "r"(c0), "r"(c1)
-               : "memory");
-}
-// The same for a 3D map (c2: the matrix of a [depth, rows, cols] tensor).
+// 3D tile store (bulk async-group of the issuing thread): the box at (c0, c1, c2) of the
+// map's [depth, rows, cols] tensor (c2: the matrix) from shared memory `src` (laid out as the
+// map's swizzle says); box elements past the tensor's bounds are not written. The smem writes
+// it reads must be made visible to the async proxy first (fence_proxy_async_shared) by every
+// thread that wrote them.
 MOKGEN_DEV void tma_store_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
   asm volatile(
       "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];"
