@@ -38,8 +38,8 @@ def constants(plan: Plan) -> dict:
 
 
 # what each unit's source checks of the host <-> device interface (runtime/abi.py)
-_ABI = {"fwd": (("FwdBuffers",), ("Fp8Maps",), abi.FWD_PHASES),
-        "bwd": (("BwdBuffers",), ("BwdMaps", "Fp8BwdMaps"), abi.BWD_PHASES)}
+_ABI = {"fwd": (("FwdBuffers",), ("Fp8Maps",), abi.FWD_PHASES, abi.FWD_OPS),
+        "bwd": (("BwdBuffers",), ("BwdMaps", "Fp8BwdMaps"), abi.BWD_PHASES, abi.BWD_OPS)}
 # unit -> its non-default directions' peer struct, fields and phases
 _DIR_ABI = {"fwd": ("DirPeers", abi.FWD_DIR_PEERS, abi.FWD_DIR_PHASES),
             "bwd": ("BwdDirPeers", abi.BWD_DIR_PEERS, abi.BWD_DIR_PHASES)}
@@ -51,7 +51,7 @@ def abi_checks(unit: str, ranks: int | None = None) -> str:
     struct's size, every tensor-map field's slot, the phase numbers and watch-word indices.
     `ranks`: the kernel also has the non-default directions' DirPeers<ranks> (forward) or
     BwdDirPeers<ranks> (backward) and their phases."""
-    structs, map_structs, phases = _ABI[unit]
+    structs, map_structs, phases, ops = _ABI[unit]
     why = "drifted from mokgen/runtime/abi.py"
     out = []
     if ranks is not None:
@@ -81,6 +81,11 @@ def abi_checks(unit: str, ranks: int | None = None) -> str:
     out.append(f"static_assert(mokgen::kWatchMagic == {abi.WATCH_MAGIC:#x}u, "
                f"\"kWatchMagic {why}\");")
     out += [f"static_assert(mokgen::{k} == {v}u, \"{k} {why}\");" for k, v in abi.PROFILES.values()]
+    out += [f"static_assert(mokgen::{k} == {v}, \"{k} {why}\");"
+            for k, v in {**ops, "kOpcodeMask": abi.OPCODE_MASK, "kF8": abi.F8_TASK, "kTraceRecs": abi.TRACE_RECS,
+                         "kTraceWords": abi.TRACE_WORDS}.items()]
+    out += [f"static_assert(mokgen::{k} == {i}, \"{k} {why}\");"
+            for i, k in enumerate(abi.TRACE_FIELDS)]
     return "\n".join(out)
 
 

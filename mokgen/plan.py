@@ -54,7 +54,7 @@ class Plan:
     scale_block: int = 0             # elements per scale along K: 0 (bf16), 128 (fp8), 32 (mx)
     row_bytes: int | None = None     # bytes of one dispatched token row (data + scales)
     # sm_partition: the ops' SM roles
-    profile: tuple = ()          # timing-only variants (runtime/abi.py PROFILES): wrong results
+    profile: tuple = ()          # profiling builds (runtime/abi.py PROFILES)
     overlap_comm: bool = False   # the user runs collectives (FSDP gathers) beside the layer
     reserve_sms: int = 0         # SMs left free for them: no CTA of the megakernels runs there
     num_sms: int | None = None   # CTAs of each persistent launch: the GPU's SMs - reserve_sms

@@ -124,7 +124,23 @@ PROFILES = {"no_routed_wgrad": ("kProfNoRoutedWgrad", 1), "no_dh_quant": ("kProf
             "no_wgrad_epilogue": ("kProfNoWgradEpilogue", 16),
             "no_bwd_epilogues": ("kProfNoBwdEpilogues", 32),
             "no_wgrad_waits": ("kProfNoWgradWaits", 64),
-            "no_fwd_epilogues": ("kProfNoFwdEpilogues", 128)}
+            "no_fwd_epilogues": ("kProfNoFwdEpilogues", 128),
+            "trace": ("kProfTrace", 256)}  # results right: timestamps only (trace.cuh)
+
+
+# The megakernels' task opcodes (moe_fwd.cuh FwdOp, moe_bwd.cuh BwdOp), by value: what a
+# trace's records name (benchmarks/profile_bwd.py --trace).
+FWD_OPS = {"kSharedGateUp": 0, "kSharedDown": 1, "kGateUp": 2, "kDown": 3}
+BWD_OPS = {"kSGateUp": 0, "kSDgrad": 1, "kSDx": 2, "kSWgrad2": 3, "kSWgrad1": 4,
+           "kReplay": 5, "kDgrad": 6, "kDx": 7, "kWgrad2": 8, "kWgrad1": 9}
+OPCODE_MASK = 0xff  # gemm_tile.cuh kOpcodeMask: the opcode's bits of Task::op
+F8_TASK = 1 << 10  # gemm_tile.cuh kF8: an fp8 tile (its K blocks are 128 wide)
+
+# The `trace` profile's buffer (trace.cuh): kTraceRecs records per CTA of kTraceWords 64-bit
+# words, the words in TRACE_FIELDS order (kTrOp: Task::op, K blocks << 32; the rest clocks).
+TRACE_RECS, TRACE_WORDS = 4096, 8
+TRACE_FIELDS = ("kTrOp", "kTrAsk", "kTrGot", "kTrPop", "kTrMain", "kTrEpi", "kTrDone",
+                "kTrGlobalNs")
 
 
 # Routes of one source rank that one block of the schedule's count kernel takes (schedule.cuh

@@ -36,6 +36,7 @@ class ForwardRuntime:
         self.dev = torch.device("cuda", torch.cuda.current_device())
         pro = cuda.load_module(prologue_cubin)
         fwd = cuda.load_module(fwd_cubin)
+        self.fwd_module = fwd  # its globals: benchmarks/trace.py sets mokgen_trace
         self.prologue = Prologue(pro, spec.local_experts, spec.topk)
         self.f_sum = pro.function("mokgen_combine_sum")
         self.f_quant_x = pro.function("mokgen_quant_x") if spec.scale_block else None

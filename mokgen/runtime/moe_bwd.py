@@ -31,6 +31,7 @@ class BackwardPass(BackwardScratch):
         super().__init__(rt.spec, rt.dev, rt.peers.local(0).get("ring_dy"))
         self.rt = rt
         mod = cuda.load_module(bwd_cubin)
+        self.module = mod  # its globals: benchmarks/trace.py sets mokgen_trace
         rt.adopt_module(mod)
         self.smem = struct.unpack("<i", cuda.read_global(mod, "mokgen_bwd_smem_bytes"))[0]
         # the kernel's tile counts (bwd.cu.j2): dgrad tiles across I, weight-gradient tiles

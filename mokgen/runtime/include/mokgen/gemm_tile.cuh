@@ -63,6 +63,7 @@
 
 #include "mokgen/ptx.cuh"
 #include "mokgen/tma.cuh"
+#include "mokgen/trace.cuh"
 #include "mokgen/wgmma.cuh"
 
 namespace mokgen {
@@ -115,7 +116,8 @@ enum Profile : unsigned {
   kProfNoWgradEpilogue = 16u,  // the routed weight-gradient tiles: mainloop, no epilogue
   kProfNoBwdEpilogues = 32u,   // every backward tile: mainloop, no epilogue (signals still go)
   kProfNoWgradWaits = 64u,     // the routed weight-gradient tasks start without their waits
-  kProfNoFwdEpilogues = 128u   // every forward tile: mainloop, no epilogue (signals still go)
+  kProfNoFwdEpilogues = 128u,  // every forward tile: mainloop, no epilogue (signals still go)
+  kProfTrace = 256u            // per-task timestamps into mokgen_trace (trace.cuh); results right
 };
 
 template <int BN_, int STAGES_, int Q_ = 0, unsigned PROF_ = 0, int TASK_SLOTS_ = 4,
@@ -654,12 +656,25 @@ struct ConsumerAcc {
 template <class Cfg, class Problem>
 MOKGEN_DEV void consumer_cooperative(Problem& prob, const GemmSmem<Cfg>& sm, int cwg) {
   PipeState ps, ts;
+  constexpr bool kTrace = (Cfg::PROF & kProfTrace) != 0;
+  int traced = 0;  // kTrace: this CTA's tasks so far
   for (;;) {
     ConsumerAcc<Cfg> acc;
     const Task* slot = task_pop<Cfg>(sm, ts);
     if (slot == nullptr || slot->op < 0) break;
     const Task& t = *slot;
+    unsigned long long* rec = nullptr;
+    if constexpr (kTrace) {
+      if (threadIdx.x == 128) rec = trace_rec(traced);
+      ++traced;
+      if (rec) {
+        rec[kTrPop] = trace_clock();
+        rec[kTrGlobalNs] = global_ns();
+      }
+    }
     const bool ok = consume<Cfg, Problem>(prob, sm, ps, t, acc.r, cwg);
+    if constexpr (kTrace)
+      if (rec) rec[kTrMain] = trace_clock();
     if (!ok) {  // a stage never arrived: record it and stop (see mbar_wait_lean)
       record_timeout(103, ps.phase());
       if constexpr (Cfg::SIGNAL_WARP) {  // the signal warp must not wait for us forever
@@ -669,6 +684,8 @@ MOKGEN_DEV void consumer_cooperative(Problem& prob, const GemmSmem<Cfg>& sm, int
       break;
     }
     prob.epilogue(t, acc.main(), cwg);
+    if constexpr (kTrace)
+      if (rec) rec[kTrEpi] = trace_clock();
     if constexpr (Cfg::SIGNAL_WARP) {
       named_bar_arrive(kBarSignal + ts.idx(), 256 + 32);
       ts.template advance<Cfg::TASK_SLOTS>();  // the signal warp frees the slot
@@ -677,6 +694,8 @@ MOKGEN_DEV void consumer_cooperative(Problem& prob, const GemmSmem<Cfg>& sm, int
       if (threadIdx.x == 128) prob.signal(t);
       task_release<Cfg>(sm, ts);
     }
+    if constexpr (kTrace)
+      if (rec) rec[kTrDone] = trace_clock();
   }
 }
 
@@ -756,8 +775,18 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
     if (threadIdx.x < 32 && elect_one()) {
       prob.prefetch();
       PipeState ps, ts;
-      for (;;) {
+      for (int i = 0;; ++i) {
+        uint64_t ask = 0;
+        if constexpr ((Cfg::PROF & kProfTrace) != 0) ask = trace_clock();
         const Task t = prob.next_task();
+        if constexpr ((Cfg::PROF & kProfTrace) != 0) {  // the consumers' thread 128 adds
+          // the rest of the record (consumer_cooperative; ping-pong records none of it)
+          if (unsigned long long* rec = t.op < 0 ? nullptr : trace_rec(i)) {
+            rec[kTrOp] = (unsigned)t.op | ((unsigned long long)t.k_blocks << 32);
+            rec[kTrAsk] = ask;
+            rec[kTrGot] = trace_clock();
+          }
+        }
         task_push<Cfg>(sm, ts, t);
         if (t.op < 0) break;
 #pragma unroll 1

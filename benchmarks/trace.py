@@ -1,0 +1,164 @@
+"""Where a megakernel's time goes, task by task: the slice's forward and backward built with
+the `trace` profile (runtime/include/mokgen/trace.cuh: per-task clocks, results unchanged),
+run once each after warm-up, and summed per task kind and over time.
+
+Per task: ask -> got is the producer's next_task (the atomic and the dependency waits),
+pop -> main the consumers' mainloop (TMA data waits included), main -> epi the epilogue,
+epi -> done the consumers' barrier and the signal; a consumer's idle time is the gap between
+one task's done and the next one's pop, charged to the task it waited for.
+Usage: python benchmarks/trace.py SHAPE EP N [DTYPE] [--gemm 128x256x4] [--out DIR]
+Prints, per kernel: the SM time per task kind (mainloop / epilogue / signal / idle, ms summed
+over CTAs), each kind's mean mainloop TFLOP/s per SM scaled to the GPU, and the share of
+CTAs in a mainloop in 20 time bins; writes trace_<shape>_ep<EP>_n<N>.json under --out."""
+import argparse
+import json
+import os
+import struct
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import torch  # noqa: E402
+
+import mokgen  # noqa: E402
+from mokgen.bench import make_slice, time_ms  # noqa: E402
+from mokgen.cli import _gemm  # noqa: E402
+from mokgen.runtime import abi, cuda  # noqa: E402
+
+F = {k: i for i, k in enumerate(abi.TRACE_FIELDS)}
+BINS = 20
+
+
+def traced(module, ctas, run):
+    """run() once with the module's mokgen_trace pointing at a zeroed buffer; its records
+    [ctas, TRACE_RECS, TRACE_WORDS] (int64; rows of tasks not run are zero)."""
+    buf = torch.zeros(ctas * abi.TRACE_RECS * abi.TRACE_WORDS, dtype=torch.int64, device="cuda")
+    torch.cuda.synchronize()
+    cuda.set_global(module, "mokgen_trace", struct.pack("<Q", buf.data_ptr()))
+    try:
+        run()
+        torch.cuda.synchronize()
+    finally:
+        cuda.set_global(module, "mokgen_trace", struct.pack("<Q", 0))
+    return buf.view(ctas, abi.TRACE_RECS, abi.TRACE_WORDS).cpu().tolist()
+
+
+def summarize(recs, ops, bm, bn):
+    """Per task kind and over time; durations in ms (SM clocks scaled by each CTA's
+    globaltimer / clock64 ratio)."""
+    names = {v: k[1:] for k, v in ops.items()}  # kDgrad -> Dgrad
+    op_, ask, got, pop, main, epi, done, gns = (F[k] for k in abi.TRACE_FIELDS)
+    kinds, spans = {}, []
+    t_lo = t_hi = None
+    for cta in recs:
+        r = [row for row in cta if row[got] != 0 and row[done] != 0]  # both sides recorded
+        if len(r) < 2:
+            continue
+        ns_per_clk = (r[-1][gns] - r[0][gns]) / max(1, r[-1][pop] - r[0][pop])
+        ms = ns_per_clk / 1e6
+        prev_done = r[0][ask]
+        t0 = r[0][gns] - (r[0][pop] - r[0][ask]) * ns_per_clk
+        t_lo = t0 if t_lo is None else min(t_lo, t0)
+        for row in r:
+            op, kb = row[op_] & 0xffffffff, row[op_] >> 32
+            d = kinds.setdefault(names.get(op & abi.OPCODE_MASK, str(op & abi.OPCODE_MASK)),
+                                 dict(tasks=0, k_blocks=0, idle_ms=0.0, mainloop_ms=0.0,
+                                      epilogue_ms=0.0, signal_ms=0.0, ask_ms=0.0, flops=0.0))
+            d["tasks"] += 1
+            d["k_blocks"] += kb
+            d["idle_ms"] += (row[pop] - prev_done) * ms
+            d["mainloop_ms"] += (row[main] - row[pop]) * ms
+            d["epilogue_ms"] += (row[epi] - row[main]) * ms
+            d["signal_ms"] += (row[done] - row[epi]) * ms
+            d["ask_ms"] += (row[got] - row[ask]) * ms
+            bk = 128 if op & abi.F8_TASK else 64  # fp8 tiles count K blocks of 128
+            d["flops"] += 2.0 * bm * bn * bk * kb
+            prev_done = row[done]
+            g = row[gns]  # the pop's global ns; the phases after it by this CTA's ratio
+            spans.append((g, g + (row[main] - row[pop]) * ns_per_clk,
+                          g + (row[done] - row[pop]) * ns_per_clk))
+        t_hi = spans[-1][2] if t_hi is None else max(t_hi, spans[-1][2])
+    ctas = len(recs)
+    out = dict(ctas=ctas, span_ms=(t_hi - t_lo) / 1e6 if spans else 0.0, kinds={})
+    for k, d in kinds.items():
+        d["mean_k_blocks"] = d.pop("k_blocks") / d["tasks"]
+        # the mainloop's rate, as if every CTA ran this kind's tiles at it
+        d["mainloop_tflops_gpu"] = d["flops"] * ctas / (d["mainloop_ms"] * 1e9) \
+            if d["mainloop_ms"] else 0.0
+        d["mean_epilogue_us"] = 1e3 * d["epilogue_ms"] / d["tasks"]
+        d["mean_mainloop_us"] = 1e3 * d["mainloop_ms"] / d["tasks"]
+        out["kinds"][k] = d
+    if spans:  # share of the CTAs inside a mainloop / an epilogue + signal, per time bin
+        w = (t_hi - t_lo) / BINS
+        main_b, epi_b = [0.0] * BINS, [0.0] * BINS
+        for p, m, e in spans:
+            for acc, a, b in ((main_b, p, m), (epi_b, m, e)):
+                for i in range(max(0, int((a - t_lo) // w)), min(BINS, int((b - t_lo) // w) + 1)):
+                    lo, hi = max(a, t_lo + i * w), min(b, t_lo + (i + 1) * w)
+                    acc[i] += max(0.0, hi - lo)
+        out["bins_mainloop"] = [round(v / (w * ctas), 3) for v in main_b]
+        out["bins_epilogue"] = [round(v / (w * ctas), 3) for v in epi_b]
+    return out
+
+
+def table(title, s):
+    lines = [f"### {title}: {s['ctas']} CTAs, span {s['span_ms']:.3f} ms (SM-ms summed over CTAs)",
+             "| kind | tasks | K blk | mainloop | epilogue | signal | idle | main us | epi us | "
+             "main TFLOP/s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    tot = dict(mainloop_ms=0, epilogue_ms=0, signal_ms=0, idle_ms=0)
+    for k, d in sorted(s["kinds"].items(), key=lambda kv: -kv[1]["mainloop_ms"]):
+        for key in tot:
+            tot[key] += d[key]
+        lines.append(f"| {k} | {d['tasks']} | {d['mean_k_blocks']:.0f} | {d['mainloop_ms']:.1f} "
+                     f"| {d['epilogue_ms']:.1f} | {d['signal_ms']:.1f} | {d['idle_ms']:.1f} | "
+                     f"{d['mean_mainloop_us']:.1f} | {d['mean_epilogue_us']:.1f} | "
+                     f"{d['mainloop_tflops_gpu']:.0f} |")
+    all_ms = sum(tot.values()) or 1.0
+    lines.append("| all (share) | | | " + " | ".join(
+        f"{tot[k]:.1f} ({100 * tot[k] / all_ms:.0f}%)" for k in tot) + " | | | |")
+    if "bins_mainloop" in s:
+        lines.append("mainloop share per bin: " + " ".join(f"{v:.2f}" for v in s["bins_mainloop"]))
+        lines.append("epilogue share per bin: " + " ".join(f"{v:.2f}" for v in s["bins_epilogue"]))
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shape")
+    ap.add_argument("ep", type=int)
+    ap.add_argument("n", type=int)
+    ap.add_argument("dtype", nargs="?", default="bf16")
+    ap.add_argument("--gemm", type=_gemm, default=None, metavar="BMxBNxSTAGES[-pp|-sw]")
+    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    a = ap.parse_args()
+    gemm = dict(gemm_fwd=a.gemm, gemm_bwd=a.gemm) if a.gemm else {}
+    shape, ep, n = mokgen.shapes.get(a.shape), a.ep, a.n
+    g = torch.Generator(device="cuda").manual_seed(0)
+    xs, zs, w1, w2, sw1, sw2 = make_slice(shape, ep, n, g)
+    layer = mokgen.compile(shape, ep=ep, tokens_per_rank=n, virtual=True, dtype=a.dtype,
+                           profile=("trace",), **gemm)
+    rt, bwd = layer.runtime(), layer.backward_runtime()
+    w1s, w2s = [w1] * ep, [w2] * ep
+    layer(x=xs, router_logits=zs, w1=w1s, w2=w2s, shared_w1=sw1, shared_w2=sw2)
+    dys = [torch.randn(x.shape, device="cuda", generator=g).bfloat16() for x in xs]
+    fwd = lambda: rt.forward_rank(0, xs, zs, w1s, w2s, sw1, sw2, save=True)  # noqa: E731
+    back = lambda: bwd.backward_rank(0, dys, xs, w1s, w2s, sw1, sw2)  # noqa: E731
+    res = dict(shape=a.shape, ep=ep, n=n, dtype=a.dtype, commit=os.environ.get("MOKGEN_COMMIT"),
+               gemm=str(a.gemm or "default"), fwd_ms=time_ms(fwd, 20),
+               bwd_ms=time_ms(back, 20, setup=fwd))
+    plan = layer.plan
+    res["fwd"] = summarize(traced(rt.fwd_module, rt.fwd_ctas, fwd), abi.FWD_OPS, 128,
+                           plan.gemm_fwd.bn)
+    fwd()
+    res["bwd"] = summarize(traced(bwd.module, bwd.ctas, back), abi.BWD_OPS, 128,
+                           plan.gemm_bwd.bn)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, f"trace_{a.shape}_ep{ep}_n{n}_{a.dtype}.json"), "w") as fh:
+        json.dump(res, fh, indent=1)
+    print(f"{a.shape} ep {ep} N {n} {a.dtype}: forward {res['fwd_ms']:.3f} ms, backward "
+          f"{res['bwd_ms']:.3f} ms (event-timed, traced builds)")
+    print(table("forward", res["fwd"]))
+    print(table("backward", res["bwd"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+// mokgen/trace.cuh -- per-task timestamps of the persistent GEMM engine (profiling only).
+//
+// A kernel built with the `trace` profile (GemmCfg::PROF & kProfTrace) records, for each task
+// a CTA runs, when its producer asked for it and got it (the dependency waits are inside
+// next_task), and when the consumers popped it, finished its mainloop, its epilogue and its
+// signal: where a persistent kernel's time goes, task by task (ncu's stall samples cannot
+// tell a wait for a dependency from a wait for data, nor one phase from another). Other
+// builds compile none of it; the pointer costs 8 bytes.
+// The host (benchmarks/profile_bwd.py --trace) points mokgen_trace at a buffer of
+// gridDim.x * kTraceRecs records (runtime/abi.py has the layout) and sums them.
+#pragma once
+#include <cstdint>
+#include "mokgen/sync.cuh"
+
+extern "C" {
+__device__ unsigned long long* mokgen_trace;  // null: record nothing
+}
+
+namespace mokgen {
+
+constexpr int kTraceRecs = 4096, kTraceWords = 8;  // runtime/abi.py TRACE_RECS, TRACE_WORDS
+// a record's words (abi.py TRACE_FIELDS): clocks are the SM's clock64 (durations),
+// kTrGlobalNs the globaltimer when the consumers popped the task (aligns the CTAs)
+enum TraceWord : int {
+  kTrOp, kTrAsk, kTrGot, kTrPop, kTrMain, kTrEpi, kTrDone, kTrGlobalNs
+};
+
+MOKGEN_DEV uint64_t trace_clock() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t));
+  return t;
+}
+
+// The record of this CTA's i-th task (nullptr past the buffer or when not tracing).
+MOKGEN_DEV unsigned long long* trace_rec(int i) {
+  unsigned long long* base = mokgen_trace;
+  if (base == nullptr || i >= kTraceRecs) return nullptr;
+  return base + ((size_t)blockIdx.x * kTraceRecs + i) * kTraceWords;
+}
+
+}  // namespace mokgen

@@ -1,0 +1,43 @@
+"""benchmarks/trace.py's arithmetic on hand-made records."""
+import importlib.util
+import pathlib
+
+from mokgen.runtime import abi
+
+spec = importlib.util.spec_from_file_location(
+    "trace_bench", pathlib.Path(__file__).parent.parent / "benchmarks" / "trace.py")
+
+
+def _load():
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _rec(op, kb, ask, got, pop, main, epi, done, ns):
+    r = [0] * abi.TRACE_WORDS
+    vals = dict(kTrOp=op | (kb << 32), kTrAsk=ask, kTrGot=got, kTrPop=pop, kTrMain=main,
+                kTrEpi=epi, kTrDone=done, kTrGlobalNs=ns)
+    for i, f in enumerate(abi.TRACE_FIELDS):
+        r[i] = vals[f]
+    return r
+
+
+def test_summarize_sums_phases_per_kind():
+    t = _load()
+    dg, dx = abi.BWD_OPS["kDgrad"], abi.BWD_OPS["kDx"] | (1 << 8)  # an operand bit too
+    # one CTA, clock = 2 cycles per ns (ns_per_clk 0.5); unrecorded rows are zero
+    cta = [_rec(dg, 80, 100, 110, 200, 1200, 1400, 1500, 1000),
+           _rec(dx, 256, 1500, 1600, 2000, 9000, 9100, 9200, 1900),
+           [0] * abi.TRACE_WORDS]
+    s = t.summarize([cta], abi.BWD_OPS, 128, 256)
+    d, x = s["kinds"]["Dgrad"], s["kinds"]["Dx"]
+    ms = 0.5 / 1e6
+    assert d["tasks"] == 1 and x["tasks"] == 1
+    assert abs(d["mainloop_ms"] - 1000 * ms) < 1e-12 and abs(d["epilogue_ms"] - 200 * ms) < 1e-12
+    assert abs(d["idle_ms"] - 100 * ms) < 1e-12  # from the first ask to the first pop
+    assert abs(x["idle_ms"] - 500 * ms) < 1e-12  # the previous done to this pop
+    assert abs(x["signal_ms"] - 100 * ms) < 1e-12 and x["mean_k_blocks"] == 256
+    assert abs(d["flops"] - 2.0 * 128 * 256 * 64 * 80) < 1
+    assert abs(s["span_ms"] - (1900 + 7200 * 0.5 - (1000 - 50)) / 1e6) < 1e-12
+    assert 0 < max(s["bins_mainloop"]) <= 1.0
