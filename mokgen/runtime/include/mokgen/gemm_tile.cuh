@@ -518,6 +518,112 @@ MOKGEN_DEV void for_each_dual_pair(const float (&acc)[BN / 2], int cwg, int m_va
   }
 }
 
+// A row's 8 consecutive columns at a time, for 16-byte loads and stores: a warp's access
+// then covers 64 contiguous bytes of each of its 8 rows where a pair's covers 16 (half a
+// sector each), so an epilogue issues a quarter of the instructions for half the sectors
+// (trace.cuh put the pairwise SwiGLU backward at 29 us a 128 x 256 tile, half its mainloop).
+// quad_transpose: the 4 lanes of a quad (one row) trade their pairs. On entry lane q holds
+// e[i] = columns 8 (4 g + i) + 2 q, +1; on exit e[i] = columns 8 (4 g + q) + 2 i, +1, the
+// 8 columns of group 4 g + q. Two xor-shuffle rounds; selects, not a runtime index (that
+// would put e in local memory).
+MOKGEN_DEV void quad_transpose(float2 (&e)[4]) {
+  const int q = threadIdx.x & 3;
+  float2 r0, r1;
+  const bool hi = q & 2;  // round 1, with lane q ^ 2: the off-diagonal 2 x 2 blocks
+  const float2 s0 = hi ? e[0] : e[2], s1 = hi ? e[1] : e[3];
+  r0 = make_float2(__shfl_xor_sync(~0u, s0.x, 2), __shfl_xor_sync(~0u, s0.y, 2));
+  r1 = make_float2(__shfl_xor_sync(~0u, s1.x, 2), __shfl_xor_sync(~0u, s1.y, 2));
+  e[0] = hi ? r0 : e[0];
+  e[1] = hi ? r1 : e[1];
+  e[2] = hi ? e[2] : r0;
+  e[3] = hi ? e[3] : r1;
+  const bool odd = q & 1;  // round 2, with lane q ^ 1: inside each 2 x 2 block
+  const float2 t0 = odd ? e[0] : e[1], t1 = odd ? e[2] : e[3];
+  r0 = make_float2(__shfl_xor_sync(~0u, t0.x, 1), __shfl_xor_sync(~0u, t0.y, 1));
+  r1 = make_float2(__shfl_xor_sync(~0u, t1.x, 1), __shfl_xor_sync(~0u, t1.y, 1));
+  e[0] = odd ? r0 : e[0];
+  e[2] = odd ? r1 : e[2];
+  e[1] = odd ? e[1] : r0;
+  e[3] = odd ? e[3] : r1;
+}
+// The 8 columns of accumulator group j (registers 4 j + 2 h, +1 of the 4 lanes) of groups
+// 4 g .. 4 g + 3, half h, after quad_transpose: lane q gets group 4 g + q. OFF: register
+// offset (dual-B: BN / 4 for the up half).
+template <int OFF, int N>
+MOKGEN_DEV void oct_of(const float (&acc)[N], int g, int h, float (&v)[8]) {
+  float2 e[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) e[i] = make_float2(acc[OFF + 16 * g + 4 * i + 2 * h],
+                                                 acc[OFF + 16 * g + 4 * i + 2 * h + 1]);
+  quad_transpose(e);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = e[i].x;
+    v[2 * i + 1] = e[i].y;
+  }
+}
+// f(row, col, v): v[0..7] = columns col .. col + 7 of tile row `row`, once per group with
+// row < m_valid and col < n_valid (a multiple of 8). Bit 3 of row is the thread's half h
+// (its rows are row_base and row_base + 8). Every lane shuffles before the masks: call it
+// from whole warps.
+template <int BN, class F>
+MOKGEN_DEV void for_each_acc_oct(const float (&acc)[BN / 2], int cwg, int m_valid, F&& f,
+                                 int n_valid = BN) {
+  static_assert(BN % 32 == 0, "groups of 8 columns, 4 to a quad");
+  const int w = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
+  const int row_base = 64 * cwg + 16 * w + (l >> 2);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int g = 0; g < BN / 32; ++g) {
+      float v[8];
+      oct_of<0>(acc, g, h, v);
+      const int row = row_base + 8 * h, col = 8 * (4 * g + (l & 3));
+      if (row < m_valid && col < n_valid) f(row, col, v);
+    }
+  }
+}
+// Dual-B (see for_each_dual_pair): f(row, col, gate[8], up[8]) for output columns col ..
+// col + 7 in [0, n_valid).
+template <int BN, class F>
+MOKGEN_DEV void for_each_dual_oct(const float (&acc)[BN / 2], int cwg, int m_valid, F&& f,
+                                  int n_valid = BN / 2) {
+  static_assert(BN % 64 == 0, "groups of 8 columns, 4 to a quad, in each half");
+  const int w = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
+  const int row_base = 64 * cwg + 16 * w + (l >> 2);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int g = 0; g < BN / 64; ++g) {
+      float gv[8], uv[8];
+      oct_of<0>(acc, g, h, gv);
+      oct_of<BN / 4>(acc, g, h, uv);
+      const int row = row_base + 8 * h, col = 8 * (4 * g + (l & 3));
+      if (row < m_valid && col < n_valid) f(row, col, gv, uv);
+    }
+  }
+}
+// 8 floats as 8 bf16 (one 16-byte vector), and back.
+MOKGEN_DEV uint4 bf16x8(const float (&v)[8]) {
+  uint4 o;
+  uint32_t* w = reinterpret_cast<uint32_t*>(&o);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    w[i] = *reinterpret_cast<const uint32_t*>(&b);
+  }
+  return o;
+}
+MOKGEN_DEV void floats_of_bf16x8(uint4 raw, float (&v)[8]) {
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
+    v[2 * i] = f.x;
+    v[2 * i + 1] = f.y;
+  }
+}
+
 // Named barriers of the consumer warpgroups (0 is __syncthreads): kBarTile, both warpgroups
 // at the end of a cooperative tile; ping-pong: kBarTurn + h, warpgroup h may run its
 // mainloop (the other arrives once its own is issued: consume_tile); kBarDone + (task parity),
@@ -575,6 +681,49 @@ MOKGEN_DEV void store_rows_tma(const float (&acc)[BN / 2], int cwg, uint8_t* sta
 // __fdividef: IEEE division compiles to a called slow-path subroutine per element; the fast
 // form is exact enough for bf16 outputs and gives 0 for very negative x (huge denominator).
 MOKGEN_DEV float silu(float x) { return __fdividef(x, 1.f + __expf(-x)); }
+
+// Epilogue stores, 8 columns (16 or 32 bytes) at a time (for_each_acc_oct / _dual_oct).
+// Gate/up + SwiGLU: act[r * ld + c] = silu(g) u and, unless pre is null, the pre-activations
+// pre[r * 2 ld + c] = g, pre[r * 2 ld + ld + c] = u (a backward reads them).
+template <int BN>
+MOKGEN_DEV void store_gate_up(const float (&acc)[BN / 2], int cwg, int m_valid,
+                              __nv_bfloat16* pre, __nv_bfloat16* act, int ld, int n_valid) {
+  for_each_dual_oct<BN>(acc, cwg, m_valid,
+                        [&](int r, int c, const float (&g)[8], const float (&u)[8]) {
+    float a[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) a[i] = silu(g[i]) * u[i];
+    *reinterpret_cast<uint4*>(act + (size_t)r * ld + c) = bf16x8(a);
+    if (pre) {
+      *reinterpret_cast<uint4*>(pre + (size_t)r * 2 * ld + c) = bf16x8(g);
+      *reinterpret_cast<uint4*>(pre + (size_t)r * 2 * ld + ld + c) = bf16x8(u);
+    }
+  }, n_valid);
+}
+// fp32 rows: out[r * ld + c ..] = the accumulators.
+template <int BN>
+MOKGEN_DEV void store_f32(const float (&acc)[BN / 2], int cwg, int m_valid, float* out, int ld,
+                          int n_valid) {
+  for_each_acc_oct<BN>(acc, cwg, m_valid, [&](int r, int c, const float (&v)[8]) {
+    float4* o = reinterpret_cast<float4*>(out + (size_t)r * ld + c);
+    o[0] = make_float4(v[0], v[1], v[2], v[3]);
+    o[1] = make_float4(v[4], v[5], v[6], v[7]);
+  }, n_valid);
+}
+// Each of the thread's two rows (half h) to its own destination row dst[h] (nullptr: none),
+// times scale[h], as bf16: rows scattered to their tokens' owners.
+template <int BN>
+MOKGEN_DEV void store_rows_to(const float (&acc)[BN / 2], __nv_bfloat16* const (&dst)[2],
+                              const float (&scale)[2], int n_valid) {
+  for_each_acc_oct<BN>(acc, 0, 1 << 30, [&](int r, int c, const float (&v)[8]) {
+    const int h = (r >> 3) & 1;
+    if (dst[h] == nullptr) return;
+    float o[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] = v[i] * scale[h];
+    *reinterpret_cast<uint4*>(dst[h] + c) = bf16x8(o);
+  }, n_valid);
+}
 
 // Tile rasterization inside one [m_blocks x n_blocks] grid: groups of `group` m-blocks walk
 // n with m fastest, so CTAs working at the same time share B (weight) panels in L2 and the

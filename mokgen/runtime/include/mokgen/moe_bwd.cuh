@@ -472,14 +472,27 @@ struct BwdProblem {
   }
 
   // ---------------------------------------------------------------- epilogues
+  // One element's SwiGLU backward: v = d a (before the router weight w), g / u the
+  // pre-activations; dot += v a (the router weight's gradient), w a for the weight gradient.
+  static MOKGEN_DEV void swiglu_grad(float v, float g, float u, float w, float& dot, float& dg,
+                                     float& du, float& wa) {
+    const float sg = __fdividef(1.f, 1.f + __expf(-g)), sl = g * sg, a = sl * u;
+    dot += v * a;
+    wa = w * a;
+    const float da = w * v;
+    dg = da * u * sg * (1.f + g * (1.f - sg));
+    du = da * sl;
+  }
+
   // SwiGLU backward of one tile of d_a (before the router weight): reads the pre-activations
   // h = [g | u] (row stride 2*NI) at the tile's columns, writes dh = [dg | du] the same way.
   // Rows: the two rows of this thread, hp/dhp their h / dh rows (nullptr: not a row; dhp may
   // be hp: each element is read, then written, by this thread alone), ap their a rows (row
   // stride NI) that get w * a (the weight gradient of W2 reads it), or nullptr.
   // Returns <a, d_a> per row (the router-weight gradient's partial sum over these columns).
-  // kKeep: leave dh in acc as stored, bf16 pairs packed in place (acc[r]: d gate of the pair,
-  // acc[r + 1]: d up) for quantize_dh. Columns past NI (an edge tile) are skipped.
+  // kKeep (fp8 dgrad): pair by pair, leaving dh in acc as stored, bf16 pairs packed in place
+  // (acc[r]: d gate of the pair, acc[r + 1]: d up) for quantize_dh; otherwise 8 columns at a
+  // time (for_each_acc_oct). Columns past NI (an edge tile) are skipped.
   template <int NI, bool kKeep = false>
   MOKGEN_DEV void swiglu_backward(float (&acc)[BN / 2], int col0,
                                   const __nv_bfloat16* const (&hp)[2],
@@ -487,6 +500,22 @@ struct BwdProblem {
                                   __nv_bfloat16* const (&ap)[2], const float (&w)[2],
                                   float (&dot)[2]) const {
     dot[0] = dot[1] = 0.f;
+    if constexpr (!kKeep) {  // 8 columns at a time, 16-byte loads and stores (for_each_acc_oct)
+      for_each_acc_oct<BN>(acc, 0, BM, [&](int row, int c8, const float (&v)[8]) {
+        const int h = (row >> 3) & 1, c = col0 + c8;
+        if (hp[h] == nullptr || (NI % BN != 0 && c >= NI)) return;
+        float g[8], u[8], dg[8], du[8], wa[8];
+        floats_of_bf16x8(*reinterpret_cast<const uint4*>(hp[h] + c), g);
+        floats_of_bf16x8(*reinterpret_cast<const uint4*>(hp[h] + NI + c), u);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) swiglu_grad(v[i], g[i], u[i], w[h], dot[h], dg[i], du[i],
+                                                wa[i]);
+        *reinterpret_cast<uint4*>(dhp[h] + c) = bf16x8(dg);
+        *reinterpret_cast<uint4*>(dhp[h] + NI + c) = bf16x8(du);
+        if (ap[h] != nullptr) *reinterpret_cast<uint4*>(ap[h] + c) = bf16x8(wa);
+      });
+      return;
+    }
 #pragma unroll
     for (int r = 0; r < BN / 2; r += 2) {
       const int h = (r >> 1) & 1, c = col0 + acc_col(r);
@@ -496,15 +525,8 @@ struct BwdProblem {
       float dg[2], du[2], wa[2];
       const float gg[2] = {g.x, g.y}, uu[2] = {u.x, u.y};
 #pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const float sg = __fdividef(1.f, 1.f + __expf(-gg[q])), sl = gg[q] * sg;
-        const float v = acc[r + q], a = sl * uu[q];
-        dot[h] += v * a;
-        wa[q] = w[h] * a;
-        const float da = w[h] * v;
-        dg[q] = da * uu[q] * sg * (1.f + gg[q] * (1.f - sg));
-        du[q] = da * sl;
-      }
+      for (int q = 0; q < 2; ++q) swiglu_grad(acc[r + q], gg[q], uu[q], w[h], dot[h], dg[q],
+                                              du[q], wa[q]);
       const __nv_bfloat162 dg2 = __floats2bfloat162_rn(dg[0], dg[1]);
       const __nv_bfloat162 du2 = __floats2bfloat162_rn(du[0], du[1]);
       *reinterpret_cast<__nv_bfloat162*>(dhp[h] + c) = dg2;
@@ -561,15 +583,7 @@ struct BwdProblem {
   MOKGEN_DEV void gate_up_epilogue(const Task& t, const float (&acc)[BN / 2], int cwg,
                                    __nv_bfloat16* pre, __nv_bfloat16* act, int NI,
                                    int n_valid) const {
-    for_each_dual_pair<BN>(acc, cwg, t.m_valid,
-                           [&](int r, int c, float g0, float g1, float u0, float u1) {
-      const size_t row = (size_t)r;
-      *reinterpret_cast<__nv_bfloat162*>(pre + row * 2 * NI + c) = __floats2bfloat162_rn(g0, g1);
-      *reinterpret_cast<__nv_bfloat162*>(pre + row * 2 * NI + NI + c) =
-          __floats2bfloat162_rn(u0, u1);
-      *reinterpret_cast<__nv_bfloat162*>(act + row * NI + c) =
-          __floats2bfloat162_rn(silu(g0) * u0, silu(g1) * u1);
-    }, n_valid);
+    store_gate_up<BN>(acc, cwg, t.m_valid, pre, act, NI, n_valid);
   }
 
   // A weight-gradient tile: one segment's contribution, summed in segment order (fp32 in
@@ -706,10 +720,8 @@ struct BwdProblem {
       }
       quantize_dh(t, acc, cwg);
     } else if (op == kSDx) {
-      float* out = buf->dx_shared + (size_t)t.c_row0 * C::D + t.c_col0;
-      for_each_acc_pair<BN>(acc, cwg, t.m_valid, [&](int r, int c, float v0, float v1) {
-        *reinterpret_cast<float2*>(out + (size_t)r * C::D + c) = make_float2(v0, v1);
-      }, cols_valid<C::D, BN>(t.c_col0));
+      store_f32<BN>(acc, cwg, t.m_valid, buf->dx_shared + (size_t)t.c_row0 * C::D + t.c_col0,
+                    C::D, cols_valid<C::D, BN>(t.c_col0));
     } else if (op == kDx) {  // push each row's dx to its owner (reverse dispatch)
       __nv_bfloat16* dst[2];
 #pragma unroll
@@ -725,14 +737,8 @@ struct BwdProblem {
         else
           dst[h] = ok ? peers->dx[src.x] + (size_t)src.y * C::D + t.c_col0 : nullptr;
       }
-      const int n_valid = cols_valid<C::D, BN>(t.c_col0);
-#pragma unroll
-      for (int r = 0; r < BN / 2; r += 2) {
-        __nv_bfloat16* d = dst[(r >> 1) & 1];
-        if (d != nullptr && 8 * (r >> 2) < n_valid)
-          *reinterpret_cast<__nv_bfloat162*>(d + acc_col(r)) =
-              __floats2bfloat162_rn(acc[r], acc[r + 1]);
-      }
+      const float one[2] = {1.f, 1.f};
+      store_rows_to<BN>(acc, dst, one, cols_valid<C::D, BN>(t.c_col0));
       // the router-weight gradient of each of the task's BM rows, pushed by warpgroup 0's
       // 128 threads (a row each) in either consumer schedule: exactly once per task
       static_assert(BM == 128, "one row per thread of a warpgroup");

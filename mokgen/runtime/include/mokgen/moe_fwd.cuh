@@ -357,23 +357,11 @@ struct FwdProblem {
           ? buf->ring_h + (size_t)t.a_row0 * 2 * C::I + t.c_col0 : nullptr;
       const int n_valid = t.op == kSharedGateUp ? cols_valid<C::IS, BN / 2>(t.c_col0)
                                                 : cols_valid<C::I, BN / 2>(t.c_col0);
-      for_each_dual_pair<BN>(acc, cwg, t.m_valid,
-                             [&](int r, int c, float g0, float g1, float u0, float u1) {
-        *reinterpret_cast<__nv_bfloat162*>(out + (size_t)r * ld + c) =
-            __floats2bfloat162_rn(silu(g0) * u0, silu(g1) * u1);
-        if (pre) {
-          *reinterpret_cast<__nv_bfloat162*>(pre + (size_t)r * 2 * C::I + c) =
-              __floats2bfloat162_rn(g0, g1);
-          *reinterpret_cast<__nv_bfloat162*>(pre + (size_t)r * 2 * C::I + C::I + c) =
-              __floats2bfloat162_rn(u0, u1);
-        }
-      }, n_valid);
+      store_gate_up<BN>(acc, cwg, t.m_valid, pre, out, ld, n_valid);
       fence_proxy_async_global();  // the down GEMM reads these rows through TMA
     } else if (op == kSharedDown) {
-      float* out = buf->y_shared + (size_t)t.c_row0 * C::D + t.c_col0;
-      for_each_acc_pair<BN>(acc, cwg, t.m_valid, [&](int r, int c, float v0, float v1) {
-        *reinterpret_cast<float2*>(out + (size_t)r * C::D + c) = make_float2(v0, v1);
-      }, cols_valid<C::D, BN>(t.c_col0));
+      store_f32<BN>(acc, cwg, t.m_valid, buf->y_shared + (size_t)t.c_row0 * C::D + t.c_col0,
+                    C::D, cols_valid<C::D, BN>(t.c_col0));
     } else {  // routed down: scale by the router weight, push to the owners' combine rows
       // a thread holds 2 rows of the tile: look their destinations up once, not per pair
       __nv_bfloat16* dst[2];
@@ -392,15 +380,7 @@ struct FwdProblem {
           dst[h] = ok ? peers->combine[src.x] + (size_t)src.y * C::D + t.c_col0 : nullptr;
         w[h] = buf->row_weight[p];
       }
-      const int n_valid = cols_valid<C::D, BN>(t.c_col0);  // an edge tile's columns
-#pragma unroll
-      for (int r = 0; r < BN / 2; r += 2) {
-        __nv_bfloat16* d = dst[(r >> 1) & 1];
-        const float s_ = w[(r >> 1) & 1];
-        if (d != nullptr && 8 * (r >> 2) < n_valid)
-          *reinterpret_cast<__nv_bfloat162*>(d + acc_col(r)) =
-              __floats2bfloat162_rn(acc[r] * s_, acc[r + 1] * s_);
-      }
+      store_rows_to<BN>(acc, dst, w, cols_valid<C::D, BN>(t.c_col0));  // edge tile: columns
     }
   }
 
