@@ -9,7 +9,9 @@ one task's done and the next one's pop, charged to the task it waited for.
 Usage: python benchmarks/trace.py SHAPE EP N [DTYPE] [--gemm 128x256x4] [--out DIR]
 Prints, per kernel: the SM time per task kind (mainloop / epilogue / signal / idle, ms summed
 over CTAs), each kind's mean mainloop TFLOP/s per SM scaled to the GPU, and the share of
-CTAs in a mainloop in 20 time bins; writes trace_<shape>_ep<EP>_n<N>.json under --out."""
+CTAs in a mainloop in 20 time bins; then each direction's GPU kernels from torch.profiler
+(what the event time holds besides the traced tasks); writes
+trace_<shape>_ep<EP>_n<N>_<dtype>.json under --out."""
 import argparse
 import json
 import os
@@ -100,6 +102,25 @@ def summarize(recs, ops, bm, bn):
     return out
 
 
+def kernel_times(setup, run):
+    """The GPU kernels (and memsets / copies) of one run() after setup(), from torch.profiler:
+    [(name, start us from the first, duration us)]: what the event time holds besides the
+    megakernel (its launch, the prologue's kernels, the combine)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    setup()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA),
+                 key=lambda e: e.time_range.start)
+    t0 = evs[0].time_range.start if evs else 0
+    return [(e.name[:40], round(e.time_range.start - t0, 1),
+             round(e.time_range.end - e.time_range.start, 1)) for e in evs]
+
+
 def table(title, s):
     lines = [f"### {title}: {s['ctas']} CTAs, span {s['span_ms']:.3f} ms (SM-ms summed over CTAs)",
              "| kind | tasks | K blk | mainloop | epilogue | signal | idle | main us | epi us | "
@@ -151,6 +172,8 @@ def main():
     fwd()
     res["bwd"] = summarize(traced(bwd.module, bwd.ctas, back), abi.BWD_OPS, 128,
                            plan.gemm_bwd.bn)
+    res["fwd_kernels"] = kernel_times(lambda: None, fwd)
+    res["bwd_kernels"] = kernel_times(fwd, back)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, f"trace_{a.shape}_ep{ep}_n{n}_{a.dtype}.json"), "w") as fh:
         json.dump(res, fh, indent=1)
@@ -158,6 +181,8 @@ def main():
           f"{res['bwd_ms']:.3f} ms (event-timed, traced builds)")
     print(table("forward", res["fwd"]))
     print(table("backward", res["bwd"]))
+    for d in ("fwd", "bwd"):  # name @ start us: duration us
+        print(f"{d} kernels:", ", ".join(f"{n} @{t0}: {dt}" for n, t0, dt in res[f"{d}_kernels"]))
 
 
 if __name__ == "__main__":

@@ -201,8 +201,9 @@ class Plan:
             ("expected replay rows", self.expected_replay_rows),
             ("fused quantization", ", ".join(self.quant_fused) or "none"),
             ("forced", ", ".join(self.forced) or "none"),
-            *([("PROFILING BUILD", ", ".join(self.profile) + ": results are wrong")]
-              if self.profile else []),
+            *([("PROFILING BUILD", ", ".join(self.profile) + (
+                ": per-task timestamps, results right" if set(self.profile) == {"trace"}
+                else ": results are wrong"))] if self.profile else []),
             ("backward", f"no: {why}" if (why := backward_unsupported(self)) else "yes"),
         ]
         width = max(len(k) for k, _ in rows)
