@@ -682,47 +682,78 @@ MOKGEN_DEV void store_rows_tma(const float (&acc)[BN / 2], int cwg, uint8_t* sta
 // form is exact enough for bf16 outputs and gives 0 for very negative x (huge denominator).
 MOKGEN_DEV float silu(float x) { return __fdividef(x, 1.f + __expf(-x)); }
 
-// Epilogue stores, 8 columns (16 or 32 bytes) at a time (for_each_acc_oct / _dual_oct).
+// Epilogue stores, 8 columns (16 or 32 bytes) at a time (for_each_acc_oct / _dual_oct), or
+// with kOct = false a pair (4 or 8 bytes) at a time: the fp8 kernels, whose consumers have
+// no registers to spare (the 8-column walk spilled 8 B in the signal-warp fp8 backward).
 // Gate/up + SwiGLU: act[r * ld + c] = silu(g) u and, unless pre is null, the pre-activations
 // pre[r * 2 ld + c] = g, pre[r * 2 ld + ld + c] = u (a backward reads them).
-template <int BN>
+template <int BN, bool kOct = true>
 MOKGEN_DEV void store_gate_up(const float (&acc)[BN / 2], int cwg, int m_valid,
                               __nv_bfloat16* pre, __nv_bfloat16* act, int ld, int n_valid) {
-  for_each_dual_oct<BN>(acc, cwg, m_valid,
-                        [&](int r, int c, const float (&g)[8], const float (&u)[8]) {
-    float a[8];
+  if constexpr (kOct) {
+    for_each_dual_oct<BN>(acc, cwg, m_valid,
+                          [&](int r, int c, const float (&g)[8], const float (&u)[8]) {
+      float a[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) a[i] = silu(g[i]) * u[i];
-    *reinterpret_cast<uint4*>(act + (size_t)r * ld + c) = bf16x8(a);
-    if (pre) {
-      *reinterpret_cast<uint4*>(pre + (size_t)r * 2 * ld + c) = bf16x8(g);
-      *reinterpret_cast<uint4*>(pre + (size_t)r * 2 * ld + ld + c) = bf16x8(u);
-    }
-  }, n_valid);
+      for (int i = 0; i < 8; ++i) a[i] = silu(g[i]) * u[i];
+      *reinterpret_cast<uint4*>(act + (size_t)r * ld + c) = bf16x8(a);
+      if (pre) {
+        *reinterpret_cast<uint4*>(pre + (size_t)r * 2 * ld + c) = bf16x8(g);
+        *reinterpret_cast<uint4*>(pre + (size_t)r * 2 * ld + ld + c) = bf16x8(u);
+      }
+    }, n_valid);
+  } else {
+    for_each_dual_pair<BN>(acc, cwg, m_valid,
+                           [&](int r, int c, float g0, float g1, float u0, float u1) {
+      *reinterpret_cast<__nv_bfloat162*>(act + (size_t)r * ld + c) =
+          __floats2bfloat162_rn(silu(g0) * u0, silu(g1) * u1);
+      if (pre) {
+        *reinterpret_cast<__nv_bfloat162*>(pre + (size_t)r * 2 * ld + c) =
+            __floats2bfloat162_rn(g0, g1);
+        *reinterpret_cast<__nv_bfloat162*>(pre + (size_t)r * 2 * ld + ld + c) =
+            __floats2bfloat162_rn(u0, u1);
+      }
+    }, n_valid);
+  }
 }
 // fp32 rows: out[r * ld + c ..] = the accumulators.
-template <int BN>
+template <int BN, bool kOct = true>
 MOKGEN_DEV void store_f32(const float (&acc)[BN / 2], int cwg, int m_valid, float* out, int ld,
                           int n_valid) {
-  for_each_acc_oct<BN>(acc, cwg, m_valid, [&](int r, int c, const float (&v)[8]) {
-    float4* o = reinterpret_cast<float4*>(out + (size_t)r * ld + c);
-    o[0] = make_float4(v[0], v[1], v[2], v[3]);
-    o[1] = make_float4(v[4], v[5], v[6], v[7]);
-  }, n_valid);
+  if constexpr (kOct) {
+    for_each_acc_oct<BN>(acc, cwg, m_valid, [&](int r, int c, const float (&v)[8]) {
+      float4* o = reinterpret_cast<float4*>(out + (size_t)r * ld + c);
+      o[0] = make_float4(v[0], v[1], v[2], v[3]);
+      o[1] = make_float4(v[4], v[5], v[6], v[7]);
+    }, n_valid);
+  } else {
+    for_each_acc_pair<BN>(acc, cwg, m_valid, [&](int r, int c, float v0, float v1) {
+      *reinterpret_cast<float2*>(out + (size_t)r * ld + c) = make_float2(v0, v1);
+    }, n_valid);
+  }
 }
-// Each of the thread's two rows (half h) to its own destination row dst[h] (nullptr: none),
-// times scale[h], as bf16: rows scattered to their tokens' owners.
-template <int BN>
+// Each of the thread's two rows (half h: bit 3 of the tile row) to its own destination row
+// dst[h] (nullptr: none), times scale[h], as bf16: rows scattered to their tokens' owners.
+template <int BN, bool kOct = true>
 MOKGEN_DEV void store_rows_to(const float (&acc)[BN / 2], __nv_bfloat16* const (&dst)[2],
                               const float (&scale)[2], int n_valid) {
-  for_each_acc_oct<BN>(acc, 0, 1 << 30, [&](int r, int c, const float (&v)[8]) {
-    const int h = (r >> 3) & 1;
-    if (dst[h] == nullptr) return;
-    float o[8];
+  if constexpr (kOct) {
+    for_each_acc_oct<BN>(acc, 0, 1 << 30, [&](int r, int c, const float (&v)[8]) {
+      const int h = (r >> 3) & 1;
+      if (dst[h] == nullptr) return;
+      float o[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] = v[i] * scale[h];
-    *reinterpret_cast<uint4*>(dst[h] + c) = bf16x8(o);
-  }, n_valid);
+      for (int i = 0; i < 8; ++i) o[i] = v[i] * scale[h];
+      *reinterpret_cast<uint4*>(dst[h] + c) = bf16x8(o);
+    }, n_valid);
+  } else {
+    for_each_acc_pair<BN>(acc, 0, 1 << 30, [&](int r, int c, float v0, float v1) {
+      const int h = (r >> 3) & 1;
+      if (dst[h] != nullptr)
+        *reinterpret_cast<__nv_bfloat162*>(dst[h] + c) =
+            __floats2bfloat162_rn(v0 * scale[h], v1 * scale[h]);
+    }, n_valid);
+  }
 }
 
 // Tile rasterization inside one [m_blocks x n_blocks] grid: groups of `group` m-blocks walk

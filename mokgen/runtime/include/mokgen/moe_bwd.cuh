@@ -491,8 +491,8 @@ struct BwdProblem {
   // stride NI) that get w * a (the weight gradient of W2 reads it), or nullptr.
   // Returns <a, d_a> per row (the router-weight gradient's partial sum over these columns).
   // kKeep (fp8 dgrad): pair by pair, leaving dh in acc as stored, bf16 pairs packed in place
-  // (acc[r]: d gate of the pair, acc[r + 1]: d up) for quantize_dh; otherwise 8 columns at a
-  // time (for_each_acc_oct). Columns past NI (an edge tile) are skipped.
+  // (acc[r]: d gate of the pair, acc[r + 1]: d up) for quantize_dh; bf16 kernels 8 columns
+  // at a time (for_each_acc_oct). Columns past NI (an edge tile) are skipped.
   template <int NI, bool kKeep = false>
   MOKGEN_DEV void swiglu_backward(float (&acc)[BN / 2], int col0,
                                   const __nv_bfloat16* const (&hp)[2],
@@ -500,7 +500,9 @@ struct BwdProblem {
                                   __nv_bfloat16* const (&ap)[2], const float (&w)[2],
                                   float (&dot)[2]) const {
     dot[0] = dot[1] = 0.f;
-    if constexpr (!kKeep) {  // 8 columns at a time, 16-byte loads and stores (for_each_acc_oct)
+    // fp8 kernels (their shared expert's dgrad) keep pairs: 8 columns at a time spilled 8 B
+    // in the signal-warp fp8 backward (test_codegen's engine schedules)
+    if constexpr (!kKeep && C::Q == 0) {  // 8 columns at a time, 16-byte accesses
       for_each_acc_oct<BN>(acc, 0, BM, [&](int row, int c8, const float (&v)[8]) {
         const int h = (row >> 3) & 1, c = col0 + c8;
         if (hp[h] == nullptr || (NI % BN != 0 && c >= NI)) return;
@@ -583,7 +585,7 @@ struct BwdProblem {
   MOKGEN_DEV void gate_up_epilogue(const Task& t, const float (&acc)[BN / 2], int cwg,
                                    __nv_bfloat16* pre, __nv_bfloat16* act, int NI,
                                    int n_valid) const {
-    store_gate_up<BN>(acc, cwg, t.m_valid, pre, act, NI, n_valid);
+    store_gate_up<BN, C::Q == 0>(acc, cwg, t.m_valid, pre, act, NI, n_valid);
   }
 
   // A weight-gradient tile: one segment's contribution, summed in segment order (fp32 in
@@ -720,8 +722,9 @@ struct BwdProblem {
       }
       quantize_dh(t, acc, cwg);
     } else if (op == kSDx) {
-      store_f32<BN>(acc, cwg, t.m_valid, buf->dx_shared + (size_t)t.c_row0 * C::D + t.c_col0,
-                    C::D, cols_valid<C::D, BN>(t.c_col0));
+      store_f32<BN, C::Q == 0>(acc, cwg, t.m_valid,
+                               buf->dx_shared + (size_t)t.c_row0 * C::D + t.c_col0, C::D,
+                               cols_valid<C::D, BN>(t.c_col0));
     } else if (op == kDx) {  // push each row's dx to its owner (reverse dispatch)
       __nv_bfloat16* dst[2];
 #pragma unroll
@@ -738,7 +741,7 @@ struct BwdProblem {
           dst[h] = ok ? peers->dx[src.x] + (size_t)src.y * C::D + t.c_col0 : nullptr;
       }
       const float one[2] = {1.f, 1.f};
-      store_rows_to<BN>(acc, dst, one, cols_valid<C::D, BN>(t.c_col0));
+      store_rows_to<BN, C::Q == 0>(acc, dst, one, cols_valid<C::D, BN>(t.c_col0));
       // the router-weight gradient of each of the task's BM rows, pushed by warpgroup 0's
       // 128 threads (a row each) in either consumer schedule: exactly once per task
       static_assert(BM == 128, "one row per thread of a warpgroup");

@@ -357,11 +357,12 @@ struct FwdProblem {
           ? buf->ring_h + (size_t)t.a_row0 * 2 * C::I + t.c_col0 : nullptr;
       const int n_valid = t.op == kSharedGateUp ? cols_valid<C::IS, BN / 2>(t.c_col0)
                                                 : cols_valid<C::I, BN / 2>(t.c_col0);
-      store_gate_up<BN>(acc, cwg, t.m_valid, pre, out, ld, n_valid);
+      store_gate_up<BN, C::Q == 0>(acc, cwg, t.m_valid, pre, out, ld, n_valid);
       fence_proxy_async_global();  // the down GEMM reads these rows through TMA
     } else if (op == kSharedDown) {
-      store_f32<BN>(acc, cwg, t.m_valid, buf->y_shared + (size_t)t.c_row0 * C::D + t.c_col0,
-                    C::D, cols_valid<C::D, BN>(t.c_col0));
+      store_f32<BN, C::Q == 0>(acc, cwg, t.m_valid,
+                               buf->y_shared + (size_t)t.c_row0 * C::D + t.c_col0, C::D,
+                               cols_valid<C::D, BN>(t.c_col0));
     } else {  // routed down: scale by the router weight, push to the owners' combine rows
       // a thread holds 2 rows of the tile: look their destinations up once, not per pair
       __nv_bfloat16* dst[2];
@@ -380,7 +381,8 @@ struct FwdProblem {
           dst[h] = ok ? peers->combine[src.x] + (size_t)src.y * C::D + t.c_col0 : nullptr;
         w[h] = buf->row_weight[p];
       }
-      store_rows_to<BN>(acc, dst, w, cols_valid<C::D, BN>(t.c_col0));  // edge tile: columns
+      // an edge tile: its columns inside D
+      store_rows_to<BN, C::Q == 0>(acc, dst, w, cols_valid<C::D, BN>(t.c_col0));
     }
   }
 
