@@ -5,7 +5,9 @@ run once each after warm-up, and summed per task kind and over time.
 Per task: ask -> got is the producer's next_task (the atomic and the dependency waits),
 pop -> main the consumers' mainloop (TMA data waits included), main -> epi the epilogue,
 epi -> done the consumers' barrier and the signal; a consumer's idle time is the gap between
-one task's done and the next one's pop, charged to the task it waited for.
+one task's done and the next one's pop, charged to the task it waited for. Cooperative
+consumers only (the default, and -sw): ping-pong builds record the producer's side alone,
+which this summary skips.
 Usage: python benchmarks/trace.py SHAPE EP N [DTYPE] [--gemm 128x256x4] [--out DIR]
        [--prebuild] (compile only, here; then carry MOKGEN_CACHE: benchmarks/ab_trace.sh)
 Prints, per kernel: the SM time per task kind (mainloop / epilogue / signal / idle, ms summed
