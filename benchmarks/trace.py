@@ -65,7 +65,8 @@ def summarize(recs, ops, bm, bn):
         t_lo = t0 if t_lo is None else min(t_lo, t0)
         for row in r:
             op, kb = row[op_] & 0xffffffff, row[op_] >> 32
-            d = kinds.setdefault(names.get(op & abi.OPCODE_MASK, str(op & abi.OPCODE_MASK)),
+            code = op & abi.OPCODE_MASK
+            d = kinds.setdefault(names.get(code, str(code)),
                                  dict(tasks=0, k_blocks=0, idle_ms=0.0, mainloop_ms=0.0,
                                       epilogue_ms=0.0, signal_ms=0.0, ask_ms=0.0, flops=0.0))
             d["tasks"] += 1
