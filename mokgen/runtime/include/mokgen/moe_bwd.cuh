@@ -28,10 +28,13 @@
 // read the transposed fp8 weights (W2^T, W1^T: e4m3 wgmma takes K-major operands only).
 // Their forward's ring holds e4m3 x, so for a resident minibatch (no replay: the forward left
 // h and, in bf16, a) the comm CTAs still pull x in bf16 for the weight gradients.
-// The list is block b = [DX + WG](b-2) | DG(b-1) | R(b): every task waits only on tasks
+// The list is block b = DG(b-1) | [DX + WG](b-2) | R(b): every task waits only on tasks
 // earlier in the list, or on comm, which waits only on finished minibatches >= 2 units
-// earlier (at least 2 ring slots), so any interleaving of CTAs makes progress and every output
-// element is computed by one tile in a fixed K order: bitwise reproducible.
+// earlier (at least 2 ring slots; FIN(b-2) stays ahead of R(b) for that), so any interleaving
+// of CTAs makes progress and every output element is computed by one tile in a fixed K order:
+// bitwise reproducible. DG(b-1) leads its block so that a whole DG block lies between DG(u)
+// and the FIN(u) tiles that wait for it (FIN first, they followed DG(u) at once: the trace
+// put their waits at 11% of Qwen3's backward).
 // The other directions (FwdConsts::RCPUSH, RDPULL; direction_bwd.cuh): the owners push dy
 // into the ring (the comm CTAs then only replay x, and push their own rank's dy to every
 // rank), and the dx tiles stage their rows for the owners to pull.
@@ -210,7 +213,7 @@ struct BwdSchedule {
       return dx_size(0) + routed_sum(n, DX_N) + (C::IS ? SW2T + SW1T : 0) + seg_start[1] * WT;
     return dx_size(0) + routed_sum(n, DX_N) + (C::IS ? SW2T + SW1T : 0) + seg_start[n] * WT;
   }
-  // block b in [0, units + 2): FIN(b-2) | DG(b-1) | R(b)
+  // block b in [0, units + 2): DG(b-1) | FIN(b-2) | R(b) (BwdProblem::next_task)
   MOKGEN_DEV int block_start(int b) const { return pre_fin(b - 2) + pre_dg(b - 1) + pre_r(b); }
   MOKGEN_DEV int blocks() const { return units() + 2; }
   MOKGEN_DEV int total_tasks() const { return block_start(blocks()); }
@@ -319,17 +322,17 @@ struct BwdProblem {
     if (t >= s.total_tasks() || aborted()) return stop_task();
     const int b = last_at_most(0, s.blocks() - 1, t, [&](int i) { return s.block_start(i); });
     int off = t - s.block_start(b);
+    if (b >= 1 && b - 1 < s.units()) {
+      const int u = b - 1;
+      if (off < s.dg_size(u)) return u == 0 ? shared_dgrad(off) : routed_dgrad(u - 1, off);
+      off -= s.dg_size(u);
+    }
     if (b >= 2 && b - 2 < s.units()) {
       const int u = b - 2;
       if (off < s.dx_size(u)) return u == 0 ? shared_dx(off) : routed_dx(u - 1, off);
       off -= s.dx_size(u);
       if (off < s.wg_size(u)) return wgrad(u, off);
       off -= s.wg_size(u);
-    }
-    if (b >= 1 && b - 1 < s.units()) {
-      const int u = b - 1;
-      if (off < s.dg_size(u)) return u == 0 ? shared_dgrad(off) : routed_dgrad(u - 1, off);
-      off -= s.dg_size(u);
     }
     if (MOKGEN_OK(b < s.units() && off < s.r_size(b), 20, b, off))
       return b == 0 ? shared_gate_up(off) : replay(b - 1, off);
