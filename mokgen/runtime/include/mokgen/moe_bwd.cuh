@@ -505,20 +505,44 @@ struct BwdProblem {
     dot[0] = dot[1] = 0.f;
     // fp8 kernels (their shared expert's dgrad) keep pairs: 8 columns at a time spilled 8 B
     // in the signal-warp fp8 backward (test_codegen's engine schedules)
-    if constexpr (!kKeep && C::Q == 0) {  // 8 columns at a time, 16-byte accesses
-      for_each_acc_oct<BN>(acc, 0, BM, [&](int row, int c8, const float (&v)[8]) {
-        const int h = (row >> 3) & 1, c = col0 + c8;
-        if (hp[h] == nullptr || (NI % BN != 0 && c >= NI)) return;
-        float g[8], u[8], dg[8], du[8], wa[8];
-        floats_of_bf16x8(*reinterpret_cast<const uint4*>(hp[h] + c), g);
-        floats_of_bf16x8(*reinterpret_cast<const uint4*>(hp[h] + NI + c), u);
+    if constexpr (!kKeep && C::Q == 0) {  // 8 columns at a time (for_each_acc_oct's groups,
+      // oct_of), the g / u of kAhead groups loaded before any of their stores: dh lands over
+      // h, so the compiler may not hoist a group's loads above the previous group's stores,
+      // and each group would wait a memory round trip (the trace: 16-17 us a tile, a group
+      // at a time)
+      constexpr int kAhead = 4;
+      static_assert((BN / 32) % kAhead == 0, "whole batches of groups");
+      const int q = threadIdx.x & 3;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) swiglu_grad(v[i], g[i], u[i], w[h], dot[h], dg[i], du[i],
-                                                wa[i]);
-        *reinterpret_cast<uint4*>(dhp[h] + c) = bf16x8(dg);
-        *reinterpret_cast<uint4*>(dhp[h] + NI + c) = bf16x8(du);
-        if (ap[h] != nullptr) *reinterpret_cast<uint4*>(ap[h] + c) = bf16x8(wa);
-      });
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int g0 = 0; g0 < BN / 32; g0 += kAhead) {
+          uint4 graw[kAhead], uraw[kAhead];
+          bool ok[kAhead];
+#pragma unroll
+          for (int i = 0; i < kAhead; ++i) {
+            const int c = col0 + 8 * (4 * (g0 + i) + q);
+            ok[i] = hp[h] != nullptr && (NI % BN == 0 || c < NI);
+            graw[i] = ok[i] ? *reinterpret_cast<const uint4*>(hp[h] + c) : uint4{};
+            uraw[i] = ok[i] ? *reinterpret_cast<const uint4*>(hp[h] + NI + c) : uint4{};
+          }
+#pragma unroll
+          for (int i = 0; i < kAhead; ++i) {
+            float v[8], g[8], u[8], dg[8], du[8], wa[8];
+            oct_of<0>(acc, g0 + i, h, v);  // every lane shuffles, before the mask
+            if (!ok[i]) continue;
+            const int c = col0 + 8 * (4 * (g0 + i) + q);
+            floats_of_bf16x8(graw[i], g);
+            floats_of_bf16x8(uraw[i], u);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) swiglu_grad(v[j], g[j], u[j], w[h], dot[h], dg[j],
+                                                    du[j], wa[j]);
+            *reinterpret_cast<uint4*>(dhp[h] + c) = bf16x8(dg);
+            *reinterpret_cast<uint4*>(dhp[h] + NI + c) = bf16x8(du);
+            if (ap[h] != nullptr) *reinterpret_cast<uint4*>(ap[h] + c) = bf16x8(wa);
+          }
+        }
+      }
       return;
     }
 #pragma unroll
