@@ -7,6 +7,7 @@ pop -> main the consumers' mainloop (TMA data waits included), main -> epi the e
 epi -> done the consumers' barrier and the signal; a consumer's idle time is the gap between
 one task's done and the next one's pop, charged to the task it waited for.
 Usage: python benchmarks/trace.py SHAPE EP N [DTYPE] [--gemm 128x256x4] [--out DIR]
+       [--prebuild] (compile only, here; then carry MOKGEN_CACHE: benchmarks/ab_trace.sh)
 Prints, per kernel: the SM time per task kind (mainloop / epilogue / signal / idle, ms summed
 over CTAs), each kind's mean mainloop TFLOP/s per SM scaled to the GPU, and the share of
 CTAs in a mainloop in 20 time bins; then each direction's GPU kernels from torch.profiler
@@ -150,9 +151,20 @@ def main():
     ap.add_argument("dtype", nargs="?", default="bf16")
     ap.add_argument("--gemm", type=_gemm, default=None, metavar="BMxBNxSTAGES[-pp|-sw]")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--prebuild", action="store_true",
+                    help="only compile the traced kernels into MOKGEN_CACHE (no GPU needed)")
     a = ap.parse_args()
     gemm = dict(gemm_fwd=a.gemm, gemm_bwd=a.gemm) if a.gemm else {}
     shape, ep, n = mokgen.shapes.get(a.shape), a.ep, a.n
+    if a.prebuild:
+        from mokgen import build, codegen
+        from mokgen.tune import tuned_plan
+
+        plan = tuned_plan(shape, ep, a.dtype, n, profile=("trace",), **gemm)
+        bins = build.build(codegen.emit(plan))
+        print(f"{a.shape} ep {ep} N {n} {a.dtype}: {len(bins)} kernels, spills "
+              f"{sum(r['spill_stores'] for b in bins for r in b.resources.values())} B")
+        return
     g = torch.Generator(device="cuda").manual_seed(0)
     xs, zs, w1, w2, sw1, sw2 = make_slice(shape, ep, n, g)
     layer = mokgen.compile(shape, ep=ep, tokens_per_rank=n, virtual=True, dtype=a.dtype,

@@ -526,25 +526,22 @@ MOKGEN_DEV void for_each_dual_pair(const float (&acc)[BN / 2], int cwg, int m_va
 // e[i] = columns 8 (4 g + i) + 2 q, +1; on exit e[i] = columns 8 (4 g + q) + 2 i, +1, the
 // 8 columns of group 4 g + q. Two xor-shuffle rounds; selects, not a runtime index (that
 // would put e in local memory).
+// One round with lane q ^ M: a lane with bit M set trades its elements A0, A1, the other
+// its B0, B1 (the partner's, which sit where its own went).
+template <int M, int A0, int A1, int B0, int B1>
+MOKGEN_DEV void quad_trade(float2 (&e)[4]) {
+  const bool a = threadIdx.x & M;
+  const float2 s0 = a ? e[A0] : e[B0], s1 = a ? e[A1] : e[B1];
+  const float2 r0 = make_float2(__shfl_xor_sync(~0u, s0.x, M), __shfl_xor_sync(~0u, s0.y, M));
+  const float2 r1 = make_float2(__shfl_xor_sync(~0u, s1.x, M), __shfl_xor_sync(~0u, s1.y, M));
+  e[A0] = a ? r0 : e[A0];
+  e[A1] = a ? r1 : e[A1];
+  e[B0] = a ? e[B0] : r0;
+  e[B1] = a ? e[B1] : r1;
+}
 MOKGEN_DEV void quad_transpose(float2 (&e)[4]) {
-  const int q = threadIdx.x & 3;
-  float2 r0, r1;
-  const bool hi = q & 2;  // round 1, with lane q ^ 2: the off-diagonal 2 x 2 blocks
-  const float2 s0 = hi ? e[0] : e[2], s1 = hi ? e[1] : e[3];
-  r0 = make_float2(__shfl_xor_sync(~0u, s0.x, 2), __shfl_xor_sync(~0u, s0.y, 2));
-  r1 = make_float2(__shfl_xor_sync(~0u, s1.x, 2), __shfl_xor_sync(~0u, s1.y, 2));
-  e[0] = hi ? r0 : e[0];
-  e[1] = hi ? r1 : e[1];
-  e[2] = hi ? e[2] : r0;
-  e[3] = hi ? e[3] : r1;
-  const bool odd = q & 1;  // round 2, with lane q ^ 1: inside each 2 x 2 block
-  const float2 t0 = odd ? e[0] : e[1], t1 = odd ? e[2] : e[3];
-  r0 = make_float2(__shfl_xor_sync(~0u, t0.x, 1), __shfl_xor_sync(~0u, t0.y, 1));
-  r1 = make_float2(__shfl_xor_sync(~0u, t1.x, 1), __shfl_xor_sync(~0u, t1.y, 1));
-  e[0] = odd ? r0 : e[0];
-  e[2] = odd ? r1 : e[2];
-  e[1] = odd ? e[1] : r0;
-  e[3] = odd ? e[3] : r1;
+  quad_trade<2, 0, 1, 2, 3>(e);  // the off-diagonal 2 x 2 blocks
+  quad_trade<1, 0, 2, 1, 3>(e);  // inside each 2 x 2 block
 }
 // The 8 columns of accumulator group j (registers 4 j + 2 h, +1 of the 4 lanes) of groups
 // 4 g .. 4 g + 3, half h, after quad_transpose: lane q gets group 4 g + q. OFF: register
