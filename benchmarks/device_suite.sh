@@ -16,7 +16,7 @@ KERNELS=${KERNELS:-.kcache/collected.pkl}
 [ -f "$KERNELS" ] && timeout 240 python3 benchmarks/collect_kernels.py "$KERNELS" \
   ${BENCH_ARGS:+--bench "$BENCH_ARGS"} 2>&1 | tail -2
 A="tests/test_gpu_memory.py tests/test_gpu_shapes.py tests/test_gpu_widths.py tests/test_gpu_module.py
-   tests/test_gpu_backward.py tests/test_gpu_forward.py"
+   tests/test_gpu_backward.py tests/test_gpu_forward.py tests/test_gpu_trace.py"
 B="tests/test_gpu_fp8.py tests/test_gpu_reliability.py tests/test_gpu_transformers.py
    tests/test_gpu_prologue.py tests/test_gpu_directions.py"
 NG=$(nvidia-smi -L | wc -l)
