@@ -5,7 +5,9 @@ run once each after warm-up, and summed per task kind and over time.
 Per task: ask -> got is the producer's next_task (the atomic and the dependency waits),
 pop -> main the consumers' mainloop (TMA data waits included), main -> epi the epilogue,
 epi -> done the consumers' barrier and the signal; a consumer's idle time is the gap between
-one task's done and the next one's pop, charged to the task it waited for.
+one task's done and the next one's pop, charged to the task it waited for. Cooperative
+consumers only (the default, and -sw): ping-pong builds record the producer's side alone,
+which this summary skips.
 Usage: python benchmarks/trace.py SHAPE EP N [DTYPE] [--gemm 128x256x4] [--out DIR]
        [--prebuild] (compile only, here; then carry MOKGEN_CACHE: benchmarks/ab_trace.sh)
 Prints, per kernel: the SM time per task kind (mainloop / epilogue / signal / idle, ms summed
@@ -63,7 +65,8 @@ def summarize(recs, ops, bm, bn):
         t_lo = t0 if t_lo is None else min(t_lo, t0)
         for row in r:
             op, kb = row[op_] & 0xffffffff, row[op_] >> 32
-            d = kinds.setdefault(names.get(op & abi.OPCODE_MASK, str(op & abi.OPCODE_MASK)),
+            code = op & abi.OPCODE_MASK
+            d = kinds.setdefault(names.get(code, str(code)),
                                  dict(tasks=0, k_blocks=0, idle_ms=0.0, mainloop_ms=0.0,
                                       epilogue_ms=0.0, signal_ms=0.0, ask_ms=0.0, flops=0.0))
             d["tasks"] += 1

@@ -1,28 +1,18 @@
 """The `trace` profile on the GPU (marked gpu): a traced build's outputs and gradients are
 bitwise those of the plain build, and benchmarks/trace.py reads a record per task with its
 clocks in order."""
-import importlib.util
-import pathlib
-
 import pytest
 import torch
 
 import mokgen
 from mokgen.runtime import abi
 from mokgen.workloads import make_inputs
+from test_gpu_backward import NAMES
+from test_trace import load_trace_bench
 
 pytestmark = pytest.mark.gpu
 SHAPE = mokgen.MoEShape(16, 1024, 512, 4, shared_intermediate=512, name="trace-small")
 TOKENS = 700
-NAMES = ("x", "router_logits", "w1", "w2")
-
-
-def _trace_bench():
-    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "trace.py"
-    spec = importlib.util.spec_from_file_location("trace_bench", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _leaves(inputs):
@@ -59,7 +49,7 @@ def _flat(x):
 
 
 def test_trace_build_is_bitwise_plain_and_records_every_task_in_order():
-    tb = _trace_bench()
+    tb = load_trace_bench()
     plain = mokgen.compile(SHAPE, ep=1, tokens_per_rank=TOKENS, virtual=True)
     traced = mokgen.compile(SHAPE, ep=1, tokens_per_rank=TOKENS, virtual=True,
                             profile=("trace",))

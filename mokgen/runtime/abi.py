@@ -129,7 +129,7 @@ PROFILES = {"no_routed_wgrad": ("kProfNoRoutedWgrad", 1), "no_dh_quant": ("kProf
 
 
 # The megakernels' task opcodes (moe_fwd.cuh FwdOp, moe_bwd.cuh BwdOp), by value: what a
-# trace's records name (benchmarks/profile_bwd.py --trace).
+# trace's records name (benchmarks/trace.py).
 FWD_OPS = {"kSharedGateUp": 0, "kSharedDown": 1, "kGateUp": 2, "kDown": 3}
 BWD_OPS = {"kSGateUp": 0, "kSDgrad": 1, "kSDx": 2, "kSWgrad2": 3, "kSWgrad1": 4,
            "kReplay": 5, "kDgrad": 6, "kDx": 7, "kWgrad2": 8, "kWgrad1": 9}

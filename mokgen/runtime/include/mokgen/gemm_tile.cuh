@@ -125,6 +125,7 @@ template <int BN_, int STAGES_, int Q_ = 0, unsigned PROF_ = 0, int TASK_SLOTS_ 
 struct GemmCfg {
   static constexpr int BM = 128, BK = 64, BN = BN_, Q = Q_;
   static constexpr unsigned PROF = PROF_;
+  static constexpr bool TRACE = (PROF & kProfTrace) != 0;  // per-task clocks (trace.cuh)
   static constexpr int STAGES = STAGES_, TASK_SLOTS = TASK_SLOTS_;
   static constexpr bool PINGPONG = PINGPONG_;
   // a warp of the producer warpgroup raises each task's completion signal (signal_warp)
@@ -836,15 +837,14 @@ struct ConsumerAcc {
 template <class Cfg, class Problem>
 MOKGEN_DEV void consumer_cooperative(Problem& prob, const GemmSmem<Cfg>& sm, int cwg) {
   PipeState ps, ts;
-  constexpr bool kTrace = (Cfg::PROF & kProfTrace) != 0;
-  int traced = 0;  // kTrace: this CTA's tasks so far
+  int traced = 0;  // Cfg::TRACE: this CTA's tasks so far
   for (;;) {
     ConsumerAcc<Cfg> acc;
     const Task* slot = task_pop<Cfg>(sm, ts);
     if (slot == nullptr || slot->op < 0) break;
     const Task& t = *slot;
     unsigned long long* rec = nullptr;
-    if constexpr (kTrace) {
+    if constexpr (Cfg::TRACE) {
       if (threadIdx.x == 128) rec = trace_rec(traced);
       ++traced;
       if (rec) {
@@ -853,7 +853,7 @@ MOKGEN_DEV void consumer_cooperative(Problem& prob, const GemmSmem<Cfg>& sm, int
       }
     }
     const bool ok = consume<Cfg, Problem>(prob, sm, ps, t, acc.r, cwg);
-    if constexpr (kTrace)
+    if constexpr (Cfg::TRACE)
       if (rec) rec[kTrMain] = trace_clock();
     if (!ok) {  // a stage never arrived: record it and stop (see mbar_wait_lean)
       record_timeout(103, ps.phase());
@@ -864,7 +864,7 @@ MOKGEN_DEV void consumer_cooperative(Problem& prob, const GemmSmem<Cfg>& sm, int
       break;
     }
     prob.epilogue(t, acc.main(), cwg);
-    if constexpr (kTrace)
+    if constexpr (Cfg::TRACE)
       if (rec) rec[kTrEpi] = trace_clock();
     if constexpr (Cfg::SIGNAL_WARP) {
       named_bar_arrive(kBarSignal + ts.idx(), 256 + 32);
@@ -874,7 +874,7 @@ MOKGEN_DEV void consumer_cooperative(Problem& prob, const GemmSmem<Cfg>& sm, int
       if (threadIdx.x == 128) prob.signal(t);
       task_release<Cfg>(sm, ts);
     }
-    if constexpr (kTrace)
+    if constexpr (Cfg::TRACE)
       if (rec) rec[kTrDone] = trace_clock();
   }
 }
@@ -957,9 +957,9 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
       PipeState ps, ts;
       for (int i = 0;; ++i) {
         uint64_t ask = 0;
-        if constexpr ((Cfg::PROF & kProfTrace) != 0) ask = trace_clock();
+        if constexpr (Cfg::TRACE) ask = trace_clock();
         const Task t = prob.next_task();
-        if constexpr ((Cfg::PROF & kProfTrace) != 0) {  // the consumers' thread 128 adds
+        if constexpr (Cfg::TRACE) {  // the consumers' thread 128 adds
           // the rest of the record (consumer_cooperative; ping-pong records none of it)
           if (unsigned long long* rec = t.op < 0 ? nullptr : trace_rec(i)) {
             rec[kTrOp] = (unsigned)t.op | ((unsigned long long)t.k_blocks << 32);
