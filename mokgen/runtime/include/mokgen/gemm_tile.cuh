@@ -637,12 +637,14 @@ enum : uint32_t { kBarTile = 1, kBarTurn = 2, kBarDone = 4, kBarSignal = 6, kBar
 // issued). 64-column chunks, each a 64 x 64 box (8 KB, 128B-swizzled: a row's 16-byte chunk
 // c sits at c ^ (row % 8), so the 8 rows of a warp's shared store hit distinct banks), in
 // two buffers of `stage` (16 KB of this warpgroup's, 1024-aligned) in turn; one thread (the
-// warpgroup's first) writes each box to global memory with a bulk tensor store, whose read
-// of the buffer is waited for only when the buffer comes round again, so the writes to
-// global memory run under the next chunks and the next tile's mainloop. Rows and columns
-// past the map's bounds (an edge tile) are dropped by TMA; chunks from n_valid on are not
-// issued. (col0, row0, z): the warpgroup's first output element in the map's coordinates
-// (z: the matrix of a 3D map).
+// warpgroup's first) writes each box to global memory with a bulk tensor store, so the
+// writes to global memory run under the next chunks and the next tile's mainloop. One
+// barrier a chunk: before it, the issuer waits until the previous chunk's store has read
+// its buffer, which the next chunk fills after it (and on entry until every store of the
+// last call has: its last chunk may have used either buffer). Rows and columns past the
+// map's bounds (an edge tile) are dropped by TMA; chunks from n_valid on are not issued.
+// (col0, row0, z): the warpgroup's first output element in the map's coordinates (z: the
+// matrix of a 3D map).
 template <int BN>
 MOKGEN_DEV void store_rows_tma(const float (&acc)[BN / 2], int cwg, uint8_t* stage,
                                const CUtensorMap* map, int col0, int row0, int z,
@@ -650,12 +652,12 @@ MOKGEN_DEV void store_rows_tma(const float (&acc)[BN / 2], int cwg, uint8_t* sta
   const int w = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
   const bool issuer = (threadIdx.x & 127) == 0;
   const uint32_t bar = kBarEpi + cwg;
+  if (issuer) bulk_wait_read<0>();
+  named_bar_sync(bar, 128);
 #pragma unroll
   for (int q = 0; q < BN / 64; ++q) {
     if (64 * q >= n_valid) break;
     uint8_t* box = stage + (q & 1) * 8192;
-    if (issuer) bulk_wait_read<1>();  // the box this buffer held (2 chunks ago) was read
-    named_bar_sync(bar, 128);
 #pragma unroll
     for (int g = 0; g < 8; ++g) {
 #pragma unroll
@@ -668,6 +670,7 @@ MOKGEN_DEV void store_rows_tma(const float (&acc)[BN / 2], int cwg, uint8_t* sta
       }
     }
     fence_proxy_async_shared();  // this thread's writes, before the async proxy reads them
+    if (issuer && q > 0) bulk_wait_read<0>();  // chunk q - 1's buffer, chunk q + 1's next
     named_bar_sync(bar, 128);
     if (issuer) {
       tma_store_3d(map, box, col0 + 64 * q, row0, z);

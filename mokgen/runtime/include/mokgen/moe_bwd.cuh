@@ -28,10 +28,13 @@
 // read the transposed fp8 weights (W2^T, W1^T: e4m3 wgmma takes K-major operands only).
 // Their forward's ring holds e4m3 x, so for a resident minibatch (no replay: the forward left
 // h and, in bf16, a) the comm CTAs still pull x in bf16 for the weight gradients.
-// The list is block b = [DX + WG](b-2) | DG(b-1) | R(b): every task waits only on tasks
+// The list is block b = DG(b-1) | [DX + WG](b-2) | R(b): every task waits only on tasks
 // earlier in the list, or on comm, which waits only on finished minibatches >= 2 units
-// earlier (at least 2 ring slots), so any interleaving of CTAs makes progress and every output
-// element is computed by one tile in a fixed K order: bitwise reproducible.
+// earlier (at least 2 ring slots; FIN(b-2) stays ahead of R(b) for that), so any interleaving
+// of CTAs makes progress and every output element is computed by one tile in a fixed K order:
+// bitwise reproducible. DG(b-1) leads its block so that a whole DG block lies between DG(u)
+// and the FIN(u) tiles that wait for it (FIN first, they followed DG(u) at once: the trace
+// put their waits at 11% of Qwen3's backward).
 // The other directions (FwdConsts::RCPUSH, RDPULL; direction_bwd.cuh): the owners push dy
 // into the ring (the comm CTAs then only replay x, and push their own rank's dy to every
 // rank), and the dx tiles stage their rows for the owners to pull.
@@ -210,7 +213,7 @@ struct BwdSchedule {
       return dx_size(0) + routed_sum(n, DX_N) + (C::IS ? SW2T + SW1T : 0) + seg_start[1] * WT;
     return dx_size(0) + routed_sum(n, DX_N) + (C::IS ? SW2T + SW1T : 0) + seg_start[n] * WT;
   }
-  // block b in [0, units + 2): FIN(b-2) | DG(b-1) | R(b)
+  // block b in [0, units + 2): DG(b-1) | FIN(b-2) | R(b) (BwdProblem::next_task)
   MOKGEN_DEV int block_start(int b) const { return pre_fin(b - 2) + pre_dg(b - 1) + pre_r(b); }
   MOKGEN_DEV int blocks() const { return units() + 2; }
   MOKGEN_DEV int total_tasks() const { return block_start(blocks()); }
@@ -319,17 +322,17 @@ struct BwdProblem {
     if (t >= s.total_tasks() || aborted()) return stop_task();
     const int b = last_at_most(0, s.blocks() - 1, t, [&](int i) { return s.block_start(i); });
     int off = t - s.block_start(b);
+    if (b >= 1 && b - 1 < s.units()) {
+      const int u = b - 1;
+      if (off < s.dg_size(u)) return u == 0 ? shared_dgrad(off) : routed_dgrad(u - 1, off);
+      off -= s.dg_size(u);
+    }
     if (b >= 2 && b - 2 < s.units()) {
       const int u = b - 2;
       if (off < s.dx_size(u)) return u == 0 ? shared_dx(off) : routed_dx(u - 1, off);
       off -= s.dx_size(u);
       if (off < s.wg_size(u)) return wgrad(u, off);
       off -= s.wg_size(u);
-    }
-    if (b >= 1 && b - 1 < s.units()) {
-      const int u = b - 1;
-      if (off < s.dg_size(u)) return u == 0 ? shared_dgrad(off) : routed_dgrad(u - 1, off);
-      off -= s.dg_size(u);
     }
     if (MOKGEN_OK(b < s.units() && off < s.r_size(b), 20, b, off))
       return b == 0 ? shared_gate_up(off) : replay(b - 1, off);
@@ -502,20 +505,44 @@ struct BwdProblem {
     dot[0] = dot[1] = 0.f;
     // fp8 kernels (their shared expert's dgrad) keep pairs: 8 columns at a time spilled 8 B
     // in the signal-warp fp8 backward (test_codegen's engine schedules)
-    if constexpr (!kKeep && C::Q == 0) {  // 8 columns at a time, 16-byte accesses
-      for_each_acc_oct<BN>(acc, 0, BM, [&](int row, int c8, const float (&v)[8]) {
-        const int h = (row >> 3) & 1, c = col0 + c8;
-        if (hp[h] == nullptr || (NI % BN != 0 && c >= NI)) return;
-        float g[8], u[8], dg[8], du[8], wa[8];
-        floats_of_bf16x8(*reinterpret_cast<const uint4*>(hp[h] + c), g);
-        floats_of_bf16x8(*reinterpret_cast<const uint4*>(hp[h] + NI + c), u);
+    if constexpr (!kKeep && C::Q == 0) {  // 8 columns at a time (for_each_acc_oct's groups,
+      // oct_of), the g / u of kAhead groups loaded before any of their stores: dh lands over
+      // h, so the compiler may not hoist a group's loads above the previous group's stores,
+      // and each group would wait a memory round trip (the trace: 16-17 us a tile, a group
+      // at a time)
+      constexpr int kAhead = 4;
+      static_assert((BN / 32) % kAhead == 0, "whole batches of groups");
+      const int q = threadIdx.x & 3;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) swiglu_grad(v[i], g[i], u[i], w[h], dot[h], dg[i], du[i],
-                                                wa[i]);
-        *reinterpret_cast<uint4*>(dhp[h] + c) = bf16x8(dg);
-        *reinterpret_cast<uint4*>(dhp[h] + NI + c) = bf16x8(du);
-        if (ap[h] != nullptr) *reinterpret_cast<uint4*>(ap[h] + c) = bf16x8(wa);
-      });
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int g0 = 0; g0 < BN / 32; g0 += kAhead) {
+          uint4 graw[kAhead], uraw[kAhead];
+          bool ok[kAhead];
+#pragma unroll
+          for (int i = 0; i < kAhead; ++i) {
+            const int c = col0 + 8 * (4 * (g0 + i) + q);
+            ok[i] = hp[h] != nullptr && (NI % BN == 0 || c < NI);
+            graw[i] = ok[i] ? *reinterpret_cast<const uint4*>(hp[h] + c) : uint4{};
+            uraw[i] = ok[i] ? *reinterpret_cast<const uint4*>(hp[h] + NI + c) : uint4{};
+          }
+#pragma unroll
+          for (int i = 0; i < kAhead; ++i) {
+            float v[8], g[8], u[8], dg[8], du[8], wa[8];
+            oct_of<0>(acc, g0 + i, h, v);  // every lane shuffles, before the mask
+            if (!ok[i]) continue;
+            const int c = col0 + 8 * (4 * (g0 + i) + q);
+            floats_of_bf16x8(graw[i], g);
+            floats_of_bf16x8(uraw[i], u);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) swiglu_grad(v[j], g[j], u[j], w[h], dot[h], dg[j],
+                                                    du[j], wa[j]);
+            *reinterpret_cast<uint4*>(dhp[h] + c) = bf16x8(dg);
+            *reinterpret_cast<uint4*>(dhp[h] + NI + c) = bf16x8(du);
+            if (ap[h] != nullptr) *reinterpret_cast<uint4*>(ap[h] + c) = bf16x8(wa);
+          }
+        }
+      }
       return;
     }
 #pragma unroll
