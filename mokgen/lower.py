@@ -38,6 +38,20 @@ _VARIANT = {"dispatch": ("dispatch_push", "push"), "combine": ("combine_pull", "
             "reverse_dispatch": ("reverse_dispatch_pull", "pull")}
 
 
+def wgrad_stage_bytes(gemm: ir.GemmConfig, smem: int = 227 * 1024) -> int:
+    """Shared memory for the weight gradients' staged boxes (gemm_tile.cuh store_rows_tma:
+    8 KB each, half of them a consumer warpgroup's): a row block's every chunk (BN / 64
+    boxes a warpgroup, so a tile never waits on its own stores) where the stages leave room
+    for it, else two a warpgroup (4 stages of 128 x 256: each chunk waits for the one before
+    it to be read), else none (0: register stores). GemmCfg's bytes (bf16, 4 task slots, the
+    cooperative schedule), which its SMEM_BYTES static_assert checks."""
+    slots = 4
+    engine = gemm.stages * (gemm.bm + gemm.bn) * 64 * 2 + 8 * (2 * gemm.stages + 2 * slots) \
+        + 32 * slots + (16 if gemm.signal_warp else 0)
+    room = smem - 1024 - -(-engine // 1024) * 1024
+    return next((b for b in (2 * gemm.bn // 64 * 8192, 2 * 2 * 8192) if b <= room), 0)
+
+
 def lower(g, direction: str) -> dict:
     """The parameters of the `direction` ("fwd" or "bwd") kernels: the forward's also
     instantiate the prologue (routing, schedule), whose ops are forward ops."""
@@ -55,10 +69,9 @@ def lower(g, direction: str) -> dict:
                 gemm_bn=gemm.bn, gemm_stages=gemm.stages, gemm_pingpong=gemm.pingpong,
                 gemm_signal_warp=gemm.signal_warp,
                 # the backward's whole-expert weight-gradient tiles leave through shared
-                # memory and TMA stores (moe_bwd.cuh kTmaWgrad): two 8 KB boxes a consumer
-                # warpgroup; fp8 plans' stages hold their scales too, leaving no room
-                wgrad_stage_bytes=32768 if direction == "bwd" and not got.get("scale_block")
-                else 0,
+                # memory and TMA stores (moe_bwd.cuh kTmaWgrad)
+                wgrad_stage_bytes=wgrad_stage_bytes(gemm) if direction == "bwd"
+                and not got.get("scale_block") else 0,
                 block_m=got["block_m"], minibatch=got["minibatch"],
                 ring_slots=got["ring_rows"] // got["minibatch"],
                 scale_block=got.get("scale_block", 0),

@@ -636,19 +636,21 @@ enum : uint32_t { kBarTile = 1, kBarTurn = 2, kBarDone = 4, kBarSignal = 6, kBar
 // 8 rows x 16 B: half-filled sectors, and the warpgroup's next mainloop waits until all are
 // issued). 64-column chunks, each a 64 x 64 box (8 KB, 128B-swizzled: a row's 16-byte chunk
 // c sits at c ^ (row % 8), so the 8 rows of a warp's shared store hit distinct banks), in
-// two buffers of `stage` (16 KB of this warpgroup's, 1024-aligned) in turn; one thread (the
-// warpgroup's first) writes each box to global memory with a bulk tensor store, so the
-// writes to global memory run under the next chunks and the next tile's mainloop. One
-// barrier a chunk: before it, the issuer waits until the previous chunk's store has read
-// its buffer, which the next chunk fills after it (and on entry until every store of the
-// last call has: its last chunk may have used either buffer). Rows and columns past the
-// map's bounds (an edge tile) are dropped by TMA; chunks from n_valid on are not issued.
+// NBUF buffers of `stage` (NBUF x 8 KB of this warpgroup's, 1024-aligned) in turn; one
+// thread (the warpgroup's first) writes each box to global memory with a bulk tensor store,
+// so the writes to global memory run under the next chunks and the next tile's mainloop.
+// One barrier a chunk: before it, the issuer waits until the store of the chunk whose
+// buffer the next chunk fills has read it (none with NBUF = BN / 64 buffers, a row block's
+// every chunk: the tile then never waits on its own stores), and on entry until every store
+// of the last call has (its chunks used every buffer). Rows and columns past the map's
+// bounds (an edge tile) are dropped by TMA; chunks from n_valid on are not issued.
 // (col0, row0, z): the warpgroup's first output element in the map's coordinates (z: the
 // matrix of a 3D map).
-template <int BN>
+template <int BN, int NBUF = 2>
 MOKGEN_DEV void store_rows_tma(const float (&acc)[BN / 2], int cwg, uint8_t* stage,
                                const CUtensorMap* map, int col0, int row0, int z,
                                int n_valid) {
+  static_assert(NBUF >= 2 && NBUF <= BN / 64, "two buffers at least, a chunk each at most");
   const int w = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
   const bool issuer = (threadIdx.x & 127) == 0;
   const uint32_t bar = kBarEpi + cwg;
@@ -657,7 +659,7 @@ MOKGEN_DEV void store_rows_tma(const float (&acc)[BN / 2], int cwg, uint8_t* sta
 #pragma unroll
   for (int q = 0; q < BN / 64; ++q) {
     if (64 * q >= n_valid) break;
-    uint8_t* box = stage + (q & 1) * 8192;
+    uint8_t* box = stage + (q % NBUF) * 8192;
 #pragma unroll
     for (int g = 0; g < 8; ++g) {
 #pragma unroll
@@ -670,7 +672,10 @@ MOKGEN_DEV void store_rows_tma(const float (&acc)[BN / 2], int cwg, uint8_t* sta
       }
     }
     fence_proxy_async_shared();  // this thread's writes, before the async proxy reads them
-    if (issuer && q > 0) bulk_wait_read<0>();  // chunk q - 1's buffer, chunk q + 1's next
+    // chunk q + 1 fills chunk q + 1 - NBUF's buffer: that store must have read it (stores
+    // committed so far: chunks .. q - 1, of which the newest NBUF - 2 may still be reading)
+    if (issuer && q + 1 >= NBUF && q + 1 < BN / 64 && 64 * (q + 1) < n_valid)
+      bulk_wait_read<NBUF - 2>();
     named_bar_sync(bar, 128);
     if (issuer) {
       tma_store_3d(map, box, col0 + 64 * q, row0, z);

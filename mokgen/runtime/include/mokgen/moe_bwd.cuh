@@ -240,7 +240,9 @@ struct BwdProblem {
   // A weight-gradient tile of a whole expert goes out through shared memory and TMA stores
   // (store_rows_tma) where the kernel has the staging; the maps are 3D, an expert a matrix,
   // so an edge row tile's rows past the expert's are dropped, not written into the next.
+  // Each consumer warpgroup stages in its half of EPI_BYTES: 8 KB boxes (lower.py sizes it).
   static constexpr bool kTmaWgrad = Cfg::EPI_BYTES >= 2 * 16384;
+  static constexpr int kWgradBufs = Cfg::EPI_BYTES / 2 / 8192;
 
   // counters: [0] tasks | ready[MB] | r_done[MB*RT] | dg_done[MB*RT] | fin_done[MB]
   // | wg_seq[L*WT] | sr_done[SRT] | sdg_done[SRT] | sr_all | sdg_all
@@ -666,7 +668,7 @@ struct BwdProblem {
       // instructions a pair where this needs a convert and a store (ncu, kimi ep 8)
       if constexpr (kTmaWgrad) {
         if (buf->wgrad_tma && (op == kWgrad2 || op == kWgrad1)) {
-          store_rows_tma<BN>(acc, cwg, stage + cwg * 16384,
+          store_rows_tma<BN, kWgradBufs>(acc, cwg, stage + cwg * (Cfg::EPI_BYTES / 2),
                              op == kWgrad2 ? &maps->dw2_st : &maps->dw1_st, t.c_col0,
                              t.c_row0 + 64 * cwg, buf->segs[t.m_valid].x, n_valid);
           return;
