@@ -83,8 +83,9 @@ static_assert(sizeof(Task) == 32, "Task is 32 bytes");
 
 MOKGEN_DEV Task stop_task() { return Task{-1, 0, 0, -1, 0, 0, 0, 0}; }
 
-// Operand layout bits of Task::op; the low byte is the Problem's own opcode.
-enum : int { kOpcodeMask = 0xff, kBMN = 1 << 8, kAMN = 1 << 9, kF8 = 1 << 10 };
+// Operand layout bits of Task::op; the low byte is the Problem's own opcode, and bits
+// kOpUserShift .. 30 are the Problem's to carry what its epilogue needs (op stays >= 0).
+enum : int { kOpcodeMask = 0xff, kBMN = 1 << 8, kAMN = 1 << 9, kF8 = 1 << 10, kOpUserShift = 11 };
 MOKGEN_DEV int opcode(const Task& t) { return t.op & kOpcodeMask; }
 
 // Slot index + parity of a ring of S mbarrier-guarded slots, in one register (parity in

@@ -242,6 +242,16 @@ struct BwdProblem {
   // so an edge row tile's rows past the expert's are dropped, not written into the next.
   // Each consumer warpgroup stages in its half of EPI_BYTES: 8 KB boxes (lower.py sizes it).
   static constexpr bool kTmaWgrad = Cfg::EPI_BYTES >= 2 * 16384;
+  // A routed weight-gradient task's op carries its segment's expert and whether the
+  // segment is the expert's only one (its whole K): the epilogue's fast path then reads no
+  // segment from global memory before its stores (a dependent load at each short-K tile's
+  // end, in its warpgroup's way); bits above kOpUserShift (gemm_tile.cuh).
+  static constexpr int kWgradWhole = 1 << kOpUserShift, kWgradExpertShift = kOpUserShift + 1;
+  static_assert(C::L <= (1 << (31 - kWgradExpertShift)), "the expert fits the op's bits");
+  // The segment of the routed weight-gradient task whose epilogue this thread ran last,
+  // loaded as the epilogue starts so the signal (the same thread, after the tile's barrier,
+  // in the cooperative schedule) does not wait for it.
+  mutable int4 wg_seg_;
   static constexpr int kWgradBufs = Cfg::EPI_BYTES / 2 / 8192;
 
   // counters: [0] tasks | ready[MB] | r_done[MB*RT] | dg_done[MB*RT] | fin_done[MB]
@@ -467,13 +477,14 @@ struct BwdProblem {
       k0 = s.slot_row(seg.y / C::B) + seg.y % C::B;
       kb = (seg.z - seg.y) / 64;
     }
+    const int bits = MN | (e << kWgradExpertShift) | ((seg.w >> 16) == 1 ? kWgradWhole : 0);
     if (tt < S::W2T) {  // dW2_e [D, I] = (w dy)^T a
       const int mt = tt % S::MT_D, nt = tt / S::MT_D;
-      return Task{kWgrad2 | MN, mt * BM, nt * BN, k0, mt * BM, nt * BN, sid, kb};
+      return Task{kWgrad2 | bits, mt * BM, nt * BN, k0, mt * BM, nt * BN, sid, kb};
     }
     const int t1 = tt - S::W2T;  // dW1_e [2I, D] = dh^T x
     const int mt = t1 % S::MT_2I, nt = t1 / S::MT_2I;
-    return Task{kWgrad1 | MN, mt * BM, nt * BN, k0, mt * BM, nt * BN, sid, kb};
+    return Task{kWgrad1 | bits, mt * BM, nt * BN, k0, mt * BM, nt * BN, sid, kb};
   }
 
   // ---------------------------------------------------------------- epilogues
@@ -623,8 +634,22 @@ struct BwdProblem {
   // accumulation, no second gradient-sized tensor and no separate add).
   MOKGEN_DEV void wgrad_epilogue(const Task& t, float (&acc)[BN / 2], int cwg) const {
     const int op = opcode(t);
+    const bool routed = op == kWgrad2 || op == kWgrad1;
+    if (routed) wg_seg_ = buf->segs[t.m_valid];  // used by signal(), not awaited here
     if constexpr ((Cfg::PROF & kProfNoWgradEpilogue) != 0)  // profiling (profile_bwd.py)
-      if (op == kWgrad2 || op == kWgrad1) return;
+      if (routed) return;
+    const int n_valid = op == kWgrad2  ? cols_valid<C::I, BN>(t.c_col0)
+                        : op == kSWgrad2 ? cols_valid<C::IS, BN>(t.c_col0)
+                                         : cols_valid<C::D, BN>(t.c_col0);  // dW1, dsw1
+    if constexpr (kTmaWgrad) {  // a whole expert's tile: bf16 through shared memory and TMA
+      if ((t.op & kWgradWhole) && buf->wgrad_tma && !buf->accumulate) {
+        store_rows_tma<BN, kWgradBufs>(acc, cwg, stage + cwg * (Cfg::EPI_BYTES / 2),
+                                       op == kWgrad2 ? &maps->dw2_st : &maps->dw1_st,
+                                       t.c_col0, t.c_row0 + 64 * cwg,
+                                       t.op >> kWgradExpertShift, n_valid);
+        return;
+      }
+    }
     __nv_bfloat16* out;
     float* ws = nullptr;
     int ld, idx = 0, count = 1;
@@ -632,7 +657,7 @@ struct BwdProblem {
       out = op == kSWgrad2 ? buf->dsw2 : buf->dsw1;
       ld = op == kSWgrad2 ? C::IS : C::D;
     } else {
-      const int4 seg = buf->segs[t.m_valid];
+      const int4 seg = wg_seg_;
       const int e = seg.x;
       idx = seg.w & 0xffff;
       count = seg.w >> 16;
@@ -655,10 +680,7 @@ struct BwdProblem {
     out += base;
     if (ws) ws += base;
     const bool last = idx == count - 1;
-    const bool add = buf->accumulate && (op == kWgrad2 || op == kWgrad1);
-    const int n_valid = op == kWgrad2  ? cols_valid<C::I, BN>(t.c_col0)
-                        : op == kSWgrad2 ? cols_valid<C::IS, BN>(t.c_col0)
-                                         : cols_valid<C::D, BN>(t.c_col0);  // dW1, dsw1
+    const bool add = buf->accumulate && routed;
     const int m_valid = op == kWgrad1    ? rows_valid<2 * C::I, BM>(t.c_row0)
                         : op == kSWgrad1 ? rows_valid<2 * C::IS, BM>(t.c_row0)
                                          : rows_valid<C::D, BM>(t.c_row0);  // dW2, dsw2
@@ -666,14 +688,6 @@ struct BwdProblem {
       // own path: with the sum's load and the branches of the general one below in each
       // pair's body, ptxas kept them there (a loop of 64 pairs is not unswitched), ~10
       // instructions a pair where this needs a convert and a store (ncu, kimi ep 8)
-      if constexpr (kTmaWgrad) {
-        if (buf->wgrad_tma && (op == kWgrad2 || op == kWgrad1)) {
-          store_rows_tma<BN, kWgradBufs>(acc, cwg, stage + cwg * (Cfg::EPI_BYTES / 2),
-                             op == kWgrad2 ? &maps->dw2_st : &maps->dw1_st, t.c_col0,
-                             t.c_row0 + 64 * cwg, buf->segs[t.m_valid].x, n_valid);
-          return;
-        }
-      }
       for_each_acc_pair<BN>(acc, cwg, m_valid, [&](int r, int c, float v0, float v1) {
         *reinterpret_cast<__nv_bfloat162*>(out + (size_t)r * ld + c) =
             __floats2bfloat162_rn(v0, v1);
@@ -807,7 +821,9 @@ struct BwdProblem {
           signal_add_sys(bxflag(dir->xflags[buf->rank], buf->max_minibatches, kXDxDone, m));
         break;
       case kWgrad2: case kWgrad1: {
-        const int4 seg = buf->segs[t.m_valid];
+        // the cooperative consumers' signalling thread loaded the segment in the epilogue;
+        // the signal warp ran none, and a ping-pong warpgroup whose mainloop timed out skips it
+        const int4 seg = Cfg::SIGNAL_WARP || Cfg::PINGPONG ? buf->segs[t.m_valid] : wg_seg_;
         if (seg.z == seg.y) break;  // a zero tile of an expert without rows
         const int tt = op == kWgrad2
             ? (t.c_col0 / BN) * S::MT_D + t.c_row0 / BM
