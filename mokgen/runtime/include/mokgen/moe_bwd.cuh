@@ -242,17 +242,21 @@ struct BwdProblem {
   // so an edge row tile's rows past the expert's are dropped, not written into the next.
   // Each consumer warpgroup stages in its half of EPI_BYTES: 8 KB boxes (lower.py sizes it).
   static constexpr bool kTmaWgrad = Cfg::EPI_BYTES >= 2 * 16384;
-  // What the epilogue and the signal of a routed weight-gradient task need of its segment
-  // travels in the task (the producer read the segment anyway), so neither reads it from
-  // global memory when the segment is its expert's only one: a dependent load at each
-  // short-K tile's end, in its warpgroup's way (trace.py: the signal's 0.5 us a tile). The
-  // op's bits above kOpUserShift (gemm_tile.cuh): the segment is the expert's only one
-  // (whole), it has no rows (empty: a zero tile), the expert. Weight-gradient tasks' output
-  // origin is (a_row0, b_row0), which is where their operands start too; a routed one's
-  // c_col0 holds the minibatch its unit closes (the fin_done count its signal adds to).
+  // kTmaWgrad kernels: what the epilogue and the signal of a routed weight-gradient task
+  // need of its segment travels in the task (the producer read the segment anyway), so
+  // neither reads it from global memory when the segment is its expert's only one: a
+  // dependent load at each short-K tile's end, in its warpgroup's way (trace.py: the
+  // signal's 0.5 us a tile). The op's bits above kOpUserShift (gemm_tile.cuh): the segment
+  // is the expert's only one (whole), it has no rows (empty: a zero tile), the expert; c_col0
+  // holds the minibatch its unit closes (the fin_done count its signal adds to). The fp8
+  // kernels (no staging, no such fast path) read the segment as before: the bits' producer
+  // code alone made ptxas spill 8 B in the signal-warp MXFP8 backward. Weight-gradient tasks'
+  // output origin is (a_row0, b_row0) in every kernel, which is where their operands start.
+  static constexpr bool kWgradInTask = kTmaWgrad;
   static constexpr int kWgradWhole = 1 << kOpUserShift, kWgradEmpty = 1 << (kOpUserShift + 1);
   static constexpr int kWgradExpertShift = kOpUserShift + 2;
-  static_assert(C::L <= (1 << (31 - kWgradExpertShift)), "the expert fits the op's bits");
+  static_assert(!kWgradInTask || C::L <= (1 << (31 - kWgradExpertShift)),
+                "the expert fits the op's bits");
   static constexpr int kWgradBufs = Cfg::EPI_BYTES / 2 / 8192;
 
   // counters: [0] tasks | ready[MB] | r_done[MB*RT] | dg_done[MB*RT] | fin_done[MB]
@@ -478,16 +482,19 @@ struct BwdProblem {
       k0 = s.slot_row(seg.y / C::B) + seg.y % C::B;
       kb = (seg.z - seg.y) / 64;
     }
-    const int bits = MN | (e << kWgradExpertShift) | ((seg.w >> 16) == 1 ? kWgradWhole : 0) |
-                     (seg.z == seg.y ? kWgradEmpty : 0);
-    const int unit_mb = u > 0 ? u - 1 : 0;  // (seg.z - 1) / B, checked above
+    int bits = MN, c_col0 = 0;
+    if constexpr (kWgradInTask) {
+      bits |= (e << kWgradExpertShift) | ((seg.w >> 16) == 1 ? kWgradWhole : 0) |
+              (seg.z == seg.y ? kWgradEmpty : 0);
+      c_col0 = u > 0 ? u - 1 : 0;  // (seg.z - 1) / B, checked above
+    }
     if (tt < S::W2T) {  // dW2_e [D, I] = (w dy)^T a
       const int mt = tt % S::MT_D, nt = tt / S::MT_D;
-      return Task{kWgrad2 | bits, mt * BM, nt * BN, k0, mt * BM, unit_mb, sid, kb};
+      return Task{kWgrad2 | bits, mt * BM, nt * BN, k0, mt * BM, c_col0, sid, kb};
     }
     const int t1 = tt - S::W2T;  // dW1_e [2I, D] = dh^T x
     const int mt = t1 % S::MT_2I, nt = t1 / S::MT_2I;
-    return Task{kWgrad1 | bits, mt * BM, nt * BN, k0, mt * BM, unit_mb, sid, kb};
+    return Task{kWgrad1 | bits, mt * BM, nt * BN, k0, mt * BM, c_col0, sid, kb};
   }
 
   // ---------------------------------------------------------------- epilogues
@@ -637,18 +644,16 @@ struct BwdProblem {
   // accumulation, no second gradient-sized tensor and no separate add).
   MOKGEN_DEV void wgrad_epilogue(const Task& t, float (&acc)[BN / 2], int cwg) const {
     const int op = opcode(t);
-    const bool routed = op == kWgrad2 || op == kWgrad1;
     if constexpr ((Cfg::PROF & kProfNoWgradEpilogue) != 0)  // profiling (profile_bwd.py)
-      if (routed) return;
+      if (op == kWgrad2 || op == kWgrad1) return;
     const int row0 = t.a_row0, col0 = t.b_row0;  // the output's origin (kWgradWhole)
-    const int n_valid = op == kWgrad2  ? cols_valid<C::I, BN>(col0)
-                        : op == kSWgrad2 ? cols_valid<C::IS, BN>(col0)
-                                         : cols_valid<C::D, BN>(col0);  // dW1, dsw1
     if constexpr (kTmaWgrad) {  // a whole expert's tile: bf16 through shared memory and TMA
       if ((t.op & kWgradWhole) && buf->wgrad_tma && !buf->accumulate) {
-        store_rows_tma<BN, kWgradBufs>(acc, cwg, stage + cwg * (Cfg::EPI_BYTES / 2),
-                                       op == kWgrad2 ? &maps->dw2_st : &maps->dw1_st, col0,
-                                       row0 + 64 * cwg, t.op >> kWgradExpertShift, n_valid);
+        store_rows_tma<BN, kWgradBufs>(
+            acc, cwg, stage + cwg * (Cfg::EPI_BYTES / 2),
+            op == kWgrad2 ? &maps->dw2_st : &maps->dw1_st, col0, row0 + 64 * cwg,
+            t.op >> kWgradExpertShift,
+            op == kWgrad2 ? cols_valid<C::I, BN>(col0) : cols_valid<C::D, BN>(col0));
         return;
       }
     }
@@ -682,7 +687,10 @@ struct BwdProblem {
     out += base;
     if (ws) ws += base;
     const bool last = idx == count - 1;
-    const bool add = buf->accumulate && routed;
+    const bool add = buf->accumulate && (op == kWgrad2 || op == kWgrad1);
+    const int n_valid = op == kWgrad2  ? cols_valid<C::I, BN>(col0)
+                        : op == kSWgrad2 ? cols_valid<C::IS, BN>(col0)
+                                         : cols_valid<C::D, BN>(col0);  // dW1, dsw1
     const int m_valid = op == kWgrad1    ? rows_valid<2 * C::I, BM>(row0)
                         : op == kSWgrad1 ? rows_valid<2 * C::IS, BM>(row0)
                                          : rows_valid<C::D, BM>(row0);  // dW2, dsw2
@@ -823,25 +831,33 @@ struct BwdProblem {
           signal_add_sys(bxflag(dir->xflags[buf->rank], buf->max_minibatches, kXDxDone, m));
         break;
       case kWgrad2: case kWgrad1: {
-        if (t.op & kWgradEmpty) break;  // a zero tile of an expert without rows
-        const int e = t.op >> kWgradExpertShift;
         const int tt = op == kWgrad2
             ? (t.b_row0 / BN) * S::MT_D + t.a_row0 / BM
             : S::W2T + (t.b_row0 / BN) * S::MT_2I + t.a_row0 / BM;
-        if (!(t.op & kWgradWhole)) {
+        int e, unit;
+        bool more = false;  // a later segment of the expert reads this one's fp32 sum
+        if (kWgradInTask && (t.op & kWgradWhole)) {
+          if (t.op & kWgradEmpty) break;  // a zero tile of an expert without rows
+          e = t.op >> kWgradExpertShift;
+          unit = t.c_col0;
+        } else {
           const int4 seg = buf->segs[t.m_valid];
-          if ((seg.w & 0xffff) + 1 < (seg.w >> 16)) {  // the next segment reads the fp32 sum
-            signal_add(wg_seq() + e * S::WT + tt);
-            signal_add(fin_done() + t.c_col0);  // the unit it is listed under
-            break;
-          }
+          if (seg.z == seg.y) break;
+          e = seg.x;
+          unit = (seg.z - 1) / C::B;  // the unit it is listed under
+          more = (seg.w & 0xffff) + 1 < (seg.w >> 16);
         }
-        // the last segment: its bf16 gradient is read by no one in the kernel, and the ring
-        // slot this count frees was read by TMA before the mainloop ended, so no fence: the
-        // stores drain under the next tile's mainloop (profile_bwd.py: fenced, this
-        // epilogue was 41-45% of the short-K weight gradients' time)
-        signal_add_relaxed(wg_seq() + e * S::WT + tt);
-        signal_add_relaxed(fin_done() + t.c_col0);
+        if (more) {
+          signal_add(wg_seq() + e * S::WT + tt);
+          signal_add(fin_done() + unit);
+        } else {
+          // the last segment: its bf16 gradient is read by no one in the kernel, and the ring
+          // slot this count frees was read by TMA before the mainloop ended, so no fence: the
+          // stores drain under the next tile's mainloop (profile_bwd.py: fenced, this
+          // epilogue was 41-45% of the short-K weight gradients' time)
+          signal_add_relaxed(wg_seq() + e * S::WT + tt);
+          signal_add_relaxed(fin_done() + unit);
+        }
         break;
       }
       default: break;
