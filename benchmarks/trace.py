@@ -154,16 +154,21 @@ def main():
     ap.add_argument("dtype", nargs="?", default="bf16")
     ap.add_argument("--gemm", type=_gemm, default=None, metavar="BMxBNxSTAGES[-pp|-sw]")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--also", default="", metavar="PROFILE[,PROFILE]",
+                    help="more profiles (runtime/abi.py PROFILES), e.g. no_dgrad_loads")
     ap.add_argument("--prebuild", action="store_true",
                     help="only compile the traced kernels into MOKGEN_CACHE (no GPU needed)")
     a = ap.parse_args()
+    also = tuple(p for p in a.also.split(",") if p)
+    prof = ("trace",) + also
+    suffix = "".join("_" + p for p in also)
     gemm = dict(gemm_fwd=a.gemm, gemm_bwd=a.gemm) if a.gemm else {}
     shape, ep, n = mokgen.shapes.get(a.shape), a.ep, a.n
     if a.prebuild:
         from mokgen import build, codegen
         from mokgen.tune import tuned_plan
 
-        plan = tuned_plan(shape, ep, a.dtype, n, profile=("trace",), **gemm)
+        plan = tuned_plan(shape, ep, a.dtype, n, profile=prof, **gemm)
         bins = build.build(codegen.emit(plan))
         print(f"{a.shape} ep {ep} N {n} {a.dtype}: {len(bins)} kernels, spills "
               f"{sum(r['spill_stores'] for b in bins for r in b.resources.values())} B")
@@ -171,7 +176,7 @@ def main():
     g = torch.Generator(device="cuda").manual_seed(0)
     xs, zs, w1, w2, sw1, sw2 = make_slice(shape, ep, n, g)
     layer = mokgen.compile(shape, ep=ep, tokens_per_rank=n, virtual=True, dtype=a.dtype,
-                           profile=("trace",), **gemm)
+                           profile=prof, **gemm)
     rt, bwd = layer.runtime(), layer.backward_runtime()
     w1s, w2s = [w1] * ep, [w2] * ep
     layer(x=xs, router_logits=zs, w1=w1s, w2=w2s, shared_w1=sw1, shared_w2=sw2)
@@ -190,7 +195,8 @@ def main():
     res["fwd_kernels"] = kernel_times(lambda: None, fwd)
     res["bwd_kernels"] = kernel_times(fwd, back)
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, f"trace_{a.shape}_ep{ep}_n{n}_{a.dtype}.json"), "w") as fh:
+    name = f"trace_{a.shape}_ep{ep}_n{n}_{a.dtype}{suffix}.json"
+    with open(os.path.join(a.out, name), "w") as fh:
         json.dump(res, fh, indent=1)
     print(f"{a.shape} ep {ep} N {n} {a.dtype}: forward {res['fwd_ms']:.3f} ms, backward "
           f"{res['bwd_ms']:.3f} ms (event-timed, traced builds)")

@@ -125,7 +125,11 @@ PROFILES = {"no_routed_wgrad": ("kProfNoRoutedWgrad", 1), "no_dh_quant": ("kProf
             "no_bwd_epilogues": ("kProfNoBwdEpilogues", 32),
             "no_wgrad_waits": ("kProfNoWgradWaits", 64),
             "no_fwd_epilogues": ("kProfNoFwdEpilogues", 128),
-            "trace": ("kProfTrace", 256)}  # results right: timestamps only (trace.cuh)
+            "trace": ("kProfTrace", 256),  # results right: timestamps only (trace.cuh)
+            # the routed SwiGLU backward (bf16): no g / u loads (the tile's d_a stands in) /
+            # no dh, w a stores: what each costs of its epilogue (benchmarks/trace.py)
+            "no_dgrad_loads": ("kProfNoDgradLoads", 512),
+            "no_dgrad_stores": ("kProfNoDgradStores", 1024)}
 
 
 # The megakernels' task opcodes (moe_fwd.cuh FwdOp, moe_bwd.cuh BwdOp), by value: what a

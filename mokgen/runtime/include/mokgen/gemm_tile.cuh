@@ -118,7 +118,9 @@ enum Profile : unsigned {
   kProfNoBwdEpilogues = 32u,   // every backward tile: mainloop, no epilogue (signals still go)
   kProfNoWgradWaits = 64u,     // the routed weight-gradient tasks start without their waits
   kProfNoFwdEpilogues = 128u,  // every forward tile: mainloop, no epilogue (signals still go)
-  kProfTrace = 256u            // per-task timestamps into mokgen_trace (trace.cuh); results right
+  kProfTrace = 256u,           // per-task timestamps into mokgen_trace (trace.cuh); results right
+  kProfNoDgradLoads = 512u,    // the routed SwiGLU backward (bf16): d_a stands in for g / u
+  kProfNoDgradStores = 1024u   // ... and stores neither dh nor w a (results wrong)
 };
 
 template <int BN_, int STAGES_, int Q_ = 0, unsigned PROF_ = 0, int TASK_SLOTS_ = 4,

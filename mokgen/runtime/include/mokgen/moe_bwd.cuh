@@ -546,6 +546,7 @@ struct BwdProblem {
           for (int i = 0; i < kAhead; ++i) {
             const int c = col0 + 8 * (4 * (g0 + i) + q);
             ok[i] = hp[h] != nullptr && (NI % BN == 0 || c < NI);
+            if constexpr ((Cfg::PROF & kProfNoDgradLoads) != 0) continue;  // profiling
             graw[i] = ok[i] ? *reinterpret_cast<const uint4*>(hp[h] + c) : uint4{};
             uraw[i] = ok[i] ? *reinterpret_cast<const uint4*>(hp[h] + NI + c) : uint4{};
           }
@@ -555,11 +556,17 @@ struct BwdProblem {
             oct_of<0>(acc, g0 + i, h, v);  // every lane shuffles, before the mask
             if (!ok[i]) continue;
             const int c = col0 + 8 * (4 * (g0 + i) + q);
-            floats_of_bf16x8(graw[i], g);
-            floats_of_bf16x8(uraw[i], u);
+            if constexpr ((Cfg::PROF & kProfNoDgradLoads) != 0) {  // profiling: no loads
+#pragma unroll
+              for (int j = 0; j < 8; ++j) g[j] = u[j] = v[j];
+            } else {
+              floats_of_bf16x8(graw[i], g);
+              floats_of_bf16x8(uraw[i], u);
+            }
 #pragma unroll
             for (int j = 0; j < 8; ++j) swiglu_grad(v[j], g[j], u[j], w[h], dot[h], dg[j],
                                                     du[j], wa[j]);
+            if constexpr ((Cfg::PROF & kProfNoDgradStores) != 0) continue;  // profiling
             *reinterpret_cast<uint4*>(dhp[h] + c) = bf16x8(dg);
             *reinterpret_cast<uint4*>(dhp[h] + NI + c) = bf16x8(du);
             if (ap[h] != nullptr) *reinterpret_cast<uint4*>(ap[h] + c) = bf16x8(wa);
