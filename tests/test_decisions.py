@@ -214,6 +214,20 @@ def test_weight_gradient_staging_follows_the_precision():
     assert "EPI_BYTES" not in fp8["bwd"]
 
 
+def test_weight_gradient_staging_takes_the_room_the_stages_leave():
+    """4 stages of 128 x 256 leave room for two 8 KB boxes a consumer warpgroup; 3 or 2
+    stages for a row block's every chunk (BN / 64 boxes a warpgroup: no wait on its own
+    stores); the kernel's GemmCfg checks the total against 227 KB when it compiles."""
+    from mokgen.ir import GemmConfig
+    from mokgen.lower import wgrad_stage_bytes
+
+    assert [wgrad_stage_bytes(GemmConfig(bm=128, bn=256, stages=st)) for st in (4, 3, 2)] \
+        == [32768, 65536, 65536]
+    assert wgrad_stage_bytes(GemmConfig(bm=128, bn=256, stages=4, signal_warp=True)) == 32768
+    three = sources(mokgen.plan(SHAPE, **ARGS, gemm_bwd=(128, 256, 3)))
+    assert "/*EPI_BYTES*/ 65536>" in three["bwd"]
+
+
 def test_default_tile_is_a_supported_one():
     t = limits.DEFAULT_GEMM
     assert t.bm in limits.GEMM_BM and t.bn in limits.GEMM_BN and t.stages in limits.GEMM_STAGES
