@@ -9,12 +9,14 @@ one task's done and the next one's pop, charged to the task it waited for. Coope
 consumers only (the default, and -sw): ping-pong builds record the producer's side alone,
 which this summary skips.
 Usage: python benchmarks/trace.py SHAPE EP N [DTYPE] [--gemm 128x256x4] [--out DIR]
+       [--also PROFILE,...] (more profiles beside `trace`, e.g. no_dgrad_loads: what a part
+       of an epilogue costs; those builds' results are wrong by design)
        [--prebuild] (compile only, here; then carry MOKGEN_CACHE: benchmarks/ab_trace.sh)
 Prints, per kernel: the SM time per task kind (mainloop / epilogue / signal / idle, ms summed
 over CTAs), each kind's mean mainloop TFLOP/s per SM scaled to the GPU, and the share of
 CTAs in a mainloop in 20 time bins; then each direction's GPU kernels from torch.profiler
 (what the event time holds besides the traced tasks); writes
-trace_<shape>_ep<EP>_n<N>_<dtype>.json under --out."""
+trace_<shape>_ep<EP>_n<N>_<dtype>[_<also profile>...].json under --out."""
 import argparse
 import json
 import os
