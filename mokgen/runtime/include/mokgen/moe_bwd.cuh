@@ -252,10 +252,9 @@ struct BwdProblem {
   // kernels (no staging, no such fast path) read the segment as before: the bits' producer
   // code alone made ptxas spill 8 B in the signal-warp MXFP8 backward. Weight-gradient tasks'
   // output origin is (a_row0, b_row0) in every kernel, which is where their operands start.
-  static constexpr bool kWgradInTask = kTmaWgrad;
   static constexpr int kWgradWhole = 1 << kOpUserShift, kWgradEmpty = 1 << (kOpUserShift + 1);
   static constexpr int kWgradExpertShift = kOpUserShift + 2;
-  static_assert(!kWgradInTask || C::L <= (1 << (31 - kWgradExpertShift)),
+  static_assert(!kTmaWgrad || C::L <= (1 << (31 - kWgradExpertShift)),
                 "the expert fits the op's bits");
   static constexpr int kWgradBufs = Cfg::EPI_BYTES / 2 / 8192;
 
@@ -483,7 +482,7 @@ struct BwdProblem {
       kb = (seg.z - seg.y) / 64;
     }
     int bits = MN, c_col0 = 0;
-    if constexpr (kWgradInTask) {
+    if constexpr (kTmaWgrad) {
       bits |= (e << kWgradExpertShift) | ((seg.w >> 16) == 1 ? kWgradWhole : 0) |
               (seg.z == seg.y ? kWgradEmpty : 0);
       c_col0 = u > 0 ? u - 1 : 0;  // (seg.z - 1) / B, checked above
@@ -843,7 +842,7 @@ struct BwdProblem {
             : S::W2T + (t.b_row0 / BN) * S::MT_2I + t.a_row0 / BM;
         int e, unit;
         bool more = false;  // a later segment of the expert reads this one's fp32 sum
-        if (kWgradInTask && (t.op & kWgradWhole)) {
+        if (kTmaWgrad && (t.op & kWgradWhole)) {
           if (t.op & kWgradEmpty) break;  // a zero tile of an expert without rows
           e = t.op >> kWgradExpertShift;
           unit = t.c_col0;
