@@ -687,9 +687,19 @@ MOKGEN_DEV void store_rows_tma(const float (&acc)[BN / 2], int cwg, uint8_t* sta
   }
 }
 
-// __fdividef: IEEE division compiles to a called slow-path subroutine per element; the fast
-// form is exact enough for bf16 outputs and gives 0 for very negative x (huge denominator).
-MOKGEN_DEV float silu(float x) { return __fdividef(x, 1.f + __expf(-x)); }
+// The logistic function, 1 / (1 + 2^(-x log2 e)) with the exponential as PTX ex2.approx.ftz:
+// __expf compiles to the non-ftz ex2, which guards each element for a subnormal result (one
+// FSETP and a fix-up an element: 385 more instructions in Qwen3's backward megakernel).
+// Flushing changes nothing here: such a result (x > 87) only meets 1 + it. x < -88: ex2 gives
+// inf and __fdividef 0 (its range guard; with numerator 1 it compiles to the bare MUFU.RCP),
+// so silu(x) = x * 0 = 0 as before. Otherwise the same arithmetic as __fdividef(x, 1 +
+// __expf(-x)) before (PTX div.approx is a times rcp.approx of b).
+MOKGEN_DEV float sigmoid(float x) {
+  float e;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(-1.4426950408889634f * x));
+  return __fdividef(1.f, 1.f + e);
+}
+MOKGEN_DEV float silu(float x) { return x * sigmoid(x); }
 
 // Epilogue stores, 8 columns (16 or 32 bytes) at a time (for_each_acc_oct / _dual_oct), or
 // with kOct = false a pair (4 or 8 bytes) at a time: the fp8 kernels, whose consumers have

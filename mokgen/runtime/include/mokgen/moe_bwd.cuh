@@ -501,7 +501,7 @@ struct BwdProblem {
   // pre-activations; dot += v a (the router weight's gradient), w a for the weight gradient.
   static MOKGEN_DEV void swiglu_grad(float v, float g, float u, float w, float& dot, float& dg,
                                      float& du, float& wa) {
-    const float sg = __fdividef(1.f, 1.f + __expf(-g)), sl = g * sg, a = sl * u;
+    const float sg = sigmoid(g), sl = g * sg, a = sl * u;
     dot += v * a;
     wa = w * a;
     const float da = w * v;
