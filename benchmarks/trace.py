@@ -79,7 +79,8 @@ def summarize(recs, ops, bm, bn):
             d["signal_ms"] += (row[done] - row[epi]) * ms
             d["ask_ms"] += (row[got] - row[ask]) * ms
             bk = 128 if op & abi.F8_TASK else 64  # fp8 tiles count K blocks of 128
-            d["flops"] += 2.0 * bm * bn * bk * kb
+            n = bn // 2 if op & abi.HALF_N_TASK else bn  # a narrow edge tile's MMA
+            d["flops"] += 2.0 * bm * n * bk * kb
             prev_done = row[done]
             g = row[gns]  # the pop's global ns; the phases after it by this CTA's ratio
             spans.append((g, g + (row[main] - row[pop]) * ns_per_clk,

@@ -139,6 +139,7 @@ BWD_OPS = {"kSGateUp": 0, "kSDgrad": 1, "kSDx": 2, "kSWgrad2": 3, "kSWgrad1": 4,
            "kReplay": 5, "kDgrad": 6, "kDx": 7, "kWgrad2": 8, "kWgrad1": 9}
 OPCODE_MASK = 0xff  # gemm_tile.cuh kOpcodeMask: the opcode's bits of Task::op
 F8_TASK = 1 << 10  # gemm_tile.cuh kF8: an fp8 tile (its K blocks are 128 wide)
+HALF_N_TASK = 1 << 30  # gemm_tile.cuh kHalfN: a narrow edge tile (its mainloop is BN/2 wide)
 
 # The `trace` profile's buffer (trace.cuh): kTraceRecs records per CTA of kTraceWords 64-bit
 # words, the words in TRACE_FIELDS order (kTrOp: Task::op, K blocks << 32; the rest clocks).

@@ -84,8 +84,12 @@ static_assert(sizeof(Task) == 32, "Task is 32 bytes");
 MOKGEN_DEV Task stop_task() { return Task{-1, 0, 0, -1, 0, 0, 0, 0}; }
 
 // Operand layout bits of Task::op; the low byte is the Problem's own opcode, and bits
-// kOpUserShift .. 30 are the Problem's to carry what its epilogue needs (op stays >= 0).
-enum : int { kOpcodeMask = 0xff, kBMN = 1 << 8, kAMN = 1 << 9, kF8 = 1 << 10, kOpUserShift = 11 };
+// kOpUserShift .. 29 are the Problem's to carry what its epilogue needs (op stays >= 0).
+// kHalfN: a narrow edge tile (half_bit below).
+enum : int {
+  kOpcodeMask = 0xff, kBMN = 1 << 8, kAMN = 1 << 9, kF8 = 1 << 10, kOpUserShift = 11,
+  kHalfN = 1 << 30
+};
 MOKGEN_DEV int opcode(const Task& t) { return t.op & kOpcodeMask; }
 
 // Slot index + parity of a ring of S mbarrier-guarded slots, in one register (parity in
@@ -261,14 +265,19 @@ MOKGEN_DEV void task_release(const GemmSmem<Cfg>& sm, PipeState& ts) {
 // having completed the phase before phase 0, so the first STAGES waits pass at once.
 // half >= 0 (ping-pong): the slices of rows 64 half .. only; an MN-major A then brings only
 // that half's box (at the offset the consumer reads it from), a K-major A its whole box.
-template <class Cfg>
+// NARROW (Problem::kNarrowTiles): a kHalfN task's MN-major B brings only the boxes of its first
+// BN/2 columns, the ones its mainloop reads (a K-major B box is BN rows: loaded whole).
+template <class Cfg, bool NARROW = false>
 MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUtensorMap* ta,
                              const CUtensorMap* tb, const Task& t, int half = -1) {
   // MN-major operands arrive as 64 x 64 boxes, 8 KB each, stacked along MN (wgmma.cuh)
   constexpr int kBox = 64 * 64 * 2;
   const bool amn = t.op & kAMN, bmn = t.op & kBMN;
+  const bool narrow = NARROW && bmn && (t.op & kHalfN);
   const int j0 = half < 0 ? 0 : half, j1 = half < 0 ? Cfg::BM / 64 : half + 1;
-  const uint32_t bytes = Cfg::STAGE_BYTES - (amn ? (Cfg::BM / 64 - (j1 - j0)) * kBox : 0);
+  const int b_boxes = narrow ? Cfg::BN / 128 : Cfg::BN / 64;
+  const uint32_t bytes = Cfg::STAGE_BYTES - (amn ? (Cfg::BM / 64 - (j1 - j0)) * kBox : 0) -
+                         (narrow ? (Cfg::BN / 64 - b_boxes) * kBox : 0);
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     mbar_wait(&sm.empty()[ps.idx()], ps.phase() ^ 1, 102);
     uint64_t* bar = &sm.full()[ps.idx()];
@@ -281,7 +290,7 @@ MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUten
       tma_load_2d(sm.a_stage(ps.idx()), ta, bar, k0, t.a_row0);
     }
     if (bmn) {
-      for (int j = 0; j < Cfg::BN / 64; ++j)
+      for (int j = 0; j < b_boxes; ++j)
         tma_load_2d(sm.b_stage(ps.idx()) + j * kBox, tb, bar, t.b_row0 + 64 * j, t.b_row1 + k0);
     } else {
       tma_load_2d(sm.b_stage(ps.idx()), tb, bar, k0, t.b_row0);
@@ -300,10 +309,12 @@ MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUten
 // a stage never arrived (the caller records it and stops). hand_over (ping-pong; 0: none):
 // the named barrier the other warpgroup waits on for its turn, arrived on once the last
 // wgmma is issued, so its first ones queue behind this chain's tail instead of waiting for it.
-template <class Cfg, int TA = 0, int TB = 0>
+// NARROW: a kHalfN task's mainloop, N = BN/2 into the first half of the accumulators.
+template <class Cfg, int TA = 0, int TB = 0, bool NARROW = false>
 MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task& t,
                              float (&acc)[Cfg::kAccRegs], int cwg, uint32_t hand_over = 0) {
-  using Mma = Wgmma<Cfg::BN>;
+  using Mma = Wgmma<NARROW ? Cfg::BN / 2 : Cfg::BN>;
+  float(&d)[Mma::kRegs] = *reinterpret_cast<float(*)[Mma::kRegs]>(&acc[0]);
   const bool lane0 = (threadIdx.x & 31) == 0;
   if (t.k_blocks <= 0) {
 #pragma unroll
@@ -324,7 +335,7 @@ MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task&
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Cfg::BK / 16; ++kk)
-      Mma::template mma<TA, TB>(acc, TA ? desc_advance_k16_mn(da, kk) : desc_advance_k16(da, kk),
+      Mma::template mma<TA, TB>(d, TA ? desc_advance_k16_mn(da, kk) : desc_advance_k16(da, kk),
                                 TB ? desc_advance_k16_mn(db, kk) : desc_advance_k16(db, kk),
                                 (kb | kk) != 0);
     wgmma_commit();
@@ -486,6 +497,23 @@ MOKGEN_DEV int cols_valid(int c0) {
 // weight gradients, whose M is a width: their A operand is zero-filled past it).
 template <int W, int BM>
 MOKGEN_DEV int rows_valid(int r0) { return cols_valid<W, BM>(r0); }
+
+// Narrow edge tiles. A BN = 256 tile at column c0 whose columns past BN/2 are all past the
+// width W runs its mainloop at N = BN/2 (Task::op bit kHalfN, from half_bit): half the MMA
+// time of a tile that is at most half useful, and an MN-major B brings half its boxes
+// (produce_tile). Its accumulators past BN/2 stay as ConsumerAcc zeroed them; a full-width
+// edge tile computed zeros there from zero-filled B (MN-major) or columns the epilogue drops
+// (K-major), so every epilogue sees what it saw. Shapes whose W % 256 is in (0, 128] have
+// such a tile (an odd multiple of 128, or 2880 = 11 x 256 + 64): DeepSeek-V2-Lite's I = 1408,
+// gpt-oss's D = 2880. Only their kernels compile the narrow mainloop (Problem::kNarrowTiles);
+// every other shape's code is as without it.
+template <int W, int BN>
+constexpr bool half_edge() { return BN == 256 && W % BN != 0 && W % BN <= BN / 2; }
+template <int W, int BN>
+MOKGEN_DEV int half_bit(int c0) {
+  if constexpr (half_edge<W, BN>()) return c0 + BN / 2 >= W ? kHalfN : 0;
+  else return 0;
+}
 
 // Accumulator layout (see wgmma.cuh): thread (warp w in its warpgroup, lane l) holds for
 // even r: row = 64*cwg + 16*w + l/4 + 8*((r/2)%2), cols c = 8*(r/4) + 2*(l%4) and c+1.
@@ -802,6 +830,15 @@ MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState&
       return ok;
     }
   }
+  if constexpr (Problem::kNarrowTiles) {
+    if (t.op & kHalfN) {
+      if constexpr (Problem::kMNOperands) {
+        if (t.op & kAMN) return consume_tile<Cfg, 1, 1, true>(sm, ps, t, acc0, cwg, hand_over);
+        if (t.op & kBMN) return consume_tile<Cfg, 0, 1, true>(sm, ps, t, acc0, cwg, hand_over);
+      }
+      return consume_tile<Cfg, 0, 0, true>(sm, ps, t, acc0, cwg, hand_over);
+    }
+  }
   if constexpr (Problem::kMNOperands) {
     if (t.op & kAMN) return consume_tile<Cfg, 1, 1>(sm, ps, t, acc0, cwg, hand_over);
     if (t.op & kBMN) return consume_tile<Cfg, 0, 1>(sm, ps, t, acc0, cwg, hand_over);
@@ -812,6 +849,7 @@ MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState&
 // ---------------------------------------------------------------- persistent driver
 // Problem must provide (device):
 //   static constexpr bool kMNOperands;         // tasks may set kAMN / kBMN
+//   static constexpr bool kNarrowTiles;        // tasks may set kHalfN (half_bit)
 //   void prefetch() const;                     // producer thread: tma_prefetch_desc(...)
 //   static constexpr int kQ;                   // 0, or Cfg::Q: tasks may set kF8
 //   Task next_task();                          // producer thread: next task or stop_task()
@@ -996,7 +1034,8 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
               continue;
             }
           }
-          produce_tile<Cfg>(sm, ps, prob.map_a(t), prob.map_b(t), t, Cfg::PINGPONG ? h : -1);
+          produce_tile<Cfg, Problem::kNarrowTiles>(sm, ps, prob.map_a(t), prob.map_b(t), t,
+                                             Cfg::PINGPONG ? h : -1);
         }
       }
     }

@@ -225,6 +225,10 @@ struct BwdProblem {
   static constexpr bool kMNOperands = true;
   static constexpr int kQ = C::Q;
   static constexpr int BM = Cfg::BM, BN = Cfg::BN;
+  // narrow edge tiles (half_bit): the bf16 tiles whose N is D (dx, dW1, the shared expert's),
+  // I (dgrad, dW2) or IS (the shared expert's dgrad, dsw2)
+  static constexpr bool kNarrowTiles = half_edge<C::D, BN>() || half_edge<C::I, BN>() ||
+                                 (C::IS > 0 && half_edge<C::IS, BN>());
   // K blocks; TMA zero-fills a K tail past the width (the other operand's rows there are
   // another expert's or past the tensor: finite or zero)
   static constexpr int k_d = ceil_div(C::D, 64), k_i2 = ceil_div(2 * C::I, 64);
@@ -254,9 +258,12 @@ struct BwdProblem {
   // output origin is (a_row0, b_row0) in every kernel, which is where their operands start.
   static constexpr int kWgradWhole = 1 << kOpUserShift, kWgradEmpty = 1 << (kOpUserShift + 1);
   static constexpr int kWgradExpertShift = kOpUserShift + 2;
-  static_assert(!kTmaWgrad || C::L <= (1 << (31 - kWgradExpertShift)),
-                "the expert fits the op's bits");
+  static_assert(!kTmaWgrad || C::L <= (1 << (30 - kWgradExpertShift)),
+                "the expert fits the op's bits (below kHalfN)");
   static constexpr int kWgradBufs = Cfg::EPI_BYTES / 2 / 8192;
+  static MOKGEN_DEV int wgrad_expert(const Task& t) {  // below a narrow tile's kHalfN
+    return (kNarrowTiles ? t.op & (kHalfN - 1) : t.op) >> kWgradExpertShift;
+  }
 
   // counters: [0] tasks | ready[MB] | r_done[MB*RT] | dg_done[MB*RT] | fin_done[MB]
   // | wg_seq[L*WT] | sr_done[SRT] | sdg_done[SRT] | sr_all | sdg_all
@@ -365,13 +372,14 @@ struct BwdProblem {
   MOKGEN_DEV Task shared_dgrad(int i) const {
     const int rt = i % s.shared_rt, n0 = (i / s.shared_rt) * BN, r0 = rt * BM;
     if (!wait_at_least(sr_done() + rt, S::SGU_N, buf->rank, kPhaseSDgrad, rt)) return stop_task();
-    return Task{kSDgrad | kBMN, r0, n0, 0, r0, n0, valid_rows(r0), k_d};
+    return Task{kSDgrad | kBMN | half_bit<C::IS, BN>(n0), r0, n0, 0, r0, n0, valid_rows(r0),
+                k_d};
   }
   MOKGEN_DEV Task shared_dx(int i) const {
     const int rt = i % s.shared_rt, n0 = (i / s.shared_rt) * BN, r0 = rt * BM;
     if (!wait_at_least(sdg_done() + rt, S::SDG_N, buf->rank, kPhaseSDx, rt)) return stop_task();
     fence_proxy_async_global();  // dh was written by generic stores; TMA reads it
-    return Task{kSDx | kBMN, r0, n0, 0, r0, n0, valid_rows(r0), k_is2};
+    return Task{kSDx | kBMN | half_bit<C::D, BN>(n0), r0, n0, 0, r0, n0, valid_rows(r0), k_is2};
   }
 
   // ---------------------------------------------------------------- routed minibatch m
@@ -412,7 +420,8 @@ struct BwdProblem {
     if (C::Q > 0)  // B = W2^T [L*PI, PD], K-major
       return Task{kDgrad | kF8, s.slot_row(m) + rt * BM, e * C::PI + n0,
                   fp8_half1<C::I>(e * C::PI + n0, n0), p0, n0, BM, ceil_div(C::D, 128)};
-    return Task{kDgrad | kBMN, s.slot_row(m) + rt * BM, n0, e * C::D, p0, n0, BM, k_d};
+    return Task{kDgrad | kBMN | half_bit<C::I, BN>(n0), s.slot_row(m) + rt * BM, n0, e * C::D,
+                p0, n0, BM, k_d};
   }
   MOKGEN_DEV Task routed_dx(int m, int i) const {
     const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * BN;
@@ -430,7 +439,8 @@ struct BwdProblem {
     if (C::Q > 0)  // B = W1^T [L*PD, 2PI], K-major; A = dh [rows, 2PI]
       return Task{kDx | kF8, s.slot_row(m) + rt * BM, e * C::PD + n0,
                   fp8_half1<C::D>(e * C::PD + n0, n0), p0, n0, BM, 2 * C::PI / 128};
-    return Task{kDx | kBMN, s.slot_row(m) + rt * BM, n0, e * 2 * C::I, p0, n0, BM, k_i2};
+    return Task{kDx | kBMN | half_bit<C::D, BN>(n0), s.slot_row(m) + rt * BM, n0, e * 2 * C::I,
+                p0, n0, BM, k_i2};
   }
 
   // ---------------------------------------------------------------- weight gradients
@@ -445,7 +455,8 @@ struct BwdProblem {
           return stop_task();
         fence_proxy_async_global();
         const int mt = j % S::MT_D, nt = j / S::MT_D;
-        return Task{kSWgrad2 | MN, mt * BM, nt * BN, 0, mt * BM, nt * BN, -1, kt};
+        return Task{kSWgrad2 | MN | half_bit<C::IS, BN>(nt * BN), mt * BM, nt * BN, 0, mt * BM,
+                    nt * BN, -1, kt};
       }
       j -= S::SW2T;
       if (j < S::SW1T) {  // dsw1 [2IS, D] = dh_s^T x
@@ -453,7 +464,8 @@ struct BwdProblem {
           return stop_task();
         fence_proxy_async_global();
         const int mt = j % S::MT_2IS, nt = j / S::MT_2IS;
-        return Task{kSWgrad1 | MN, mt * BM, nt * BN, 0, mt * BM, nt * BN, -1, kt};
+        return Task{kSWgrad1 | MN | half_bit<C::D, BN>(nt * BN), mt * BM, nt * BN, 0, mt * BM,
+                    nt * BN, -1, kt};
       }
       j -= S::SW1T;
     }
@@ -489,11 +501,13 @@ struct BwdProblem {
     }
     if (tt < S::W2T) {  // dW2_e [D, I] = (w dy)^T a
       const int mt = tt % S::MT_D, nt = tt / S::MT_D;
-      return Task{kWgrad2 | bits, mt * BM, nt * BN, k0, mt * BM, c_col0, sid, kb};
+      return Task{kWgrad2 | bits | half_bit<C::I, BN>(nt * BN), mt * BM, nt * BN, k0, mt * BM,
+                  c_col0, sid, kb};
     }
     const int t1 = tt - S::W2T;  // dW1_e [2I, D] = dh^T x
     const int mt = t1 % S::MT_2I, nt = t1 / S::MT_2I;
-    return Task{kWgrad1 | bits, mt * BM, nt * BN, k0, mt * BM, c_col0, sid, kb};
+    return Task{kWgrad1 | bits | half_bit<C::D, BN>(nt * BN), mt * BM, nt * BN, k0, mt * BM,
+                c_col0, sid, kb};
   }
 
   // ---------------------------------------------------------------- epilogues
@@ -658,7 +672,7 @@ struct BwdProblem {
         store_rows_tma<BN, kWgradBufs>(
             acc, cwg, stage + cwg * (Cfg::EPI_BYTES / 2),
             op == kWgrad2 ? &maps->dw2_st : &maps->dw1_st, col0, row0 + 64 * cwg,
-            t.op >> kWgradExpertShift,
+            wgrad_expert(t),
             op == kWgrad2 ? cols_valid<C::I, BN>(col0) : cols_valid<C::D, BN>(col0));
         return;
       }
@@ -844,7 +858,7 @@ struct BwdProblem {
         bool more = false;  // a later segment of the expert reads this one's fp32 sum
         if (kTmaWgrad && (t.op & kWgradWhole)) {
           if (t.op & kWgradEmpty) break;  // a zero tile of an expert without rows
-          e = t.op >> kWgradExpertShift;
+          e = wgrad_expert(t);
           unit = t.c_col0;
         } else {
           const int4 seg = buf->segs[t.m_valid];

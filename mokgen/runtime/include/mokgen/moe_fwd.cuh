@@ -197,6 +197,8 @@ struct FwdProblem {
   using S = FwdSchedule<C, Cfg>;
   static constexpr bool kMNOperands = false;
   static constexpr int kQ = C::Q;
+  // the down tiles' N is D (shared and bf16 routed): a narrow edge tile there (half_bit)
+  static constexpr bool kNarrowTiles = half_edge<C::D, Cfg::BN>();
   const Fp8Maps* f8;
   const CUtensorMap *x_map, *hs_map, *ring_x_map, *ring_a_map, *sw1_map, *sw2_map, *w1_map,
       *w2_map;
@@ -292,7 +294,8 @@ struct FwdProblem {
     if (!wait_at_least(sgu_done() + rt, S::SGU_N, buf->rank, kPhaseSharedDown, rt))
       return stop_task();
     fence_proxy_async_global();  // h_shared was written by generic stores; TMA reads it
-    return Task{kSharedDown, r0, nt * BN, -1, r0, nt * BN, valid, k_is};
+    return Task{kSharedDown | half_bit<C::D, BN>(nt * BN), r0, nt * BN, -1, r0, nt * BN, valid,
+                k_is};
   }
 
   MOKGEN_DEV Task routed_task(int q, bool gu, int i) const {
@@ -334,7 +337,8 @@ struct FwdProblem {
     const int b0 = e * C::PD + nt * BN;
     const int b1 = C::Q && C::D % BN != 0 &&
         (C::D % 128 == 0 ? nt * BN + BN > C::D : nt * BN + BN / 2 >= C::D) ? b0 : -1;
-    return Task{kDown | kRouted, slot_row, b0, b1, p0, nt * BN, BM, k_ri};
+    return Task{kDown | (C::Q ? kRouted : half_bit<C::D, BN>(nt * BN)), slot_row, b0, b1, p0,
+                nt * BN, BM, k_ri};
   }
 
   // Consumer threads: rows 64 cwg .. of the tile, stored from registers (signal() then
