@@ -33,7 +33,7 @@ SHAPES = {
     "fp8-shared-tail": mokgen.MoEShape(8, 1152, 640, 2, shared_intermediate=336),
     # fp8 / MXFP8 widths 16 past whole 128-blocks: partial MX blocks of 16 along both K (D
     # = 64.5, I = 24.5 blocks of 32), gate/up, dgrad, down and dx edge tiles of 16 columns
-    # (the dgrad's and dx's second 128-column B half re-reads the first)
+    # (narrow: the dgrad's and dx's edge tiles run their first 128-column half only)
     "fp8-16": mokgen.MoEShape(8, 2048 + 16, 768 + 16, 2, shared_intermediate=336),
 }
 # ~300 tokens x k routes through a 256-row ring: it wraps, and the backward replays

@@ -362,22 +362,28 @@ MOKGEN_DEV int b_half1_row(const Task& t) { return t.b_row1 >= 0 ? t.b_row1 : t.
 // Maps: A and B e4m3 boxes 128 (K) x 128 rows; sa: fp32 [K/Q, A rows], box 128 x 128/Q; sb
 // (MX only): fp32 [K/32, B rows], box 128 x 4.
 template <class Cfg>
+// NARROW (Problem::kNarrowTiles): a kHalfN task brings its first half only (and its scales).
+template <class Cfg, bool NARROW = false>
 MOKGEN_DEV void produce_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const CUtensorMap* ta,
                                  const CUtensorMap* tb, const CUtensorMap* tsa,
                                  const CUtensorMap* tsb, const Task& t) {
   constexpr int KQ = Cfg::BK8 / Cfg::Q, HALF = 128 * Cfg::BK8;
+  const bool narrow = NARROW && (t.op & kHalfN);
+  const uint32_t bytes = Cfg::STAGE_BYTES + Cfg::SC_BYTES -
+                         (narrow ? HALF + (Cfg::SB_BYTES > 0 ? 128 * KQ * 4 : 0) : 0);
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     mbar_wait(&sm.empty()[ps.idx()], ps.phase() ^ 1, 102);
     uint64_t* bar = &sm.full()[ps.idx()];
-    mbar_arrive_expect_tx(bar, Cfg::STAGE_BYTES + Cfg::SC_BYTES);
+    mbar_arrive_expect_tx(bar, bytes);
     const int k0 = kb * Cfg::BK8;
     tma_load_2d(sm.a_stage(ps.idx()), ta, bar, k0, t.a_row0);
     tma_load_2d(sm.b_stage(ps.idx()), tb, bar, k0, t.b_row0);
-    tma_load_2d(sm.b_stage(ps.idx()) + HALF, tb, bar, k0, b_half1_row(t));
+    if (!narrow) tma_load_2d(sm.b_stage(ps.idx()) + HALF, tb, bar, k0, b_half1_row(t));
     tma_load_2d(sm.sa_stage(ps.idx()), tsa, bar, t.a_row0, kb * KQ);
     if constexpr (Cfg::SB_BYTES > 0) {
       tma_load_2d(sm.sb_stage(ps.idx()), tsb, bar, t.b_row0, kb * KQ);
-      tma_load_2d(sm.sb_stage(ps.idx()) + 128 * KQ, tsb, bar, b_half1_row(t), kb * KQ);
+      if (!narrow)
+        tma_load_2d(sm.sb_stage(ps.idx()) + 128 * KQ, tsb, bar, b_half1_row(t), kb * KQ);
     }
     ps.template advance<Cfg::STAGES>();
   }
@@ -392,11 +398,13 @@ MOKGEN_DEV void promote_rows(float* acc, const float* tmp, float s0, float s1) {
 
 // Consumer warpgroup cwg (rows 64 cwg ..): acc[0, 128) its 64 x 256 block, acc[128, 192) the
 // scratch. wsb: blockwise B scales, fp32 [B rows / 128, k_blocks] (unused for MX). Returns
-// false when a stage never arrived (the caller records it and stops).
-template <class Cfg>
+// false when a stage never arrived (the caller records it and stops). NARROW: a kHalfN
+// task's, its first half only (a separate instantiation: no register holds the choice).
+template <class Cfg, bool NARROW = false>
 MOKGEN_DEV bool consume_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const Task& t,
                                  float (&acc)[Cfg::kAccRegs + Cfg::kScratch], int cwg,
                                  const float* wsb) {
+  constexpr int kHalves = NARROW ? 1 : 2;
   static_assert(Cfg::kAccRegs == 128 && Cfg::kScratch == 64, "two 128-column halves");
   constexpr int Q = Cfg::Q, KQ = Cfg::BK8 / Q, STEPS = Q / 32, HALF = 128 * Cfg::BK8;
   float(&tmp)[64] = *reinterpret_cast<float(*)[64]>(&acc[128]);
@@ -435,7 +443,7 @@ MOKGEN_DEV bool consume_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const T
   }
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     float wb[2] = {1.f, 1.f};
-    if constexpr (Q == 128) { wb[0] = __ldg(sb0 + kb); wb[1] = __ldg(sb1 + kb); }
+    if constexpr (Q == 128) { wb[0] = __ldg(sb0 + kb); if (!NARROW) wb[1] = __ldg(sb1 + kb); }
     ok &= mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());
     const uint64_t da = make_desc_kmajor_sw128(sm.a_stage(ps.idx()) + cwg * 64 * 128);
     const float* sa = sm.sa_stage(ps.idx());
@@ -445,7 +453,7 @@ MOKGEN_DEV bool consume_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const T
     for (int s = 0; s < KQ; ++s) {
       const float a0 = sa[s * 128 + r0], a1 = sa[s * 128 + r0 + 8];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
+      for (int h = 0; h < kHalves; ++h) {
         const uint64_t db = make_desc_kmajor_sw128(sm.b_stage(ps.idx()) + h * HALF);
         wgmma_fence();
 #pragma unroll
@@ -825,6 +833,13 @@ MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState&
   float(&acc0)[Cfg::kAccRegs] = *reinterpret_cast<float(*)[Cfg::kAccRegs]>(&acc[0]);
   if constexpr (Problem::kQ > 0) {
     if (t.op & kF8) {
+      if constexpr (Problem::kNarrowTiles) {
+        if (t.op & kHalfN) {
+          const bool ok = consume_tile_fp8<Cfg, true>(sm, ps, t, acc, cwg, prob.wsb(t));
+          if (hand_over) named_bar_arrive(hand_over, 256);
+          return ok;
+        }
+      }
       const bool ok = consume_tile_fp8<Cfg>(sm, ps, t, acc, cwg, prob.wsb(t));
       if (hand_over) named_bar_arrive(hand_over, 256);
       return ok;
@@ -1029,8 +1044,8 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
         for (int h = 0; h < (Cfg::PINGPONG ? 2 : 1); ++h) {  // ping-pong: each half in turn
           if constexpr (Problem::kQ > 0) {
             if (t.op & kF8) {
-              produce_tile_fp8<Cfg>(sm, ps, prob.map_a(t), prob.map_b(t), prob.map_sa(t),
-                                    prob.map_sb(t), t);
+              produce_tile_fp8<Cfg, Problem::kNarrowTiles>(sm, ps, prob.map_a(t), prob.map_b(t),
+                                                           prob.map_sa(t), prob.map_sb(t), t);
               continue;
             }
           }

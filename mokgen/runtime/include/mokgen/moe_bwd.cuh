@@ -225,8 +225,8 @@ struct BwdProblem {
   static constexpr bool kMNOperands = true;
   static constexpr int kQ = C::Q;
   static constexpr int BM = Cfg::BM, BN = Cfg::BN;
-  // narrow edge tiles (half_bit): the bf16 tiles whose N is D (dx, dW1, the shared expert's),
-  // I (dgrad, dW2) or IS (the shared expert's dgrad, dsw2)
+  // narrow edge tiles (half_bit): the tiles whose N is D (dx, dW1, the shared expert's), I
+  // (dgrad, dW2) or IS (the shared expert's dgrad, dsw2)
   static constexpr bool kNarrowTiles = half_edge<C::D, BN>() || half_edge<C::I, BN>() ||
                                  (C::IS > 0 && half_edge<C::IS, BN>());
   // K blocks; TMA zero-fills a K tail past the width (the other operand's rows there are
@@ -395,14 +395,6 @@ struct BwdProblem {
     return Task{kReplay | kRouted, s.slot_row(m) + rt * BM, e * 2 * C::PI + n0,
                 e * 2 * C::PI + C::PI + n0, p0, n0, BM, C::Q ? ceil_div(C::D, 128) : k_d};
   }
-  // fp8 tiles read B (K-major) as two 128-row halves. An edge tile whose second half is past
-  // the width W would read the next expert's rows there, or past the last expert's (its
-  // blockwise scales too): it reads its first half again instead, and the epilogue drops
-  // those columns. -1: the next rows. (W a multiple of 128: the test it always had.)
-  template <int W>
-  static MOKGEN_DEV int fp8_half1(int b_row0, int n0) {
-    return W % BN != 0 && (W % 128 == 0 ? n0 + BN > W : n0 + BN / 2 >= W) ? b_row0 : -1;
-  }
   MOKGEN_DEV Task routed_dgrad(int m, int i) const {
     const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * BN;
     const int p0 = m * C::B + rt * BM, e = expert_of(p0);
@@ -417,9 +409,12 @@ struct BwdProblem {
       if (!wait_at_least(r_done() + m * S::RT_FULL + rt, S::GU_N, buf->rank, kPhaseDgrad, m))
         return stop_task();
     }
+    // fp8 tiles read B (K-major) as two 128-row halves; an edge tile whose second half is
+    // past the width is narrow, so it never reads the rows there (the next expert's, or past
+    // the last expert's and its blockwise scales)
     if (C::Q > 0)  // B = W2^T [L*PI, PD], K-major
-      return Task{kDgrad | kF8, s.slot_row(m) + rt * BM, e * C::PI + n0,
-                  fp8_half1<C::I>(e * C::PI + n0, n0), p0, n0, BM, ceil_div(C::D, 128)};
+      return Task{kDgrad | kF8 | half_bit<C::I, BN>(n0), s.slot_row(m) + rt * BM,
+                  e * C::PI + n0, -1, p0, n0, BM, ceil_div(C::D, 128)};
     return Task{kDgrad | kBMN | half_bit<C::I, BN>(n0), s.slot_row(m) + rt * BM, n0, e * C::D,
                 p0, n0, BM, k_d};
   }
@@ -437,8 +432,8 @@ struct BwdProblem {
     }
     fence_proxy_async_global();
     if (C::Q > 0)  // B = W1^T [L*PD, 2PI], K-major; A = dh [rows, 2PI]
-      return Task{kDx | kF8, s.slot_row(m) + rt * BM, e * C::PD + n0,
-                  fp8_half1<C::D>(e * C::PD + n0, n0), p0, n0, BM, 2 * C::PI / 128};
+      return Task{kDx | kF8 | half_bit<C::D, BN>(n0), s.slot_row(m) + rt * BM, e * C::PD + n0,
+                  -1, p0, n0, BM, 2 * C::PI / 128};
     return Task{kDx | kBMN | half_bit<C::D, BN>(n0), s.slot_row(m) + rt * BM, n0, e * 2 * C::I,
                 p0, n0, BM, k_i2};
   }

@@ -197,7 +197,7 @@ struct FwdProblem {
   using S = FwdSchedule<C, Cfg>;
   static constexpr bool kMNOperands = false;
   static constexpr int kQ = C::Q;
-  // the down tiles' N is D (shared and bf16 routed): a narrow edge tile there (half_bit)
+  // the down tiles' N is D (shared and routed): a narrow edge tile there (half_bit)
   static constexpr bool kNarrowTiles = half_edge<C::D, Cfg::BN>();
   const Fp8Maps* f8;
   const CUtensorMap *x_map, *hs_map, *ring_x_map, *ring_a_map, *sw1_map, *sw2_map, *w1_map,
@@ -332,13 +332,10 @@ struct FwdProblem {
       }
     }
     fence_proxy_async_global();
-    // an fp8 edge tile whose second 128-column half is past D reads its first 128 B rows
-    // twice (BwdProblem::fp8_half1 says why)
-    const int b0 = e * C::PD + nt * BN;
-    const int b1 = C::Q && C::D % BN != 0 &&
-        (C::D % 128 == 0 ? nt * BN + BN > C::D : nt * BN + BN / 2 >= C::D) ? b0 : -1;
-    return Task{kDown | (C::Q ? kRouted : half_bit<C::D, BN>(nt * BN)), slot_row, b0, b1, p0,
-                nt * BN, BM, k_ri};
+    // an edge tile whose second 128-column half is past D is narrow: fp8 tiles then never
+    // read B rows there (the next expert's, or past the last one's and its scales')
+    return Task{kDown | kRouted | half_bit<C::D, BN>(nt * BN), slot_row, e * C::PD + nt * BN,
+                -1, p0, nt * BN, BM, k_ri};
   }
 
   // Consumer threads: rows 64 cwg .. of the tile, stored from registers (signal() then
