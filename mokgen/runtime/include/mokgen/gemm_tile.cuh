@@ -360,9 +360,8 @@ MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task&
 MOKGEN_DEV int b_half1_row(const Task& t) { return t.b_row1 >= 0 ? t.b_row1 : t.b_row0 + 128; }
 
 // Maps: A and B e4m3 boxes 128 (K) x 128 rows; sa: fp32 [K/Q, A rows], box 128 x 128/Q; sb
-// (MX only): fp32 [K/32, B rows], box 128 x 4.
-template <class Cfg>
-// NARROW (Problem::kNarrowTiles): a kHalfN task brings its first half only (and its scales).
+// (MX only): fp32 [K/32, B rows], box 128 x 4. NARROW (Problem::kNarrowTiles): a kHalfN task
+// brings its first half only (and its scales).
 template <class Cfg, bool NARROW = false>
 MOKGEN_DEV void produce_tile_fp8(const GemmSmem<Cfg>& sm, PipeState& ps, const CUtensorMap* ta,
                                  const CUtensorMap* tb, const CUtensorMap* tsa,
