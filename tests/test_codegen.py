@@ -278,3 +278,24 @@ def test_16_multiple_fp8_widths_compile_without_spills(name, dtype):
     layer = mokgen.compile(WIDTHS_16[name], ep=2, dtype=dtype, tokens_per_rank=512)
     assert set(layer.binaries) == {"prologue", "fwd", "bwd"}
     assert_no_spills_nor_serialized_wgmma(layer)
+
+
+@needs_nvcc
+@pytest.mark.nvcc
+def test_engine_test_kernels_compile(tmp_path):
+    """gemm_test.cu (the engine's standalone kernels, which the GPU tests and
+    benchmarks/gemm_engine.py load) still builds against the engine's Problem interface, with
+    no local memory: a new Problem member the engine asks for must reach it too."""
+    import os
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    inc = os.path.join(root, "mokgen/runtime/include")
+    cubin = str(tmp_path / "gemm_test.cubin")
+    res = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17",
+                          "-cubin", "-Xptxas", "-v", "-I", inc,
+                          os.path.join(inc, "mokgen/tests/gemm_test.cu"), "-o", cubin],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "bytes spill" in res.stderr
+    for line in res.stderr.splitlines():
+        if "bytes spill" in line:
+            assert "0 bytes spill stores, 0 bytes spill loads" in line, line

@@ -5,7 +5,8 @@
 //   gemm_plain_t   : the same with transposed (MN-major) operands: B given as [K,N]
 //                    (trans=1) or A as [K,M] and B as [K,N] (trans=2), as the backward uses.
 //                    N need not be a multiple of BN: the last tile is an edge tile (its B
-//                    columns past N zero-filled by TMA, its columns past N not stored).
+//                    columns past N zero-filled by TMA, its columns past N not stored); one
+//                    with at most BN/2 columns runs narrow (kHalfN, gemm_tile.cuh half_bit).
 //   gemm_swiglu    : grouped: rows [off[e], off[e+1]) of X[M,D] times expert e's stacked
 //                    w13[e] = [gate I rows; up I rows] -> H[M,I] = silu(X Wg^T) * (X Wu^T).
 //   gemm_down      : grouped: H[M,I] times w2[e][D,I]^T, times a per-row fp32 scale -> Y[M,D].
@@ -35,6 +36,7 @@ __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* p, float a, float b)
 template <class Cfg>
 struct PlainProblem {
   static constexpr bool kMNOperands = true;
+  static constexpr bool kNarrowTiles = true;  // N is a runtime value: an edge tile may be narrow
   static constexpr int kQ = 0;
   const CUtensorMap* ta;
   const CUtensorMap* tb;
@@ -52,7 +54,9 @@ struct PlainProblem {
     int mb, nb;
     raster_grouped(t, m_blocks, n_blocks, kGroupM, mb, nb);
     const int r0 = mb * Cfg::BM;
-    const int op = trans == 2 ? (kAMN | kBMN) : trans == 1 ? kBMN : 0;
+    // an edge tile with at most BN/2 columns left runs narrow (half_bit, for a runtime N)
+    const int op = (trans == 2 ? (kAMN | kBMN) : trans == 1 ? kBMN : 0) |
+                   (N - nb * Cfg::BN <= Cfg::BN / 2 ? kHalfN : 0);
     // MN-major B: columns nb*BN.. of [K, N] from row 0 (b_row1 is the K origin)
     return Task{op, r0, nb * Cfg::BN, trans ? 0 : -1, r0, nb * Cfg::BN, min(Cfg::BM, M - r0),
                 k_blocks};
@@ -102,6 +106,7 @@ MOKGEN_PLAIN_T(gemm_plain_t_pp, PingPongCfg)
 template <class Cfg>
 struct GroupedProblem {
   static constexpr bool kMNOperands = false;
+  static constexpr bool kNarrowTiles = false;
   static constexpr int kQ = 0;
   const CUtensorMap* ta;
   const CUtensorMap* tb;
