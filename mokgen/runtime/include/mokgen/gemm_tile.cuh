@@ -1049,7 +1049,7 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
             }
           }
           produce_tile<Cfg, Problem::kNarrowTiles>(sm, ps, prob.map_a(t), prob.map_b(t), t,
-                                             Cfg::PINGPONG ? h : -1);
+                                                   Cfg::PINGPONG ? h : -1);
         }
       }
     }
