@@ -29,9 +29,12 @@ class MoE(nn.Module):
 
         fuse_grad_accumulation=True: when w1.grad and w2.grad already hold gradients
         (accumulation over micro-batches), the backward kernel adds the expert weight
-        gradients into them (in fp32, rounding once to bf16) instead of returning new
-        tensors for autograd to add: no temporary the size of the expert weights, no
-        separate add (also under activation checkpointing). On such calls autograd sees no
+        gradients into them instead of returning new tensors for autograd to add: no
+        temporary the size of the expert weights, no separate add (also under activation
+        checkpointing). A whole expert's bf16 gradient tile is added by a TMA reduction (the
+        roundings of autograd's add); an expert whose rows span several passes of the ring,
+        and every expert in kernels without the weight gradients' staging (fp8 plans'), adds
+        its fp32 sum rounding once. On such calls autograd sees no
         gradient for w1 / w2, so hooks on their accumulation (DDP's,
         register_post_accumulate_grad_hook) do not run: for plain loops (tested), not DDP;
         FSDP2 reads .grad after the backward, so it should hold there too (not tested).

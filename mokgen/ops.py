@@ -266,7 +266,8 @@ def _accumulate_into(layer: int, x, w1, w2) -> tuple:
 
 def _add_into(grads, acc_w1, acc_w2) -> list:
     """The reference path's side of the ops' contract: expert gradients (fp32) added into
-    the targets with one rounding, as the kernel does, and not returned."""
+    the targets with one rounding (the kernels' register path; their TMA path rounds the
+    gradient to bf16 first, as autograd's add does), and not returned."""
     grads = list(grads)
     if acc_w1 is not None:
         for acc, g in ((acc_w1, grads[2]), (acc_w2, grads[3])):

@@ -158,7 +158,8 @@ def test_ep1_without_process_group():
                          ids=["router", "caller-routes", "router-checkpointed"])
 def test_fused_grad_accumulation(routed, ckpt):
     """fuse_grad_accumulation=True: over micro-batches the kernel adds the expert gradients
-    into .grad (one rounding), autograd adds nothing for them: the same sums as the ordinary
+    into .grad (TMA reductions of whole experts' tiles, or one rounding from fp32 where an
+    expert's rows span ring passes), autograd adds nothing for them: the same sums as the ordinary
     path within bf16 rounding and as the reference, bitwise repeatable, the other gradients
     bitwise unchanged, and no expert-gradient-sized temporary in the step's peak; also under
     activation checkpointing (whose saved weights are detached aliases)."""
@@ -202,8 +203,7 @@ def test_fused_grad_accumulation(routed, ckpt):
         assert torch.equal(a, b), "dx must not depend on how weight gradients accumulate"
     for n in p_g:
         assert torch.equal(f_g[n], f2_g[n]), f"{n}: fused accumulation not repeatable"
-        if n in ("w1", "w2"):
-            assert not torch.equal(f_g[n], p_g[n]), f"{n}: the fused path did not run"
+        if n in ("w1", "w2"):  # (that the fused path ran: the peaks below)
             assert rel_error(f_g[n], p_g[n]) < 1e-2, n
             assert cosine(f_g[n], r_g[n]) > 0.9999, n
         else:  # router and shared expert: autograd's as before

@@ -180,10 +180,10 @@ class BackwardPass(BackwardScratch):
                 "ring_dy_mn": mp(sc.ring_dy, M, D, 64), "ring_a_mn": mp(b.ring_a, M, I, 64),
                 "ring_dh_mn": mp(b.ring_h, M, 2 * I, 64),
                 "ring_x_mn": mp(b.ring_x, M, D, 64)}
-        # the weight gradients for the TMA stores of whole-expert tiles: into fresh outputs
-        # (fused accumulation reads the caller's .grad first: the kernel's register path),
-        # whose base TMA can address (16-byte aligned); otherwise zero maps, unused
-        tma = self.wgrad_tma and not accumulate and all(
+        # the weight gradients for the TMA stores of whole-expert tiles (fused accumulation:
+        # TMA reductions into the caller's .grad), whose base TMA can address (16-byte
+        # aligned); otherwise zero maps, unused
+        tma = self.wgrad_tma and all(
             t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (dw1, dw2))
         # 3D maps (an expert a matrix): an edge row tile stops at its expert's last row
         maps["dw1_st"] = cuda.make_tensor_map_3d(dw1.view(L, 2 * I, D), 64, 64) if tma else None

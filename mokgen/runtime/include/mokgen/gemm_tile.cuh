@@ -683,11 +683,11 @@ enum : uint32_t { kBarTile = 1, kBarTurn = 2, kBarDone = 4, kBarSignal = 6, kBar
 // of the last call has (its chunks used every buffer). Rows and columns past the map's
 // bounds (an edge tile) are dropped by TMA; chunks from n_valid on are not issued.
 // (col0, row0, z): the warpgroup's first output element in the map's coordinates (z: the
-// matrix of a 3D map).
+// matrix of a 3D map). add: each box is added into the tensor (tma_reduce_add_3d) instead.
 template <int BN, int NBUF = 2>
 MOKGEN_DEV void store_rows_tma(const float (&acc)[BN / 2], int cwg, uint8_t* stage,
                                const CUtensorMap* map, int col0, int row0, int z,
-                               int n_valid) {
+                               int n_valid, bool add = false) {
   static_assert(NBUF >= 2 && NBUF <= BN / 64, "two buffers at least, a chunk each at most");
   const int w = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
   const bool issuer = (threadIdx.x & 127) == 0;
@@ -716,7 +716,8 @@ MOKGEN_DEV void store_rows_tma(const float (&acc)[BN / 2], int cwg, uint8_t* sta
       bulk_wait_read<NBUF - 2>();
     named_bar_sync(bar, 128);
     if (issuer) {
-      tma_store_3d(map, box, col0 + 64 * q, row0, z);
+      if (add) tma_reduce_add_3d(map, box, col0 + 64 * q, row0, z);
+      else tma_store_3d(map, box, col0 + 64 * q, row0, z);
       bulk_commit();
     }
   }

@@ -657,18 +657,24 @@ struct BwdProblem {
   // wg_acc between segments; the last one writes the bf16 gradient, or with `accumulate`
   // adds the sum to the routed gradient already there, rounding once: fused gradient
   // accumulation, no second gradient-sized tensor and no separate add).
+  // A whole expert's tile (kTmaWgrad kernels) goes out in bf16 through shared memory and TMA;
+  // with `accumulate` as a TMA reduction into the gradient there (the bf16 tile added to it,
+  // rounded once more: the same two roundings as autograd's bf16 gradient and its add into
+  // .grad), instead of the register path's read of it: the weight gradients are this phase's
+  // memory traffic, and their reads were its most expensive part.
   MOKGEN_DEV void wgrad_epilogue(const Task& t, float (&acc)[BN / 2], int cwg) const {
     const int op = opcode(t);
     if constexpr ((Cfg::PROF & kProfNoWgradEpilogue) != 0)  // profiling (profile_bwd.py)
       if (op == kWgrad2 || op == kWgrad1) return;
     const int row0 = t.a_row0, col0 = t.b_row0;  // the output's origin (kWgradWhole)
-    if constexpr (kTmaWgrad) {  // a whole expert's tile: bf16 through shared memory and TMA
-      if ((t.op & kWgradWhole) && buf->wgrad_tma && !buf->accumulate) {
+    if constexpr (kTmaWgrad) {
+      if ((t.op & kWgradWhole) && buf->wgrad_tma) {
         store_rows_tma<BN, kWgradBufs>(
             acc, cwg, stage + cwg * (Cfg::EPI_BYTES / 2),
             op == kWgrad2 ? &maps->dw2_st : &maps->dw1_st, col0, row0 + 64 * cwg,
             wgrad_expert(t),
-            op == kWgrad2 ? cols_valid<C::I, BN>(col0) : cols_valid<C::D, BN>(col0));
+            op == kWgrad2 ? cols_valid<C::I, BN>(col0) : cols_valid<C::D, BN>(col0),
+            buf->accumulate != 0);
         return;
       }
     }

@@ -50,6 +50,18 @@ MOKGEN_DEV void tma_store_3d(const CUtensorMap* map, const void* src, int c0, in
       ::"l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
+// The same box added element-wise into the tensor instead of written over it (a bulk tensor
+// reduction; the element type is the map's: bf16 sums are rounded to nearest once, as a bf16
+// add of the two values). Each element is updated by this one operation, so the result does
+// not depend on the order of other CTAs' operations.
+MOKGEN_DEV void tma_reduce_add_3d(const CUtensorMap* map, const void* src, int c0, int c1,
+                                  int c2) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group"
+      " [%0, {%2, %3, %4}], [%1];"
+      ::"l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
 MOKGEN_DEV void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 // This thread's bulk groups but the N most recent have read their shared memory (it may be
 // written again) / have completed (their global writes are done).
