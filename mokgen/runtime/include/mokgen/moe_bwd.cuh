@@ -228,7 +228,7 @@ struct BwdProblem {
   // narrow edge tiles (half_bit): the tiles whose N is D (dx, dW1, the shared expert's), I
   // (dgrad, dW2) or IS (the shared expert's dgrad, dsw2)
   static constexpr bool kNarrowTiles = half_edge<C::D, BN>() || half_edge<C::I, BN>() ||
-                                 (C::IS > 0 && half_edge<C::IS, BN>());
+                                       (C::IS > 0 && half_edge<C::IS, BN>());
   // K blocks; TMA zero-fills a K tail past the width (the other operand's rows there are
   // another expert's or past the tensor: finite or zero)
   static constexpr int k_d = ceil_div(C::D, 64), k_i2 = ceil_div(2 * C::I, 64);
