@@ -105,6 +105,7 @@ def test_preset_kernels_compile_without_spills(name):
         # the backward's three operand layouts: K-major, B MN-major (dgrad), both (dW)
         for form in ("gdesc[UR", ".tnspB", ".tnspA.tnspB"):
             assert form in sass[1], form
+        assert_narrow_tiles_where_edges(mokgen.shapes.get(name), sass)
 
 
 @needs_nvcc
@@ -188,6 +189,24 @@ def test_128_multiple_widths_compile_without_spills(name, dtype):
     layer = mokgen.compile(WIDTHS_128[name], ep=2, dtype=dtype, tokens_per_rank=512)
     assert set(layer.binaries) == {"prologue", "fwd", "bwd"}
     assert_no_spills_nor_serialized_wgmma(layer)
+    cuobjdump = _cuobjdump()
+    if cuobjdump and dtype == "bf16":  # (fp8 tiles run 128-wide halves either way)
+        sass = [subprocess.run([cuobjdump, "-sass", str(layer.binaries[u].path)],
+                               capture_output=True, text=True).stdout for u in ("fwd", "bwd")]
+        assert_narrow_tiles_where_edges(WIDTHS_128[name], sass)
+
+
+def assert_narrow_tiles_where_edges(shape, sass):
+    """A bf16 kernel compiles the narrow (N = 128) mainloop exactly where one of its 256-wide
+    output tilings ends with at most 128 columns (gemm_tile.cuh half_edge): the forward's
+    down tiles across D; the backward's across D, I and the shared width."""
+    def edge(w):
+        return 0 < w % 256 <= 128
+    shared = shape.shared_dim if shape.shared_experts else 0
+    want = (edge(shape.hidden),
+            edge(shape.hidden) or edge(shape.intermediate) or (shared > 0 and edge(shared)))
+    for unit, text, narrow in zip(("fwd", "bwd"), sass, want):
+        assert ("HGMMA.64x128x16.F32.BF16" in text) == narrow, (unit, shape)
 
 
 def assert_no_spills_nor_serialized_wgmma(layer):
