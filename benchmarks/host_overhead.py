@@ -4,12 +4,17 @@ once and the wall time of the Python call is the host's alone: forward without a
 training step (forward + backward), and the same for a bare nn.Linear as a yardstick; then
 cProfile of a few steps (the top functions by own time), the step's wall time against its
 GPU time (CUDA events) with the GPU idle before it, and the step replayed from a CUDA graph.
+Last, where the host's time goes inside a step: mokgen's host functions wrapped with wall
+clocks (inclusive ms a step; cProfile does not see time spent in Cython, e.g. cuda.bindings).
 
     python benchmarks/host_overhead.py [--shape qwen3-30b-a3b] [--tokens 8192] [--fuse]"""
 from __future__ import annotations
 
 import argparse
+import collections
 import cProfile
+import functools
+import importlib
 import io
 import json
 import os
@@ -38,6 +43,66 @@ def host_ms(fn, iters: int) -> float:
         out.append(1e3 * (time.perf_counter() - t))
         torch.cuda.synchronize()
     return statistics.median(out)
+
+
+# (module, attribute path) of the host functions a step runs, outermost first
+BREAKDOWN = [
+    ("mokgen.module", "_LazyKernels.forward"), ("mokgen.module", "_LazyKernels.backward"),
+    ("mokgen.api", "CompiledMoE._checked"), ("mokgen.api", "CompiledMoE.backward_raw"),
+    ("mokgen.runtime.moe", "ForwardRuntime.forward"), ("mokgen.runtime.moe", "ForwardRuntime.route"),
+    ("mokgen.runtime.moe", "ForwardRuntime.route_given"),
+    ("mokgen.runtime.moe", "ForwardRuntime.schedule"),
+    ("mokgen.runtime.moe", "ForwardRuntime.experts"),
+    ("mokgen.runtime.moe", "ForwardRuntime.combine_sum"),
+    ("mokgen.runtime.moe", "ForwardRuntime.routes_of"), ("mokgen.runtime.moe", "ForwardRuntime._map"),
+    ("mokgen.runtime.moe", "ForwardRuntime.check"),
+    ("mokgen.runtime.moe_bwd", "BackwardPass.backward"), ("mokgen.runtime.moe_bwd", "BackwardPass._launch"),
+    ("mokgen.runtime.cuda", "launch"), ("mokgen.runtime.cuda", "make_tensor_map_3d"),
+    ("mokgen.runtime.cuda", "_encode_tiled"), ("mokgen.runtime.abi", "pack"),
+    ("mokgen.runtime.abi", "pack_maps"), ("mokgen.runtime.checks", "check_inputs"),
+    ("mokgen.reference", "router_backward"), ("mokgen.ops", "_cast"),
+]
+
+
+def breakdown(step, steps: int = 20) -> dict:
+    """Inclusive wall ms a step of each BREAKDOWN function (and calls a step), the GPU busy."""
+    spent, calls, undo = collections.Counter(), collections.Counter(), []
+    for mod_name, path in BREAKDOWN:
+        owner = importlib.import_module(mod_name)
+        *outer, attr = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        fn = owner.__dict__.get(attr) if isinstance(owner, type) else getattr(owner, attr, None)
+        if fn is None:
+            print(f"breakdown: no {mod_name}.{path}", flush=True)
+            continue
+
+        def timed(*args, __fn=fn, __key=path, **kwargs):
+            t = time.perf_counter()
+            try:
+                return __fn(*args, **kwargs)
+            finally:
+                spent[__key] += time.perf_counter() - t
+                calls[__key] += 1
+        setattr(owner, attr, functools.wraps(fn)(timed))
+        undo.append((owner, attr, fn))
+    try:
+        step()
+        spent.clear()
+        calls.clear()
+        total = 0.0
+        for _ in range(steps):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(BUSY_CYCLES)
+            t = time.perf_counter()
+            step()
+            total += time.perf_counter() - t
+        torch.cuda.synchronize()
+    finally:
+        for owner, attr, fn in undo:
+            setattr(owner, attr, fn)
+    return {"step": (1e3 * total / steps, 1), **{
+        k: (1e3 * spent[k] / steps, calls[k] / steps) for _, k in BREAKDOWN if k in calls}}
 
 
 def graph_step_ms(step, iters: int) -> float | None:
@@ -109,6 +174,11 @@ def main(argv=None) -> None:
     s = io.StringIO()
     pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
     print("\n".join(line[:150] for line in s.getvalue().splitlines()[:45]))
+    rows = breakdown(step)
+    print("| host function | ms a step (inclusive) | calls a step |\n|---|---|---|")
+    for k, (ms, n) in rows.items():
+        print(f"| {k} | {ms:.3f} | {n:g} |")
+    print(json.dumps({"breakdown_ms": {k: round(v[0], 4) for k, v in rows.items()}}), flush=True)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,12 @@
 softmax top-k router, same input tokens and output gradient: forward and training step
 (forward + backward) TFLOP/s = 6 T k D I / t (x 3 for the step), and the peak memory of a
 step above what was allocated before the layer was built, its weights and their gradients
-excluded (workspace included). mokgen runs twice: as built by default, and with
-fuse_grad_accumulation=True (the steps after the first add the expert gradients into .grad
-inside the backward kernel, as a training loop with gradient accumulation would).
+excluded (workspace included). The step is timed twice: adding into the gradients of the
+steps before (gradient accumulation; the issue's columns), and with them set to None before
+each step, as PyTorch's default `optimizer.zero_grad()` leaves them (the `*_fresh` columns:
+autograd then adds nothing, for either layer). mokgen runs twice: as built by default, and
+with fuse_grad_accumulation=True (adding the expert gradients into .grad inside the
+backward kernel; with no .grad to add into it is the default path, so it has no fresh column).
 
 Getting SonicMoE onto the GPU machine (its CuTe DSL wheel is larger than one call carries):
 ../shared/tools/peers/README.md. In the second device call, after installing:
@@ -82,7 +85,8 @@ def prebuild(shapes) -> None:
 
 
 def measure(make, T, D, iters):
-    """-> (forward ms, training step ms, peak MB) of the layer `make()` builds, or Nones."""
+    """-> (forward ms, training step ms, peak MB, and the step's ms and peak MB again with
+    the gradients set to None before it) of the layer `make()` builds, or Nones."""
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.synchronize()
@@ -92,7 +96,7 @@ def measure(make, T, D, iters):
     base = torch.cuda.memory_allocated()
     built = make()
     if built is None:
-        return None, None, None
+        return None, None, None, None, None
     layer, call = built
     params = sum(p.numel() * p.element_size() for p in layer.parameters())
 
@@ -109,13 +113,25 @@ def measure(make, T, D, iters):
     torch.cuda.synchronize()
     print(f"  first training step in {time.perf_counter() - t0:.0f} s", flush=True)
     train = time_ms(step, iters, warmup=3)  # gradients exist from here on: counted as the weights' own
+    peak = peak_mb(step, base, params)
+
+    def fresh():  # optimizer.zero_grad()'s default: no gradient to add into
+        layer.zero_grad(set_to_none=True)
+    train_fresh = time_ms(step, iters, warmup=3, setup=fresh)
+    fresh()
+    peak_fresh = peak_mb(step, base, params)
+    del layer, call, built
+    return fwd, train, peak, train_fresh, peak_fresh
+
+
+def peak_mb(step, base: int, params: int) -> float:
+    """MB allocated at most during step() above `base`, less the weights and their gradients
+    (`params` bytes each)."""
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     step()
     torch.cuda.synchronize()
-    peak = (torch.cuda.max_memory_allocated() - base - 2 * params) / 2**20
-    del layer, call, built
-    return fwd, train, peak
+    return (torch.cuda.max_memory_allocated() - base - 2 * params) / 2**20
 
 
 def main(argv=None):
@@ -164,7 +180,10 @@ def main(argv=None):
                          sonicmoe_train_tflops=tf(s[1], 3 * flops),
                          mokgen_peak_mb=m[2], sonicmoe_peak_mb=s[2],
                          mokgen_fused_train_tflops=tf(mf[1], 3 * flops),
-                         mokgen_fused_peak_mb=mf[2], commit=commit,
+                         mokgen_fused_peak_mb=mf[2],
+                         mokgen_train_fresh_tflops=tf(m[3], 3 * flops),
+                         sonicmoe_train_fresh_tflops=tf(s[3], 3 * flops),
+                         mokgen_peak_fresh_mb=m[4], sonicmoe_peak_fresh_mb=s[4], commit=commit,
                          gpu=torch.cuda.get_device_name(), torch=torch.__version__))
         print(json.dumps(rows[-1]), flush=True)
         write(a.out, rows)
@@ -185,14 +204,18 @@ def write(out: str, rows: list) -> None:
         print(f"no plot: {e}", flush=True)
     fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
     print("| shape | fwd mokgen | SonicMoE | train mokgen / fused | SonicMoE "
-          "| peak MB mokgen / fused | SonicMoE |")
-    print("|---|---|---|---|---|---|---|")
+          "| peak MB mokgen / fused | SonicMoE | train fresh mokgen | SonicMoE "
+          "| peak fresh MB mokgen | SonicMoE |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['shape']} | {fmt(r['mokgen_fwd_tflops'])} | {fmt(r['sonicmoe_fwd_tflops'])} "
               f"| {fmt(r['mokgen_train_tflops'])} / {fmt(r.get('mokgen_fused_train_tflops'))} "
               f"| {fmt(r['sonicmoe_train_tflops'])} "
               f"| {fmt(r['mokgen_peak_mb'])} / {fmt(r.get('mokgen_fused_peak_mb'))} "
-              f"| {fmt(r['sonicmoe_peak_mb'])} |")
+              f"| {fmt(r['sonicmoe_peak_mb'])} "
+              f"| {fmt(r.get('mokgen_train_fresh_tflops'))} "
+              f"| {fmt(r.get('sonicmoe_train_fresh_tflops'))} "
+              f"| {fmt(r.get('mokgen_peak_fresh_mb'))} | {fmt(r.get('sonicmoe_peak_fresh_mb'))} |")
 
 
 if __name__ == "__main__":
