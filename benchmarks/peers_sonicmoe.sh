@@ -2,16 +2,19 @@
 # mokgen against SonicMoE on the GPU machine (issue #17), in the two back-to-back device calls
 # of ../shared/tools/peers/README.md (its CuTe DSL wheel is larger than one call carries):
 #   call 1, carry [".peersA"]:                         bash benchmarks/peers_sonicmoe.sh stage
-#   call 2, carry [".peersB", ".kcache"]:              bash benchmarks/peers_sonicmoe.sh run [shapes]
+#   call 2, carry [".peersB", ".kcache"] (and .peersC: below): bash benchmarks/peers_sonicmoe.sh run [shapes]
 #   more calls while the machine is warm (within ~30 s): run [other shapes] reuses the install
 #   two GPUs (nvidia-h200-x2): run2 SHAPES0 SHAPES1 instead of run: each list on its own GPU
 #   at once (the JIT is CPU work: two shapes for the wall time of one), the rows merged with
 #   benchmarks/results/peers_sonicmoe.json's into $OUT/peers_sonicmoe.json
 # (`bash ../shared/tools/peers/fetch.sh` here makes .peersA/.peersB.) Call 2 installs and runs
-# benchmarks/peers_sonicmoe.py (shapes: a comma list, default all five). SonicMoE JIT-compiles
-# 3-4 min per shape in every call: its kernels go through cute.compile, which CuTe DSL 4.4.2
-# runs with its cache off (base_dsl/dsl.py: compile_only disables the cache, the file cache
-# with it; CUTE_DSL_CACHE_DIR stayed empty when tried), so nothing can be carried over.
+# benchmarks/peers_sonicmoe.py (shapes: a comma list, default all five). SonicMoE's first
+# call JIT-compiles for minutes (2026-12-01: forward 130 s, backward 5+ min); QuACK keeps the
+# compiled kernels as .o files in a file cache ($QUACK_CACHE_DIR, default
+# /tmp/$USER/quack_cache) keyed by its sources, not by the shape: a later process on the same
+# warm machine built every shape in ~6 s. `run` points that cache at .peersC/quack_cache and
+# returns it as $OUT/quack_cache.tgz: unpack it into .peersC here and carry .peersC with
+# .peersB, and a fresh machine skips the JIT too.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MOKGEN_CACHE=${MOKGEN_CACHE:-$PWD/.kcache}
 OUT=${OUT:-/tmp/out}
@@ -29,6 +32,9 @@ case "${1:-}" in
         .peersB/*.whl || exit 3
     fi
     export PYTHONPATH=/tmp/peers:/tmp/peers/nvidia_cutlass_dsl/python_packages:$PYTHONPATH
+    export QUACK_CACHE_DIR=${QUACK_CACHE_DIR:-$PWD/.peersC/quack_cache}
+    mkdir -p "$QUACK_CACHE_DIR"
+    echo "QuACK cache: $(ls "$QUACK_CACHE_DIR" | wc -l) entries before the run"
     if [ "$1" = run ]; then
       timeout "${RUN_TIMEOUT:-500}" python3 benchmarks/peers_sonicmoe.py --out "$OUT" \
         ${2:+--shapes "$2"} 2>&1 | tee "$OUT/peers_sonicmoe.log" | tail -12
@@ -43,6 +49,8 @@ case "${1:-}" in
       python3 benchmarks/peers_sonicmoe.py --out "$OUT" --merge \
         benchmarks/results/peers_sonicmoe.json $(ls "$OUT"/gpu*/peers_sonicmoe.json) | tail -8
     fi
+    tar -czf "$OUT/quack_cache.tgz" -C "$(dirname "$QUACK_CACHE_DIR")" \
+      "$(basename "$QUACK_CACHE_DIR")" && ls -la "$OUT/quack_cache.tgz"
     ;;
   *)
     echo "usage: $0 stage | run [shapes] | run2 shapes0 shapes1"; exit 2
