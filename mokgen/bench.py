@@ -14,6 +14,7 @@ region), so EP=64 slices fit on one GPU.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -34,8 +35,15 @@ from .progress import progress
 from .workloads import rel_error
 
 
-def time_ms(fn, iters: int, warmup: int = 10, setup=None) -> float:
-    """Median ms of fn() over iters CUDA-event-timed runs; setup() (untimed) before each."""
+QUEUE_AHEAD_CYCLES = 20_000_000  # ~10 ms of GPU sleep: longer than a call's host work
+
+
+def time_ms(fn, iters: int, warmup: int = 10, setup=None, queue_ahead: bool = False) -> float:
+    """Median ms of fn() over iters CUDA-event-timed runs; setup() (untimed) before each.
+    queue_ahead: a GPU sleep is queued before each timed run, so the host has queued fn's
+    launches before the GPU reaches them: the GPU's time alone, without the host's launch
+    gaps (which decide small calls' times and vary from run to run; for comparing kernels
+    whose host work is the same)."""
     for _ in range(warmup):
         if setup:
             setup()
@@ -45,6 +53,8 @@ def time_ms(fn, iters: int, warmup: int = 10, setup=None) -> float:
         if setup:
             setup()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if queue_ahead:
+            torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
         a.record()
         fn()
         b.record()
@@ -166,9 +176,12 @@ def dense_floor(shape, n, dev, g):
     return lambda: (a @ b, c @ d, sa @ sb, sc @ sd)
 
 
-def bench_one(name, ep, n, iters, g, backward=False, naive=True, **overrides):
+def bench_one(name, ep, n, iters, g, backward=False, naive=True, queue_ahead=False,
+              **overrides):
     """`name`: a preset's name, or a MoEShape (reported by its name). naive=False skips the
-    per-expert loop baseline (slow at hundreds of local experts; its columns are then NaN)."""
+    per-expert loop baseline (slow at hundreds of local experts; its columns are then NaN).
+    queue_ahead: every timing is the GPU's alone (time_ms)."""
+    timed = functools.partial(time_ms, queue_ahead=queue_ahead)
     shape = name if isinstance(name, mokgen.MoEShape) else mokgen.shapes.get(name)
     name = shape.name or str(shape) if isinstance(name, mokgen.MoEShape) else name
     xs, zs, w1, w2, sw1, sw2 = make_slice(shape, ep, n, g)
@@ -188,34 +201,35 @@ def bench_one(name, ep, n, iters, g, backward=False, naive=True, **overrides):
     # rows rank 0's experts pushed to rank 0's own combine buffer, both implementations
     res["err_vs_grouped"] = rel_error(rt.peers.bufs["combine"][0][mine],
                                       ts.grouped(all_routes, all_weights)[1][mine])
-    res["mokgen_ms"] = time_ms(ours, iters)
+    res["mokgen_ms"] = timed(ours, iters)
     b0, xp = rt.ranks[0], rt.peer_rows(xs)
 
     def mega():
         b0.counters.zero_()
         rt.experts(0, xs[0], xp, w1, w2, sw1, sw2)
     res["stage_ms"] = dict(
-        route_schedule=time_ms(lambda: (rt.route(0, zs[0], n), rt.schedule(0, n)), iters),
-        megakernel=time_ms(mega, iters), combine_sum=time_ms(lambda: rt.combine_sum(0, n), iters))
-    res["grouped_ms"] = time_ms(lambda: ts.grouped(all_routes, all_weights), iters)
-    res["naive_ms"] = time_ms(lambda: ts.naive(all_routes, all_weights), max(10, iters // 5)) \
+        route_schedule=timed(lambda: (rt.route(0, zs[0], n), rt.schedule(0, n)), iters),
+        megakernel=timed(mega, iters), combine_sum=timed(lambda: rt.combine_sum(0, n), iters))
+    res["grouped_ms"] = timed(lambda: ts.grouped(all_routes, all_weights), iters)
+    res["naive_ms"] = timed(lambda: ts.naive(all_routes, all_weights), max(10, iters // 5)) \
         if naive else float("nan")
-    res["floor_ms"] = time_ms(dense_floor(shape, n, "cuda", g), iters)
+    res["floor_ms"] = timed(dense_floor(shape, n, "cuda", g), iters)
     for k in ("mokgen", "grouped", "naive", "floor"):
         res[f"{k}_tflops"] = res["flops"] / res[f"{k}_ms"] / 1e9
     res["plan"] = dict(minibatch=layer.plan.minibatch, macrobatch=layer.plan.macrobatch,
                        comm_sms=layer.plan.comm_sms_fwd)
     if backward:
         res["backward"] = bench_backward(layer, ts, shape, args, all_routes, all_weights,
-                                         res["floor_ms"], iters, g, naive)
+                                         res["floor_ms"], iters, g, naive, queue_ahead)
     return res  # the slice's tensors die with this frame; main() frees the cache
 
 
 def bench_backward(layer, ts, shape, args, all_routes, all_weights, fwd_floor_ms, iters, g,
-                   naive=True):
+                   naive=True, queue_ahead=False):
     """Rank 0's backward slice: ours (its forward, untimed, leaves macrobatch 0 in the ring)
     against autograd through both pipelines; the floor is twice the forward's dense GEMMs.
     Effective TFLOP/s = 12 N (k+1) D I / t."""
+    timed = functools.partial(time_ms, queue_ahead=queue_ahead)
     xs, zs, w1s, w2s, sw1, sw2 = args
     rt, bwd = layer.runtime(), layer.backward_runtime()
     dys = [torch.randn(x.shape, device=x.device, generator=g).bfloat16() for x in xs]
@@ -234,12 +248,12 @@ def bench_backward(layer, ts, shape, args, all_routes, all_weights, fwd_floor_ms
     r = dict(flops=2 * shape.forward_flops(xs[0].shape[0]),
              err_dw1_vs_grouped=rel_error(dw1, tg.w1.grad),
              err_dw2_vs_grouped=rel_error(dw2, tg.w2.grad))
-    r["mokgen_ms"] = time_ms(ours, iters, setup=fwd)
-    r["grouped_ms"] = time_ms(back, iters, setup=setup)
+    r["mokgen_ms"] = timed(ours, iters, setup=fwd)
+    r["grouped_ms"] = timed(back, iters, setup=setup)
     r["naive_ms"] = float("nan")
     if naive:
         setup_n, back_n = tg.train_step("naive", all_routes, all_weights, dY)
-        r["naive_ms"] = time_ms(back_n, max(10, iters // 5), setup=setup_n)
+        r["naive_ms"] = timed(back_n, max(10, iters // 5), setup=setup_n)
     r["floor_ms"] = 2 * fwd_floor_ms
     for k in ("mokgen", "grouped", "naive", "floor"):
         r[f"{k}_tflops"] = r["flops"] / r[f"{k}_ms"] / 1e9
