@@ -13,11 +13,13 @@ Usage: python benchmarks/trace.py SHAPE EP N [DTYPE] [--gemm 128x256x4] [--out D
        of an epilogue costs; those builds' results are wrong by design)
        [--prebuild] (compile only, here; then carry MOKGEN_CACHE: benchmarks/ab_trace.sh)
 Prints, per kernel: the SM time per task kind (mainloop / epilogue / signal / idle, ms summed
-over CTAs), each kind's mean mainloop TFLOP/s per SM scaled to the GPU, and the share of
-CTAs in a mainloop in 20 time bins; then each direction's GPU kernels from torch.profiler
+over CTAs), each kind's mean mainloop TFLOP/s per SM scaled to the GPU, the share of
+CTAs in a mainloop in 20 time bins, and the start (when the CTAs' first mainloops begin,
+their first tasks' kinds and dependency waits); then each direction's GPU kernels from torch.profiler
 (what the event time holds besides the traced tasks); writes
 trace_<shape>_ep<EP>_n<N>_<dtype>[_<also profile>...].json under --out."""
 import argparse
+import collections
 import json
 import os
 import struct
@@ -54,7 +56,7 @@ def summarize(recs, ops, bm, bn):
     globaltimer / clock64 ratio)."""
     names = {v: k[1:] for k, v in ops.items()}  # kDgrad -> Dgrad
     op_, ask, got, pop, main, epi, done, gns = (F[k] for k in abi.TRACE_FIELDS)
-    kinds, spans = {}, []
+    kinds, spans, firsts = {}, [], []
     t_lo = t_hi = None
     for cta in recs:
         r = [row for row in cta if row[got] != 0 and row[done] != 0]  # both sides recorded
@@ -65,6 +67,10 @@ def summarize(recs, ops, bm, bn):
         prev_done = r[0][ask]
         t0 = r[0][gns] - (r[0][pop] - r[0][ask]) * ns_per_clk
         t_lo = t0 if t_lo is None else min(t_lo, t0)
+        # the CTA's first task: its kind, when its mainloop began (global ns) and how long
+        # the producer waited for it (next_task: the dependency waits)
+        firsts.append((names.get(r[0][op_] & abi.OPCODE_MASK, "?"), r[0][gns],
+                       (r[0][got] - r[0][ask]) * ns_per_clk))
         for row in r:
             op, kb = row[op_] & 0xffffffff, row[op_] >> 32
             code = op & abi.OPCODE_MASK
@@ -106,6 +112,13 @@ def summarize(recs, ops, bm, bn):
                     acc[i] += max(0.0, hi - lo)
         out["bins_mainloop"] = [round(v / (w * ctas), 3) for v in main_b]
         out["bins_epilogue"] = [round(v / (w * ctas), 3) for v in epi_b]
+    if firsts:  # the start: how long the CTAs take to their first mainloop, and why
+        starts = sorted((g - t_lo) / 1e3 for _, g, _ in firsts)
+        waits = sorted(w / 1e3 for _, _, w in firsts)
+        out["start"] = dict(first_main_us_median=starts[len(starts) // 2],
+                            first_main_us_max=starts[-1],
+                            first_wait_us_median=waits[len(waits) // 2],
+                            first_kinds=dict(collections.Counter(k for k, _, _ in firsts)))
     return out
 
 
@@ -146,6 +159,12 @@ def table(title, s):
     if "bins_mainloop" in s:
         lines.append("mainloop share per bin: " + " ".join(f"{v:.2f}" for v in s["bins_mainloop"]))
         lines.append("epilogue share per bin: " + " ".join(f"{v:.2f}" for v in s["bins_epilogue"]))
+    if "start" in s:
+        st = s["start"]
+        lines.append(f"start: first mainloop at {st['first_main_us_median']:.1f} us (median CTA; "
+                     f"last {st['first_main_us_max']:.1f}), its task's dependency wait "
+                     f"{st['first_wait_us_median']:.1f} us; first tasks " + ", ".join(
+                         f"{k} x{v}" for k, v in sorted(st["first_kinds"].items())))
     return "\n".join(lines)
 
 

@@ -41,3 +41,10 @@ def test_summarize_sums_phases_per_kind():
     assert abs(d["flops"] - 2.0 * 128 * 256 * 64 * 80) < 1
     assert abs(s["span_ms"] - (1900 + 7200 * 0.5 - (1000 - 50)) / 1e6) < 1e-12
     assert 0 < max(s["bins_mainloop"]) <= 1.0
+    # the start: the CTA's first mainloop 50 ns after its first ask (100 clocks of waiting in
+    # the ask -> pop gap, 10 of them in the producer's next_task)
+    st = s["start"]
+    assert st["first_kinds"] == {"Dgrad": 1}
+    assert abs(st["first_main_us_median"] - 50 / 1e3) < 1e-9
+    assert abs(st["first_wait_us_median"] - 10 * 0.5 / 1e3) < 1e-9
+    assert "start: first mainloop at" in t.table("backward", s)
