@@ -30,6 +30,12 @@ MAX_ROUTED_ROWS = 2**31 - 1
 # direction.cuh, moe_bwd.cuh + direction_bwd.cuh: every op both ways).
 DIRECTIONS = {"dispatch": ("pull", "push"), "combine": ("push", "pull"),
               "reverse_combine": ("pull", "push"), "reverse_dispatch": ("push", "pull")}
+# The ops that can also move nothing: with one rank holding every token, the GEMMs that read
+# x (dispatch) or dy (reverse-combine) rows gather them from the caller's tensors (FwdConsts
+# GATHER, gemm_tile.cuh GatherSrc): no comm CTAs, no x or dy ring. Forward and backward
+# together (the backward's weight gradients gather the x the forward's ring no longer holds).
+GATHER = "gather"
+GATHERED = ("dispatch", "reverse_combine")
 # GEMM tiles (gemm_tile.cuh GemmCfg; one per kernel, every GEMM op of a direction shares it):
 # BM is fixed by the engine, two consumer warpgroups of 64 rows (wgmma m64). BN: the engine
 # also has N = 128, but the fp8 tiles are two 128-column halves and the host's tensor maps
@@ -88,9 +94,10 @@ def violations(plan: "Plan") -> list[str]:
                    f"got {rows}")
     for op, want in DIRECTIONS.items():
         got = getattr(plan, op)
-        if got is not None and got not in want:
+        if got is not None and got not in want + ((GATHER,) if op in GATHERED else ()):
             out.append(f"{op} must be {want[0]!r} (the only direction the kernels implement), "
                        f"got {got!r}")
+    out += _gather_violations(plan)
     if plan.dispatch == "push" and plan.scale_block:
         out.append(f"dispatch='push' moves bf16 rows only (direction.cuh push_rows): dtype "
                    f"{plan.dtype} must use dispatch='pull'")
@@ -116,6 +123,42 @@ def violations(plan: "Plan") -> list[str]:
             broken.add(field)
             out.append(f"{field} must be a multiple of {m} for the sm_90a kernels ({why}), "
                        f"got {v}")
+    return out
+
+
+def _gather_violations(plan: "Plan") -> list[str]:
+    """The rules of gathered rows (GATHER above), and of launches without comm CTAs."""
+    got = {op: getattr(plan, op) for op in GATHERED}
+    gather = [op for op, d in got.items() if d == GATHER]
+    out = []
+    if gather and len(gather) != len(GATHERED) and None not in got.values():
+        out.append(f"dispatch and reverse_combine must both be {GATHER!r} or neither (the "
+                   f"backward's weight gradients gather the x the forward did not copy), got "
+                   f"{got['dispatch']!r} and {got['reverse_combine']!r}")
+    if gather and plan.ep != 1:
+        out.append(f"{gather[0]}={GATHER!r} needs ep == 1 (every token on the GPU that runs its "
+                   f"experts), got ep {plan.ep}")
+    if gather and plan.scale_block:
+        out.append(f"{gather[0]}={GATHER!r} needs dtype 'bf16' (fp8 rings hold quantized rows), "
+                   f"got {plan.dtype}")
+    for op, other, want in (("dispatch", "combine", "push"),
+                            ("reverse_combine", "reverse_dispatch", "push")):
+        if got[op] == GATHER and getattr(plan, other) not in (None, want):
+            out.append(f"{op}={GATHER!r} needs {other}={want!r} (the default direction), got "
+                       f"{getattr(plan, other)!r}")
+    for op, name in (("dispatch", "comm_sms_fwd"), ("reverse_combine", "comm_sms_bwd")):
+        c = getattr(plan, name)
+        if c is None or got[op] is None:
+            continue
+        if got[op] == GATHER and c != 0:
+            out.append(f"{op}={GATHER!r} runs no comm CTAs: {name} must be 0, got {c}")
+        if got[op] != GATHER and c == 0:
+            out.append(f"{name} must be >= 1 unless {op}={GATHER!r} (its comm CTAs move the "
+                       f"rows), got 0")
+    if gather and plan.macrobatch is not None and plan.max_routed_rows is not None and \
+            plan.macrobatch < plan.max_routed_rows:
+        out.append(f"{gather[0]}={GATHER!r} needs a ring that holds every row: macrobatch must "
+                   f"be >= {plan.max_routed_rows}, got {plan.macrobatch}")
     return out
 
 

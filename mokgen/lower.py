@@ -29,6 +29,8 @@ def op_params(op: ir.Op) -> dict:
     if op.comm in _VARIANT and "comm_direction" in a:
         param, flipped = _VARIANT[op.comm]
         out[param] = a["comm_direction"] == flipped
+        if a["comm_direction"] == "gather":  # no copy: the GEMMs read the rows in place
+            out["gather"] = True
     return out
 
 
@@ -76,6 +78,8 @@ def lower(g, direction: str) -> dict:
                 ring_slots=got["ring_rows"] // got["minibatch"],
                 scale_block=got.get("scale_block", 0),
                 **variants,
+                # dispatch (forward) / reverse-combine (backward) "gather": FwdConsts GATHER
+                gather=got.get("gather", False),
                 # the variants' peer tables are a kernel parameter only where used, so the
                 # paper's directions render the same source as before they existed
                 dir_peers=any(variants.values()))

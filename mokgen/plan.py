@@ -19,7 +19,7 @@ from typing import Any
 
 from . import hardware, ir
 from .ir import GemmConfig, OpKind
-from .limits import DEFAULT_GEMM, backward_unsupported
+from .limits import DEFAULT_GEMM, GATHER, GATHERED, backward_unsupported
 from .shapes import MoEShape
 
 DTYPES = ("bf16", "fp8", "mxfp8")
@@ -254,13 +254,15 @@ def initial_graph(shape: MoEShape, ep: int, dtype: str, tokens_per_rank: int, **
     if unknown:
         raise ValueError(f"unknown override(s) {sorted(unknown)}; allowed: {OVERRIDABLE}")
     for op in COMM_OPS:
-        if op in overrides and overrides[op] not in DIRECTIONS:
-            raise ValueError(f"{op} must be one of {DIRECTIONS}, got {overrides[op]!r}")
+        ok = DIRECTIONS + ((GATHER,) if op in GATHERED else ())
+        if op in overrides and overrides[op] not in ok:
+            raise ValueError(f"{op} must be one of {ok}, got {overrides[op]!r}")
     for name in ("comm_sms_fwd", "comm_sms_bwd", "minibatch", "macrobatch", "ring_budget_bytes"):
         if name in overrides:
             v = overrides[name]
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+            low = 0 if name.startswith("comm_sms") else 1  # 0: gathered rows (limits.GATHER)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
     gpu = hardware.get(overrides.get("arch", "sm_90a"))
     if "reserve_sms" in overrides:
         v = overrides["reserve_sms"]

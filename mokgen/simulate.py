@@ -134,7 +134,9 @@ def predict_plan(plan, system: str | System) -> dict:
             mem = 2 * wbytes + L * 3 * s.intermediate * s.hidden * 2  # + the bf16 grads
         eff = EFFICIENCY["bwd" if backward else "fwd"]
         t_comp = max(flops / (rate * eff * (plan.num_sms - c)), mem / gpu.hbm_bw)
-        t_comm = max(_link_seconds(moved, plan.ep, sysm), moved / (c * gpu.copy_bw_per_sm))
+        # no comm CTAs: one rank's GEMMs gather the rows, nothing is copied (limits.GATHER)
+        t_comm = 0.0 if c == 0 else \
+            max(_link_seconds(moved, plan.ep, sysm), moved / (c * gpu.copy_bw_per_sm))
         link = sysm.link_bw if plan.ep <= sysm.domain else sysm.scale_out_bw
         t_pipe = minibatch_cost(plan.replace(comm_sms_fwd=c), plan.minibatch, gpu, link)
         t_fixed = PROLOGUE_KERNELS * LAUNCH_S + 2 * sysm.barrier_s + sum_bytes / gpu.hbm_bw

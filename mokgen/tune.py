@@ -63,7 +63,8 @@ def candidates(base) -> list:
     b, c = base.minibatch, base.comm_sms_fwd
     tile = base.block_m
     minis = sorted({max(tile, b // 2 // tile * tile), b, 2 * b})  # half, the model's, double
-    comms = sorted({x for x in (c - 2, c, c + 2, c + 4) if 1 <= x < base.num_sms // 2})
+    # 0 (gathered rows, no comm CTAs: sm_partition.gathers) only where the model chose it
+    comms = sorted({x for x in (c - 2, c, c + 2, c + 4) if min(c, 1) <= x < base.num_sms // 2})
     out = []
     for mb in minis:
         for cs in comms:
@@ -80,7 +81,7 @@ def backward_candidates(plan) -> list:
     """`plan` with its backward's comm SMs moved around the model's choice."""
     c = plan.comm_sms_bwd
     out = []
-    for cs in sorted({x for x in (c - 2, c, c + 2, c + 4) if 1 <= x < plan.num_sms // 2}):
+    for cs in sorted({x for x in (c - 2, c, c + 2, c + 4) if min(c, 1) <= x < plan.num_sms // 2}):
         try:
             out.append(make_plan(plan.shape, ep=plan.ep, dtype=plan.dtype,
                                  tokens_per_rank=plan.tokens_per_rank, minibatch=plan.minibatch,

@@ -127,6 +127,49 @@ def test_backward_bitwise_repeatable_and_stale_ring():
             assert torch.equal(t.grad, first[k][r]), f"{k}[{r}]: stale-ring backward differs"
 
 
+# One rank in bf16 gathers x and dy rows in its GEMMs (sm_partition.gathers) instead of
+# copying them into rings: the same tiles over the same rows in the same K order, so outputs and
+# every gradient equal the pulled path's bit for bit. Edge widths (D 2880: a K tail in the
+# gathered slices, edge columns in the weight gradients'), a shared expert, a stale ring (the
+# backward then replays its gate/up from gathered x).
+@pytest.mark.parametrize("shape", [mokgen.shapes.get("gpu-small"),
+                                   mokgen.MoEShape(12, 2880, 704, 3, shared_experts=0),
+                                   mokgen.MoEShape(60, 512, 352, 4, shared_experts=1,
+                                                   shared_intermediate=256)])
+def test_gathered_rows_equal_the_pulled_ones_bitwise(shape):
+    tokens = 700
+    inputs = make_inputs(shape, 1, tokens)
+    dys = [torch.randn_like(x) for x in inputs["x"]]
+    got = {}
+    for way in ("gather", "pull"):
+        force = {} if way == "gather" else dict(dispatch="pull", reverse_combine="pull")
+        layer = mokgen.compile(shape, ep=1, tokens_per_rank=tokens, virtual=True, **force)
+        assert layer.plan.dispatch == way and layer.plan.reverse_combine == way
+        assert (layer.plan.comm_sms_fwd == 0) == (way == "gather")
+        layer.runtime().poison()
+        layer.backward_runtime().poison()
+        leaves = {k: [t.detach().clone().requires_grad_() for t in inputs[k]] for k in NAMES}
+        shared = {k: None if inputs[k] is None else inputs[k].detach().clone().requires_grad_()
+                  for k in ("shared_w1", "shared_w2")}
+        ys = layer(**leaves, **shared)
+        if way == "gather":  # a forward in between: the backward replays from gathered x
+            with torch.no_grad():
+                layer(**make_inputs(shape, 1, tokens))
+        torch.autograd.backward(ys, dys)
+        torch.cuda.synchronize()
+        layer.synchronize()
+        got[way] = dict(y=[y.detach() for y in ys], **{k: [t.grad for t in v] for k, v in leaves.items()},
+                        **{k: None if t is None else t.grad for k, t in shared.items()})
+    check({k: v for k, v in got["gather"].items() if k != "y"},
+          reference_grads(shape, inputs, dys))
+    for k, v in got["gather"].items():
+        for a, b in zip(*(x if isinstance(x, list) else [x] for x in (v, got["pull"][k]))):
+            if a is None and b is None:  # no shared expert
+                continue
+            assert a is not None and torch.isfinite(a).all(), f"{k}: missing or not finite"
+            assert torch.equal(a, b), f"{k}: gathered rows differ from pulled ones"
+
+
 @pytest.mark.parametrize("name", ["kimi-k2.7", "qwen3.5-397b-a17b"])
 def test_backward_preset_dims(name):
     # the preset's hidden, intermediate and top-k with 16 experts over 2 ranks: all 8+ ranks'

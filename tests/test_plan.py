@@ -108,8 +108,10 @@ def test_comm_direction_pass_counts_signals_and_can_be_forced():
     assert ("combine", "push", 1, 0) in p.signals
     forced = Plan.of(upto("comm_direction", dispatch="push"))
     assert forced.dispatch == "push" and forced.combine == "push"
-    # one rank: no cross-GPU signals either way, the paper's choice stays
+    # one rank in bf16 moves no rows: the GEMMs gather them; fp8 still pulls its e4m3 rows
     one = mokgen.plan(mokgen.shapes.get("tiny"), ep=1, tokens_per_rank=8)
+    assert (one.dispatch, one.combine) == ("gather", "push")
+    one = mokgen.plan(mokgen.shapes.get("tiny"), ep=1, tokens_per_rank=8, dtype="fp8")
     assert (one.dispatch, one.combine) == ("pull", "push")
 
 

@@ -38,7 +38,7 @@ import itertools
 import math
 
 from .. import hardware, ir
-from ..limits import DIRECTIONS
+from ..limits import DIRECTIONS, GATHER
 from ..plan import Plan
 
 # Which side must learn that data is ready: "dst" = the rank that receives the rows and
@@ -161,8 +161,13 @@ def comm_direction(g):
     problem = g.graph["problem"]
     plan = Plan.of(g)
     overrides = problem["overrides"]
-    chosen = dict(zip(("dispatch", "combine"), choose_forward(plan, overrides)))
-    chosen.update(zip(("reverse_combine", "reverse_dispatch"), choose_backward(plan, overrides)))
+    # no comm CTAs (sm_partition.gathers): the GEMMs gather the rows, the outputs go the
+    # default way (the down and dx epilogues store them)
+    chosen = dict(dispatch=GATHER, combine="push") if plan.comm_sms_fwd == 0 else \
+        dict(zip(("dispatch", "combine"), choose_forward(plan, overrides)))
+    chosen.update(dict(reverse_combine=GATHER, reverse_dispatch="push")
+                  if plan.comm_sms_bwd == 0 else
+                  zip(("reverse_combine", "reverse_dispatch"), choose_backward(plan, overrides)))
     changes = {}
     for op in ir.comm_ops(g):
         counts = {d: signal_counts(op.comm, d, problem["ep"]) for d in ("pull", "push")}

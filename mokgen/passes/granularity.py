@@ -32,9 +32,14 @@ def minibatch_cost(plan: Plan, b: int, gpu: hardware.GPU, link: float | None = N
         waste += (math.ceil(waves) - waves) * tile_time
     if link is None:
         link = gpu.nvlink_bw if plan.ep > 1 else gpu.hbm_bw / 2
-    bw = min(link, plan.comm_sms_fwd * gpu.copy_bw_per_sm)
-    t_dispatch = b * plan.row_bytes / bw
-    t_combine = b * 2 * s.hidden / bw
+    if plan.comm_sms_fwd:
+        bw = min(link, plan.comm_sms_fwd * gpu.copy_bw_per_sm)
+        t_dispatch = b * plan.row_bytes / bw
+        t_combine = b * 2 * s.hidden / bw
+    else:  # gathered rows (sm_partition.gathers): nothing is copied in or out by comm CTAs;
+        # what a minibatch exposes is the last one's down GEMM, which nothing overlaps
+        t_dispatch = 0.0
+        t_combine = 2 * b * s.hidden * s.intermediate / (rate * compute_sms)
     return math.ceil(rows / b) * waste + t_dispatch + t_combine
 
 
@@ -65,6 +70,8 @@ def predict_forward_s(plan: Plan) -> float:
     moved, flops = direction_costs(plan, backward=False)
     rate = gpu.fp8_flops if plan.scale_block == 128 else gpu.bf16_flops
     link = gpu.nvlink_bw if plan.ep > 1 else gpu.hbm_bw / 2
-    t_comm = moved / min(link, plan.comm_sms_fwd * gpu.copy_bw_per_sm)
+    # gathered rows: no comm CTAs, nothing copied beside the compute
+    t_comm = moved / min(link, plan.comm_sms_fwd * gpu.copy_bw_per_sm) if plan.comm_sms_fwd \
+        else 0.0
     t_comp = flops / (rate * (plan.num_sms - plan.comm_sms_fwd) / gpu.num_sms)
     return max(t_comm, t_comp) + minibatch_cost(plan, plan.minibatch, gpu)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .. import ir
 from ..ir import OpKind
+from ..limits import GATHER
 from ..plan import Plan
 
 
@@ -26,7 +27,8 @@ def ring_row_bytes(plan: Plan) -> int:
     if q:  # e4m3 x and SwiGLU output plus fp32 scales (the bf16 rings stay, for the shared path)
         fp8 = s.hidden + 4 * -(-s.hidden // q) + s.intermediate + 4 * -(-s.intermediate // q)
         return 2 * s.hidden + 2 * (2 * s.intermediate) + 2 * s.intermediate + fp8 + stage
-    return plan.row_bytes + 2 * (2 * s.intermediate) + 2 * s.intermediate + stage
+    x_row = 0 if plan.dispatch == GATHER else plan.row_bytes  # gathered: x stays in place
+    return x_row + 2 * (2 * s.intermediate) + 2 * s.intermediate + stage
 
 
 def padded_rows(rows: int, experts: int, tile: int) -> int:
@@ -47,6 +49,8 @@ def ring(g):
     row = ring_row_bytes(plan)
     if plan.is_forced("macrobatch"):
         macro = plan.macrobatch
+    elif plan.dispatch == GATHER:  # a ring row is its layout row: the ring holds them all
+        macro = max(2 * b, -(-worst // b) * b)
     else:
         fits = (plan.ring_budget_bytes // row) // b * b
         want = -(-expected // b) * b  # hold every expected row: no replay when routing is even

@@ -8,11 +8,36 @@ launch `num_sms = SMs - reserve_sms` CTAs; `reserve_sms` forces any count (0 tur
 
 Cost model per direction: comm time = bytes moved / min(link bandwidth, c * per-SM copy rate);
 compute time = FLOPs / (rate per SM * (num_sms - c)). Overlapped, the layer takes the max of
-the two; pick the c that minimizes it (smallest c on ties: compute SMs are the scarce ones)."""
+the two; pick the c that minimizes it (smallest c on ties: compute SMs are the scarce ones).
+
+One rank in bf16 moves no rows at all (`gathers`): its GEMMs gather x and dy from the caller's
+tensors (mokgen/limits.py GATHER), so every SM computes and no ring holds copies of x or dy;
+comm_direction then names those ops "gather"."""
 from __future__ import annotations
 
 from .. import hardware, ir
+from ..limits import GATHER, GATHERED, GEMM_BM
 from ..plan import Plan
+from .ring import padded_rows  # the tile is not chosen yet: the largest the engine has
+
+
+def gathers(plan: Plan) -> bool:
+    """Whether the plan's GEMMs gather x and dy rows (no comm CTAs): one rank, bf16, and
+    nothing forced that needs a comm CTA (a direction other than the default, comm SMs)."""
+    if plan.ep != 1 or plan.scale_block:
+        return False
+    if any(getattr(plan, op) not in (None, GATHER) for op in GATHERED):
+        return False
+    if plan.combine not in (None, "push") or plan.reverse_dispatch not in (None, "push"):
+        return False
+    if plan.is_forced("macrobatch"):  # a ring row must be its layout row: it holds them all
+        s = plan.shape
+        worst = padded_rows(plan.tokens_per_rank * min(s.topk, plan.local_experts),
+                            plan.local_experts, max(GEMM_BM))
+        if plan.macrobatch < worst:
+            return False
+    return all(not plan.is_forced(n) or getattr(plan, n) == 0
+               for n in ("comm_sms_fwd", "comm_sms_bwd"))
 
 
 def collective_sms(gpu: hardware.GPU) -> int:
@@ -73,8 +98,11 @@ def sm_partition(g):
         collective_sms(gpu) if plan.overlap_comm else 0
     sms = gpu.num_sms - reserve
     comm = {}
+    gather = gathers(plan)
     for d, name in (("fwd", "comm_sms_fwd"), ("bwd", "comm_sms_bwd")):
-        if plan.is_forced(name):
+        if gather:
+            comm[d] = 0
+        elif plan.is_forced(name):
             comm[d] = getattr(plan, name)
             if comm[d] >= sms:
                 raise ValueError(f"{name} must be < {sms} (the CTAs left after reserving "

@@ -93,8 +93,9 @@ class ForwardRuntime:
         then sees any element the kernels skip."""
         for b in self.ranks:
             for t in (b.combine, b.ring_x, b.ring_a, b.ring_h, b.h_shared, b.y_shared,
-                      b.row_weight, *([b.stage] if b.stage is not None else [])):
-                t.fill_(float("nan"))
+                      b.row_weight, b.stage):
+                if t is not None:
+                    t.fill_(float("nan"))
             b.table.fill_(-2)
             if self.spec.scale_block:
                 for t in (b.ring_x8, b.ring_a8):
@@ -275,7 +276,9 @@ class ForwardRuntime:
         sw1 = shared_w1 if shared_w1 is not None else b.h_shared  # unused placeholders
         sw2 = shared_w2 if shared_w2 is not None else b.h_shared
         maps = {"x": self._map(x, n, D, 128), "hs": self._map(b.h_shared, n, IS, 128),
-                "ring_x": self._map(b.ring_x, s.macrobatch, D, 128),
+                # gathered rows: no ring_x, a map of x in its place (unread)
+                "ring_x": self._map(x, n, D, 128) if b.ring_x is None else
+                self._map(b.ring_x, s.macrobatch, D, 128),
                 "ring_a": self._map(b.ring_a, s.macrobatch, I, 128),
                 "sw1": self._map(sw1, sw1.shape[0], sw1.shape[1], 128),
                 "sw2": self._map(sw2, sw2.shape[0], sw2.shape[1], 256),

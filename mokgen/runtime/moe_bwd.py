@@ -173,13 +173,14 @@ class BackwardPass(BackwardScratch):
                 "sw1_mn": mp(sw1, sw1.shape[0], sw1.shape[1], 64), "dy_mn": mp(dy, n, D, 64),
                 "hs_a_mn": mp(sc.hs_a, n, IS, 64), "hs_dh_mn": mp(sc.hs_pre, n, 2 * IS, 64),
                 "x_mn": mp(x, n, D, 64),
-                "ring_x_k": mp(b.ring_x, M, D, 128), "w1_k": mp(w1, L * 2 * I, D, 128),
-                "ring_dy_k": mp(sc.ring_dy, M, D, 128), "w2_mn": mp(w2, L * D, I, 64),
+                "w1_k": mp(w1, L * 2 * I, D, 128), "w2_mn": mp(w2, L * D, I, 64),
                 # dh lands over the pre-activations, w * a over a (moe_bwd.cuh, DG)
                 "ring_dh_k": mp(b.ring_h, M, 2 * I, 128), "w1_mn": mp(w1, L * 2 * I, D, 64),
-                "ring_dy_mn": mp(sc.ring_dy, M, D, 64), "ring_a_mn": mp(b.ring_a, M, I, 64),
-                "ring_dh_mn": mp(b.ring_h, M, 2 * I, 64),
-                "ring_x_mn": mp(b.ring_x, M, D, 64)}
+                "ring_a_mn": mp(b.ring_a, M, I, 64), "ring_dh_mn": mp(b.ring_h, M, 2 * I, 64)}
+        # gathered rows (no x or dy ring): x's and dy's own maps in their places, unread
+        for ring, t, src in (("ring_x", b.ring_x, "x"), ("ring_dy", sc.ring_dy, "dy")):
+            maps[f"{ring}_k"] = maps[f"{src}_k"] if t is None else mp(t, M, D, 128)
+            maps[f"{ring}_mn"] = maps[f"{src}_mn"] if t is None else mp(t, M, D, 64)
         # the weight gradients for the TMA stores of whole-expert tiles (fused accumulation:
         # TMA reductions into the caller's .grad), whose base TMA can address (16-byte
         # aligned); otherwise zero maps, unused

@@ -48,17 +48,23 @@ class LayerSpec:
     reverse_dispatch: str = "push"
 
     @property
+    def gather(self) -> bool:
+        """No x or dy ring: the GEMMs gather those rows from the caller's tensors (one rank,
+        bf16; mokgen/limits.py GATHER)."""
+        return self.dispatch == "gather"
+
+    @property
     def peer_directions(self) -> bool:
         """Whether the forward moves rows the non-default way (direction.cuh): then its
         megakernel reads peers' schedules, rings and flags while they run, so the ranks'
         megakernels must run at once (virtual ranks: side by side on one GPU)."""
-        return self.dispatch != "pull" or self.combine != "push"
+        return self.dispatch == "push" or self.combine == "pull"
 
     @property
     def bwd_peer_directions(self) -> bool:
         """Whether the backward moves rows the non-default way (direction_bwd.cuh): then, as
         above, its ranks' megakernels wait on each other and must run at once."""
-        return self.reverse_combine != "pull" or self.reverse_dispatch != "push"
+        return self.reverse_combine == "push" or self.reverse_dispatch == "pull"
 
     @property
     def local_experts(self) -> int:
@@ -118,7 +124,8 @@ class RankBuffers:
         self.meta = peer["meta"] if "meta" in peer else torch.empty(4, **i32)
         self.table = peer["table"] if "table" in peer else torch.empty(s.max_rows, 2, **i32)
         self.row_weight = torch.empty(s.max_rows, dtype=torch.float32, device=dev)
-        self.ring_x = peer["ring_x"] if "ring_x" in peer else \
+        # None when gathered: the kernels read the caller's x (null pointer, unread)
+        self.ring_x = peer["ring_x"] if "ring_x" in peer else None if s.gather else \
             torch.empty(s.macrobatch, s.hidden, dtype=BF16, device=dev)
         self.ring_a = torch.empty(s.macrobatch, s.intermediate, dtype=BF16, device=dev)
         self.ring_h = torch.empty(s.macrobatch, 2 * s.intermediate, dtype=BF16, device=dev)
@@ -151,7 +158,9 @@ class BackwardScratch:
         IS, L = max(s.shared_dim, 64), s.local_experts
         e = dict(dtype=BF16, device=dev)
         # push reverse-combine: the owners write the dy ring, a peer buffer (PeerSet)
-        self.ring_dy = ring_dy if ring_dy is not None else torch.empty(M, D, **e)
+        # gathered: none (the kernels read the caller's dy)
+        self.ring_dy = ring_dy if ring_dy is not None else None if s.gather else \
+            torch.empty(M, D, **e)
         self.dw_part = torch.empty(s.max_rows, backward_tiles(s)[0], dtype=torch.float32,
                                    device=dev)
         self.hs_pre = torch.empty(N, 2 * IS, **e)

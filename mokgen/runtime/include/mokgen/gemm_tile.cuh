@@ -163,11 +163,16 @@ struct GemmCfg {
   static constexpr int EPI_AT = (ENGINE_BYTES + 1023) / 1024 * 1024;  // 1024-aligned
   static constexpr int SMEM_BYTES = 1024 + (EPI_BYTES ? EPI_AT + EPI_BYTES : ENGINE_BYTES);
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  // a producer warp that gathers rows (produce_tile_gather) computes their addresses beside
+  // the Problem's schedule state: 48 and 56 spilled it (nvcc 13.0, the backward with a shared
+  // expert), 64 leaves the consumers 224, where none of their code spills
+  static constexpr int kGatherProducerRegs = 64, kGatherConsumerRegs = 224;
   static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for N = 128, 256");
   static_assert(STAGE_BYTES % 1024 == 0, "stages keep 1024 B alignment");
   static_assert(Q == 0 || ((Q == 128 || Q == 32) && BN == 256 && BM * BK8 == A_BYTES),
                 "fp8 tiles: Q = 128 or 32, two 128-column halves, slices as large as bf16's");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
+  static_assert(kGatherProducerRegs * 128 + kGatherConsumerRegs * 256 <= 65536, "register file");
   static_assert(!(PINGPONG && SIGNAL_WARP), "the signal warp serves the cooperative schedule");
   static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block (sm_90)");
 };
@@ -211,10 +216,12 @@ struct GemmSmem {
     m.ring = dyn + (((base + 1023u) & ~1023u) - base);
     return m;
   }
-  // One thread; the caller then __syncthreads() before the role split.
-  MOKGEN_DEV void init() const {
+  // One thread; the caller then __syncthreads() before the role split. full_count: the
+  // producer's arrive with the TMA bytes, plus one per lane where a warp gathers rows
+  // (produce_tile_gather).
+  MOKGEN_DEV void init(uint32_t full_count = 1) const {
     for (int s = 0; s < Cfg::STAGES; ++s) {
-      mbar_init(&full()[s], 1);
+      mbar_init(&full()[s], full_count);
       mbar_init(&empty()[s], Cfg::kStageReaders);
     }
     for (int s = 0; s < Cfg::TASK_SLOTS; ++s) {
@@ -301,6 +308,151 @@ MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUten
   }
 }
 
+// ---------------------------------------------------------------- gathered operands
+// An operand whose rows are named by index instead of lying in a tensor (Problem::kGather:
+// one rank holding every expert reads x and dy where the caller left them, instead of the
+// copies a dispatch would make into the ring; design.md). The rows are token rows of a
+// [rows, ld] bf16 tensor; which token a ring-layout row p holds is the schedule's table
+// (p -> (src rank, src route), route / topk the token, rank < 0 padding: zeros). The whole
+// producer warp brings them with 16-byte cp.async into the 128B-swizzled places TMA would
+// have put them (chunk c of smem row r at c ^ (r & 7)), so the consumers are unchanged but
+// for a proxy fence (consume_tile: wgmma reads what ordinary cp.async wrote). Each lane's
+// cp.async.mbarrier.arrive completes the stage together with the other operand's TMA bytes.
+// Two shapes: a K-major A tile (128 rows, a 64-column K slice each: the forward's gate/up,
+// the backward's dgrad and replay) and an MN-major operand gathered along K (64 rows a slice,
+// 64-column boxes along MN: the weight gradients' dy and x).
+// What a task gathers: rows of `base` (nullptr: nothing, both operands come by TMA), as its A
+// operand or (b) its MN-major B. LD (row length = stride, elements) and K (routes a token)
+// are the Problem's constants (kGatherLd, kGatherTopk): registers are the producer's
+// scarcest resource (48 a thread beside the consumers' 232).
+struct GatherSrc {
+  const __nv_bfloat16* base = nullptr;
+  const int2* table = nullptr;
+  int rows = 0;    // tokens: a table entry past them reads as padding
+  bool b = false;  // the B operand (MN-major), else A
+};
+
+// The token ring-layout row p holds, or -1 (padding, or a table entry past the tokens).
+template <int K>
+MOKGEN_DEV int gather_token(const GatherSrc& g, int p) {
+  const int2 e = g.table[p];
+  const int tok = e.x >= 0 ? e.y / K : -1;
+  return (unsigned)tok < (unsigned)g.rows ? tok : -1;
+}
+
+// K-major A slice: tile rows 0..127 (ring-layout rows p0 ..) at columns k0 .. k0 + 63. Lane
+// l reads the tokens of rows 32 i + l (the table, each slice: L1 holds it after the first);
+// lanes 8 s .. 8 s + 7 bring one row's 128 contiguous bytes (an instruction: four rows), the
+// row's token shuffled from the lane that read it.
+template <int LD, int K>
+MOKGEN_DEV void gather_k_major(uint8_t* stage, const GatherSrc& g, int p0, int k0) {
+  const int lane = threadIdx.x & 31, c = lane & 7, sub = lane >> 3;
+  const int col = k0 + 8 * c;
+  const bool col_ok = col < LD;  // a K tail: zeros, as TMA's
+  const uint32_t base = smem_u32(stage) + sub * 128;
+#pragma unroll 1
+  for (int ih = 0; ih < 4; ++ih) {
+    const int tok = gather_token<K>(g, p0 + 32 * ih + lane);
+#pragma unroll 1
+    for (int il = 0; il < 8; ++il) {
+      const int row = 32 * ih + 4 * il;  // + sub (in base)
+      const int t = __shfl_sync(0xffffffffu, tok, 4 * il + sub);
+      const bool ok = col_ok && t >= 0;
+      cp_async_16(base + row * 128 + ((c ^ ((row + sub) & 7)) << 4),
+                  g.base + (ok ? (size_t)t * LD + col : 0), ok);
+    }
+  }
+}
+
+// MN-major slice: K rows p0 .. p0 + 63 (ring-layout rows), columns col0 .. col0 + 64 boxes
+// - 1, as `boxes` (2 or 4) 64 x 64 boxes of 8 KB. 8 * boxes lanes bring one row's
+// contiguous 128 * boxes bytes.
+template <int LD, int K>
+MOKGEN_DEV void gather_mn_major(uint8_t* stage, const GatherSrc& g, int p0, int col0,
+                                int boxes) {
+  const int lane = threadIdx.x & 31, per_row = 8 * boxes;
+  const int q = lane % per_row, sub = lane / per_row, c = q & 7;
+  const int col = col0 + 8 * q;  // box q / 8, chunk c
+  const bool col_ok = col < LD;  // an edge tile's columns past the width: zeros
+  const uint32_t base = smem_u32(stage) + (q >> 3) * (64 * 128);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int tok = gather_token<K>(g, p0 + 32 * h + lane);
+#pragma unroll 1
+    for (int r = sub; r < 32; r += 4 / boxes) {
+      const int row = 32 * h + r;
+      const int t = __shfl_sync(0xffffffffu, tok, r);
+      const bool ok = col_ok && t >= 0;
+      cp_async_16(base + row * 128 + ((c ^ (row & 7)) << 4),
+                  g.base + (ok ? (size_t)t * LD + col : 0), ok);
+    }
+  }
+}
+
+// produce_tile for a Problem that gathers (every lane of the producer warp): the operands
+// that are not gathered come by TMA from lane 0, as there; a gathered one by the lanes'
+// cp.async. Every lane arrives on every stage (the barrier counts them), gathered or not.
+// Nothing is held across the slices but the slice count and the ring state: the task is read
+// again from its shared-memory slot (the producer rewrites that slot only after this task:
+// task_push), the GatherSrc asked of the Problem (its pointers are kernel parameters), so
+// the producer warp fits its 64 registers beside the Problem's schedule state.
+template <class Cfg, class Problem>
+MOKGEN_DEV void produce_tile_gather(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState& ps,
+                                    const volatile Task* slot) {
+  constexpr int kBox = 64 * 64 * 2, LD = Problem::kGatherLd, K = Problem::kGatherTopk;
+  const bool lead = (threadIdx.x & 31) == 0;
+  const int k_blocks = slot->k_blocks;
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    const Task t{slot->op, slot->a_row0, slot->b_row0, slot->b_row1, slot->c_row0,
+                 slot->c_col0, slot->m_valid, k_blocks};
+    const bool amn = t.op & kAMN, bmn = t.op & kBMN;
+    const bool narrow = Problem::kNarrowTiles && bmn && (t.op & kHalfN);
+    const int b_boxes = narrow ? Cfg::BN / 128 : Cfg::BN / 64;
+    const bool gat = prob.gathers(t), gat_b = gat && prob.gather(t).b, gat_a = gat && !gat_b;
+    mbar_wait(&sm.empty()[ps.idx()], ps.phase() ^ 1, 102);
+    uint64_t* bar = &sm.full()[ps.idx()];
+    const int k0 = kb * Cfg::BK;
+    if (lead) {
+      const CUtensorMap *ta = prob.map_a(t), *tb = prob.map_b(t);
+      mbar_arrive_expect_tx(bar, (gat_a ? 0 : Cfg::A_BYTES) +
+                                     (gat_b ? 0 : b_boxes * (Cfg::B_BYTES / (Cfg::BN / 64))));
+      if (!gat_a) {
+        if (amn) {
+          for (int j = 0; j < Cfg::BM / 64; ++j)
+            tma_load_2d(sm.a_stage(ps.idx()) + j * kBox, ta, bar, t.a_row0 + 64 * j,
+                        t.b_row1 + k0);
+        } else {
+          tma_load_2d(sm.a_stage(ps.idx()), ta, bar, k0, t.a_row0);
+        }
+      }
+      if (!gat_b) {
+        if (bmn) {
+          for (int j = 0; j < b_boxes; ++j)
+            tma_load_2d(sm.b_stage(ps.idx()) + j * kBox, tb, bar, t.b_row0 + 64 * j,
+                        t.b_row1 + k0);
+        } else {
+          tma_load_2d(sm.b_stage(ps.idx()), tb, bar, k0, t.b_row0);
+          if (t.b_row1 >= 0)
+            tma_load_2d(sm.b_stage(ps.idx()) + (Cfg::BN / 2) * 128, tb, bar, k0, t.b_row1);
+        }
+      }
+    }
+    __syncwarp();
+    if (gat_a) {
+      if (amn)
+        gather_mn_major<LD, K>(sm.a_stage(ps.idx()), prob.gather(t), t.b_row1 + k0, t.a_row0,
+                               Cfg::BM / 64);
+      else
+        gather_k_major<LD, K>(sm.a_stage(ps.idx()), prob.gather(t), t.c_row0, k0);
+    }
+    if (gat_b)
+      gather_mn_major<LD, K>(sm.b_stage(ps.idx()), prob.gather(t), t.b_row1 + k0, t.b_row0,
+                             b_boxes);
+    cp_async_mbar_arrive(bar);
+    ps.template advance<Cfg::STAGES>();
+  }
+}
+
 // ---------------------------------------------------------------- consumer mainloop
 // One consumer warpgroup (cwg = 0/1 -> tile rows 64*cwg ..) accumulates its 64 x BN block.
 // One wgmma group stays in flight: after committing K-slice kb we wait for slice kb-1 and
@@ -310,9 +462,12 @@ MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUten
 // the named barrier the other warpgroup waits on for its turn, arrived on once the last
 // wgmma is issued, so its first ones queue behind this chain's tail instead of waiting for it.
 // NARROW: a kHalfN task's mainloop, N = BN/2 into the first half of the accumulators.
+// gathered: an operand of the stage was written by cp.async (produce_tile_gather), ordinary
+// writes that the wgmma's async proxy reads only after a proxy fence.
 template <class Cfg, int TA = 0, int TB = 0, bool NARROW = false>
 MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task& t,
-                             float (&acc)[Cfg::kAccRegs], int cwg, uint32_t hand_over = 0) {
+                             float (&acc)[Cfg::kAccRegs], int cwg, uint32_t hand_over = 0,
+                             bool gathered = false) {
   using Mma = Wgmma<NARROW ? Cfg::BN / 2 : Cfg::BN>;
   float(&d)[Mma::kRegs] = *reinterpret_cast<float(*)[Mma::kRegs]>(&acc[0]);
   const bool lane0 = (threadIdx.x & 31) == 0;
@@ -327,6 +482,7 @@ MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task&
   wgmma_fence_regs(acc);
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     ok &= mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());
+    if (gathered) fence_proxy_async_smem();
     // a warpgroup's 64 A rows are 8 KB in either layout
     const uint8_t* a = sm.a_stage(ps.idx()) + cwg * 64 * 128;
     const uint64_t da = TA ? make_desc_mnmajor_sw128(a) : make_desc_kmajor_sw128(a);
@@ -826,6 +982,14 @@ MOKGEN_DEV void raster_grouped(int t, int m_blocks, int n_blocks, int group, int
 // The mainloop a task's operand bits ask for: fp8 (kF8), MN-major operands (kAMN / kBMN), or
 // the plain K-major one; only the variants the Problem can issue are compiled. hand_over:
 // consume_tile's (the fp8 mainloop drains every slice itself: it hands over at its end).
+// Whether Problem gathers operand rows (its kGather; Problems without one do not).
+template <class P, class = void>
+struct GatherTrait { static constexpr bool value = false; };
+template <class P>
+struct GatherTrait<P, decltype(void(P::kGather))> { static constexpr bool value = P::kGather; };
+template <class P>
+constexpr bool gathers_rows() { return GatherTrait<P>::value; }
+
 template <class Cfg, class Problem>
 MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState& ps,
                         const Task& t, float (&acc)[Cfg::kAccRegs + Cfg::kScratch], int cwg,
@@ -845,20 +1009,22 @@ MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState&
       return ok;
     }
   }
+  bool g = false;  // constant false where the Problem gathers nothing: folds away
+  if constexpr (gathers_rows<Problem>()) g = prob.gathers(t);
   if constexpr (Problem::kNarrowTiles) {
     if (t.op & kHalfN) {
       if constexpr (Problem::kMNOperands) {
-        if (t.op & kAMN) return consume_tile<Cfg, 1, 1, true>(sm, ps, t, acc0, cwg, hand_over);
-        if (t.op & kBMN) return consume_tile<Cfg, 0, 1, true>(sm, ps, t, acc0, cwg, hand_over);
+        if (t.op & kAMN) return consume_tile<Cfg, 1, 1, true>(sm, ps, t, acc0, cwg, hand_over, g);
+        if (t.op & kBMN) return consume_tile<Cfg, 0, 1, true>(sm, ps, t, acc0, cwg, hand_over, g);
       }
-      return consume_tile<Cfg, 0, 0, true>(sm, ps, t, acc0, cwg, hand_over);
+      return consume_tile<Cfg, 0, 0, true>(sm, ps, t, acc0, cwg, hand_over, g);
     }
   }
   if constexpr (Problem::kMNOperands) {
-    if (t.op & kAMN) return consume_tile<Cfg, 1, 1>(sm, ps, t, acc0, cwg, hand_over);
-    if (t.op & kBMN) return consume_tile<Cfg, 0, 1>(sm, ps, t, acc0, cwg, hand_over);
+    if (t.op & kAMN) return consume_tile<Cfg, 1, 1>(sm, ps, t, acc0, cwg, hand_over, g);
+    if (t.op & kBMN) return consume_tile<Cfg, 0, 1>(sm, ps, t, acc0, cwg, hand_over, g);
   }
-  return consume_tile<Cfg>(sm, ps, t, acc0, cwg, hand_over);
+  return consume_tile<Cfg>(sm, ps, t, acc0, cwg, hand_over, g);
 }
 
 // ---------------------------------------------------------------- persistent driver
@@ -874,6 +1040,10 @@ MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState&
 //   void signal(const Task&);                  // one thread, once per task, after every
 //                                              // thread's epilogue stores of it
 //   fp8 (kQ > 0): map_sa(t), map_sb(t) (TMA maps of the scales) and const float* wsb(t).
+//   optional, static constexpr bool kGather (bf16 tiles only; gathered operands above), then
+//   static constexpr int kGatherLd, kGatherTopk; GatherSrc gather(t) (base nullptr: both
+//   operands by TMA; a gathered B is MN-major) and bool gathers(t) (the consumers fence).
+//   next_task() is then called by lane 0 of the producer warp while the others wait.
 // Must be called by all 384 threads with the kernel's dynamic smem (>= Cfg::SMEM_BYTES) and
 // the kernel declared __launch_bounds__(384, 1) so setmaxnreg takes effect.
 
@@ -1013,17 +1183,53 @@ MOKGEN_DEV void consumer_pingpong(Problem& prob, const GemmSmem<Cfg>& sm, int h)
   }
 }
 
+// The producer of a Problem that gathers: the whole warp 0. Lane 0 takes each task (and
+// waits for what it reads) and publishes it; the lanes get it by shuffle and stream it.
+template <class Cfg, class Problem>
+MOKGEN_DEV void produce_gathering(Problem& prob, const GemmSmem<Cfg>& sm) {
+  const bool lead = (threadIdx.x & 31) == 0;
+  if (lead) prob.prefetch();
+  PipeState ps, ts;
+  for (int i = 0;; ++i) {
+    int slot = 0, op = 0;
+    if (lead) {
+      uint64_t ask = 0;
+      if constexpr (Cfg::TRACE) ask = trace_clock();
+      const Task t = prob.next_task();
+      if constexpr (Cfg::TRACE) {
+        if (unsigned long long* rec = t.op < 0 ? nullptr : trace_rec(i)) {
+          rec[kTrOp] = (unsigned)t.op | ((unsigned long long)t.k_blocks << 32);
+          rec[kTrAsk] = ask;
+          rec[kTrGot] = trace_clock();
+        }
+      }
+      slot = (int)ts.idx();
+      op = t.op;
+      task_push<Cfg>(sm, ts, t);
+    }
+    __syncwarp();  // the slot lane 0 wrote, visible to the warp
+    slot = __shfl_sync(0xffffffffu, slot, 0);
+    if (__shfl_sync(0xffffffffu, op, 0) < 0) break;
+    produce_tile_gather<Cfg>(prob, sm, ps, &sm.tasks()[slot]);
+  }
+}
+
 template <class Cfg, class Problem>
 MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
+  constexpr bool kGather = gathers_rows<Problem>();
+  static_assert(!kGather || (Problem::kQ == 0 && !Cfg::PINGPONG),
+                "gathered operands: bf16 tiles, cooperative consumers");
   const GemmSmem<Cfg> sm = GemmSmem<Cfg>::carve(dyn_smem);
-  if (threadIdx.x == 0) sm.init();
+  if (threadIdx.x == 0) sm.init(kGather ? 1 + 32 : 1);
   __syncthreads();
   const int wg = warpgroup_idx();
   if (wg == 0) {
-    setmaxnreg_dec<Cfg::kProducerRegs>();
+    setmaxnreg_dec<kGather ? Cfg::kGatherProducerRegs : Cfg::kProducerRegs>();
     if constexpr (Cfg::SIGNAL_WARP)
       if (threadIdx.x >= 32 && threadIdx.x < 64) signal_tasks<Cfg>(prob, sm);
-    if (threadIdx.x < 32 && elect_one()) {
+    if constexpr (kGather) {
+      if (threadIdx.x < 32) produce_gathering<Cfg>(prob, sm);
+    } else if (threadIdx.x < 32 && elect_one()) {
       prob.prefetch();
       PipeState ps, ts;
       for (int i = 0;; ++i) {
@@ -1055,7 +1261,7 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
       }
     }
   } else {
-    setmaxnreg_inc<Cfg::kConsumerRegs>();
+    setmaxnreg_inc<kGather ? Cfg::kGatherConsumerRegs : Cfg::kConsumerRegs>();
     if constexpr (Cfg::PINGPONG) consumer_pingpong<Cfg>(prob, sm, wg - 1);
     else consumer_cooperative<Cfg>(prob, sm, wg - 1);
     // store_rows_tma's last stores read shared memory, which ends with the CTA

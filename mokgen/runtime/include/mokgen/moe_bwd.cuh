@@ -224,6 +224,10 @@ struct BwdProblem {
   using S = BwdSchedule<C, Cfg>;
   static constexpr bool kMNOperands = true;
   static constexpr int kQ = C::Q;
+  // GATHER: the replay and dgrad tiles read x / dy rows where they are, the weight gradients
+  // dy (dW2's A) and x (dW1's B) along K (FwdConsts, gemm_tile.cuh GatherSrc)
+  static constexpr bool kGather = C::GATHER;
+  static constexpr int kGatherLd = C::D, kGatherTopk = C::K;
   static constexpr int BM = Cfg::BM, BN = Cfg::BN;
   // narrow edge tiles (half_bit): the tiles whose N is D (dx, dW1, the shared expert's), I
   // (dgrad, dW2) or IS (the shared expert's dgrad, dsw2)
@@ -339,10 +343,24 @@ struct BwdProblem {
 
   MOKGEN_DEV int expert_of(int row) const { return expert_at<C::L>(buf->offsets, row); }
 
+  MOKGEN_DEV bool gathers(const Task& t) const {
+    const int op = opcode(t);
+    return C::GATHER && (op == kReplay || op == kDgrad || op == kWgrad2 || op == kWgrad1);
+  }
+  // x: the replay's A and dW1's B; dy: the dgrad's A and dW2's
+  MOKGEN_DEV GatherSrc gather(const Task& t) const {
+    const int op = opcode(t);
+    const __nv_bfloat16* base = !gathers(t) ? nullptr
+        : op == kReplay || op == kWgrad1 ? peers->x[0] : peers->dy[0];
+    return GatherSrc{base, buf->table, buf->n_tokens, op == kWgrad1};
+  }
+
   // Producer thread only.
   MOKGEN_DEV Task next_task() {
     const int t = (int)atomicAdd(buf->counters, 1u);
     if (t >= s.total_tasks() || aborted()) return stop_task();
+    // GATHER: a ring row must be its layout row (the ring holds every minibatch)
+    if (C::GATHER && !MOKGEN_OK(s.nm <= C::SLOTS, 23, s.nm, C::SLOTS)) return stop_task();
     const int b = last_at_most(0, s.blocks() - 1, t, [&](int i) { return s.block_start(i); });
     int off = t - s.block_start(b);
     if (b >= 1 && b - 1 < s.units()) {
@@ -384,6 +402,7 @@ struct BwdProblem {
 
   // ---------------------------------------------------------------- routed minibatch m
   MOKGEN_DEV bool wait_ready(int m, int phase) const {
+    if constexpr (C::GATHER) return true;  // no comm CTAs: x and dy are there from the start
     if (!wait_at_least(ready() + m, C::CD, buf->rank, phase, m)) return false;
     fence_proxy_async_global();
     return true;

@@ -41,9 +41,13 @@ enum FwdPhase : int { kPhaseSharedDown = 1, kPhaseGateUp = 2, kPhaseDown = 3, kP
 // The backward (moe_bwd.cuh) instantiates the same constants with its own directions, RCPUSH:
 // push reverse-combine instead of pull, RDPULL: pull reverse-dispatch instead of push
 // (direction_bwd.cuh); RDPULL splits its comm CTAs like CPULL: [0, CD) dy, [CD, COMM) dx.
+// GATHER: one rank, bf16: no comm CTAs and no x or dy ring; the GEMMs that read x or dy rows
+// gather them from the caller's tensors (gemm_tile.cuh GatherSrc): the forward's gate/up, the
+// backward's replay, dgrad and weight gradients. The ring then holds every minibatch, so a
+// ring row is its ring-layout position (the table's index).
 template <int D_, int I_, int IS_, int K_, int L_, int R_, int B_, int SLOTS_, int COMM_,
           int Q_ = 0, bool DPUSH_ = false, bool CPULL_ = false, bool RCPUSH_ = false,
-          bool RDPULL_ = false>
+          bool RDPULL_ = false, bool GATHER_ = false>
 struct FwdConsts {
   static constexpr int D = D_, I = I_, IS = IS_, K = K_, L = L_, R = R_, B = B_, SLOTS = SLOTS_;
   static constexpr int COMM = COMM_, Q = Q_, RING_ROWS = B_ * SLOTS_;
@@ -56,6 +60,9 @@ struct FwdConsts {
   static_assert(!DPUSH_ || Q_ == 0, "push dispatch moves bf16 rows only (limits.py)");
   static_assert(!RCPUSH_ || Q_ == 0, "push reverse-combine moves bf16 rows only (limits.py)");
   static_assert(!(DIRS && BDIRS), "a kernel is a forward or a backward, not both");
+  static constexpr bool GATHER = GATHER_;
+  static_assert(!GATHER_ || (R_ == 1 && Q_ == 0 && COMM_ == 0 && !DIRS && !BDIRS),
+                "gathered rows: one rank, bf16, no comm CTAs, the default directions");
   static constexpr int PD = Q_ ? (D_ + 127) / 128 * 128 : D_;
   static constexpr int PI = Q_ ? (I_ + 127) / 128 * 128 : I_;
 };
@@ -197,6 +204,8 @@ struct FwdProblem {
   using S = FwdSchedule<C, Cfg>;
   static constexpr bool kMNOperands = false;
   static constexpr int kQ = C::Q;
+  static constexpr bool kGather = C::GATHER;  // the gate/up tiles read x where it is
+  static constexpr int kGatherLd = C::D, kGatherTopk = C::K;
   // the down tiles' N is D (shared and routed): a narrow edge tile there (half_bit)
   static constexpr bool kNarrowTiles = half_edge<C::D, Cfg::BN>();
   const Fp8Maps* f8;
@@ -269,10 +278,18 @@ struct FwdProblem {
 
   MOKGEN_DEV int expert_of(int row) const { return expert_at<C::L>(buf->offsets, row); }
 
+  // GATHER: the routed gate/up tiles' A rows are the tokens of x their table rows name
+  MOKGEN_DEV bool gathers(const Task& t) const { return C::GATHER && opcode(t) == kGateUp; }
+  MOKGEN_DEV GatherSrc gather(const Task& t) const {
+    return GatherSrc{gathers(t) ? peers->x[0] : nullptr, buf->table, buf->n_tokens, false};
+  }
+
   // Producer thread only: take the next task and wait for what it reads.
   MOKGEN_DEV Task next_task() {
     const int t = (int)atomicAdd(buf->counters, 1u);
     if (t >= s.total_tasks() || aborted()) return stop_task();
+    // GATHER: a ring row must be its layout row (the ring holds every minibatch)
+    if (C::GATHER && !MOKGEN_OK(s.nm <= C::SLOTS, 3, s.nm, C::SLOTS)) return stop_task();
     const int lo = last_at_most(0, s.units(), t, [&](int b) { return s.block_start(b); });
     int off = t - s.block_start(lo);
     const bool gu = lo < s.units() && off < s.gu_size(lo);
@@ -309,14 +326,16 @@ struct FwdProblem {
       return stop_task();
     if (gu) {  // gate/up + SwiGLU of one row tile, BN/2 output columns
       const int n0 = nt * (BN / 2);
-      if constexpr (C::DPUSH) {  // every source rank's dispatch CTAs pushed their rows
-        if (!wait_at_least<true>(xflag(dir->xflags[buf->rank], buf->max_minibatches, kXLanded,
-                                       m), C::R * C::CD, buf->rank, kPhaseGateUp, m))
+      if constexpr (!C::GATHER) {  // gathered: x is there from the start
+        if constexpr (C::DPUSH) {  // every source rank's dispatch CTAs pushed their rows
+          if (!wait_at_least<true>(xflag(dir->xflags[buf->rank], buf->max_minibatches,
+                                         kXLanded, m), C::R * C::CD, buf->rank, kPhaseGateUp, m))
+            return stop_task();
+        } else if (!wait_at_least(ready() + m, C::CD, buf->rank, kPhaseGateUp, m)) {
           return stop_task();
-      } else if (!wait_at_least(ready() + m, C::CD, buf->rank, kPhaseGateUp, m)) {
-        return stop_task();
+        }
+        fence_proxy_async_global();  // ring rows were written by the comm CTAs' plain stores
       }
-      fence_proxy_async_global();  // ring rows were written by the comm CTAs' plain stores
       return Task{kGateUp | kRouted, slot_row, e * 2 * C::PI + n0, e * 2 * C::PI + C::PI + n0,
                   p0, n0, BM, k_rd};
     }

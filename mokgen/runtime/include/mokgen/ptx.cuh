@@ -125,6 +125,21 @@ MOKGEN_DEV void fence_proxy_async_global() {
 }
 MOKGEN_DEV void fence_proxy_async() { asm volatile("fence.proxy.async;" ::: "memory"); }
 
+// ---------------------------------------------------------------- cp.async (gathered rows)
+// 16 bytes global -> shared, through L2 only (.cg); ok = false writes 16 zero bytes and reads
+// nothing (src-size 0), as TMA zero-fills past a tensor's edge.
+MOKGEN_DEV void cp_async_16(uint32_t dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+               "r"(ok ? 16 : 0)
+               : "memory");
+}
+// The mbarrier gets one arrival once every cp.async this thread issued before has landed; it
+// does not raise the barrier's expected count (noinc), so its init count includes the lanes.
+MOKGEN_DEV void cp_async_mbar_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar))
+               : "memory");
+}
+
 // ---------------------------------------------------------------- flags (inter-CTA / peer)
 MOKGEN_DEV uint32_t ld_acquire_gpu(const uint32_t* p) {
   uint32_t v;

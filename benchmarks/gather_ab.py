@@ -1,0 +1,91 @@
+"""One rank, bf16: the layer as planned (gathered rows: the GEMMs read x and dy where they are,
+no comm CTAs, no x or dy ring; mokgen/limits.py GATHER) against the same layer with the rows
+copied into rings by comm CTAs (dispatch="pull", reverse_combine="pull": the plan before
+gathering), on SonicMoE's five shapes (peers_sonicmoe.SHAPES). Same inputs, same process,
+each variant measured twice in alternating order (ABBA), medians of medians: forward and
+training-step TFLOP/s, peak MB (as peers_sonicmoe.measure: workspace included), and the step
+with fresh gradients. Prints a table; writes OUT/gather_ab.json.
+
+    python3 benchmarks/gather_ab.py --out $OUT [--shapes qwen3-30b-a3b,...] [--prebuild]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import mokgen  # noqa: E402
+from peers_sonicmoe import SHAPES, measure  # noqa: E402
+
+PULL = dict(dispatch="pull", reverse_combine="pull")
+VARIANTS = {"gather": {}, "pull": PULL}
+
+
+def layer(D, I, E, k, T, **overrides):
+    m = mokgen.MoE(mokgen.MoEShape(E, D, I, k, shared_experts=0), tokens_per_rank=T,
+                   **overrides).to("cuda", "bfloat16")
+    return m, m
+
+
+def prebuild(shapes) -> None:
+    from mokgen import build, codegen
+    from mokgen.tune import tuned_plan
+    kernels = {}
+    for _, T, D, I, E, k in shapes:
+        for over in VARIANTS.values():
+            plan = tuned_plan(mokgen.MoEShape(E, D, I, k, shared_experts=0), 1, "bf16", T, **over)
+            kernels.update({kern.name: kern for kern in codegen.emit(plan)})
+    bins = build.build(list(kernels.values()), jobs=os.cpu_count())
+    print(f"prebuild: {len(bins)} kernels, {sum(not b.cached for b in bins)} built")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES))
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--prebuild", action="store_true")
+    a = ap.parse_args(argv)
+    shapes = [s for s in SHAPES if s[0] in a.shapes.split(",")]
+    if a.prebuild:
+        prebuild(shapes)
+        return 0
+    import torch
+
+    from mokgen.bench import results_commit
+    rows = []
+    for name, T, D, I, E, k in shapes:
+        flops = 6 * T * k * D * I
+        got = {v: [] for v in VARIANTS}
+        for v in ("gather", "pull", "pull", "gather"):  # ABBA: drift hits both alike
+            got[v].append(measure(lambda: layer(D, I, E, k, T, **VARIANTS[v]), T, D, a.iters))
+        med = {v: [statistics.median(r[i] for r in runs) for i in range(5)]
+               for v, runs in got.items()}
+        row = dict(shape=name, T=T, D=D, I=I, E=E, k=k)
+        for v, (fwd, train, peak, fresh, peak_fresh) in med.items():
+            row.update({f"{v}_fwd_tflops": flops / fwd / 1e9,
+                        f"{v}_train_tflops": 3 * flops / train / 1e9,
+                        f"{v}_fresh_tflops": 3 * flops / fresh / 1e9,
+                        f"{v}_peak_mb": peak, f"{v}_peak_fresh_mb": peak_fresh})
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "gather_ab.json"), "w") as f:
+        json.dump(dict(commit=results_commit(), gpu=torch.cuda.get_device_name(),
+                       torch=torch.__version__, rows=rows), f, indent=1)
+    print("| shape | fwd gather / pull | train gather / pull | fresh gather / pull "
+          "| peak MB gather / pull | fresh peak MB gather / pull |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        cell = lambda k, f="{:.0f}": " / ".join(f.format(r[f"{v}_{k}"]) for v in VARIANTS)  # noqa
+        print(f"| {r['shape']} | {cell('fwd_tflops')} | {cell('train_tflops')} "
+              f"| {cell('fresh_tflops')} | {cell('peak_mb')} | {cell('peak_fresh_mb')} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
