@@ -6,7 +6,7 @@
 source benchmarks/device_env.sh
 export MOKGEN_COMMIT=${MOKGEN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
-timeout ${T_TEST:-200} python3 -m pytest -x -q -m gpu tests/test_gpu_backward.py -k gathered \
+timeout ${T_TEST:-200} python3 -m pytest -x -v -m gpu tests/test_gpu_backward.py -k gathered \
     2>&1 | tail -15 | tee "$OUT/pytest_gathered.log"
 timeout ${T_AB:-200} python3 benchmarks/gather_ab.py --out "$OUT" ${AB_ARGS:-} 2>&1 \
     | tail -12 | tee "$OUT/gather_ab.log"

@@ -18,6 +18,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import torch  # noqa: E402
+
 import mokgen  # noqa: E402
 from peers_sonicmoe import SHAPES, measure  # noqa: E402
 
@@ -27,7 +29,7 @@ VARIANTS = {"gather": {}, "pull": PULL}
 
 def layer(D, I, E, k, T, **overrides):
     m = mokgen.MoE(mokgen.MoEShape(E, D, I, k, shared_experts=0), tokens_per_rank=T,
-                   **overrides).to("cuda", "bfloat16")
+                   **overrides).to("cuda", torch.bfloat16)
     return m, m
 
 
@@ -54,8 +56,6 @@ def main(argv=None):
     if a.prebuild:
         prebuild(shapes)
         return 0
-    import torch
-
     from mokgen.bench import results_commit
     rows = []
     for name, T, D, I, E, k in shapes:

@@ -166,13 +166,16 @@ struct GemmCfg {
   // a producer warp that gathers rows (produce_tile_gather) computes their addresses beside
   // the Problem's schedule state: 48 and 56 spilled it (nvcc 13.0, the backward with a shared
   // expert), 64 leaves the consumers 224, where none of their code spills
-  static constexpr int kGatherProducerRegs = 64, kGatherConsumerRegs = 224;
+  static constexpr int kGatherProducerRegs = 64, kGatherConsumerRegs = 216;
   static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for N = 128, 256");
   static_assert(STAGE_BYTES % 1024 == 0, "stages keep 1024 B alignment");
   static_assert(Q == 0 || ((Q == 128 || Q == 32) && BN == 256 && BM * BK8 == A_BYTES),
                 "fp8 tiles: Q = 128 or 32, two 128-column halves, slices as large as bf16's");
-  static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
-  static_assert(kGatherProducerRegs * 128 + kGatherConsumerRegs * 256 <= 65536, "register file");
+  // setmaxnreg moves registers inside the CTA's pool, which holds what the launch allocated
+  // (__launch_bounds__(384, 1): 168 a thread): a request past it waits forever
+  static constexpr int kPool = 168 * kThreads;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= kPool, "register pool");
+  static_assert(kGatherProducerRegs * 128 + kGatherConsumerRegs * 256 <= kPool, "register pool");
   static_assert(!(PINGPONG && SIGNAL_WARP), "the signal warp serves the cooperative schedule");
   static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block (sm_90)");
 };
