@@ -155,6 +155,12 @@ def _gather_violations(plan: "Plan") -> list[str]:
         if got[op] != GATHER and c == 0:
             out.append(f"{name} must be >= 1 unless {op}={GATHER!r} (its comm CTAs move the "
                        f"rows), got 0")
+    for name in ("gemm_fwd", "gemm_bwd"):
+        cfg = getattr(plan, name)
+        if gather and cfg is not None and (cfg.signal_warp or cfg.pingpong):
+            out.append(f"{gather[0]}={GATHER!r} needs {name}.signal_warp and .pingpong False "
+                       f"(every producer warp gathers rows for cooperative consumers: "
+                       f"gemm_tile.cuh)")
     if gather and plan.macrobatch is not None and plan.max_routed_rows is not None and \
             plan.macrobatch < plan.max_routed_rows:
         out.append(f"{gather[0]}={GATHER!r} needs a ring that holds every row: macrobatch must "

@@ -30,6 +30,9 @@ def gathers(plan: Plan) -> bool:
         return False
     if plan.combine not in (None, "push") or plan.reverse_dispatch not in (None, "push"):
         return False
+    if any(c is not None and (c.signal_warp or c.pingpong)  # a forced GEMM schedule that
+           for c in (plan.gemm_fwd, plan.gemm_bwd)):          # leaves no warps to gather
+        return False
     if plan.is_forced("macrobatch"):  # a ring row must be its layout row: it holds them all
         s = plan.shape
         worst = padded_rows(plan.tokens_per_rank * min(s.topk, plan.local_experts),

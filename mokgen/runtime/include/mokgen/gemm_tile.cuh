@@ -163,10 +163,10 @@ struct GemmCfg {
   static constexpr int EPI_AT = (ENGINE_BYTES + 1023) / 1024 * 1024;  // 1024-aligned
   static constexpr int SMEM_BYTES = 1024 + (EPI_BYTES ? EPI_AT + EPI_BYTES : ENGINE_BYTES);
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
-  // a producer warp that gathers rows (produce_tile_gather) computes their addresses beside
-  // the Problem's schedule state: 48 and 56 spilled it (nvcc 13.0, the backward with a shared
-  // expert), 64 leaves the consumers 224, where none of their code spills
-  static constexpr int kGatherProducerRegs = 64, kGatherConsumerRegs = 216;
+  // producer warps that gather rows (produce_tile_gather) compute their addresses beside the
+  // Problem's schedule state: 40 spilled the backward with a shared expert (nvcc 13.0), 56
+  // leaves the consumers 224, where none of their code spills
+  static constexpr int kGatherProducerRegs = 56, kGatherConsumerRegs = 224;
   static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for N = 128, 256");
   static_assert(STAGE_BYTES % 1024 == 0, "stages keep 1024 B alignment");
   static_assert(Q == 0 || ((Q == 128 || Q == 32) && BN == 256 && BM * BK8 == A_BYTES),
@@ -343,60 +343,55 @@ MOKGEN_DEV int gather_token(const GatherSrc& g, int p) {
   return (unsigned)tok < (unsigned)g.rows ? tok : -1;
 }
 
-// K-major A slice: tile rows 0..127 (ring-layout rows p0 ..) at columns k0 .. k0 + 63. Lane
-// l reads the tokens of rows 32 i + l (the table, each slice: L1 holds it after the first);
-// lanes 8 s .. 8 s + 7 bring one row's 128 contiguous bytes (an instruction: four rows), the
-// row's token shuffled from the lane that read it. Unrolled: one warp issues the whole
-// slice, and a rolled loop waits out each shuffle's and address's latency in turn (measured
-// on an H200: the layer ran at half speed with the producer warp the bottleneck).
+// The producer warpgroup's four warps gather (warp 1's signal duty is the cooperative
+// schedule's option, not taken with gathered rows): each brings a quarter of every slice's
+// rows. One warp alone issued a slice's 32-64 cp.async instructions with their shuffles and
+// addresses too slowly for the tensor core (an H200: the layer at half speed, 0.75x unrolled).
+constexpr int kGatherWarps = 4;
+
+// K-major A slice: tile rows 0..127 (ring-layout rows p0 ..) at columns k0 .. k0 + 63; warp w
+// the rows 32 w .. 32 w + 31. Lane l reads the token of row 32 w + l (the table, each slice:
+// L1 holds it after the first); lanes 8 s .. 8 s + 7 bring one row's 128 contiguous bytes
+// (an instruction: four rows), the row's token shuffled from the lane that read it.
 template <int LD, int K>
-MOKGEN_DEV void gather_k_major(uint8_t* stage, const GatherSrc& g, int p0, int k0) {
+MOKGEN_DEV void gather_k_major(uint8_t* stage, const GatherSrc& g, int p0, int k0, int w) {
   const int lane = threadIdx.x & 31, c = lane & 7, sub = lane >> 3;
   const int col = k0 + 8 * c;
   const bool col_ok = col < LD;  // a K tail: zeros, as TMA's
-  const uint32_t base = smem_u32(stage) + sub * 128;
-#pragma unroll 1
-  for (int ih = 0; ih < 4; ++ih) {
-    const int tok = gather_token<K>(g, p0 + 32 * ih + lane);
+  const uint32_t base = smem_u32(stage) + (32 * w + sub) * 128;
+  const int tok = gather_token<K>(g, p0 + 32 * w + lane);
 #pragma unroll 4
-    for (int il = 0; il < 8; ++il) {
-      const int row = 32 * ih + 4 * il;  // + sub (in base)
-      const int t = __shfl_sync(0xffffffffu, tok, 4 * il + sub);
-      const bool ok = col_ok && t >= 0;
-      cp_async_16(base + row * 128 + ((c ^ ((row + sub) & 7)) << 4),
-                  g.base + (ok ? (size_t)t * LD + col : 0), ok);
-    }
+  for (int il = 0; il < 8; ++il) {
+    const int row = 32 * w + 4 * il + sub;
+    const int t = __shfl_sync(0xffffffffu, tok, 4 * il + sub);
+    const bool ok = col_ok && t >= 0;
+    cp_async_16(base + 4 * il * 128 + ((c ^ (row & 7)) << 4),
+                g.base + (ok ? (size_t)t * LD + col : 0), ok);
   }
 }
 
 // MN-major slice: K rows p0 .. p0 + 63 (ring-layout rows), columns col0 .. col0 + 64 boxes
-// - 1, as `boxes` (2 or 4) 64 x 64 boxes of 8 KB. 8 * boxes lanes bring one row's
-// contiguous 128 * boxes bytes.
+// - 1, as `boxes` (2 or 4) 64 x 64 boxes of 8 KB; warp w the rows 16 w .. 16 w + 15. 8 boxes
+// lanes bring one row's contiguous 128 boxes bytes.
 template <int LD, int K>
 MOKGEN_DEV void gather_mn_major(uint8_t* stage, const GatherSrc& g, int p0, int col0,
-                                int boxes) {
+                                int boxes, int w) {
   const int lane = threadIdx.x & 31, per_row = 8 * boxes;
   const int q = lane % per_row, sub = lane / per_row, c = q & 7;
   const int col = col0 + 8 * q;  // box q / 8, chunk c
   const bool col_ok = col < LD;  // an edge tile's columns past the width: zeros
   const uint32_t base = smem_u32(stage) + (q >> 3) * (64 * 128);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int tok = gather_token<K>(g, p0 + 32 * h + lane);
+  const int tok = gather_token<K>(g, p0 + 16 * w + (lane & 15));
 #pragma unroll 4
-    for (int r = sub; r < 32; r += 4 / boxes) {
-      const int row = 32 * h + r;
-      const int t = __shfl_sync(0xffffffffu, tok, r);
-      const bool ok = col_ok && t >= 0;
-      cp_async_16(base + row * 128 + ((c ^ (row & 7)) << 4),
-                  g.base + (ok ? (size_t)t * LD + col : 0), ok);
-    }
+  for (int r = sub; r < 16; r += 4 / boxes) {
+    const int row = 16 * w + r;
+    const int t = __shfl_sync(0xffffffffu, tok, r);
+    const bool ok = col_ok && t >= 0;
+    cp_async_16(base + row * 128 + ((c ^ (row & 7)) << 4),
+                g.base + (ok ? (size_t)t * LD + col : 0), ok);
   }
 }
 
-// produce_tile for a Problem that gathers (every lane of the producer warp): the operands
-// that are not gathered come by TMA from lane 0, as there; a gathered one by the lanes'
-// cp.async. Every lane arrives on every stage (the barrier counts them), gathered or not.
 // Nothing is held across the slices but the slice count and the ring state: the task is read
 // again from its shared-memory slot (the producer rewrites that slot only after this task:
 // task_push), the GatherSrc asked of the Problem (its pointers are kernel parameters), so
@@ -405,7 +400,8 @@ template <class Cfg, class Problem>
 MOKGEN_DEV void produce_tile_gather(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState& ps,
                                     const volatile Task* slot) {
   constexpr int kBox = 64 * 64 * 2, LD = Problem::kGatherLd, K = Problem::kGatherTopk;
-  const bool lead = (threadIdx.x & 31) == 0;
+  const bool lead = threadIdx.x == 0;
+  const int w = threadIdx.x >> 5;  // this warp's share of the gathered rows
   const int k_blocks = slot->k_blocks;
   for (int kb = 0; kb < k_blocks; ++kb) {
     const Task t{slot->op, slot->a_row0, slot->b_row0, slot->b_row1, slot->c_row0,
@@ -446,13 +442,13 @@ MOKGEN_DEV void produce_tile_gather(const Problem& prob, const GemmSmem<Cfg>& sm
     if (gat_a) {
       if (amn)
         gather_mn_major<LD, K>(sm.a_stage(ps.idx()), prob.gather(t), t.b_row1 + k0, t.a_row0,
-                               Cfg::BM / 64);
+                               Cfg::BM / 64, w);
       else
-        gather_k_major<LD, K>(sm.a_stage(ps.idx()), prob.gather(t), t.c_row0, k0);
+        gather_k_major<LD, K>(sm.a_stage(ps.idx()), prob.gather(t), t.c_row0, k0, w);
     }
     if (gat_b)
       gather_mn_major<LD, K>(sm.b_stage(ps.idx()), prob.gather(t), t.b_row1 + k0, t.b_row0,
-                             b_boxes);
+                             b_boxes, w);
     cp_async_mbar_arrive(bar);
     ps.template advance<Cfg::STAGES>();
   }
@@ -1188,15 +1184,17 @@ MOKGEN_DEV void consumer_pingpong(Problem& prob, const GemmSmem<Cfg>& sm, int h)
   }
 }
 
-// The producer of a Problem that gathers: the whole warp 0. Lane 0 takes each task (and
-// waits for what it reads) and publishes it; the lanes get it by shuffle and stream it.
+// The producer of a Problem that gathers: the whole producer warpgroup (kGatherWarps).
+// Thread 0 takes each task (and waits for what it reads) and publishes it on the task
+// channel; every gathering warp follows the channel as the consumers do and streams its share
+// of the task. The slot stays valid for them without an arrival of theirs: the consumers free
+// it only after the task's last stage, which needs every warp's rows.
 template <class Cfg, class Problem>
 MOKGEN_DEV void produce_gathering(Problem& prob, const GemmSmem<Cfg>& sm) {
-  const bool lead = (threadIdx.x & 31) == 0;
+  const bool lead = threadIdx.x == 0;
   if (lead) prob.prefetch();
-  PipeState ps, ts;
+  PipeState ps, ts, tp;  // ring, task channel as read, task channel as written (thread 0)
   for (int i = 0;; ++i) {
-    int slot = 0, op = 0;
     if (lead) {
       uint64_t ask = 0;
       if constexpr (Cfg::TRACE) ask = trace_clock();
@@ -1208,24 +1206,24 @@ MOKGEN_DEV void produce_gathering(Problem& prob, const GemmSmem<Cfg>& sm) {
           rec[kTrGot] = trace_clock();
         }
       }
-      slot = (int)ts.idx();
-      op = t.op;
-      task_push<Cfg>(sm, ts, t);
+      task_push<Cfg>(sm, tp, t);
     }
-    __syncwarp();  // the slot lane 0 wrote, visible to the warp
-    slot = __shfl_sync(0xffffffffu, slot, 0);
-    if (__shfl_sync(0xffffffffu, op, 0) < 0) break;
-    produce_tile_gather<Cfg>(prob, sm, ps, &sm.tasks()[slot]);
+    __syncwarp();
+    const Task* slot = task_pop<Cfg>(sm, ts);
+    if (slot == nullptr || slot->op < 0) break;
+    produce_tile_gather<Cfg>(prob, sm, ps, slot);
+    ts.template advance<Cfg::TASK_SLOTS>();
   }
 }
 
 template <class Cfg, class Problem>
 MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
   constexpr bool kGather = gathers_rows<Problem>();
-  static_assert(!kGather || (Problem::kQ == 0 && !Cfg::PINGPONG),
-                "gathered operands: bf16 tiles, cooperative consumers");
+  static_assert(!kGather || (Problem::kQ == 0 && !Cfg::PINGPONG && !Cfg::SIGNAL_WARP),
+                "gathered operands: bf16 tiles, cooperative consumers, no signal warp (every "
+                "producer warp gathers)");
   const GemmSmem<Cfg> sm = GemmSmem<Cfg>::carve(dyn_smem);
-  if (threadIdx.x == 0) sm.init(kGather ? 1 + 32 : 1);
+  if (threadIdx.x == 0) sm.init(kGather ? 1 + 32 * kGatherWarps : 1);
   __syncthreads();
   const int wg = warpgroup_idx();
   if (wg == 0) {
@@ -1233,7 +1231,7 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
     if constexpr (Cfg::SIGNAL_WARP)
       if (threadIdx.x >= 32 && threadIdx.x < 64) signal_tasks<Cfg>(prob, sm);
     if constexpr (kGather) {
-      if (threadIdx.x < 32) produce_gathering<Cfg>(prob, sm);
+      produce_gathering<Cfg>(prob, sm);  // the whole warpgroup
     } else if (threadIdx.x < 32 && elect_one()) {
       prob.prefetch();
       PipeState ps, ts;
