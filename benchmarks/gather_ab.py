@@ -1,4 +1,4 @@
-"""One rank, bf16: the layer as planned (gathered rows: the GEMMs read x and dy where they are,
+"""One rank, bf16: the layer with dispatch="gather" (gathered rows: the GEMMs read x and dy where they are,
 no comm CTAs, no x or dy ring; mokgen/limits.py GATHER) against the same layer with the rows
 copied into rings by comm CTAs (dispatch="pull", reverse_combine="pull": the plan before
 gathering), on SonicMoE's five shapes (peers_sonicmoe.SHAPES). Same inputs, same process,
@@ -24,7 +24,7 @@ import mokgen  # noqa: E402
 from peers_sonicmoe import SHAPES, measure  # noqa: E402
 
 PULL = dict(dispatch="pull", reverse_combine="pull")
-VARIANTS = {"gather": {}, "pull": PULL}
+VARIANTS = {"gather": dict(dispatch="gather"), "pull": PULL}
 
 
 def layer(D, I, E, k, T, **overrides):

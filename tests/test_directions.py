@@ -114,9 +114,8 @@ def test_cost_model_prices_bytes_sms_and_signals():
     # pull combine needs a comm CTA of its own to pull with
     one = mokgen.plan(SHAPE, **ARGS, comm_sms_fwd=1)
     assert forward_costs(one, "pull", "pull")["total"] == float("inf")
-    # one rank: nothing crosses a GPU, every way ties, the paper's choice stays (bf16 moves
-    # nothing: the GEMMs gather the rows, sm_partition.gathers)
-    solo = mokgen.plan(SHAPE, ep=1, tokens_per_rank=256, dtype="fp8")
+    # one rank: nothing crosses a GPU, every way ties, the paper's choice stays
+    solo = mokgen.plan(SHAPE, ep=1, tokens_per_rank=256)
     assert (solo.dispatch, solo.combine) == ("pull", "push")
 
 
@@ -274,7 +273,7 @@ def test_backward_cost_model_prices_bytes_sms_and_signals():
     fp8 = mokgen.plan(SHAPE, **ARGS, dtype="fp8")
     assert backward_costs(fp8, "push", "push")["total"] == float("inf")
     assert (fp8.reverse_combine, fp8.reverse_dispatch) == ("pull", "push")
-    solo = mokgen.plan(SHAPE, ep=1, tokens_per_rank=256, dtype="fp8")
+    solo = mokgen.plan(SHAPE, ep=1, tokens_per_rank=256)
     assert (solo.reverse_combine, solo.reverse_dispatch) == ("pull", "push")
 
 

@@ -127,8 +127,8 @@ def test_backward_bitwise_repeatable_and_stale_ring():
             assert torch.equal(t.grad, first[k][r]), f"{k}[{r}]: stale-ring backward differs"
 
 
-# One rank in bf16 gathers x and dy rows in its GEMMs (sm_partition.gathers) instead of
-# copying them into rings: the same tiles over the same rows in the same K order, so outputs and
+# One rank in bf16, asked to (dispatch="gather"), gathers x and dy rows in its GEMMs
+# (sm_partition.gathers) instead of copying them into rings: the same tiles over the same rows in the same K order, so outputs and
 # every gradient equal the pulled path's bit for bit. Edge widths (D 2880: a K tail in the
 # gathered slices, edge columns in the weight gradients'), a shared expert, a stale ring (the
 # backward then replays its gate/up from gathered x).
@@ -142,7 +142,7 @@ def test_gathered_rows_equal_the_pulled_ones_bitwise(shape):
     dys = [torch.randn_like(x) for x in inputs["x"]]
     got = {}
     for way in ("gather", "pull"):
-        force = {} if way == "gather" else dict(dispatch="pull", reverse_combine="pull")
+        force = dict(dispatch=way)  # reverse_combine follows
         layer = mokgen.compile(shape, ep=1, tokens_per_rank=tokens, virtual=True, **force)
         assert layer.plan.dispatch == way and layer.plan.reverse_combine == way
         assert (layer.plan.comm_sms_fwd == 0) == (way == "gather")

@@ -39,11 +39,14 @@ def test_memory_report_sums_its_parts_and_the_saved_bytes():
     assert ws["total"] == ws["peer"] + ws["forward"] + ws["backward"]
     n, s = 8192, QWEN3_30B
     assert r["saved_per_layer"] == n * s.hidden * 2 + n * s.num_experts * 4 + n * s.topk * 8
-    # the ring dominates: a and the gate/up pre-activations of every ring row (one rank
-    # gathers x: no x row)
-    assert p.dispatch == "gather"
-    assert ws["forward"] >= p.macrobatch * 3 * s.intermediate * 2
-    assert ws["forward"] < p.macrobatch * (s.hidden + 3 * s.intermediate) * 2
+    # the ring dominates: x, a and the gate/up pre-activations of every ring row
+    assert ws["forward"] >= p.macrobatch * (s.hidden + 3 * s.intermediate) * 2
+    # gathered rows (dispatch="gather"): no x or dy ring, no comm CTAs
+    g = mokgen.plan(QWEN3_30B, ep=1, tokens_per_rank=8192, dispatch="gather")
+    wg = memory_report(g)["workspace"]
+    assert g.macrobatch * 3 * s.intermediate * 2 <= wg["forward"] < \
+        g.macrobatch * (s.hidden + 3 * s.intermediate) * 2
+    assert wg["backward"] < ws["backward"] - p.macrobatch * s.hidden * 2 // 2
 
 
 def test_cli_plan_prints_the_memory(capsys):

@@ -108,11 +108,20 @@ def test_comm_direction_pass_counts_signals_and_can_be_forced():
     assert ("combine", "push", 1, 0) in p.signals
     forced = Plan.of(upto("comm_direction", dispatch="push"))
     assert forced.dispatch == "push" and forced.combine == "push"
-    # one rank in bf16 moves no rows: the GEMMs gather them; fp8 still pulls its e4m3 rows
+    # one rank: no cross-GPU signals either way, the paper's choice stays; asked for, bf16
+    # moves no rows (the GEMMs gather them, no comm CTAs), fp8 cannot
     one = mokgen.plan(mokgen.shapes.get("tiny"), ep=1, tokens_per_rank=8)
-    assert (one.dispatch, one.combine) == ("gather", "push")
-    one = mokgen.plan(mokgen.shapes.get("tiny"), ep=1, tokens_per_rank=8, dtype="fp8")
     assert (one.dispatch, one.combine) == ("pull", "push")
+    g = mokgen.plan(mokgen.shapes.get("tiny"), ep=1, tokens_per_rank=8, dispatch="gather")
+    assert (g.dispatch, g.combine, g.reverse_combine, g.reverse_dispatch) == \
+        ("gather", "push", "gather", "push")
+    assert g.comm_sms_fwd == g.comm_sms_bwd == 0 and g.macrobatch >= g.max_routed_rows
+    assert g.ring_bytes < one.ring_bytes  # no x row
+    with pytest.raises(ValueError, match="gather"):
+        mokgen.plan(mokgen.shapes.get("tiny"), ep=1, tokens_per_rank=8, dispatch="gather",
+                    dtype="fp8")
+    with pytest.raises(ValueError, match="ep == 1"):
+        mokgen.plan(mokgen.shapes.get("tiny"), ep=2, tokens_per_rank=8, dispatch="gather")
 
 
 def test_precision_pass():

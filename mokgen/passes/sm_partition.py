@@ -10,9 +10,12 @@ Cost model per direction: comm time = bytes moved / min(link bandwidth, c * per-
 compute time = FLOPs / (rate per SM * (num_sms - c)). Overlapped, the layer takes the max of
 the two; pick the c that minimizes it (smallest c on ties: compute SMs are the scarce ones).
 
-One rank in bf16 moves no rows at all (`gathers`): its GEMMs gather x and dy from the caller's
-tensors (mokgen/limits.py GATHER), so every SM computes and no ring holds copies of x or dy;
-comm_direction then names those ops "gather"."""
+One rank in bf16 can move no rows at all (`gathers`, asked for with dispatch="gather" or
+comm_sms 0): its GEMMs gather x and dy from the caller's tensors (mokgen/limits.py GATHER), so
+every SM computes and no ring holds copies of x or dy; comm_direction then names those ops
+"gather". Not the default: measured on an H200 (Qwen3-30B-A3B, T 8192, benchmarks/NOTES.md)
+the forward gains (382 against 343 TFLOP/s) and the workspace halves, but the backward's
+gathered weight-gradient operands slow the training step to 0.85x."""
 from __future__ import annotations
 
 from .. import hardware, ir
@@ -22,9 +25,12 @@ from .ring import padded_rows  # the tile is not chosen yet: the largest the eng
 
 
 def gathers(plan: Plan) -> bool:
-    """Whether the plan's GEMMs gather x and dy rows (no comm CTAs): one rank, bf16, and
-    nothing forced that needs a comm CTA (a direction other than the default, comm SMs)."""
-    if plan.ep != 1 or plan.scale_block:
+    """Whether the plan's GEMMs gather x and dy rows (no comm CTAs): asked for (dispatch or
+    reverse_combine "gather", or 0 comm SMs), one rank, bf16, and nothing forced that needs
+    a comm CTA (a direction other than the default, comm SMs) or the producer's warps."""
+    asked = any(plan.is_forced(op) and getattr(plan, op) == GATHER for op in GATHERED) or \
+        any(plan.is_forced(n) and getattr(plan, n) == 0 for n in ("comm_sms_fwd", "comm_sms_bwd"))
+    if not asked or plan.ep != 1 or plan.scale_block:
         return False
     if any(getattr(plan, op) not in (None, GATHER) for op in GATHERED):
         return False
