@@ -49,7 +49,10 @@ def with_tuned(shape, ep: int, dtype: str, tokens: int, overrides: dict) -> dict
     if any(k in overrides for k in TUNED) or overrides.get("reserve_sms") \
             or overrides.get("overlap_comm"):
         return overrides
-    return {**load_tuned(shape, ep, dtype, tokens), **overrides}
+    tuned = load_tuned(shape, ep, dtype, tokens)
+    if "gather" in (overrides.get("dispatch"), overrides.get("reverse_combine")):
+        tuned = {}  # tuned for copied rows: gathered ones run no comm CTAs
+    return {**tuned, **overrides}
 
 
 def tuned_plan(shape, ep: int, dtype: str, tokens: int, **overrides):

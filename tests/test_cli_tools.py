@@ -65,6 +65,12 @@ def test_compile_uses_a_stored_winner_unless_overridden(tmp_path, monkeypatch):
     path.write_text(json.dumps({"best": best}))
     assert tune.load_tuned(shape, 2, "bf16", 512) == {"minibatch": 256, "comm_sms_fwd": 9,
                                                       "comm_sms_bwd": 5}
+    # gathered rows (one rank) run no comm CTAs: a result tuned for copied rows stays out
+    one = tune.tuned_file(shape, 1, "bf16", 512)
+    one.write_text(json.dumps({"best": best}))
+    assert tune.tuned_plan(shape, 1, "bf16", 512).comm_sms_fwd == 9
+    g = tune.tuned_plan(shape, 1, "bf16", 512, dispatch="gather")
+    assert (g.dispatch, g.comm_sms_fwd, g.comm_sms_bwd) == ("gather", 0, 0)
     import shutil
 
     if shutil.which("nvcc") is None:
