@@ -220,7 +220,7 @@ struct GemmSmem {
     return m;
   }
   // One thread; the caller then __syncthreads() before the role split. full_count: the
-  // producer's arrive with the TMA bytes, plus one per lane where a warp gathers rows
+  // producer's arrive with the TMA bytes, plus one per lane of the warps that gather rows
   // (produce_tile_gather).
   MOKGEN_DEV void init(uint32_t full_count = 1) const {
     for (int s = 0; s < Cfg::STAGES; ++s) {
@@ -316,8 +316,8 @@ MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUten
 // one rank holding every expert reads x and dy where the caller left them, instead of the
 // copies a dispatch would make into the ring; design.md). The rows are token rows of a
 // [rows, ld] bf16 tensor; which token a ring-layout row p holds is the schedule's table
-// (p -> (src rank, src route), route / topk the token, rank < 0 padding: zeros). The whole
-// producer warp brings them with 16-byte cp.async into the 128B-swizzled places TMA would
+// (p -> (src rank, src route), route / topk the token, rank < 0 padding: zeros). The
+// producer warpgroup's warps bring them with 16-byte cp.async into the 128B-swizzled places TMA would
 // have put them (chunk c of smem row r at c ^ (r & 7)), so the consumers are unchanged but
 // for a proxy fence (consume_tile: wgmma reads what ordinary cp.async wrote). Each lane's
 // cp.async.mbarrier.arrive completes the stage together with the other operand's TMA bytes.
@@ -327,7 +327,7 @@ MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUten
 // What a task gathers: rows of `base` (nullptr: nothing, both operands come by TMA), as its A
 // operand or (b) its MN-major B. LD (row length = stride, elements) and K (routes a token)
 // are the Problem's constants (kGatherLd, kGatherTopk): registers are the producer's
-// scarcest resource (48 a thread beside the consumers' 232).
+// scarcest resource (56 a thread beside the consumers' 224).
 struct GatherSrc {
   const __nv_bfloat16* base = nullptr;
   const int2* table = nullptr;
@@ -395,7 +395,7 @@ MOKGEN_DEV void gather_mn_major(uint8_t* stage, const GatherSrc& g, int p0, int 
 // Nothing is held across the slices but the slice count and the ring state: the task is read
 // again from its shared-memory slot (the producer rewrites that slot only after this task:
 // task_push), the GatherSrc asked of the Problem (its pointers are kernel parameters), so
-// the producer warp fits its 64 registers beside the Problem's schedule state.
+// the producer warps fit their 56 registers beside the Problem's schedule state.
 template <class Cfg, class Problem>
 MOKGEN_DEV void produce_tile_gather(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState& ps,
                                     const volatile Task* slot) {
@@ -1044,7 +1044,7 @@ MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState&
 //   optional, static constexpr bool kGather (bf16 tiles only; gathered operands above), then
 //   static constexpr int kGatherLd, kGatherTopk; GatherSrc gather(t) (base nullptr: both
 //   operands by TMA; a gathered B is MN-major) and bool gathers(t) (the consumers fence).
-//   next_task() is then called by lane 0 of the producer warp while the others wait.
+//   next_task() is then called by thread 0 while the producer warpgroup's other warps wait.
 // Must be called by all 384 threads with the kernel's dynamic smem (>= Cfg::SMEM_BYTES) and
 // the kernel declared __launch_bounds__(384, 1) so setmaxnreg takes effect.
 
