@@ -1,7 +1,6 @@
 """One rank, bf16: the layer with dispatch="gather" (gathered rows: the GEMMs read x and dy where they are,
 no comm CTAs, no x or dy ring; mokgen/limits.py GATHER) against the same layer with the rows
-copied into rings by comm CTAs (dispatch="pull", reverse_combine="pull": the plan before
-gathering), on SonicMoE's five shapes (peers_sonicmoe.SHAPES). Same inputs, same process,
+copied into rings by comm CTAs (dispatch="pull", reverse_combine="pull": the default plan), on SonicMoE's five shapes (peers_sonicmoe.SHAPES). Same inputs, same process,
 each variant measured twice in alternating order (ABBA), medians of medians: forward and
 training-step TFLOP/s, peak MB (as peers_sonicmoe.measure: workspace included), and the step
 with fresh gradients. Prints a table; writes OUT/gather_ab.json.

@@ -97,7 +97,7 @@ def violations(plan: "Plan") -> list[str]:
         if got is not None and got not in want + ((GATHER,) if op in GATHERED else ()):
             out.append(f"{op} must be {want[0]!r} (the only direction the kernels implement), "
                        f"got {got!r}")
-    out += _gather_violations(plan)
+    out += gather_violations(plan)
     if plan.dispatch == "push" and plan.scale_block:
         out.append(f"dispatch='push' moves bf16 rows only (direction.cuh push_rows): dtype "
                    f"{plan.dtype} must use dispatch='pull'")
@@ -126,8 +126,9 @@ def violations(plan: "Plan") -> list[str]:
     return out
 
 
-def _gather_violations(plan: "Plan") -> list[str]:
-    """The rules of gathered rows (GATHER above), and of launches without comm CTAs."""
+def gather_violations(plan: "Plan") -> list[str]:
+    """The rules of gathered rows (GATHER above), and of launches without comm CTAs; a field
+    not decided yet (None) breaks none (sm_partition.gathers asks before the ring exists)."""
     got = {op: getattr(plan, op) for op in GATHERED}
     gather = [op for op, d in got.items() if d == GATHER]
     out = []

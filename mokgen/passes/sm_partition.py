@@ -19,7 +19,7 @@ gathered weight-gradient operands slow the training step to 0.85x."""
 from __future__ import annotations
 
 from .. import hardware, ir
-from ..limits import GATHER, GATHERED, GEMM_BM
+from ..limits import GATHER, GATHERED, GEMM_BM, gather_violations
 from ..plan import Plan
 from .ring import padded_rows  # the tile is not chosen yet: the largest the engine has
 
@@ -30,23 +30,18 @@ def gathers(plan: Plan) -> bool:
     a comm CTA (a direction other than the default, comm SMs) or the producer's warps."""
     asked = any(plan.is_forced(op) and getattr(plan, op) == GATHER for op in GATHERED) or \
         any(plan.is_forced(n) and getattr(plan, n) == 0 for n in ("comm_sms_fwd", "comm_sms_bwd"))
-    if not asked or plan.ep != 1 or plan.scale_block:
+    if not asked:
         return False
-    if any(getattr(plan, op) not in (None, GATHER) for op in GATHERED):
-        return False
-    if plan.combine not in (None, "push") or plan.reverse_dispatch not in (None, "push"):
-        return False
-    if any(c is not None and (c.signal_warp or c.pingpong)  # a forced GEMM schedule that
-           for c in (plan.gemm_fwd, plan.gemm_bwd)):          # leaves no warps to gather
+    # the rules (limits.py) over what is forced, with the undecided directions gathering
+    if gather_violations(plan.replace(**{op: GATHER for op in GATHERED
+                                         if getattr(plan, op) is None})):
         return False
     if plan.is_forced("macrobatch"):  # a ring row must be its layout row: it holds them all
-        s = plan.shape
+        s = plan.shape  # (the rule's own check waits for the ring pass's row count)
         worst = padded_rows(plan.tokens_per_rank * min(s.topk, plan.local_experts),
                             plan.local_experts, max(GEMM_BM))
-        if plan.macrobatch < worst:
-            return False
-    return all(not plan.is_forced(n) or getattr(plan, n) == 0
-               for n in ("comm_sms_fwd", "comm_sms_bwd"))
+        return plan.macrobatch >= worst
+    return True
 
 
 def collective_sms(gpu: hardware.GPU) -> int:

@@ -277,6 +277,34 @@ MOKGEN_DEV void task_release(const GemmSmem<Cfg>& sm, PipeState& ts) {
 // that half's box (at the offset the consumer reads it from), a K-major A its whole box.
 // NARROW (Problem::kNarrowTiles): a kHalfN task's MN-major B brings only the boxes of its first
 // BN/2 columns, the ones its mainloop reads (a K-major B box is BN rows: loaded whole).
+// One K-slice's TMA loads of A (an MN-major A: its boxes j0 .. j1 - 1) and of B (an
+// MN-major B: its first b_boxes boxes; dual-B: the up rows right below the gate rows), for
+// stage `bar`. produce_tile and produce_tile_gather share them.
+template <class Cfg>
+MOKGEN_DEV void load_a_slice(uint8_t* stage, const CUtensorMap* ta, uint64_t* bar, const Task& t,
+                             int k0, bool amn, int j0, int j1) {
+  constexpr int kBox = 64 * 64 * 2;
+  if (amn) {
+    for (int j = j0; j < j1; ++j)
+      tma_load_2d(stage + j * kBox, ta, bar, t.a_row0 + 64 * j, t.b_row1 + k0);
+  } else {
+    tma_load_2d(stage, ta, bar, k0, t.a_row0);
+  }
+}
+template <class Cfg>
+MOKGEN_DEV void load_b_slice(uint8_t* stage, const CUtensorMap* tb, uint64_t* bar, const Task& t,
+                             int k0, bool bmn, int b_boxes) {
+  constexpr int kBox = 64 * 64 * 2;
+  if (bmn) {
+    for (int j = 0; j < b_boxes; ++j)
+      tma_load_2d(stage + j * kBox, tb, bar, t.b_row0 + 64 * j, t.b_row1 + k0);
+  } else {
+    tma_load_2d(stage, tb, bar, k0, t.b_row0);
+    if (t.b_row1 >= 0)  // dual-B: second half (up rows) right below the first
+      tma_load_2d(stage + (Cfg::BN / 2) * 128, tb, bar, k0, t.b_row1);
+  }
+}
+
 template <class Cfg, bool NARROW = false>
 MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUtensorMap* ta,
                              const CUtensorMap* tb, const Task& t, int half = -1) {
@@ -293,20 +321,8 @@ MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUten
     uint64_t* bar = &sm.full()[ps.idx()];
     mbar_arrive_expect_tx(bar, bytes);
     const int k0 = kb * Cfg::BK;
-    if (amn) {
-      for (int j = j0; j < j1; ++j)
-        tma_load_2d(sm.a_stage(ps.idx()) + j * kBox, ta, bar, t.a_row0 + 64 * j, t.b_row1 + k0);
-    } else {
-      tma_load_2d(sm.a_stage(ps.idx()), ta, bar, k0, t.a_row0);
-    }
-    if (bmn) {
-      for (int j = 0; j < b_boxes; ++j)
-        tma_load_2d(sm.b_stage(ps.idx()) + j * kBox, tb, bar, t.b_row0 + 64 * j, t.b_row1 + k0);
-    } else {
-      tma_load_2d(sm.b_stage(ps.idx()), tb, bar, k0, t.b_row0);
-      if (t.b_row1 >= 0)  // dual-B: second half (up rows) right below the first
-        tma_load_2d(sm.b_stage(ps.idx()) + (Cfg::BN / 2) * 128, tb, bar, k0, t.b_row1);
-    }
+    load_a_slice<Cfg>(sm.a_stage(ps.idx()), ta, bar, t, k0, amn, j0, j1);
+    load_b_slice<Cfg>(sm.b_stage(ps.idx()), tb, bar, t, k0, bmn, b_boxes);
     ps.template advance<Cfg::STAGES>();
   }
 }
@@ -317,13 +333,14 @@ MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUten
 // copies a dispatch would make into the ring; design.md). The rows are token rows of a
 // [rows, ld] bf16 tensor; which token a ring-layout row p holds is the schedule's table
 // (p -> (src rank, src route), route / topk the token, rank < 0 padding: zeros). The
-// producer warpgroup's warps bring them with 16-byte cp.async into the 128B-swizzled places TMA would
-// have put them (chunk c of smem row r at c ^ (r & 7)), so the consumers are unchanged but
-// for a proxy fence (consume_tile: wgmma reads what ordinary cp.async wrote). Each lane's
-// cp.async.mbarrier.arrive completes the stage together with the other operand's TMA bytes.
-// Two shapes: a K-major A tile (128 rows, a 64-column K slice each: the forward's gate/up,
-// the backward's dgrad and replay) and an MN-major operand gathered along K (64 rows a slice,
-// 64-column boxes along MN: the weight gradients' dy and x).
+// producer warpgroup's warps bring them with 16-byte cp.async into the 128B-swizzled places
+// TMA would have put them (chunk c of smem row r at c ^ (r & 7)), so the consumers are
+// unchanged but for a proxy fence (consume_tile: wgmma reads what ordinary cp.async wrote).
+// Each lane's cp.async.mbarrier.arrive completes the stage together with the other operand's
+// TMA bytes. Two shapes: a K-major A tile (128 rows, a 64-column K slice each: the forward's
+// gate/up, the backward's dgrad and replay) and an MN-major operand gathered along K (64 rows
+// a slice, 64-column boxes along MN: the weight gradients' dy and x).
+
 // What a task gathers: rows of `base` (nullptr: nothing, both operands come by TMA), as its A
 // operand or (b) its MN-major B. LD (row length = stride, elements) and K (routes a token)
 // are the Problem's constants (kGatherLd, kGatherTopk): registers are the producer's
@@ -348,6 +365,8 @@ MOKGEN_DEV int gather_token(const GatherSrc& g, int p) {
 // rows. One warp alone issued a slice's 32-64 cp.async instructions with their shuffles and
 // addresses too slowly for the tensor core (an H200: the layer at half speed, 0.75x unrolled).
 constexpr int kGatherWarps = 4;
+static_assert(kGatherWarps * 32 == 128 && kGatherWarps * 16 == 64,
+              "a warp's share: 32 rows of a K-major A tile, 16 of an MN-major slice");
 
 // K-major A slice: tile rows 0..127 (ring-layout rows p0 ..) at columns k0 .. k0 + 63; warp w
 // the rows 32 w .. 32 w + 31. Lane l reads the token of row 32 w + l (the table, each slice:
@@ -413,30 +432,11 @@ MOKGEN_DEV void produce_tile_gather(const Problem& prob, const GemmSmem<Cfg>& sm
     mbar_wait(&sm.empty()[ps.idx()], ps.phase() ^ 1, 102);
     uint64_t* bar = &sm.full()[ps.idx()];
     const int k0 = kb * Cfg::BK;
-    if (lead) {
+    if (lead) {  // the operand that is not gathered comes by TMA
       const CUtensorMap *ta = prob.map_a(t), *tb = prob.map_b(t);
-      mbar_arrive_expect_tx(bar, (gat_a ? 0 : Cfg::A_BYTES) +
-                                     (gat_b ? 0 : b_boxes * (Cfg::B_BYTES / (Cfg::BN / 64))));
-      if (!gat_a) {
-        if (amn) {
-          for (int j = 0; j < Cfg::BM / 64; ++j)
-            tma_load_2d(sm.a_stage(ps.idx()) + j * kBox, ta, bar, t.a_row0 + 64 * j,
-                        t.b_row1 + k0);
-        } else {
-          tma_load_2d(sm.a_stage(ps.idx()), ta, bar, k0, t.a_row0);
-        }
-      }
-      if (!gat_b) {
-        if (bmn) {
-          for (int j = 0; j < b_boxes; ++j)
-            tma_load_2d(sm.b_stage(ps.idx()) + j * kBox, tb, bar, t.b_row0 + 64 * j,
-                        t.b_row1 + k0);
-        } else {
-          tma_load_2d(sm.b_stage(ps.idx()), tb, bar, k0, t.b_row0);
-          if (t.b_row1 >= 0)
-            tma_load_2d(sm.b_stage(ps.idx()) + (Cfg::BN / 2) * 128, tb, bar, k0, t.b_row1);
-        }
-      }
+      mbar_arrive_expect_tx(bar, (gat_a ? 0 : Cfg::A_BYTES) + (gat_b ? 0 : b_boxes * kBox));
+      if (!gat_a) load_a_slice<Cfg>(sm.a_stage(ps.idx()), ta, bar, t, k0, amn, 0, Cfg::BM / 64);
+      if (!gat_b) load_b_slice<Cfg>(sm.b_stage(ps.idx()), tb, bar, t, k0, bmn, b_boxes);
     }
     __syncwarp();
     if (gat_a) {
