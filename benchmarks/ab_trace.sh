@@ -15,6 +15,7 @@ shift
 ROOT=$PWD
 OTHER=$ROOT/.build/ab/$NAME
 [ -d "$OTHER" ] || { echo "no $OTHER: export the other tree there first"; exit 2; }
+[ "$NAME" != base ] || { echo "NAME base is this tree's label: name the other tree otherwise"; exit 2; }
 mkdir -p "$OUT/base" "$OUT/$NAME"
 for slice in "$@"; do
   tag=${slice// /_}

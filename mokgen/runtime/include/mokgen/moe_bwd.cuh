@@ -403,7 +403,8 @@ struct BwdProblem {
   // ---------------------------------------------------------------- routed minibatch m
   MOKGEN_DEV bool wait_ready(int m, int phase) const {
     if constexpr (C::GATHER) return true;  // no comm CTAs: x and dy are there from the start
-    if (!wait_at_least(ready() + m, C::CD, buf->rank, phase, m)) return false;
+    if (!wait_at_least(ready() + m, head_ready<C::BWD_HEAD, C::CD>(m == 0), buf->rank, phase, m))
+      return false;
     fence_proxy_async_global();
     return true;
   }
@@ -905,27 +906,11 @@ struct BwdProblem {
   }
 };
 
-// One minibatch of a comm CTA's own rank: wait for its ring slot (and, with push
-// reverse-combine, tell the owners it is free), replay-pull x if the ring lost it, pull dy
-// (unless the owners push it), publish. false: the watchdog fired.
+// Minibatch m's rows into its ring slot, by `workers` warps: x if the ring lost it (replay),
+// dy unless the owners push it.
 template <class C, class S>
-MOKGEN_DEV bool bwd_comm_minibatch(const BwdPeers<C::R>& peers, const BwdBuffers& buf,
-                                   const S& s, int m, int worker, int workers,
-                                   uint32_t* fin_done, uint32_t* ready,
-                                   const BwdDirPeers<C::R>* dir) {
-  __shared__ int go;
-  if (m >= C::SLOTS) {  // the slot's previous minibatch must be finished (DX and WG)
-    const int prev = m - C::SLOTS;
-    if (threadIdx.x == 0) {
-      go = wait_at_least(fin_done + prev, s.fin_size(prev + 1), buf.rank, kPhaseBwdRingSlot,
-                         prev);
-      if constexpr (C::RCPUSH)  // the owners' pushes of minibatch m may now land
-        if (go) signal_add_sys(bxflag(dir->xflags[buf.rank], buf.max_minibatches, kXSlotFree,
-                                      prev));
-    }
-    __syncthreads();
-    if (!go) return false;
-  }
+MOKGEN_DEV void bwd_pull_minibatch(const BwdPeers<C::R>& peers, const BwdBuffers& buf,
+                                   const S& s, int m, int worker, int workers) {
   const int p0 = m * C::B, p1 = min(p0 + C::B, s.rows), ring0 = s.slot_row(m);
   if constexpr (C::Q > 0) {  // the replay and dgrad read e4m3 rows; the weight gradients bf16
     using Sink = QuantSink<C::D, C::Q, C::RING_ROWS>;
@@ -944,6 +929,46 @@ MOKGEN_DEV bool bwd_comm_minibatch(const BwdPeers<C::R>& peers, const BwdBuffers
   }
   fence_proxy_async_global();
   __syncthreads();
+}
+
+// Every CTA, before its role (FwdConsts::BWD_HEAD): its share of minibatch 0, then one count
+// each on its ready flag (the replay and dgrad tiles wait for gridDim.x of them there).
+template <class C, class Cfg>
+MOKGEN_DEV void bwd_head_pull(const BwdPeers<C::R>& peers, const BwdBuffers& buf) {
+  if constexpr (C::BWD_HEAD) {
+    BwdSchedule<C, Cfg> s;
+    s.init(buf.meta[0], buf.n_tokens, buf.resident, buf.seg_start);
+    if (s.nm == 0) return;
+    const int warps = blockDim.x / 32;
+    bwd_pull_minibatch<C>(peers, buf, s, 0, blockIdx.x * warps + threadIdx.x / 32,
+                          gridDim.x * warps);
+    if (threadIdx.x == 0) signal_add(buf.counters + 1);  // ready[0]: counter layout BwdProblem
+  }
+}
+
+// One minibatch of a comm CTA's own rank: wait for its ring slot (and, with push
+// reverse-combine, tell the owners it is free), pull its rows (bwd_pull_minibatch; minibatch
+// 0 every CTA pulled already: bwd_head_pull), publish. false: the watchdog fired.
+template <class C, class S>
+MOKGEN_DEV bool bwd_comm_minibatch(const BwdPeers<C::R>& peers, const BwdBuffers& buf,
+                                   const S& s, int m, int worker, int workers,
+                                   uint32_t* fin_done, uint32_t* ready,
+                                   const BwdDirPeers<C::R>* dir) {
+  __shared__ int go;
+  if (C::BWD_HEAD && m == 0) return true;
+  if (m >= C::SLOTS) {  // the slot's previous minibatch must be finished (DX and WG)
+    const int prev = m - C::SLOTS;
+    if (threadIdx.x == 0) {
+      go = wait_at_least(fin_done + prev, s.fin_size(prev + 1), buf.rank, kPhaseBwdRingSlot,
+                         prev);
+      if constexpr (C::RCPUSH)  // the owners' pushes of minibatch m may now land
+        if (go) signal_add_sys(bxflag(dir->xflags[buf.rank], buf.max_minibatches, kXSlotFree,
+                                      prev));
+    }
+    __syncthreads();
+    if (!go) return false;
+  }
+  bwd_pull_minibatch<C>(peers, buf, s, m, worker, workers);
   if (threadIdx.x == 0) signal_add(ready + m);
   return true;
 }

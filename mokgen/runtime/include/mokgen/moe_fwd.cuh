@@ -63,6 +63,11 @@ struct FwdConsts {
   static constexpr bool GATHER = GATHER_;
   static_assert(!GATHER_ || (R_ == 1 && Q_ == 0 && COMM_ == 0 && !DIRS && !BDIRS),
                 "gathered rows: one rank, bf16, no comm CTAs, the default directions");
+  // The head pull (fwd_head_pull, bwd_head_pull): every CTA's warps pull the first minibatch
+  // together before taking their roles, where this rank's comm CTAs pull (not where the
+  // owners push it in): a few comm CTAs copying it alone kept every compute CTA waiting
+  // through the first ~5% of each direction (trace.py's first time bin).
+  static constexpr bool FWD_HEAD = COMM_ > 0 && !DPUSH_, BWD_HEAD = COMM_ > 0 && !RCPUSH_;
   static constexpr int PD = Q_ ? (D_ + 127) / 128 * 128 : D_;
   static constexpr int PI = Q_ ? (I_ + 127) / 128 * 128 : I_;
 };
@@ -331,7 +336,8 @@ struct FwdProblem {
           if (!wait_at_least<true>(xflag(dir->xflags[buf->rank], buf->max_minibatches,
                                          kXLanded, m), C::R * C::CD, buf->rank, kPhaseGateUp, m))
             return stop_task();
-        } else if (!wait_at_least(ready() + m, C::CD, buf->rank, kPhaseGateUp, m)) {
+        } else if (!wait_at_least(ready() + m, head_ready<C::FWD_HEAD, C::CD>(m == s.minibatch_at(0)),
+                                  buf->rank, kPhaseGateUp, m)) {
           return stop_task();
         }
         fence_proxy_async_global();  // ring rows were written by the comm CTAs' plain stores
@@ -479,8 +485,40 @@ struct FwdProblem {
   }
 };
 
+// The q-th minibatch in processing order (minibatch m) into its ring slot, by `workers` warps.
+template <class C, class S>
+MOKGEN_DEV void fwd_pull_minibatch(const PeerTable<C::R>& peers, const FwdBuffers& buf,
+                                   const S& s, int q, int worker, int workers) {
+  const int m = s.minibatch_at(q);
+  const int p0 = m * C::B, p1 = min(p0 + C::B, s.rows), ring0 = (q % C::SLOTS) * C::B;
+  if constexpr (C::Q > 0)  // peers.x are the ranks' quantized rows (xq) in fp8 plans
+    pull_rows_fp8<C::D, C::K, C::Q, C::RING_ROWS>(
+        buf.table, reinterpret_cast<const uint8_t* const*>(peers.x), buf.xq_scales_at,
+        buf.ring_x8, buf.ring_sx, p0, p1, ring0, worker, workers);
+  else
+    pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, ring0, worker, workers);
+  fence_proxy_async_global();  // compute reads the ring through TMA (async proxy)
+  __syncthreads();
+}
+
+// Every CTA, before its role (FwdConsts::FWD_HEAD): its share of the first minibatch, then
+// one count each on its ready flag (the gate/up tiles wait for gridDim.x of them there).
+template <class C, class Cfg>
+MOKGEN_DEV void fwd_head_pull(const PeerTable<C::R>& peers, const FwdBuffers& buf) {
+  if constexpr (C::FWD_HEAD) {
+    FwdSchedule<C, Cfg> s;
+    s.init(buf.meta[0], buf.n_tokens);
+    if (s.nm == 0) return;
+    const int warps = blockDim.x / 32;
+    fwd_pull_minibatch<C>(peers, buf, s, 0, blockIdx.x * warps + threadIdx.x / 32,
+                          gridDim.x * warps);
+    if (threadIdx.x == 0) signal_add(buf.counters + 1 + s.minibatch_at(0));
+  }
+}
+
 // Comm CTA: pull every minibatch into its ring slot, in processing order (or, with the
-// non-default directions, push this rank's rows / pull its combine rows: direction.cuh).
+// non-default directions, push this rank's rows / pull its combine rows: direction.cuh); the
+// first one every CTA pulled already (fwd_head_pull).
 template <class C, class Cfg>
 MOKGEN_DEV void fwd_comm(const PeerTable<C::R>& peers, const FwdBuffers& buf,
                          const DirPeers<C::R>* dir = nullptr) {
@@ -499,7 +537,7 @@ MOKGEN_DEV void fwd_comm(const PeerTable<C::R>& peers, const FwdBuffers& buf,
   if constexpr (C::DIRS) dn_done = xflag(dir->xflags[buf.rank], buf.max_minibatches, kXDnDone, 0);
   const int warps = blockDim.x / 32;
   __shared__ int go;
-  for (int q = 0; q < s.nm; ++q) {
+  for (int q = C::FWD_HEAD ? 1 : 0; q < s.nm; ++q) {
     const int m = s.minibatch_at(q);
     if (q >= C::SLOTS) {  // the slot's previous minibatch must have left the down GEMM
       const int prev = s.minibatch_at(q - C::SLOTS);
@@ -508,17 +546,8 @@ MOKGEN_DEV void fwd_comm(const PeerTable<C::R>& peers, const FwdBuffers& buf,
       __syncthreads();
       if (!go) return;  // the watchdog fired: stop pulling, let the kernel drain
     }
-    const int p0 = m * C::B, p1 = min(p0 + C::B, s.rows);
-    if constexpr (C::Q > 0)  // peers.x are the ranks' quantized rows (xq) in fp8 plans
-      pull_rows_fp8<C::D, C::K, C::Q, C::RING_ROWS>(
-          buf.table, reinterpret_cast<const uint8_t* const*>(peers.x), buf.xq_scales_at,
-          buf.ring_x8, buf.ring_sx, p0, p1, (q % C::SLOTS) * C::B,
-          blockIdx.x * warps + threadIdx.x / 32, C::CD * warps);
-    else
-      pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, (q % C::SLOTS) * C::B,
-                            blockIdx.x * warps + threadIdx.x / 32, C::CD * warps);
-    fence_proxy_async_global();  // compute reads the ring through TMA (async proxy)
-    __syncthreads();
+    fwd_pull_minibatch<C>(peers, buf, s, q, blockIdx.x * warps + threadIdx.x / 32,
+                          C::CD * warps);
     if (threadIdx.x == 0) signal_add(ready + m);
   }
 }

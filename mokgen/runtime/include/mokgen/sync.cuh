@@ -69,6 +69,13 @@ MOKGEN_DEV bool wait_at_least(const uint32_t* flag, uint32_t target, int rank, i
   }
 }
 
+// What a minibatch's ready count reaches: one per comm CTA that pulls it (kCommCtas), or one
+// per CTA for the minibatch every CTA pulled before taking its role (FwdConsts' head pull).
+template <bool kHead, int kCommCtas>
+MOKGEN_DEV uint32_t head_ready(bool head_minibatch) {
+  return kHead && head_minibatch ? gridDim.x : (uint32_t)kCommCtas;
+}
+
 // Publish a GPU-local count: every thread of the caller's group has finished its stores and
 // synchronized; one thread then makes them visible at gpu scope and bumps the count. (Stores
 // to peers become visible to them at the rank barrier, which fences at system scope.)
