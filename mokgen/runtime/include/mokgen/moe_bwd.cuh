@@ -4,7 +4,8 @@
 // order (ascending: macrobatch 0, which the forward left in the ring, comes first), wait until
 // the ring slot's previous minibatch is finished, re-pull x for minibatches the ring lost
 // (replay) and pull dy from the tokens' owners (pull reverse-combine), then raise the
-// minibatch's ready count. Compute CTAs run the GEMM
+// minibatch's ready count (minibatch 0: every CTA pulls a share before taking its role,
+// bwd_head_pull). Compute CTAs run the GEMM
 // engine over one task list (BwdSchedule). Per unit (0: the rank-local work, the shared
 // expert; u >= 1: minibatch u-1):
 //   R   replay: gate/up of a minibatch the ring lost -> ring_h (pre-activations), ring_a

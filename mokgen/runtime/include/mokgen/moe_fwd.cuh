@@ -3,7 +3,8 @@
 // CTAs [0, COMM) are comm CTAs: they walk the minibatches in processing order (macrobatches
 // last to first, so the ring ends holding macrobatch 0), wait until the ring slot's previous
 // minibatch has left the down GEMM, pull the rows from their source ranks (pull dispatch)
-// and raise the minibatch's GPU-local ready count. The other CTAs are compute CTAs running
+// and raise the minibatch's GPU-local ready count; the first minibatch every CTA pulls a
+// share of before taking its role (fwd_head_pull). The other CTAs are compute CTAs running
 // the warp-specialized GEMM engine over one global task list (FwdSchedule): the shared expert
 // first (it fills the first dispatch window), then per minibatch its gate/up tiles (fused
 // SwiGLU into the ring) and its down tiles (times the router weight, pushed straight into the
@@ -336,7 +337,8 @@ struct FwdProblem {
           if (!wait_at_least<true>(xflag(dir->xflags[buf->rank], buf->max_minibatches,
                                          kXLanded, m), C::R * C::CD, buf->rank, kPhaseGateUp, m))
             return stop_task();
-        } else if (!wait_at_least(ready() + m, head_ready<C::FWD_HEAD, C::CD>(m == s.minibatch_at(0)),
+        } else if (!wait_at_least(ready() + m,
+                                  head_ready<C::FWD_HEAD, C::CD>(m == s.minibatch_at(0)),
                                   buf->rank, kPhaseGateUp, m)) {
           return stop_task();
         }
