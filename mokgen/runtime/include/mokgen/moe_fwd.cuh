@@ -67,8 +67,11 @@ struct FwdConsts {
   // The head pull (fwd_head_pull, bwd_head_pull): every CTA's warps pull the first minibatch
   // together before taking their roles, where this rank's comm CTAs pull (not where the
   // owners push it in): a few comm CTAs copying it alone kept every compute CTA waiting
-  // through the first ~5% of each direction (trace.py's first time bin).
-  static constexpr bool FWD_HEAD = COMM_ > 0 && !DPUSH_, BWD_HEAD = COMM_ > 0 && !RCPUSH_;
+  // through the first ~5% of each direction (trace.py's first time bin). Not in the fp8
+  // backward: its comm CTAs quantize what they pull (QuantSink), and that code in every CTA
+  // made ptxas spill in the blockwise and signal-warp kernels (tests/test_codegen.py).
+  static constexpr bool FWD_HEAD = COMM_ > 0 && !DPUSH_;
+  static constexpr bool BWD_HEAD = COMM_ > 0 && !RCPUSH_ && Q_ == 0;
   static constexpr int PD = Q_ ? (D_ + 127) / 128 * 128 : D_;
   static constexpr int PI = Q_ ? (I_ + 127) / 128 * 128 : I_;
 };
