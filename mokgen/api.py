@@ -180,7 +180,7 @@ class _MoEFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *dys):
-        from .reference import router_backward_picked
+        from .reference import router_backward
 
         R, leaves = ctx.R, ctx.saved_tensors
         xs, zs, w1s, w2s = (list(leaves[i * R:(i + 1) * R]) for i in range(4))
@@ -189,8 +189,8 @@ class _MoEFunction(torch.autograd.Function):
         dxs, dws, dw1s, dw2s, dsw1, dsw2 = ctx.layer.backward_raw(
             dys, xs, w1s, w2s, sw1, sw2, ctx.routes, ctx.generation)
         if ctx.by_logits:  # through the renormalized softmax top-k weights
-            dzs = [router_backward_picked(e, w, dw, z.shape[-1]).to(z.dtype)
-                   for z, (e, w), dw in zip(zs, ctx.routes, dws)]
+            dzs = [router_backward(z, e.long(), dw).to(z.dtype)
+                   for z, (e, _), dw in zip(zs, ctx.routes, dws)]
         else:
             dzs = [dw.to(z.dtype) for z, dw in zip(zs, dws)]
         return (None, None, None, *[d.to(x.dtype) for d, x in zip(dxs, xs)], *dzs, *dw1s,

@@ -129,8 +129,7 @@ def _backward_impl(dy, x, router_logits, experts, weights, token, w1, w2, shared
         acc = _acc(acc_w1, acc_w2)
         dx, dweights, dw1, dw2, dsw1, dsw2 = kernels.backward(
             dy, x, w1, w2, shared_w1, shared_w2, (experts, weights), int(token[0]), acc)
-        dlogits = reference.router_backward_picked(experts, weights, dweights,
-                                                   router_logits.shape[-1])
+        dlogits = reference.router_backward(router_logits.float(), experts.long(), dweights)
         return _cast((dx, dlogits, *_fused(dw1, dw2, acc), dsw1, dsw2), like)
     grads = reference.moe_backward(*_f32(like), _local_only(layer), dy.float(),
                                    fp8=_entry(layer)[3])

@@ -83,18 +83,6 @@ def router_backward(logits, experts, dweights):
     return s * (ds - (ds * s).sum(-1, keepdim=True))
 
 
-def router_backward_picked(experts, weights, dweights, num_experts: int):
-    """router_backward from the renormalized weights alone: they are the softmax of the picked
-    logits (the other experts' shares cancel in the renormalization), so the logits' gradient
-    is that softmax's backward, w (dw - <dw, w>), on the picked columns and zero elsewhere
-    (router_backward's terms over the other experts sum to zero). Two ops and a scatter where
-    router_backward runs a softmax over every expert and a dozen more (the kernels' backward
-    calls this: ~0.3 ms of host a call); equal to it up to fp32 rounding."""
-    w = weights.float()
-    d = torch._softmax_backward_data(dweights.float(), w, -1, torch.float32)
-    return w.new_zeros(w.shape[0], num_experts).scatter_(1, experts.long(), d)
-
-
 def moe_backward(x, router_logits, w1, w2, shared_w1, shared_w2, topk: int, dy,
                  fp8: str | None = None):
     """Explicit backward of `moe_forward` (no autograd): grads of x, router_logits, w1, w2,

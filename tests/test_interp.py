@@ -120,26 +120,6 @@ def test_explicit_reference_backward_matches_autograd(rng):
         assert rel(g, want) <= 1e-5
 
 
-@pytest.mark.parametrize("E,k", [(8, 2), (60, 4), (16, 1), (32, 32)])
-def test_router_gradient_from_the_picked_weights(E, k, rng):
-    """The kernels' router backward (from the renormalized weights alone) against float64
-    autograd through softmax top-k renormalization, and against the reference's
-    router_backward; k = 1 (weights all 1) has a zero gradient, k = E every column."""
-    z = (3 * torch.randn(300, E, generator=rng, dtype=torch.float64)).requires_grad_()
-    experts, _ = ref.route(z.detach().float(), k)
-    s = torch.softmax(z, -1).gather(1, experts)
-    w = s / s.sum(-1, keepdim=True)
-    dw = torch.randn(300, k, generator=rng, dtype=torch.float64)
-    w.backward(dw)
-    got = ref.router_backward_picked(experts.int(), w.detach().float(), dw.float(), E)
-    assert got.dtype == torch.float32 and got.shape == (300, E)
-    assert (got - z.grad).abs().max() <= 1e-6 * max(1.0, z.grad.abs().max().item())
-    old = ref.router_backward(z.detach().float(), experts, dw.float())
-    assert (got - old).abs().max() <= 1e-6
-    if k == 1:
-        assert not got.any()
-
-
 @pytest.mark.parametrize("dims", [(256, 128), (256 + 16, 128 + 16)])
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp8"])
 def test_fp8_plan_matches_the_quantized_reference(fmt, dims, rng):

@@ -10,7 +10,6 @@ compiler: codegen reads this module, not the other way round.
 """
 from __future__ import annotations
 
-import functools
 import struct
 
 # (field, kind): "ptr" (a device pointer, 8 bytes), "u64", "i32", "ptrs" (one pointer per
@@ -189,43 +188,27 @@ def layout(fields, ranks: int = 1) -> tuple[dict, int]:
     return offsets, -(-off // align) * align
 
 
-@functools.lru_cache(maxsize=None)
-def _packer(fields, ranks: int) -> tuple[struct.Struct, frozenset]:
-    """One compiled struct.Struct per (layout, ranks): the offsets of `layout` as explicit
-    padding, so a call packs every field in one step (a call packs two structs; field by
-    field that cost ~70 us each on the host)."""
-    offsets, size = layout(fields, ranks)
-    fmt, at = "<", 0
-    for name, kind in fields:
-        n = ranks if kind == "ptrs" else 1
-        fmt += (f"{offsets[name] - at}x" if offsets[name] > at else "") + f"{n}{_FORMAT[kind]}"
-        at = offsets[name] + n * struct.calcsize(_FORMAT[kind])
-    packer = struct.Struct(fmt + (f"{size - at}x" if size > at else ""))
-    assert packer.size == size, (fmt, size)
-    return packer, frozenset(n for n, _ in fields)
-
-
-def _ptr(v) -> int:
-    return v if isinstance(v, int) else 0 if v is None else v.data_ptr()
-
-
 def pack(fields, ranks: int = 1, **values) -> bytes:
     """The struct's bytes from field values by name; a pointer may be given as a tensor or
-    None (a null pointer), a "ptrs" field as `ranks` of them. Padding bytes are zero."""
-    packer, names = _packer(fields, ranks)
-    if values.keys() != names:
-        missing, unknown = names - set(values), set(values) - names
+    None (a null pointer), a "ptrs" field as `ranks` of them."""
+    names = [n for n, _ in fields]
+    if set(values) != set(names):
+        missing, unknown = set(names) - set(values), set(values) - set(names)
         raise ValueError(f"struct fields missing {sorted(missing)}, unknown {sorted(unknown)}")
-    args = []
+    offsets, size = layout(fields, ranks)
+    out = bytearray(size)
+    ptr = lambda v: v if isinstance(v, int) else 0 if v is None else v.data_ptr()  # noqa: E731
     for name, kind in fields:
         v = values[name]
         if kind == "ptrs":
             if len(v) != ranks:
                 raise ValueError(f"struct field {name} needs {ranks} pointers, got {len(v)}")
-            args.extend(map(_ptr, v))
-        else:
-            args.append(_ptr(v) if kind == "ptr" else v)
-    return packer.pack(*args)
+            struct.pack_into(f"<{ranks}Q", out, offsets[name], *map(ptr, v))
+            continue
+        if kind == "ptr":
+            v = ptr(v)
+        struct.pack_into("<" + _FORMAT[kind], out, offsets[name], v)
+    return bytes(out)
 
 
 def pack_maps(names, maps: dict, encode) -> bytes:

@@ -110,22 +110,13 @@ class ForwardRuntime:
         """TMA map of a row-major [rows, cols] matrix of t's elements, box box_cols x
         box_rows (bf16 operands: 64 columns x 128 or 256 rows for K-major tiles, 64 for MN-major
         ones). Cached by address, geometry and swizzle."""
-        return self._cached_map(
-            (t.data_ptr(), rows, cols, box_rows, box_cols, dtype, swizzle),
-            lambda: cuda.make_tensor_map_2d(t, rows, cols, cols * t.element_size(), box_rows,
-                                            box_cols, dtype=dtype, swizzle=swizzle))
-
-    def _map_3d(self, t: torch.Tensor, box_rows: int, box_cols: int = 64):
-        """3D TMA map of a contiguous [depth, rows, cols] bf16 tensor (make_tensor_map_3d),
-        cached like _map's: a call's weight gradients mostly reuse the last call's memory."""
-        return self._cached_map(("3d", t.data_ptr(), *t.shape, box_rows, box_cols),
-                                lambda: cuda.make_tensor_map_3d(t, box_rows, box_cols))
-
-    def _cached_map(self, key, make):
+        key = (t.data_ptr(), rows, cols, box_rows, box_cols, dtype, swizzle)
         if key in self._maps:
             self._maps.move_to_end(key)
         else:
-            self._maps[key] = make()
+            self._maps[key] = cuda.make_tensor_map_2d(t, rows, cols, cols * t.element_size(),
+                                                      box_rows, box_cols, dtype=dtype,
+                                                      swizzle=swizzle)
             if len(self._maps) > MAX_MAPS:  # many layers' weights and ever new activations
                 self._maps.popitem(last=False)
         return self._maps[key]

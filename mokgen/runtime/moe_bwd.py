@@ -187,8 +187,8 @@ class BackwardPass(BackwardScratch):
         tma = self.wgrad_tma and all(
             t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (dw1, dw2))
         # 3D maps (an expert a matrix): an edge row tile stops at its expert's last row
-        maps["dw1_st"] = rt._map_3d(dw1.view(L, 2 * I, D), 64) if tma else None
-        maps["dw2_st"] = rt._map_3d(dw2.view(L, D, I), 64) if tma else None
+        maps["dw1_st"] = cuda.make_tensor_map_3d(dw1.view(L, 2 * I, D), 64, 64) if tma else None
+        maps["dw2_st"] = cuda.make_tensor_map_3d(dw2.view(L, D, I), 64, 64) if tma else None
         maps_raw = abi.pack_maps(abi.BWD_MAPS, maps, lambda m: bytes(abi.TENSOR_MAP_BYTES)
                                  if m is None else cuda.tensor_map_bytes(m))
         f8, fp8_fields = self._fp8_operands(b, sc, w1, w2)
