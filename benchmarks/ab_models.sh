@@ -4,8 +4,8 @@
 # base NAME NAME base so drift hits both alike: this tree (cache .build/kc) and another
 # exported under .build/ab/NAME (cache .build/ab/NAME/kc). Made here:
 #   git archive REV | tar -x -C .build/ab/NAME
-#   each tree's kernels: MOKGEN_CACHE=<cache> python benchmarks/models.py ... needs them built
-#   (tuned_plan -> codegen.emit -> build.build for each model at ep EP, N TOKENS)
+#   each tree's kernels into its cache, from that tree (or they build on the GPU machine):
+#   MOKGEN_CACHE=<cache> build.build(codegen.emit(tune.tuned_plan(shape, EP, "bf16", TOKENS)))
 # then, carrying .build:  bash benchmarks/ab_models.sh NAME MODEL,MODEL... [EP] [TOKENS]
 # Per side and model: the medians of its two runs; last, NAME / base per model.
 set -uo pipefail

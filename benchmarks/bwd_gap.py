@@ -50,7 +50,6 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 torch.cuda.synchronize()
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
     fwd()
-    t0 = time.perf_counter()
     ours()
     torch.cuda.synchronize()
 evs = [e for e in prof.events() if e.device_type.name == "CPU"]

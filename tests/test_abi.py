@@ -25,8 +25,8 @@ def test_pack_by_name_refuses_missing_and_unknown_fields():
 
 
 def test_every_struct_packs_each_field_at_its_layout_offset():
-    """pack's one compiled struct per layout puts every value where `layout` says (the
-    offsets the headers are checked against), padding zero, for each struct the runtime packs."""
+    """pack puts every value where `layout` says (the offsets the headers are checked
+    against), padding zero, for each struct the runtime packs, at 1, 2 and 8 ranks."""
     import random
     import struct
 
