@@ -107,19 +107,22 @@ def chunk_ordinals(routes: torch.Tensor, rank: int, num_local_experts: int, chun
     return src_rank, src_index, _ordinals(key), counts.cumsum(1) - counts
 
 
-def weight_gradient_segments(offsets: list, B: int, slots: int) -> tuple[list, list]:
+def weight_gradient_segments(offsets: list, counts: list, B: int,
+                             slots: int) -> tuple[list, list]:
     """The backward's weight-gradient segments as schedule.cuh schedule_segments builds them,
-    from the padded region starts `offsets` [L + 1] (minibatches of B rows, a ring of `slots`):
-    unit 0 the empty experts, then per minibatch the segments that end in it, by expert; a
-    segment is (expert, first row, end row, index | count << 16). -> (segments, seg_start)."""
+    from the padded region starts `offsets` [L + 1] and each expert's rows `counts` [L]
+    (minibatches of B rows, a ring of `slots`): unit 0 the empty experts, then per minibatch
+    the segments that end in it, by expert; a segment is (expert, first row, end row, index |
+    count << 16), an expert's last one ending at its last row (not its region's padded end).
+    -> (segments, seg_start)."""
     L, rows = len(offsets) - 1, offsets[-1]
     nm = -(-rows // B)
     whole = nm <= slots
     units = [[(e, 0, 0, 1 << 16) for e in range(L) if offsets[e + 1] == offsets[e]]]
     units += [[] for _ in range(nm)]
     for e in range(L):
-        r0, r1 = offsets[e], offsets[e + 1]
-        if r0 == r1:
+        r0, r1 = offsets[e], offsets[e] + counts[e]
+        if r0 == offsets[e + 1]:
             continue
         first, last = r0 // B, (r1 - 1) // B
         if whole:

@@ -106,8 +106,8 @@ def gemm_flops(plan, padded: int, backward: bool) -> float:
     kpe = padded // L  # the weight gradients' K: one expert's rows
     routed = mm(padded, I, D) + mm(padded, D, 2 * I) + L * (mm(D, I, kpe) + mm(2 * I, D, kpe))
     replay = mm(plan.expected_replay_rows, 2 * I, D)
-    shared = mm(ns, 2 * IS, D) + mm(ns, IS, D) + mm(ns, D, 2 * IS) + mm(D, IS, ns) \
-        + mm(2 * IS, D, ns) if IS else 0  # gate/up recompute, dgrad, dx, weight grads
+    # dgrad, dx, weight grads (its gate/up stays from the forward, as the ring does)
+    shared = mm(ns, IS, D) + mm(ns, D, 2 * IS) + mm(D, IS, ns) + mm(2 * IS, D, ns) if IS else 0
     return routed + replay + shared
 
 

@@ -51,4 +51,4 @@ class StandalonePrologue:
 
     def segments(self, rank: int) -> None:
         b = self.ranks[rank]
-        self.kernels.segments(self.stream, b.offsets, b.meta, self.bwd.segs, self.bwd.seg_start)
+        self.kernels.segments(self.stream, b, self.spec.ep, self.bwd.segs, self.bwd.seg_start)

@@ -115,16 +115,22 @@ def test_backward_bitwise_repeatable_and_stale_ring():
         for a, b in zip(v if isinstance(v, list) else [v], again[k] if isinstance(v, list) else [again[k]]):
             assert torch.equal(a, b), f"{k}: not bitwise identical over calls"
     # another forward between this forward and its backward: the ring no longer holds it,
-    # the backward re-schedules and replays everything, with the same gradients
+    # nor the shared expert's activations; the backward re-schedules, replays everything and
+    # recomputes the shared expert's gate/up, with the same gradients
     leaves = {k: [t.detach().clone().requires_grad_() for t in inputs[k]] for k in NAMES}
-    ys = layer(**leaves, shared_w1=inputs["shared_w1"], shared_w2=inputs["shared_w2"])
+    shared = {k: inputs[k].detach().clone().requires_grad_() for k in ("shared_w1", "shared_w2")}
+    ys = layer(**leaves, **shared)
     other = make_inputs(shape, 4, 700)
     with torch.no_grad():
         layer(**other)
+    replayed = layer.runtime().stats["replayed"]
     torch.autograd.backward(ys, dys)
+    assert layer.runtime().stats["replayed"] == replayed + 1
     for k in NAMES:
         for r, t in enumerate(leaves[k]):
             assert torch.equal(t.grad, first[k][r]), f"{k}[{r}]: stale-ring backward differs"
+    for k, t in shared.items():
+        assert torch.equal(t.grad, first[k]), f"{k}: the recomputed shared expert differs"
 
 
 # One rank in bf16, asked to (dispatch="gather"), gathers x and dy rows in its GEMMs

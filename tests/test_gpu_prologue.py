@@ -119,6 +119,10 @@ def test_segments_match_their_spec(E, k, ep, tokens, kind, rng):
     p.segments(0)
     torch.cuda.synchronize()
     offsets = p.ranks[0].offsets.tolist()
-    segs, starts = weight_gradient_segments(offsets, p.plan.minibatch, p.plan.ring_slots)
+    L = E // ep
+    counts = torch.bincount((routes[routes // L == 0]).flatten(), minlength=L).tolist()
+    assert counts == p.ranks[0].counts.view(ep, L).sum(0).tolist()
+    segs, starts = weight_gradient_segments(offsets, counts, p.plan.minibatch,
+                                            p.plan.ring_slots)
     assert p.bwd.seg_start[: len(starts)].tolist() == starts
     assert [tuple(s) for s in p.bwd.segs[: len(segs)].tolist()] == segs

@@ -132,7 +132,7 @@ def test_weight_gradient_sums_get_slots_of_their_own(kind, L, B, rng):
             counts[::2] = 0
         padded = (counts + 63) // 64 * 64  # block_m regions, as the schedule pads them
         offsets = [0] + torch.cumsum(padded, 0).tolist()
-        segs, _ = weight_gradient_segments(offsets, B, slots=2)
+        segs, _ = weight_gradient_segments(offsets, counts.tolist(), B, slots=2)
         nm = -(-offsets[-1] // B)
         spec = LayerSpec(num_experts=L, hidden=128, intermediate=128, shared_dim=0, topk=1,
                          ep=1, tokens_per_rank=offsets[-1], block_m=64, minibatch=B,

@@ -17,7 +17,7 @@ import struct
 FWD_BUFFERS = (
     ("table", "ptr"), ("row_weight", "ptr"), ("meta", "ptr"), ("offsets", "ptr"),
     ("ring_x", "ptr"), ("ring_a", "ptr"), ("ring_h", "ptr"), ("h_shared", "ptr"),
-    ("y_shared", "ptr"), ("counters", "ptr"),
+    ("hs_pre", "ptr"), ("y_shared", "ptr"), ("counters", "ptr"),
     ("ring_x8", "ptr"), ("ring_a8", "ptr"), ("ring_sx", "ptr"), ("ring_sa", "ptr"),
     ("w1s", "ptr"), ("w2s", "ptr"), ("xq_scales_at", "u64"),
     ("n_tokens", "i32"), ("max_minibatches", "i32"), ("rank", "i32"),

@@ -92,8 +92,8 @@ class ForwardRuntime:
         reads as padding), and make calls return NaN-filled outputs until written: a test
         then sees any element the kernels skip."""
         for b in self.ranks:
-            for t in (b.combine, b.ring_x, b.ring_a, b.ring_h, b.h_shared, b.y_shared,
-                      b.row_weight, b.stage):
+            for t in (b.combine, b.ring_x, b.ring_a, b.ring_h, b.h_shared, b.hs_pre,
+                      b.y_shared, b.row_weight, b.stage):
                 if t is not None:
                     t.fill_(float("nan"))
             b.table.fill_(-2)
@@ -288,6 +288,9 @@ class ForwardRuntime:
         bufs = abi.pack(abi.FWD_BUFFERS, table=b.table, row_weight=b.row_weight, meta=b.meta,
                         offsets=b.offsets, ring_x=b.ring_x, ring_a=b.ring_a,
                         ring_h=b.ring_h if save else None, h_shared=b.h_shared,
+                        # the shared expert's pre-activations, which a bf16 backward reads
+                        # where resident (moe_bwd.cuh BwdSchedule::shared_kept)
+                        hs_pre=b.hs_pre if save and not s.scale_block else None,
                         y_shared=b.y_shared, counters=b.counters, **fp8_fields, n_tokens=n,
                         max_minibatches=s.max_minibatches, rank=self.peers.hosted_ranks[i])
         dirs = [self.dir_peers()] if s.peer_directions else []

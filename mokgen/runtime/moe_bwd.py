@@ -3,8 +3,10 @@ buffers (its rings, schedule and peer tables), on the current torch stream, no h
 
 Ring-aware replay: when the rings still hold the forward being differentiated (nothing ran
 on this layer in between, and that forward kept its gate/up pre-activations), the kernel
-takes macrobatch 0 from the ring and replays only the rest; otherwise it re-schedules from
-the saved routes and replays everything. Either way the gradients are the same.
+takes macrobatch 0 from the ring and the shared expert's activations from where the forward
+left them, and replays only the rest; otherwise it re-schedules from the saved routes,
+replays everything and recomputes the shared expert's gate/up. Either way the gradients are
+the same.
 
 Virtual ranks run their backward megakernels one after another, except when the backward
 moves rows the non-default way (push reverse-combine, pull reverse-dispatch: their kernels
@@ -65,7 +67,7 @@ class BackwardPass(BackwardScratch):
 
     def poison(self) -> None:
         for sc in dict.fromkeys(self.scratch):  # each scratch once
-            for t in (sc.ring_dy, sc.dw_part, sc.hs_pre, sc.hs_a, sc.wg_acc):
+            for t in (sc.ring_dy, sc.dw_part, sc.wg_acc):
                 if t is not None:
                     t.fill_(float("nan"))
             if self.rt.spec.scale_block:
@@ -160,18 +162,21 @@ class BackwardPass(BackwardScratch):
                 resident, accumulate=False):
         rt, s, b, sc = self.rt, self.rt.spec, self.rt.ranks[i], self.scratch[i]
         st = rt._stream()
-        rt.prologue.segments(st, b.offsets, b.meta, sc.segs, sc.seg_start)
+        rt.prologue.segments(st, b, s.ep, sc.segs, sc.seg_start)
         sc.counters.zero_()
         L, D, I, M = s.local_experts, s.hidden, s.intermediate, s.macrobatch
-        IS = sc.hs_a.shape[1]
-        sw1 = sw1 if sw1 is not None else sc.hs_pre  # placeholders without a shared expert
-        sw2 = sw2 if sw2 is not None else sc.hs_a
+        # the shared expert's activations: the forward's where resident, else recomputed
+        # there (moe_bwd.cuh); dh lands over hs_pre
+        hs_pre, hs_a = b.hs_pre, b.h_shared
+        IS = hs_a.shape[1]
+        sw1 = sw1 if sw1 is not None else hs_pre  # placeholders without a shared expert
+        sw2 = sw2 if sw2 is not None else hs_a
         mp = rt._map
         maps = {"x_k": mp(x, n, D, 128), "sw1_k": mp(sw1, sw1.shape[0], sw1.shape[1], 128),
                 "dy_k": mp(dy, n, D, 128), "sw2_mn": mp(sw2, sw2.shape[0], sw2.shape[1], 64),
-                "hs_dh_k": mp(sc.hs_pre, n, 2 * IS, 128),  # dh over the pre-activations
+                "hs_dh_k": mp(hs_pre, n, 2 * IS, 128),  # dh over the pre-activations
                 "sw1_mn": mp(sw1, sw1.shape[0], sw1.shape[1], 64), "dy_mn": mp(dy, n, D, 64),
-                "hs_a_mn": mp(sc.hs_a, n, IS, 64), "hs_dh_mn": mp(sc.hs_pre, n, 2 * IS, 64),
+                "hs_a_mn": mp(hs_a, n, IS, 64), "hs_dh_mn": mp(hs_pre, n, 2 * IS, 64),
                 "x_mn": mp(x, n, D, 64),
                 "w1_k": mp(w1, L * 2 * I, D, 128), "w2_mn": mp(w2, L * D, I, 64),
                 # dh lands over the pre-activations, w * a over a (moe_bwd.cuh, DG)
@@ -198,7 +203,7 @@ class BackwardPass(BackwardScratch):
             abi.BWD_BUFFERS, table=b.table, row_weight=b.row_weight, meta=b.meta,
             offsets=b.offsets, segs=sc.segs, seg_start=sc.seg_start, ring_x=b.ring_x,
             ring_h=b.ring_h, ring_a=b.ring_a, ring_dy=sc.ring_dy, dw_part=sc.dw_part,
-            hs_pre=sc.hs_pre, hs_a=sc.hs_a, dx_shared=b.y_shared, dw1=dw1, dw2=dw2,
+            hs_pre=hs_pre, hs_a=hs_a, dx_shared=b.y_shared, dw1=dw1, dw2=dw2,
             dsw1=dsw1, dsw2=dsw2, wg_acc=sc.wg_acc, counters=sc.counters, **fp8_fields, n_tokens=n,
             max_minibatches=s.max_minibatches, rank=rt.peers.hosted_ranks[i],
             resident=int(resident), accumulate=int(accumulate),

@@ -62,6 +62,8 @@ class Prologue:
                     [b.routes, b.weights, rpr, ranks, rank, b.ordinal, b.chunk_counts,
                      abi.sched_chunks(rpr), b.counts, b.offsets, b.table, b.row_weight])
 
-    def segments(self, st, offsets, meta, segs, seg_start) -> None:
-        """The backward's weight-gradient segments from a schedule's offsets and row count."""
-        cuda.launch(self.f_segments, 1, 32, 0, st, [offsets, meta, segs, seg_start])
+    def segments(self, st, b, ranks, segs, seg_start) -> None:
+        """The backward's weight-gradient segments from rank buffers b's schedule (its
+        offsets, per-source counts and row count; `ranks` sources)."""
+        cuda.launch(self.f_segments, 1, 32, 0, st,
+                    [b.offsets, b.counts, ranks, b.meta, segs, seg_start])

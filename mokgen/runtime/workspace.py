@@ -129,7 +129,12 @@ class RankBuffers:
             torch.empty(s.macrobatch, s.hidden, dtype=BF16, device=dev)
         self.ring_a = torch.empty(s.macrobatch, s.intermediate, dtype=BF16, device=dev)
         self.ring_h = torch.empty(s.macrobatch, 2 * s.intermediate, dtype=BF16, device=dev)
-        self.h_shared = torch.empty(N, max(s.shared_dim, 64), dtype=BF16, device=dev)
+        # the shared expert's SwiGLU output and its gate/up pre-activations: the forward writes
+        # both when a backward follows, which then reads them as the ring (no recompute) or,
+        # when another forward ran since, recomputes them here; its dh lands over hs_pre
+        IS = max(s.shared_dim, 64)
+        self.h_shared = torch.empty(N, IS, dtype=BF16, device=dev)
+        self.hs_pre = torch.empty(N, 2 * IS, dtype=BF16, device=dev)
         # the shared expert's fp32 output (forward) and dx (backward); unread without one
         self.y_shared = torch.empty(N if s.shared_dim else 1, s.hidden, dtype=torch.float32,
                                     device=dev)
@@ -146,16 +151,14 @@ class RankBuffers:
 class BackwardScratch:
     """The backward's own buffers, shared by the hosted ranks (their kernels run one after
     another): the ring of dy (dh and w * a go over the forward's h and a rings, which the
-    backward consumes: moe_bwd.cuh), the shared expert's recomputed activations (its dh
-    over its pre-activations likewise), the
-    tables of weight-gradient segments and, only where an expert's rows can span several
-    ring passes (`LayerSpec.needs_wg_acc`), the fp32 running sums of its weight gradients
-    (`LayerSpec.wg_acc_slots` of them)."""
+    backward consumes: moe_bwd.cuh; the shared expert's dh over its pre-activations in
+    RankBuffers likewise), the tables of weight-gradient segments and, only where an
+    expert's rows can span several ring passes (`LayerSpec.needs_wg_acc`), the fp32 running
+    sums of its weight gradients (`LayerSpec.wg_acc_slots` of them)."""
 
     def __init__(self, spec: LayerSpec, dev, ring_dy=None):
         s = spec
-        M, D, I, N = s.macrobatch, s.hidden, s.intermediate, s.tokens_per_rank
-        IS, L = max(s.shared_dim, 64), s.local_experts
+        M, D, I, L = s.macrobatch, s.hidden, s.intermediate, s.local_experts
         e = dict(dtype=BF16, device=dev)
         # push reverse-combine: the owners write the dy ring, a peer buffer (PeerSet)
         # gathered: none (the kernels read the caller's dy)
@@ -163,8 +166,6 @@ class BackwardScratch:
             torch.empty(M, D, **e)
         self.dw_part = torch.empty(s.max_rows, backward_tiles(s)[0], dtype=torch.float32,
                                    device=dev)
-        self.hs_pre = torch.empty(N, 2 * IS, **e)
-        self.hs_a = torch.empty(N, IS, **e)
         # None: the kernel gets a null pointer and never reads it (every segment is whole)
         self.wg_acc = (torch.empty(s.wg_acc_slots, 3 * I * D, dtype=torch.float32, device=dev)
                        if s.needs_wg_acc else None)

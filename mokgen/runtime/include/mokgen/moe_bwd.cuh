@@ -8,7 +8,10 @@
 // bwd_head_pull). Compute CTAs run the GEMM
 // engine over one task list (BwdSchedule). Per unit (0: the rank-local work, the shared
 // expert; u >= 1: minibatch u-1):
-//   R   replay: gate/up of a minibatch the ring lost -> ring_h (pre-activations), ring_a
+//   R   replay: gate/up of a minibatch the ring lost -> ring_h (pre-activations), ring_a;
+//       unit 0's R, the shared expert's gate/up, only when its forward's pre-activations and
+//       a are gone too (BwdBuffers::resident: the forward keeps them as it keeps the ring;
+//       bf16 kernels: fp8 ones always recompute it)
 //   DG  dy W2_e (W2 read MN-major), epilogue: the router-weight gradient <a, dy W2_e> as
 //       per-tile partial sums (no down-projection output is materialized), then the SwiGLU
 //       backward of w * dy W2_e -> dh = [d gate, d up], written over the pre-activations it
@@ -81,8 +84,9 @@ struct BwdBuffers {
   __nv_bfloat16* ring_a;    // [SLOTS*B, I]   SwiGLU output, then (DG) w * a
   __nv_bfloat16* ring_dy;   // [SLOTS*B, D]   pulled dy (fp8 plans: also ring_dy8)
   float* dw_part;           // [max rows, DG_N] router-weight gradient partial sums
-  __nv_bfloat16* hs_pre;    // [N, 2IS] shared gate/up pre-activations (recomputed), then dh
-  __nv_bfloat16* hs_a;      // [N, IS]
+  __nv_bfloat16* hs_pre;    // [N, 2IS] shared gate/up pre-activations, then (SDG) dh: the
+                            // forward's (FwdBuffers::hs_pre) when resident, else recomputed
+  __nv_bfloat16* hs_a;      // [N, IS] its SwiGLU output (the forward's h_shared), likewise
   float* dx_shared;         // [N, D]
   __nv_bfloat16* dw1;       // [L, 2I, D] this rank's expert gradients
   __nv_bfloat16* dw2;       // [L, D, I]
@@ -105,6 +109,7 @@ struct BwdBuffers {
   int max_minibatches;
   int rank;
   int resident;             // 1: the ring holds the forward's macrobatch 0 (no replay for it)
+                            // and hs_pre / hs_a the forward's shared expert (no recompute)
   int accumulate;           // 1: dw1 / dw2 hold gradients already (the caller's .grad): add
   int wg_by_minibatch;      // 1: wg_acc's slot is the expert's first minibatch, 0: the expert
   int wgrad_tma;            // 1: maps dw1_st / dw2_st are dw1 / dw2 (kTmaWgrad kernels)
@@ -150,6 +155,8 @@ struct BwdSchedule {
                 "vectors, TMA strides 16 B; a partial scale block is zero-padded)");
 
   int rows, nm, rt_last, shared_rt, resident, first_slot;
+  bool shared_kept;  // the forward left the shared expert's pre-activations and a: unit 0
+                     // has no R tasks and its DG / WG tasks wait for none
   const int* seg_start;
 
   MOKGEN_DEV void init(int padded_rows, int n_tokens, int resident_flag, const int* starts) {
@@ -158,6 +165,9 @@ struct BwdSchedule {
     rt_last = nm ? (rows - (nm - 1) * C::B) / BM : 0;
     shared_rt = C::IS ? (n_tokens + BM - 1) / BM : 0;
     resident = resident_flag ? min(C::SLOTS, nm) : 0;
+    // fp8 kernels recompute it (the flag's register made ptxas spill 8 B in the signal-warp
+    // MXFP8 backward); their forward does not keep it (runtime/moe.py)
+    shared_kept = C::Q == 0 && resident_flag != 0;
     first_slot = max(0, nm - C::SLOTS) % C::SLOTS;  // where the forward left minibatch 0
     seg_start = starts;
   }
@@ -169,7 +179,8 @@ struct BwdSchedule {
 
   // task counts of unit u
   MOKGEN_DEV int r_size(int u) const {
-    return u == 0 ? shared_rt * SGU_N : replayed(u - 1) ? row_tiles(u - 1) * GU_N : 0;
+    if (u == 0) return shared_kept ? 0 : shared_rt * SGU_N;
+    return replayed(u - 1) ? row_tiles(u - 1) * GU_N : 0;
   }
   MOKGEN_DEV int dg_size(int u) const {
     return u == 0 ? shared_rt * SDG_N : row_tiles(u - 1) * DG_N;
@@ -263,11 +274,11 @@ struct BwdProblem {
   // output origin is (a_row0, b_row0) in every kernel, which is where their operands start.
   static constexpr int kWgradWhole = 1 << kOpUserShift, kWgradEmpty = 1 << (kOpUserShift + 1);
   static constexpr int kWgradExpertShift = kOpUserShift + 2;
-  static_assert(!kTmaWgrad || C::L <= (1 << (30 - kWgradExpertShift)),
-                "the expert fits the op's bits (below kHalfN)");
+  static_assert(!kTmaWgrad || C::L <= (1 << (29 - kWgradExpertShift)),
+                "the expert fits the op's bits (below kHalfM)");
   static constexpr int kWgradBufs = Cfg::EPI_BYTES / 2 / 8192;
-  static MOKGEN_DEV int wgrad_expert(const Task& t) {  // below a narrow tile's kHalfN
-    return (kNarrowTiles ? t.op & (kHalfN - 1) : t.op) >> kWgradExpertShift;
+  static MOKGEN_DEV int wgrad_expert(const Task& t) {  // below kHalfM (never set on them)
+    return (kNarrowTiles ? t.op & (kHalfM - 1) : t.op) >> kWgradExpertShift;
   }
 
   // counters: [0] tasks | ready[MB] | r_done[MB*RT] | dg_done[MB*RT] | fin_done[MB]
@@ -386,19 +397,23 @@ struct BwdProblem {
 
   MOKGEN_DEV Task shared_gate_up(int i) const {
     const int rt = i % s.shared_rt, n0 = (i / s.shared_rt) * (BN / 2), r0 = rt * BM;
-    return Task{kSGateUp, r0, n0, C::IS + n0, r0, n0, valid_rows(r0), k_d};
+    return Task{kSGateUp | short_shared_tile<C>(valid_rows(r0)), r0, n0, C::IS + n0, r0, n0,
+                valid_rows(r0), k_d};
   }
   MOKGEN_DEV Task shared_dgrad(int i) const {
     const int rt = i % s.shared_rt, n0 = (i / s.shared_rt) * BN, r0 = rt * BM;
-    if (!wait_at_least(sr_done() + rt, S::SGU_N, buf->rank, kPhaseSDgrad, rt)) return stop_task();
-    return Task{kSDgrad | kBMN | half_bit<C::IS, BN>(n0), r0, n0, 0, r0, n0, valid_rows(r0),
-                k_d};
+    if (!s.shared_kept &&
+        !wait_at_least(sr_done() + rt, S::SGU_N, buf->rank, kPhaseSDgrad, rt))
+      return stop_task();
+    return Task{kSDgrad | kBMN | half_bit<C::IS, BN>(n0) | short_shared_tile<C>(valid_rows(r0)),
+                r0, n0, 0, r0, n0, valid_rows(r0), k_d};
   }
   MOKGEN_DEV Task shared_dx(int i) const {
     const int rt = i % s.shared_rt, n0 = (i / s.shared_rt) * BN, r0 = rt * BM;
     if (!wait_at_least(sdg_done() + rt, S::SDG_N, buf->rank, kPhaseSDx, rt)) return stop_task();
     fence_proxy_async_global();  // dh was written by generic stores; TMA reads it
-    return Task{kSDx | kBMN | half_bit<C::D, BN>(n0), r0, n0, 0, r0, n0, valid_rows(r0), k_is2};
+    return Task{kSDx | kBMN | half_bit<C::D, BN>(n0) | short_shared_tile<C>(valid_rows(r0)), r0,
+                n0, 0, r0, n0, valid_rows(r0), k_is2};
   }
 
   // ---------------------------------------------------------------- routed minibatch m
@@ -413,8 +428,9 @@ struct BwdProblem {
     const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * (BN / 2);
     const int p0 = m * C::B + rt * BM, e = expert_of(p0);
     if (!wait_ready(m, kPhaseReplay)) return stop_task();
-    return Task{kReplay | kRouted, s.slot_row(m) + rt * BM, e * 2 * C::PI + n0,
-                e * 2 * C::PI + C::PI + n0, p0, n0, BM, C::Q ? ceil_div(C::D, 128) : k_d};
+    return Task{kReplay | kRouted | short_routed_tile<C>(buf->table, p0), s.slot_row(m) + rt * BM,
+                e * 2 * C::PI + n0, e * 2 * C::PI + C::PI + n0, p0, n0, BM,
+                C::Q ? ceil_div(C::D, 128) : k_d};
   }
   MOKGEN_DEV Task routed_dgrad(int m, int i) const {
     const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * BN;
@@ -436,8 +452,8 @@ struct BwdProblem {
     if (C::Q > 0)  // B = W2^T [L*PI, PD], K-major
       return Task{kDgrad | kF8 | half_bit<C::I, BN>(n0), s.slot_row(m) + rt * BM,
                   e * C::PI + n0, -1, p0, n0, BM, ceil_div(C::D, 128)};
-    return Task{kDgrad | kBMN | half_bit<C::I, BN>(n0), s.slot_row(m) + rt * BM, n0, e * C::D,
-                p0, n0, BM, k_d};
+    return Task{kDgrad | kBMN | half_bit<C::I, BN>(n0) | short_routed_tile<C>(buf->table, p0),
+                s.slot_row(m) + rt * BM, n0, e * C::D, p0, n0, BM, k_d};
   }
   MOKGEN_DEV Task routed_dx(int m, int i) const {
     const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * BN;
@@ -455,8 +471,8 @@ struct BwdProblem {
     if (C::Q > 0)  // B = W1^T [L*PD, 2PI], K-major; A = dh [rows, 2PI]
       return Task{kDx | kF8 | half_bit<C::D, BN>(n0), s.slot_row(m) + rt * BM, e * C::PD + n0,
                   -1, p0, n0, BM, 2 * C::PI / 128};
-    return Task{kDx | kBMN | half_bit<C::D, BN>(n0), s.slot_row(m) + rt * BM, n0, e * 2 * C::I,
-                p0, n0, BM, k_i2};
+    return Task{kDx | kBMN | half_bit<C::D, BN>(n0) | short_routed_tile<C>(buf->table, p0),
+                s.slot_row(m) + rt * BM, n0, e * 2 * C::I, p0, n0, BM, k_i2};
   }
 
   // ---------------------------------------------------------------- weight gradients
@@ -467,7 +483,8 @@ struct BwdProblem {
     if (u == 0 && C::IS) {
       const int kt = (buf->n_tokens + 63) / 64;
       if (j < S::SW2T) {  // dsw2 [D, IS] = dy^T a_s
-        if (!wait_at_least(sr_all(), s.shared_rt * S::SGU_N, buf->rank, kPhaseSWgrad, 0))
+        if (!s.shared_kept &&
+            !wait_at_least(sr_all(), s.shared_rt * S::SGU_N, buf->rank, kPhaseSWgrad, 0))
           return stop_task();
         fence_proxy_async_global();
         const int mt = j % S::MT_D, nt = j / S::MT_D;
@@ -507,7 +524,7 @@ struct BwdProblem {
       }
       fence_proxy_async_global();
       k0 = s.slot_row(seg.y / C::B) + seg.y % C::B;
-      kb = (seg.z - seg.y) / 64;
+      kb = (seg.z - seg.y + 63) / 64;  // an expert's last segment ends at its last row
     }
     int bits = MN, c_col0 = 0;
     if constexpr (kTmaWgrad) {

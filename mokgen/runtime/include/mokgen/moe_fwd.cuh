@@ -101,7 +101,9 @@ struct FwdBuffers {
   __nv_bfloat16* ring_a;    // [SLOTS*B, I] SwiGLU output (fp8 plans: only for a backward)
   __nv_bfloat16* ring_h;    // [SLOTS*B, 2I] gate/up pre-activations, kept for the backward;
                             // nullptr when no backward follows (inference)
-  __nv_bfloat16* h_shared;  // [N, IS]
+  __nv_bfloat16* h_shared;  // [N, IS] the shared expert's SwiGLU output (a backward's too)
+  __nv_bfloat16* hs_pre;    // [N, 2IS] its gate/up pre-activations, kept for a bf16
+                            // backward (moe_bwd.cuh); nullptr when none follows
   float* y_shared;          // [N, D]
   uint32_t* counters;
   uint8_t* ring_x8;         // fp8 plans: [SLOTS*B, D] e4m3 ring rows (pulled pre-quantized)
@@ -199,6 +201,23 @@ MOKGEN_DEV int last_at_most(int lo, int hi, int v, Key&& key) {
 template <int L>
 MOKGEN_DEV int expert_at(const int* offsets, int row) {
   return last_at_most(0, L - 1, row, [&](int e) { return offsets[e]; });
+}
+
+// kHalfM (gemm_tile.cuh: warpgroup 1 skips its MMA) where a row tile's rows 64.. are zero
+// rows. A routed tile at layout row p0: when row p0 + 64 is padding, so are the rest (an
+// expert's region is padded to whole tiles, its padding last, and dispatch writes padding
+// rows as zeros, gathered rows likewise); in half of the experts' last tiles on average.
+// The shared expert's last tile: rows past the tokens, which TMA zero-fills. bf16 kernels
+// only (gemm_tile.cuh consume_tile: fp8 kernels run a tile whole).
+template <class C>
+MOKGEN_DEV int short_routed_tile(const int2* table, int p0) {
+  if constexpr (C::Q > 0) return 0;
+  else return table[p0 + 64].x < 0 ? kHalfM : 0;
+}
+template <class C>
+MOKGEN_DEV int short_shared_tile(int m_valid) {
+  if constexpr (C::Q > 0) return 0;
+  else return m_valid <= 64 ? kHalfM : 0;
 }
 
 // Tile-local row / column of accumulator register pair r (layout: gemm_tile.cuh).
@@ -315,13 +334,14 @@ struct FwdProblem {
     const int valid = min(BM, buf->n_tokens - r0);
     if (gu) {  // shared gate/up + SwiGLU -> h_shared
       const int n0 = nt * (BN / 2);
-      return Task{kSharedGateUp, r0, n0, C::IS + n0, r0, n0, valid, k_d};
+      return Task{kSharedGateUp | short_shared_tile<C>(valid), r0, n0, C::IS + n0, r0, n0, valid,
+                  k_d};
     }
     if (!wait_at_least(sgu_done() + rt, S::SGU_N, buf->rank, kPhaseSharedDown, rt))
       return stop_task();
     fence_proxy_async_global();  // h_shared was written by generic stores; TMA reads it
-    return Task{kSharedDown | half_bit<C::D, BN>(nt * BN), r0, nt * BN, -1, r0, nt * BN, valid,
-                k_is};
+    return Task{kSharedDown | half_bit<C::D, BN>(nt * BN) | short_shared_tile<C>(valid), r0,
+                nt * BN, -1, r0, nt * BN, valid, k_is};
   }
 
   MOKGEN_DEV Task routed_task(int q, bool gu, int i) const {
@@ -347,8 +367,8 @@ struct FwdProblem {
         }
         fence_proxy_async_global();  // ring rows were written by the comm CTAs' plain stores
       }
-      return Task{kGateUp | kRouted, slot_row, e * 2 * C::PI + n0, e * 2 * C::PI + C::PI + n0,
-                  p0, n0, BM, k_rd};
+      return Task{kGateUp | kRouted | short_routed_tile<C>(buf->table, p0), slot_row,
+                  e * 2 * C::PI + n0, e * 2 * C::PI + C::PI + n0, p0, n0, BM, k_rd};
     }
     if (!wait_at_least(gu_done() + m * S::RT_FULL + rt, S::GU_N, buf->rank, kPhaseDown,
                        m * S::RT_FULL + rt))
@@ -364,8 +384,9 @@ struct FwdProblem {
     fence_proxy_async_global();
     // an edge tile whose second 128-column half is past D is narrow: fp8 tiles then never
     // read B rows there (the next expert's, or past the last one's and its scales')
-    return Task{kDown | kRouted | half_bit<C::D, BN>(nt * BN), slot_row, e * C::PD + nt * BN,
-                -1, p0, nt * BN, BM, k_ri};
+    return Task{kDown | kRouted | half_bit<C::D, BN>(nt * BN) |
+                    short_routed_tile<C>(buf->table, p0),
+                slot_row, e * C::PD + nt * BN, -1, p0, nt * BN, BM, k_ri};
   }
 
   // Consumer threads: rows 64 cwg .. of the tile, stored from registers (signal() then
@@ -380,14 +401,18 @@ struct FwdProblem {
     if (C::Q > 0 && op == kGateUp) {
       if constexpr (C::Q > 0) swiglu_fp8(t, acc, cwg);
     } else if (op == kSharedGateUp || op == kGateUp) {  // local rows, half-contiguous already
-      __nv_bfloat16* out = t.op == kSharedGateUp
-          ? buf->h_shared + (size_t)t.c_row0 * C::IS + t.c_col0
-          : buf->ring_a + (size_t)t.a_row0 * C::I + t.c_col0;
-      const int ld = t.op == kSharedGateUp ? C::IS : C::I;
-      __nv_bfloat16* pre = t.op == kGateUp && buf->ring_h
-          ? buf->ring_h + (size_t)t.a_row0 * 2 * C::I + t.c_col0 : nullptr;
-      const int n_valid = t.op == kSharedGateUp ? cols_valid<C::IS, BN / 2>(t.c_col0)
-                                                : cols_valid<C::I, BN / 2>(t.c_col0);
+      // (opcodes, not t.op: the op carries kHalfM and other bits)
+      const bool shared = op == kSharedGateUp;
+      __nv_bfloat16* out = shared ? buf->h_shared + (size_t)t.c_row0 * C::IS + t.c_col0
+                                  : buf->ring_a + (size_t)t.a_row0 * C::I + t.c_col0;
+      const int ld = shared ? C::IS : C::I;
+      // the pre-activations, for a backward: routed into ring_h, the shared expert's into
+      // hs_pre (both null when none follows)
+      __nv_bfloat16* pre = shared
+          ? (buf->hs_pre ? buf->hs_pre + (size_t)t.c_row0 * 2 * C::IS + t.c_col0 : nullptr)
+          : (buf->ring_h ? buf->ring_h + (size_t)t.a_row0 * 2 * C::I + t.c_col0 : nullptr);
+      const int n_valid = shared ? cols_valid<C::IS, BN / 2>(t.c_col0)
+                                 : cols_valid<C::I, BN / 2>(t.c_col0);
       store_gate_up<BN, C::Q == 0>(acc, cwg, t.m_valid, pre, out, ld, n_valid);
       fence_proxy_async_global();  // the down GEMM reads these rows through TMA
     } else if (op == kSharedDown) {

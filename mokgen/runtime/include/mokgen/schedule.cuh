@@ -188,14 +188,24 @@ __device__ void schedule_place(const int* __restrict__ routes, const float* __re
 // Unit 0 lists the experts with no rows (their gradient is a zero tile, written by the
 // kernel); unit m+1 the segments that end in minibatch m, by expert.
 // seg = {expert, first row, end row, index | count << 16}; seg_start[u] = segments before
-// unit u, for u in [0, minibatches + 1].
+// unit u, for u in [0, minibatches + 1]. An expert's last segment ends at its last row, not
+// at its padded region's end (the weight gradients' K is a segment's rows, in 64-row steps:
+// a 128-row tile's padding beyond those is not multiplied); the region's last tile holds at
+// least one of its rows, so that end is in the same minibatch as the region's.
+// counts[ranks][L]: each source rank's routes to each local expert (schedule_offsets).
 // The walk is serial (one thread), so it reads the offsets from shared memory, staged by the
 // warp: from global memory every expert cost the thread an L2 round trip.
 template <int L, int B>
-__device__ void schedule_segments(const int* offsets, const int* meta, int slots, int4* segs,
-                                  int* seg_start) {
+__device__ void schedule_segments(const int* offsets, const int* counts, int ranks,
+                                  const int* meta, int slots, int4* segs, int* seg_start) {
   __shared__ int off[L + 1];
+  __shared__ int end[L];
   for (int e = threadIdx.x; e <= L; e += blockDim.x) off[e] = offsets[e];
+  for (int e = threadIdx.x; e < L; e += blockDim.x) {
+    int rows = 0;
+    for (int r = 0; r < ranks; ++r) rows += counts[r * L + e];
+    end[e] = offsets[e] + rows;
+  }
   __syncthreads();
   if (threadIdx.x != 0) return;
   const int rows = meta[0], nm = (rows + B - 1) / B;
@@ -207,8 +217,8 @@ __device__ void schedule_segments(const int* offsets, const int* meta, int slots
   seg_start[1] = n;
   int m_open = 0;  // minibatches whose seg_start is written: [0, m_open)
   for (int e = 0; e < L; ++e) {
-    const int r0 = off[e], r1 = off[e + 1];
-    if (r0 == r1) continue;
+    const int r0 = off[e], r1 = end[e];
+    if (r0 == off[e + 1]) continue;
     const int first = r0 / B, last = (r1 - 1) / B;
     for (int m = whole ? last : first; m <= last; ++m) {
       for (; m_open < m; ++m_open) seg_start[m_open + 2] = n;  // close earlier minibatches
