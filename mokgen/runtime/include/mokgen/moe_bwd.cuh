@@ -429,14 +429,15 @@ struct BwdProblem {
   MOKGEN_DEV Task replay(int m, int i) const {
     const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * (BN / 2);
     const int p0 = m * C::B + rt * BM, e = expert_of(p0);
+    const int short_bit = short_routed_tile<C, k_d>(buf->table, p0);  // before the waits
     if (!wait_ready(m, kPhaseReplay)) return stop_task();
-    return Task{kReplay | kRouted | short_routed_tile<C, k_d>(buf->table, p0),
-                s.slot_row(m) + rt * BM, e * 2 * C::PI + n0, e * 2 * C::PI + C::PI + n0, p0, n0,
+    return Task{kReplay | kRouted | short_bit, s.slot_row(m) + rt * BM, e * 2 * C::PI + n0, e * 2 * C::PI + C::PI + n0, p0, n0,
                 BM, C::Q ? ceil_div(C::D, 128) : k_d};
   }
   MOKGEN_DEV Task routed_dgrad(int m, int i) const {
     const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * BN;
     const int p0 = m * C::B + rt * BM, e = expert_of(p0);
+    const int short_bit = short_routed_tile<C, k_d>(buf->table, p0);  // before the waits
     if (!wait_ready(m, kPhaseDgrad)) return stop_task();
     if constexpr (C::RCPUSH) {  // every owner's dy comm CTAs pushed their rows
       if (!wait_at_least<true>(bxflag(dir->xflags[buf->rank], buf->max_minibatches, kXDyLanded,
@@ -454,13 +455,13 @@ struct BwdProblem {
     if (C::Q > 0)  // B = W2^T [L*PI, PD], K-major
       return Task{kDgrad | kF8 | half_bit<C::I, BN>(n0), s.slot_row(m) + rt * BM,
                   e * C::PI + n0, -1, p0, n0, BM, ceil_div(C::D, 128)};
-    return Task{kDgrad | kBMN | half_bit<C::I, BN>(n0) |
-                    short_routed_tile<C, k_d>(buf->table, p0),
-                s.slot_row(m) + rt * BM, n0, e * C::D, p0, n0, BM, k_d};
+    return Task{kDgrad | kBMN | half_bit<C::I, BN>(n0) | short_bit, s.slot_row(m) + rt * BM,
+                n0, e * C::D, p0, n0, BM, k_d};
   }
   MOKGEN_DEV Task routed_dx(int m, int i) const {
     const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * BN;
     const int p0 = m * C::B + rt * BM, e = expert_of(p0);
+    const int short_bit = short_routed_tile<C, k_i2>(buf->table, p0);  // before the waits
     if (!wait_at_least(dg_done() + m * S::RT_FULL + rt, S::DG_N, buf->rank, kPhaseDx, m))
       return stop_task();
     if constexpr (C::RDPULL) {  // the staging slot's previous rows: pulled by every owner
@@ -474,9 +475,8 @@ struct BwdProblem {
     if (C::Q > 0)  // B = W1^T [L*PD, 2PI], K-major; A = dh [rows, 2PI]
       return Task{kDx | kF8 | half_bit<C::D, BN>(n0), s.slot_row(m) + rt * BM, e * C::PD + n0,
                   -1, p0, n0, BM, 2 * C::PI / 128};
-    return Task{kDx | kBMN | half_bit<C::D, BN>(n0) |
-                    short_routed_tile<C, k_i2>(buf->table, p0),
-                s.slot_row(m) + rt * BM, n0, e * 2 * C::I, p0, n0, BM, k_i2};
+    return Task{kDx | kBMN | half_bit<C::D, BN>(n0) | short_bit, s.slot_row(m) + rt * BM, n0,
+                e * 2 * C::I, p0, n0, BM, k_i2};
   }
 
   // ---------------------------------------------------------------- weight gradients

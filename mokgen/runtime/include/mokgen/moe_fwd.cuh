@@ -215,10 +215,13 @@ MOKGEN_DEV int expert_at(const int* offsets, int row) {
 // tiles, K 6144, saved nothing of the 3% the skipped MMA is). bf16 kernels only (gemm_tile.cuh
 // consume_tile: fp8 kernels run a tile whole).
 constexpr int kShortTileK = 32;  // 2048 of K
+// The table is read-only while a megakernel runs (the schedule kernels wrote it): callers ask
+// before their dependency waits, so its load's latency hides under them (after the waits,
+// the producer's extra round trip per task showed on short tasks: Qwen3-30B's forward).
 template <class C, int KB>
 MOKGEN_DEV int short_routed_tile(const int2* table, int p0) {
   if constexpr (C::Q > 0 || KB > kShortTileK) return 0;
-  else return table[p0 + 64].x < 0 ? kHalfM : 0;
+  else return __ldg(&table[p0 + 64].x) < 0 ? kHalfM : 0;
 }
 template <class C, int KB>
 MOKGEN_DEV int short_shared_tile(int m_valid) {
@@ -359,6 +362,8 @@ struct FwdProblem {
     const int p0 = m * C::B + rt * BM, e = expert_of(p0);
     if (!MOKGEN_OK(p0 + BM <= s.rows && slot_row + BM <= C::B * C::SLOTS, 2, p0, slot_row))
       return stop_task();
+    const int short_bit = gu ? short_routed_tile<C, k_rd>(buf->table, p0)
+                             : short_routed_tile<C, k_ri>(buf->table, p0);
     if (gu) {  // gate/up + SwiGLU of one row tile, BN/2 output columns
       const int n0 = nt * (BN / 2);
       if constexpr (!C::GATHER) {  // gathered: x is there from the start
@@ -373,8 +378,8 @@ struct FwdProblem {
         }
         fence_proxy_async_global();  // ring rows were written by the comm CTAs' plain stores
       }
-      return Task{kGateUp | kRouted | short_routed_tile<C, k_rd>(buf->table, p0), slot_row,
-                  e * 2 * C::PI + n0, e * 2 * C::PI + C::PI + n0, p0, n0, BM, k_rd};
+      return Task{kGateUp | kRouted | short_bit, slot_row, e * 2 * C::PI + n0,
+                  e * 2 * C::PI + C::PI + n0, p0, n0, BM, k_rd};
     }
     if (!wait_at_least(gu_done() + m * S::RT_FULL + rt, S::GU_N, buf->rank, kPhaseDown,
                        m * S::RT_FULL + rt))
@@ -390,9 +395,8 @@ struct FwdProblem {
     fence_proxy_async_global();
     // an edge tile whose second 128-column half is past D is narrow: fp8 tiles then never
     // read B rows there (the next expert's, or past the last one's and its scales')
-    return Task{kDown | kRouted | half_bit<C::D, BN>(nt * BN) |
-                    short_routed_tile<C, k_ri>(buf->table, p0),
-                slot_row, e * C::PD + nt * BN, -1, p0, nt * BN, BM, k_ri};
+    return Task{kDown | kRouted | half_bit<C::D, BN>(nt * BN) | short_bit, slot_row,
+                e * C::PD + nt * BN, -1, p0, nt * BN, BM, k_ri};
   }
 
   // Consumer threads: rows 64 cwg .. of the tile, stored from registers (signal() then
