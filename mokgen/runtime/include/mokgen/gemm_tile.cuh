@@ -84,11 +84,11 @@ static_assert(sizeof(Task) == 32, "Task is 32 bytes");
 MOKGEN_DEV Task stop_task() { return Task{-1, 0, 0, -1, 0, 0, 0, 0}; }
 
 // Operand layout bits of Task::op; the low byte is the Problem's own opcode, and bits
-// kOpUserShift .. 28 are the Problem's to carry what its epilogue needs (op stays >= 0).
-// kHalfN: a narrow edge tile (half_bit below). kHalfM: a short tile (consume_tile).
+// kOpUserShift .. 29 are the Problem's to carry what its epilogue needs (op stays >= 0).
+// kHalfN: a narrow edge tile (half_bit below).
 enum : int {
   kOpcodeMask = 0xff, kBMN = 1 << 8, kAMN = 1 << 9, kF8 = 1 << 10, kOpUserShift = 11,
-  kHalfM = 1 << 29, kHalfN = 1 << 30
+  kHalfN = 1 << 30
 };
 MOKGEN_DEV int opcode(const Task& t) { return t.op & kOpcodeMask; }
 
@@ -463,13 +463,6 @@ MOKGEN_DEV void produce_tile_gather(const Problem& prob, const GemmSmem<Cfg>& sm
 // the named barrier the other warpgroup waits on for its turn, arrived on once the last
 // wgmma is issued, so its first ones queue behind this chain's tail instead of waiting for it.
 // NARROW: a kHalfN task's mainloop, N = BN/2 into the first half of the accumulators.
-// kHalfM (a short tile: the Problem says its rows 64.. are zero rows, e.g. the padding at the
-// end of an expert's region, which dispatch writes as zeros): warpgroup 1 issues no wgmma and
-// only hands each stage back, so warpgroup 0's chains have the tensor core alone and the
-// tile takes half its MMA time. Its accumulators stay as ConsumerAcc zeroed them, which is
-// what the MMA of zero rows gives: the epilogues store the same bits. bf16 kernels only
-// (Cfg::Q == 0): fp8 kernels run such a tile whole, as without the bit (the branch made
-// ptxas spill 8 B in the signal-warp MXFP8 backward).
 // gathered: an operand of the stage was written by cp.async (produce_tile_gather), ordinary
 // writes that the wgmma's async proxy reads only after a proxy fence.
 template <class Cfg, int TA = 0, int TB = 0, bool NARROW = false>
@@ -485,20 +478,8 @@ MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task&
     if (hand_over) named_bar_arrive(hand_over, 256);
     return true;
   }
-  bool ok = true;
-  if constexpr (Cfg::Q == 0) {
-    if (cwg == 1 && (t.op & kHalfM)) {  // zero rows: the stages' handshakes alone
-      for (int kb = 0; kb < t.k_blocks; ++kb) {
-        ok &= mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());
-        __syncwarp();
-        if (lane0) mbar_arrive(&sm.empty()[ps.idx()]);
-        ps.template advance<Cfg::STAGES>();
-      }
-      if (hand_over) named_bar_arrive(hand_over, 256);
-      return ok;
-    }
-  }
   int prev = -1;
+  bool ok = true;
   wgmma_fence_regs(acc);
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     ok &= mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());

@@ -274,11 +274,11 @@ struct BwdProblem {
   // output origin is (a_row0, b_row0) in every kernel, which is where their operands start.
   static constexpr int kWgradWhole = 1 << kOpUserShift, kWgradEmpty = 1 << (kOpUserShift + 1);
   static constexpr int kWgradExpertShift = kOpUserShift + 2;
-  static_assert(!kTmaWgrad || C::L <= (1 << (29 - kWgradExpertShift)),
-                "the expert fits the op's bits (below kHalfM)");
+  static_assert(!kTmaWgrad || C::L <= (1 << (30 - kWgradExpertShift)),
+                "the expert fits the op's bits (below kHalfN)");
   static constexpr int kWgradBufs = Cfg::EPI_BYTES / 2 / 8192;
-  static MOKGEN_DEV int wgrad_expert(const Task& t) {  // below kHalfM (never set on them)
-    return (kNarrowTiles ? t.op & (kHalfM - 1) : t.op) >> kWgradExpertShift;
+  static MOKGEN_DEV int wgrad_expert(const Task& t) {  // below a narrow tile's kHalfN
+    return (kNarrowTiles ? t.op & (kHalfN - 1) : t.op) >> kWgradExpertShift;
   }
 
   // counters: [0] tasks | ready[MB] | r_done[MB*RT] | dg_done[MB*RT] | fin_done[MB]
@@ -397,25 +397,21 @@ struct BwdProblem {
 
   MOKGEN_DEV Task shared_gate_up(int i) const {
     const int rt = i % s.shared_rt, n0 = (i / s.shared_rt) * (BN / 2), r0 = rt * BM;
-    return Task{kSGateUp | short_shared_tile<C, k_d>(valid_rows(r0)), r0, n0, C::IS + n0, r0,
-                n0, valid_rows(r0), k_d};
+    return Task{kSGateUp, r0, n0, C::IS + n0, r0, n0, valid_rows(r0), k_d};
   }
   MOKGEN_DEV Task shared_dgrad(int i) const {
     const int rt = i % s.shared_rt, n0 = (i / s.shared_rt) * BN, r0 = rt * BM;
     if (!s.shared_kept &&
         !wait_at_least(sr_done() + rt, S::SGU_N, buf->rank, kPhaseSDgrad, rt))
       return stop_task();
-    return Task{kSDgrad | kBMN | half_bit<C::IS, BN>(n0) |
-                    short_shared_tile<C, k_d>(valid_rows(r0)),
-                r0, n0, 0, r0, n0, valid_rows(r0), k_d};
+    return Task{kSDgrad | kBMN | half_bit<C::IS, BN>(n0), r0, n0, 0, r0, n0, valid_rows(r0),
+                k_d};
   }
   MOKGEN_DEV Task shared_dx(int i) const {
     const int rt = i % s.shared_rt, n0 = (i / s.shared_rt) * BN, r0 = rt * BM;
     if (!wait_at_least(sdg_done() + rt, S::SDG_N, buf->rank, kPhaseSDx, rt)) return stop_task();
     fence_proxy_async_global();  // dh was written by generic stores; TMA reads it
-    return Task{kSDx | kBMN | half_bit<C::D, BN>(n0) |
-                    short_shared_tile<C, k_is2>(valid_rows(r0)),
-                r0, n0, 0, r0, n0, valid_rows(r0), k_is2};
+    return Task{kSDx | kBMN | half_bit<C::D, BN>(n0), r0, n0, 0, r0, n0, valid_rows(r0), k_is2};
   }
 
   // ---------------------------------------------------------------- routed minibatch m
@@ -429,15 +425,13 @@ struct BwdProblem {
   MOKGEN_DEV Task replay(int m, int i) const {
     const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * (BN / 2);
     const int p0 = m * C::B + rt * BM, e = expert_of(p0);
-    const int short_bit = short_routed_tile<C, k_d>(buf->table, p0);  // before the waits
     if (!wait_ready(m, kPhaseReplay)) return stop_task();
-    return Task{kReplay | kRouted | short_bit, s.slot_row(m) + rt * BM, e * 2 * C::PI + n0, e * 2 * C::PI + C::PI + n0, p0, n0,
-                BM, C::Q ? ceil_div(C::D, 128) : k_d};
+    return Task{kReplay | kRouted, s.slot_row(m) + rt * BM, e * 2 * C::PI + n0,
+                e * 2 * C::PI + C::PI + n0, p0, n0, BM, C::Q ? ceil_div(C::D, 128) : k_d};
   }
   MOKGEN_DEV Task routed_dgrad(int m, int i) const {
     const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * BN;
     const int p0 = m * C::B + rt * BM, e = expert_of(p0);
-    const int short_bit = short_routed_tile<C, k_d>(buf->table, p0);  // before the waits
     if (!wait_ready(m, kPhaseDgrad)) return stop_task();
     if constexpr (C::RCPUSH) {  // every owner's dy comm CTAs pushed their rows
       if (!wait_at_least<true>(bxflag(dir->xflags[buf->rank], buf->max_minibatches, kXDyLanded,
@@ -455,13 +449,12 @@ struct BwdProblem {
     if (C::Q > 0)  // B = W2^T [L*PI, PD], K-major
       return Task{kDgrad | kF8 | half_bit<C::I, BN>(n0), s.slot_row(m) + rt * BM,
                   e * C::PI + n0, -1, p0, n0, BM, ceil_div(C::D, 128)};
-    return Task{kDgrad | kBMN | half_bit<C::I, BN>(n0) | short_bit, s.slot_row(m) + rt * BM,
-                n0, e * C::D, p0, n0, BM, k_d};
+    return Task{kDgrad | kBMN | half_bit<C::I, BN>(n0), s.slot_row(m) + rt * BM, n0, e * C::D,
+                p0, n0, BM, k_d};
   }
   MOKGEN_DEV Task routed_dx(int m, int i) const {
     const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * BN;
     const int p0 = m * C::B + rt * BM, e = expert_of(p0);
-    const int short_bit = short_routed_tile<C, k_i2>(buf->table, p0);  // before the waits
     if (!wait_at_least(dg_done() + m * S::RT_FULL + rt, S::DG_N, buf->rank, kPhaseDx, m))
       return stop_task();
     if constexpr (C::RDPULL) {  // the staging slot's previous rows: pulled by every owner
@@ -475,8 +468,8 @@ struct BwdProblem {
     if (C::Q > 0)  // B = W1^T [L*PD, 2PI], K-major; A = dh [rows, 2PI]
       return Task{kDx | kF8 | half_bit<C::D, BN>(n0), s.slot_row(m) + rt * BM, e * C::PD + n0,
                   -1, p0, n0, BM, 2 * C::PI / 128};
-    return Task{kDx | kBMN | half_bit<C::D, BN>(n0) | short_bit, s.slot_row(m) + rt * BM, n0,
-                e * 2 * C::I, p0, n0, BM, k_i2};
+    return Task{kDx | kBMN | half_bit<C::D, BN>(n0), s.slot_row(m) + rt * BM, n0, e * 2 * C::I,
+                p0, n0, BM, k_i2};
   }
 
   // ---------------------------------------------------------------- weight gradients

@@ -203,32 +203,6 @@ MOKGEN_DEV int expert_at(const int* offsets, int row) {
   return last_at_most(0, L - 1, row, [&](int e) { return offsets[e]; });
 }
 
-// kHalfM (gemm_tile.cuh: warpgroup 1 skips its MMA) where a row tile's rows 64.. are zero
-// rows. A routed tile at layout row p0: when row p0 + 64 is padding, so are the rest (an
-// expert's region is padded to whole tiles, its padding last, and dispatch writes padding
-// rows as zeros, gathered rows likewise); in half of the experts' last tiles on average.
-// The shared expert's last tile: rows past the tokens, which TMA zero-fills. Only for a K of
-// at most kShortTileK blocks (KB, the op's K blocks): a short tile runs through K twice as
-// fast as the tiles beside it that stream the same weight panel, and past that K the panel
-// no longer stays in L2 for them (traced on an H200, Mixtral-8x22B: its down tiles, K 16384,
-// and dx tiles, K 32768, spent 4-5% more in their mainloops with short tiles, its gate/up
-// tiles, K 6144, saved nothing of the 3% the skipped MMA is). bf16 kernels only (gemm_tile.cuh
-// consume_tile: fp8 kernels run a tile whole).
-constexpr int kShortTileK = 32;  // 2048 of K
-// The table is read-only while a megakernel runs (the schedule kernels wrote it): callers ask
-// before their dependency waits, so its load's latency hides under them (after the waits,
-// the producer's extra round trip per task showed on short tasks: Qwen3-30B's forward).
-template <class C, int KB>
-MOKGEN_DEV int short_routed_tile(const int2* table, int p0) {
-  if constexpr (C::Q > 0 || KB > kShortTileK) return 0;
-  else return __ldg(&table[p0 + 64].x) < 0 ? kHalfM : 0;
-}
-template <class C, int KB>
-MOKGEN_DEV int short_shared_tile(int m_valid) {
-  if constexpr (C::Q > 0 || KB > kShortTileK) return 0;
-  else return m_valid <= 64 ? kHalfM : 0;
-}
-
 // Tile-local row / column of accumulator register pair r (layout: gemm_tile.cuh).
 MOKGEN_DEV int acc_row(int r) {
   const int w = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
@@ -343,14 +317,13 @@ struct FwdProblem {
     const int valid = min(BM, buf->n_tokens - r0);
     if (gu) {  // shared gate/up + SwiGLU -> h_shared
       const int n0 = nt * (BN / 2);
-      return Task{kSharedGateUp | short_shared_tile<C, k_d>(valid), r0, n0, C::IS + n0, r0, n0,
-                  valid, k_d};
+      return Task{kSharedGateUp, r0, n0, C::IS + n0, r0, n0, valid, k_d};
     }
     if (!wait_at_least(sgu_done() + rt, S::SGU_N, buf->rank, kPhaseSharedDown, rt))
       return stop_task();
     fence_proxy_async_global();  // h_shared was written by generic stores; TMA reads it
-    return Task{kSharedDown | half_bit<C::D, BN>(nt * BN) | short_shared_tile<C, k_is>(valid), r0,
-                nt * BN, -1, r0, nt * BN, valid, k_is};
+    return Task{kSharedDown | half_bit<C::D, BN>(nt * BN), r0, nt * BN, -1, r0, nt * BN, valid,
+                k_is};
   }
 
   MOKGEN_DEV Task routed_task(int q, bool gu, int i) const {
@@ -362,8 +335,6 @@ struct FwdProblem {
     const int p0 = m * C::B + rt * BM, e = expert_of(p0);
     if (!MOKGEN_OK(p0 + BM <= s.rows && slot_row + BM <= C::B * C::SLOTS, 2, p0, slot_row))
       return stop_task();
-    const int short_bit = gu ? short_routed_tile<C, k_rd>(buf->table, p0)
-                             : short_routed_tile<C, k_ri>(buf->table, p0);
     if (gu) {  // gate/up + SwiGLU of one row tile, BN/2 output columns
       const int n0 = nt * (BN / 2);
       if constexpr (!C::GATHER) {  // gathered: x is there from the start
@@ -378,8 +349,8 @@ struct FwdProblem {
         }
         fence_proxy_async_global();  // ring rows were written by the comm CTAs' plain stores
       }
-      return Task{kGateUp | kRouted | short_bit, slot_row, e * 2 * C::PI + n0,
-                  e * 2 * C::PI + C::PI + n0, p0, n0, BM, k_rd};
+      return Task{kGateUp | kRouted, slot_row, e * 2 * C::PI + n0, e * 2 * C::PI + C::PI + n0,
+                  p0, n0, BM, k_rd};
     }
     if (!wait_at_least(gu_done() + m * S::RT_FULL + rt, S::GU_N, buf->rank, kPhaseDown,
                        m * S::RT_FULL + rt))
@@ -395,8 +366,8 @@ struct FwdProblem {
     fence_proxy_async_global();
     // an edge tile whose second 128-column half is past D is narrow: fp8 tiles then never
     // read B rows there (the next expert's, or past the last one's and its scales')
-    return Task{kDown | kRouted | half_bit<C::D, BN>(nt * BN) | short_bit, slot_row,
-                e * C::PD + nt * BN, -1, p0, nt * BN, BM, k_ri};
+    return Task{kDown | kRouted | half_bit<C::D, BN>(nt * BN), slot_row, e * C::PD + nt * BN,
+                -1, p0, nt * BN, BM, k_ri};
   }
 
   // Consumer threads: rows 64 cwg .. of the tile, stored from registers (signal() then
@@ -411,7 +382,6 @@ struct FwdProblem {
     if (C::Q > 0 && op == kGateUp) {
       if constexpr (C::Q > 0) swiglu_fp8(t, acc, cwg);
     } else if (op == kSharedGateUp || op == kGateUp) {  // local rows, half-contiguous already
-      // (opcodes, not t.op: the op carries kHalfM and other bits)
       const bool shared = op == kSharedGateUp;
       __nv_bfloat16* out = shared ? buf->h_shared + (size_t)t.c_row0 * C::IS + t.c_col0
                                   : buf->ring_a + (size_t)t.a_row0 * C::I + t.c_col0;
