@@ -147,6 +147,30 @@ def test_weight_gradient_sums_get_slots_of_their_own(kind, L, B, rng):
         assert len(owner) <= max(nm - 1, 0)
 
 
+@pytest.mark.parametrize("B,slots", [(256, 64), (256, 2), (128, 3)])
+def test_weight_gradient_segments_end_at_each_experts_last_row(B, slots, rng):
+    """The weight gradients' K stops at an expert's last row, not at its tile-padded
+    region's end (schedule.cuh schedule_segments): the last segment of every expert with rows
+    ends at offsets[e] + counts[e], in the minibatch its region ends in, and the segments of
+    an expert cover its rows once, in order."""
+    from mokgen.schedule import weight_gradient_segments
+
+    for _ in range(20):
+        counts = torch.randint(0, 3 * B, (12,), generator=rng)
+        counts[::5] = 0
+        padded = (counts + 127) // 128 * 128
+        offsets = [0] + torch.cumsum(padded, 0).tolist()
+        segs, _ = weight_gradient_segments(offsets, counts.tolist(), B, slots)
+        for e, c in enumerate(counts.tolist()):
+            mine = [s for s in segs if s[0] == e]
+            if c == 0:
+                assert mine == [(e, 0, 0, 1 << 16)]
+                continue
+            assert mine[0][1] == offsets[e] and mine[-1][2] == offsets[e] + c
+            assert (mine[-1][2] - 1) // B == (offsets[e + 1] - 1) // B
+            assert all(a[2] == b[1] for a, b in zip(mine, mine[1:]))
+
+
 def test_wg_acc_shrinks_to_the_minibatch_boundaries():
     """kimi-k2.7's ep8 load as the directions ablation plans it (48 local experts, 16k rows in
     minibatches of 1408): 11 running sums instead of 48."""
