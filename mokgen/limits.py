@@ -36,7 +36,7 @@ DIRECTIONS = {"dispatch": ("pull", "push"), "combine": ("push", "pull"),
 # together (the backward's weight gradients gather the x the forward's ring no longer holds).
 GATHER = "gather"
 GATHERED = ("dispatch", "reverse_combine")
-# GEMM tiles (gemm_tile.cuh GemmCfg; one per kernel, every GEMM op of a direction shares it):
+# GEMM tiles (gemm_types.cuh GemmCfg; one per kernel, every GEMM op of a direction shares it):
 # BM is fixed by the engine, two consumer warpgroups of 64 rows (wgmma m64). BN: the engine
 # also has N = 128, but the fp8 tiles are two 128-column halves and the host's tensor maps
 # have B boxes of BN and BN / 2 rows (runtime/moe.py, moe_bwd.py), all built for 256.
@@ -61,7 +61,7 @@ def _widths(plan: "Plan") -> list[tuple[str, int]]:
 def forward_width_rules(plan: "Plan") -> list[tuple[str, int, int, str]]:
     """(field, value, multiple it must be, why) for the forward and the prologue. A width
     that is not a multiple of its tile ends in an edge tile whose columns (rows) past it are
-    dropped, and TMA zero-fills K tails (gemm_tile.cuh cols_valid); what remains:"""
+    dropped, and TMA zero-fills K tails (gemm_epilogue.cuh cols_valid); what remains:"""
     why = "rows move as 16-byte vectors and TMA strides are multiples of 16 bytes"
     rules = [(f, v, 8, why) for f, v in _widths(plan)]
     if plan.scale_block:  # the routed experts' e4m3 tiles (the shared expert stays bf16);

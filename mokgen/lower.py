@@ -41,7 +41,7 @@ _VARIANT = {"dispatch": ("dispatch_push", "push"), "combine": ("combine_pull", "
 
 
 def wgrad_stage_bytes(gemm: ir.GemmConfig, smem: int = 227 * 1024) -> int:
-    """Shared memory for the weight gradients' staged boxes (gemm_tile.cuh store_rows_tma:
+    """Shared memory for the weight gradients' staged boxes (gemm_epilogue.cuh store_rows_tma:
     8 KB each, half of them a consumer warpgroup's): a row block's every chunk (BN / 64
     boxes a warpgroup, so a tile never waits on its own stores) where the stages leave room
     for it, else two a warpgroup (4 stages of 128 x 256: each chunk waits for the one before

@@ -203,7 +203,7 @@ def gemm_test_module(tmp_path):
 def test_gemm_engine_transposed_operands(tmp_path, trans, n):
     """The engine's MN-major paths alone: C = A B^T with B given as [K, N] (trans 1) or A as
     [K, M] and B as [K, N] (trans 2). N = 384: the last 256-wide tile is an edge tile of 128
-    columns, run narrow (N = 128, two of its four B boxes not loaded: gemm_tile.cuh
+    columns, run narrow (N = 128, two of its four B boxes not loaded: gemm_epilogue.cuh
     half_bit), as in the backward for widths that are odd multiples of 128."""
     from mokgen.runtime import cuda as mc
 

@@ -75,7 +75,7 @@ COMM_OF_KIND = {
 
 
 class GemmConfig(NamedTuple):
-    """A GEMM operator's tile (runtime/include/mokgen/gemm_tile.cuh GemmCfg): `bm` x `bn`
+    """A GEMM operator's tile (runtime/include/mokgen/gemm_types.cuh GemmCfg): `bm` x `bn`
     outputs per CTA tile, `stages` K-slices in flight in shared memory, and the consumer
     schedule: `pingpong` runs a tile's two 64-row halves one after the other on the two
     consumer warpgroups, so one's epilogue overlaps the other's MMA (False: both halves at

@@ -1,5 +1,5 @@
 """The tile of each GEMM op: BM x BN outputs per CTA tile and the K-slices in flight
-(gemm_tile.cuh GemmCfg). Codegen instantiates one tile engine per kernel from its ops' tiles;
+(gemm_types.cuh GemmCfg). Codegen instantiates one tile engine per kernel from its ops' tiles;
 the granularity pass sizes minibatches in whole BM tiles.
 
 The default is the one configuration the kernels are tuned for (mokgen.limits.DEFAULT_GEMM);

@@ -117,7 +117,7 @@ def phase_text(code: int) -> str:
 
 
 # Timing-only kernel variants a plan may ask for (Plan.profile): name -> the bit of
-# gemm_tile.cuh's Profile that codegen sets in GemmCfg's PROF.
+# gemm_types.cuh's Profile that codegen sets in GemmCfg's PROF.
 PROFILES = {"no_routed_wgrad": ("kProfNoRoutedWgrad", 1), "no_dh_quant": ("kProfNoDhQuant", 2),
             "fp8_no_promote": ("kProfFp8NoPromote", 4),
             "fp8_plain_epilogue": ("kProfFp8PlainEpilogue", 8),
@@ -137,9 +137,9 @@ PROFILES = {"no_routed_wgrad": ("kProfNoRoutedWgrad", 1), "no_dh_quant": ("kProf
 FWD_OPS = {"kSharedGateUp": 0, "kSharedDown": 1, "kGateUp": 2, "kDown": 3}
 BWD_OPS = {"kSGateUp": 0, "kSDgrad": 1, "kSDx": 2, "kSWgrad2": 3, "kSWgrad1": 4,
            "kReplay": 5, "kDgrad": 6, "kDx": 7, "kWgrad2": 8, "kWgrad1": 9}
-OPCODE_MASK = 0xff  # gemm_tile.cuh kOpcodeMask: the opcode's bits of Task::op
-F8_TASK = 1 << 10  # gemm_tile.cuh kF8: an fp8 tile (its K blocks are 128 wide)
-HALF_N_TASK = 1 << 30  # gemm_tile.cuh kHalfN: a narrow edge tile (its mainloop is BN/2 wide)
+OPCODE_MASK = 0xff  # gemm_types.cuh kOpcodeMask: the opcode's bits of Task::op
+F8_TASK = 1 << 10  # gemm_types.cuh kF8: an fp8 tile (its K blocks are 128 wide)
+HALF_N_TASK = 1 << 30  # gemm_types.cuh kHalfN: a narrow edge tile (its mainloop is BN/2 wide)
 
 # The `trace` profile's buffer (trace.cuh): kTraceRecs records per CTA of kTraceWords 64-bit
 # words, the words in TRACE_FIELDS order (kTrOp: Task::op, K blocks << 32; the rest clocks).

@@ -73,7 +73,7 @@ MOKGEN_DEV float group_max(float v) {
 }
 
 // One Q-column block of a row that the 4 lanes of a quad hold in the wgmma accumulator layout
-// (gemm_tile.cuh): this thread's two values of 8-column group g are pair(g), at columns
+// (gemm_epilogue.cuh): this thread's two values of 8-column group g are pair(g), at columns
 // 8 g + 2 (lane % 4) and + 1; the block is groups g0 .. g0 + Q/8 - 1. Quantized into the row
 // `out` (byte 0 = group 0's column 0); returns the block's scale. Every lane of the warp calls
 // it (the amax is a thread max plus two quad shuffles).

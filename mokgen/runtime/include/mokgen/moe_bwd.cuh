@@ -25,7 +25,7 @@
 //       when the ring holds every minibatch (the planned case), else its rows inside one
 //       minibatch; an expert's segments are summed in minibatch order through an fp32
 //       buffer, each output tile waiting for the previous segment's: fixed order, no atomics.
-// fp8 plans (FwdConsts::Q > 0) run R, DG and DX of the routed experts in e4m3 (gemm_tile.cuh),
+// fp8 plans (FwdConsts::Q > 0) run R, DG and DX of the routed experts in e4m3 (gemm_fp8.cuh),
 // the weight gradients and the shared expert stay bf16: the comm CTAs pull x and dy as bf16
 // and also quantize them per token into e4m3 rings (the same bits as the forward's, so the
 // replay reproduces its pre-activations), the DG epilogue quantizes dh along 2I, and DG / DX
@@ -133,7 +133,7 @@ struct Fp8BwdMaps {
 };
 
 // Widths that are not multiples of the tile end in an edge tile (cols_valid / rows_valid,
-// gemm_tile.cuh): gate/up across I (IS), dgrad and dW2 across I, dx and dW1 across D, the
+// gemm_epilogue.cuh): gate/up across I (IS), dgrad and dW2 across I, dx and dW1 across D, the
 // shared expert's across IS and D; the weight gradients' M (D, 2I, 2IS) likewise.
 template <class C, class Cfg>
 struct BwdSchedule {
@@ -266,7 +266,7 @@ struct BwdProblem {
   // need of its segment travels in the task (the producer read the segment anyway), so
   // neither reads it from global memory when the segment is its expert's only one: a
   // dependent load at each short-K tile's end, in its warpgroup's way (trace.py: the
-  // signal's 0.5 us a tile). The op's bits above kOpUserShift (gemm_tile.cuh): the segment
+  // signal's 0.5 us a tile). The op's bits above kOpUserShift (gemm_types.cuh): the segment
   // is the expert's only one (whole), it has no rows (empty: a zero tile), the expert; c_col0
   // holds the minibatch its unit closes (the fin_done count its signal adds to). The fp8
   // kernels (no staging, no such fast path) read the segment as before: the bits' producer

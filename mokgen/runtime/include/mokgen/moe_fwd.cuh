@@ -12,7 +12,7 @@
 // every task waits only on tasks earlier in the list or on comm, so taking them in any
 // interleaving cannot deadlock and every output element is computed by exactly one tile in
 // a fixed K order: the result is bitwise reproducible. There is no cross-rank wait inside.
-// fp8 plans (FwdConsts::Q > 0) run the routed tiles in e4m3 (gemm_tile.cuh): the comm CTAs
+// fp8 plans (FwdConsts::Q > 0) run the routed tiles in e4m3 (gemm_fp8.cuh): the comm CTAs
 // pull rows their owners quantized (fp8.cuh), the gate/up epilogue quantizes the SwiGLU
 // output for the down GEMM; the shared expert's tiles stay bf16.
 #pragma once
@@ -130,7 +130,7 @@ template <class C, class Cfg>
 struct FwdSchedule {
   static constexpr int BM = Cfg::BM, BN = Cfg::BN;
   // tiles per row tile; a width that is not a multiple of the tile ends in an edge tile
-  // (cols_valid, gemm_tile.cuh)
+  // (cols_valid, gemm_epilogue.cuh)
   static constexpr int GU_N = ceil_div(C::I, BN / 2);  // gate/up (BN/2 outputs each)
   static constexpr int DN_N = ceil_div(C::D, BN);      // down
   static constexpr int SGU_N = ceil_div(C::IS, BN / 2);
@@ -203,7 +203,7 @@ MOKGEN_DEV int expert_at(const int* offsets, int row) {
   return last_at_most(0, L - 1, row, [&](int e) { return offsets[e]; });
 }
 
-// Tile-local row / column of accumulator register pair r (layout: gemm_tile.cuh).
+// Tile-local row / column of accumulator register pair r (layout: gemm_epilogue.cuh).
 MOKGEN_DEV int acc_row(int r) {
   const int w = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
   return 16 * w + (l >> 2) + 8 * ((r >> 1) & 1);

@@ -6,7 +6,7 @@
 //                    (trans=1) or A as [K,M] and B as [K,N] (trans=2), as the backward uses.
 //                    N need not be a multiple of BN: the last tile is an edge tile (its B
 //                    columns past N zero-filled by TMA, its columns past N not stored); one
-//                    with at most BN/2 columns runs narrow (kHalfN, gemm_tile.cuh half_bit).
+//                    with at most BN/2 columns runs narrow (kHalfN, gemm_epilogue.cuh half_bit).
 //   gemm_swiglu    : grouped: rows [off[e], off[e+1]) of X[M,D] times expert e's stacked
 //                    w13[e] = [gate I rows; up I rows] -> H[M,I] = silu(X Wg^T) * (X Wu^T).
 //   gemm_down      : grouped: H[M,I] times w2[e][D,I]^T, times a per-row fp32 scale -> Y[M,D].

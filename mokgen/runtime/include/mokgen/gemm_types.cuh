@@ -1,0 +1,193 @@
+// mokgen/gemm_types.cuh -- the GEMM tile engine's vocabulary: tasks and their operand bits,
+// ring state, the engine configuration (GemmCfg), its shared-memory layout (GemmSmem) and the
+// consumer warpgroups' named barriers. gemm_tile.cuh (the engine), gemm_fp8.cuh (its e4m3
+// tiles) and gemm_epilogue.cuh (the accumulators' walkers and stores) share them.
+#pragma once
+#include <cuda_bf16.h>
+
+#include "mokgen/ptx.cuh"
+
+namespace mokgen {
+
+__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// A unit of work. Kept to 8 ints (32 B) so a channel slot is two 16 B smem accesses.
+struct Task {
+  int op;        // < 0: stop (no more work for this CTA); >= 0: user opcode (picks maps/epilogue)
+  int a_row0;    // first A row (TMA zero-fills rows past the tensor end)
+  int b_row0;    // first B row (expert e: e * rows_per_expert + n offset)
+  int b_row1;    // dual-B only: first row of the second B half (up proj.); -1 = single B
+  int c_row0;    // output row origin, for the epilogue
+  int c_col0;    // output column origin, for the epilogue
+  int m_valid;   // rows of this tile that exist (<= BM); the epilogue never sees the others
+  int k_blocks;  // ceil(K / 64); TMA zero-fills a K tail
+};
+static_assert(sizeof(Task) == 32, "Task is 32 bytes");
+
+MOKGEN_DEV Task stop_task() { return Task{-1, 0, 0, -1, 0, 0, 0, 0}; }
+
+// Operand layout bits of Task::op; the low byte is the Problem's own opcode, and bits
+// kOpUserShift .. 29 are the Problem's to carry what its epilogue needs (op stays >= 0).
+// kHalfN: a narrow edge tile (gemm_epilogue.cuh half_bit).
+enum : int {
+  kOpcodeMask = 0xff, kBMN = 1 << 8, kAMN = 1 << 9, kF8 = 1 << 10, kOpUserShift = 11,
+  kHalfN = 1 << 30
+};
+MOKGEN_DEV int opcode(const Task& t) { return t.op & kOpcodeMask; }
+
+// Slot index + parity of a ring of S mbarrier-guarded slots, in one register (parity in
+// bit 31): the fp8 consumer holds two of these beside 192 accumulators.
+struct PipeState {
+  uint32_t bits = 0;
+  MOKGEN_DEV uint32_t idx() const { return bits & 0x7fffffffu; }
+  MOKGEN_DEV uint32_t phase() const { return bits >> 31; }
+  template <int S>
+  MOKGEN_DEV void advance() {
+    bits = idx() + 1 == S ? (bits & 0x80000000u) ^ 0x80000000u : bits + 1;
+  }
+  // n slots at once (ping-pong: past the other warpgroup's half of a task)
+  template <int S>
+  MOKGEN_DEV void advance_by(int n) {
+    const uint32_t i = idx() + (uint32_t)n, wraps = i / S;
+    bits = ((bits & 0x80000000u) ^ ((wraps & 1u) << 31)) | (i - wraps * S);
+  }
+};
+
+// Profiling variants: a plan's `profile` (runtime/abi.py PROFILES), rendered by codegen as a
+// mask. Timing-only builds whose results are wrong; 0 in every other plan, where each branch
+// on it folds away at compile time.
+enum Profile : unsigned {
+  kProfNoRoutedWgrad = 1u,    // the backward skips the routed weight-gradient tiles
+  kProfNoDhQuant = 2u,        // the fp8 dgrad epilogue does not quantize dh
+  kProfFp8NoPromote = 4u,     // fp8 tiles: the wgmma stream alone, no scale promotion
+  kProfFp8PlainEpilogue = 8u,  // the fp8 forward's gate/up epilogue: no SwiGLU, no quantization
+  kProfNoWgradEpilogue = 16u,  // the routed weight-gradient tiles: mainloop, no epilogue
+  kProfNoBwdEpilogues = 32u,   // every backward tile: mainloop, no epilogue (signals still go)
+  kProfNoWgradWaits = 64u,     // the routed weight-gradient tasks start without their waits
+  kProfNoFwdEpilogues = 128u,  // every forward tile: mainloop, no epilogue (signals still go)
+  kProfTrace = 256u,           // per-task timestamps into mokgen_trace (trace.cuh); results right
+  kProfNoDgradLoads = 512u,    // the routed SwiGLU backward (bf16): d_a stands in for g / u
+  kProfNoDgradStores = 1024u   // ... and stores neither dh nor w a (results wrong)
+};
+
+template <int BN_, int STAGES_, int Q_ = 0, unsigned PROF_ = 0, int TASK_SLOTS_ = 4,
+          bool PINGPONG_ = false, bool SIGNAL_WARP_ = false, int EPI_BYTES_ = 0>
+struct GemmCfg {
+  static constexpr int BM = 128, BK = 64, BN = BN_, Q = Q_;
+  static constexpr unsigned PROF = PROF_;
+  static constexpr bool TRACE = (PROF & kProfTrace) != 0;  // per-task clocks (trace.cuh)
+  static constexpr int STAGES = STAGES_, TASK_SLOTS = TASK_SLOTS_;
+  static constexpr bool PINGPONG = PINGPONG_;
+  // a warp of the producer warpgroup raises each task's completion signal (signal_warp)
+  static constexpr bool SIGNAL_WARP = SIGNAL_WARP_;
+  // shared memory the Problem's epilogues stage tiles in (GemmSmem::epi), after the rest
+  static constexpr int EPI_BYTES = EPI_BYTES_;
+  static constexpr int kThreads = 384;
+  static constexpr int kConsumerWarps = 8;
+  // warps that read (and free) each ring stage: both consumer warpgroups, or in ping-pong the
+  // one whose half-tile the stage holds
+  static constexpr int kStageReaders = PINGPONG ? 4 : 8;
+  static constexpr int kAccRegs = BN / 2;  // fp32 accumulators per consumer thread
+  static constexpr int A_BYTES = BM * BK * 2;
+  static constexpr int B_BYTES = BN * BK * 2;
+  static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+  // fp8 slices: 128 e4m3 along K in the same A / B bytes; scales per slice (fp32): A per row
+  // and 32-step ([128/Q][BM]), B per column and 32-step for MX only ([2 halves][4][128])
+  static constexpr int BK8 = 128;
+  static constexpr int kScratch = Q ? 64 : 0;  // fp8 scratch accumulators (after kAccRegs)
+  static constexpr int SA_BYTES = Q ? BM * (BK8 / Q) * 4 : 0;
+  static constexpr int SB_BYTES = Q == 32 ? BN * (BK8 / Q) * 4 : 0;
+  static constexpr int SC_BYTES = SA_BYTES + SB_BYTES;
+  static constexpr int BAR_BYTES = 8 * (2 * STAGES + 2 * TASK_SLOTS);
+  // 1024 B of slack: the 128B-swizzle atom must be 1024-aligned and the dynamic smem base is
+  // not guaranteed to be.
+  static constexpr int ENGINE_BYTES = STAGES * (STAGE_BYTES + SC_BYTES) + BAR_BYTES +
+                                      32 * TASK_SLOTS + (SIGNAL_WARP ? 16 : 0);
+  static constexpr int EPI_AT = (ENGINE_BYTES + 1023) / 1024 * 1024;  // 1024-aligned
+  static constexpr int SMEM_BYTES = 1024 + (EPI_BYTES ? EPI_AT + EPI_BYTES : ENGINE_BYTES);
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  // producer warps that gather rows (produce_tile_gather) compute their addresses beside the
+  // Problem's schedule state: 40 spilled the backward with a shared expert (nvcc 13.0), 56
+  // leaves the consumers 224, where none of their code spills
+  static constexpr int kGatherProducerRegs = 56, kGatherConsumerRegs = 224;
+  static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for N = 128, 256");
+  static_assert(STAGE_BYTES % 1024 == 0, "stages keep 1024 B alignment");
+  static_assert(Q == 0 || ((Q == 128 || Q == 32) && BN == 256 && BM * BK8 == A_BYTES),
+                "fp8 tiles: Q = 128 or 32, two 128-column halves, slices as large as bf16's");
+  // setmaxnreg moves registers inside the CTA's pool, which holds what the launch allocated
+  // (__launch_bounds__(384, 1): 168 a thread): a request past it waits forever
+  static constexpr int kPool = 168 * kThreads;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= kPool, "register pool");
+  static_assert(kGatherProducerRegs * 128 + kGatherConsumerRegs * 256 <= kPool, "register pool");
+  static_assert(!(PINGPONG && SIGNAL_WARP), "the signal warp serves the cooperative schedule");
+  static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block (sm_90)");
+};
+
+// Pointers carved out of dynamic shared memory. Ring stage s: A at stage(s), B right after.
+// Only the ring base is held; everything else is a constant offset from it (a consumer
+// thread is short of registers: the fp8 tiles use 192 for accumulators).
+template <class Cfg>
+struct GemmSmem {
+  uint8_t* ring;
+  static constexpr int kBarsAt = Cfg::STAGES * Cfg::STAGE_BYTES;  // barriers after the ring
+
+  // [STAGES] TMA bytes landed (count 1 + tx)
+  MOKGEN_DEV uint64_t* full() const { return reinterpret_cast<uint64_t*>(ring + kBarsAt); }
+  // [STAGES] consumers done reading (count = consumer warps)
+  MOKGEN_DEV uint64_t* empty() const { return full() + Cfg::STAGES; }
+  // [TASK_SLOTS] task published (count 1) / task done with by all consumer warps
+  MOKGEN_DEV uint64_t* task_full() const { return empty() + Cfg::STAGES; }
+  MOKGEN_DEV uint64_t* task_empty() const { return task_full() + Cfg::TASK_SLOTS; }
+  MOKGEN_DEV Task* tasks() const {  // [TASK_SLOTS]
+    return reinterpret_cast<Task*>(task_empty() + Cfg::TASK_SLOTS);
+  }
+  MOKGEN_DEV float* scales() const {  // [STAGES][SC_BYTES / 4] fp8 scales of each stage
+    return reinterpret_cast<float*>(tasks() + Cfg::TASK_SLOTS);
+  }
+  // [EPI_BYTES] the Problem's epilogue staging (1024-aligned: 128B-swizzled TMA boxes)
+  MOKGEN_DEV uint8_t* epi() const { return ring + Cfg::EPI_AT; }
+  // SIGNAL_WARP: set by a consumer whose mainloop timed out (the signal warp then stops)
+  MOKGEN_DEV int* stopped() const {
+    return reinterpret_cast<int*>(scales() + Cfg::STAGES * (Cfg::SC_BYTES / 4));
+  }
+
+  MOKGEN_DEV uint8_t* a_stage(int s) const { return ring + s * Cfg::STAGE_BYTES; }
+  MOKGEN_DEV uint8_t* b_stage(int s) const { return ring + s * Cfg::STAGE_BYTES + Cfg::A_BYTES; }
+  MOKGEN_DEV float* sa_stage(int s) const { return scales() + s * (Cfg::SC_BYTES / 4); }
+  MOKGEN_DEV float* sb_stage(int s) const { return sa_stage(s) + Cfg::SA_BYTES / 4; }
+
+  static MOKGEN_DEV GemmSmem carve(uint8_t* dyn) {
+    GemmSmem m;
+    const uint32_t base = smem_u32(dyn);
+    m.ring = dyn + (((base + 1023u) & ~1023u) - base);
+    return m;
+  }
+  // One thread; the caller then __syncthreads() before the role split. full_count: the
+  // producer's arrive with the TMA bytes, plus one per lane of the warps that gather rows
+  // (produce_tile_gather).
+  MOKGEN_DEV void init(uint32_t full_count = 1) const {
+    for (int s = 0; s < Cfg::STAGES; ++s) {
+      mbar_init(&full()[s], full_count);
+      mbar_init(&empty()[s], Cfg::kStageReaders);
+    }
+    for (int s = 0; s < Cfg::TASK_SLOTS; ++s) {
+      mbar_init(&task_full()[s], 1);
+      // the signal warp frees a slot once it has signalled the task (signal_warp)
+      mbar_init(&task_empty()[s], Cfg::SIGNAL_WARP ? 1 : Cfg::kConsumerWarps);
+    }
+    if constexpr (Cfg::SIGNAL_WARP) *stopped() = 0;
+    fence_mbarrier_init();
+  }
+};
+
+
+// Named barriers of the consumer warpgroups (0 is __syncthreads): kBarTile, both warpgroups
+// at the end of a cooperative tile; ping-pong: kBarTurn + h, warpgroup h may run its
+// mainloop (the other arrives once its own is issued: consume_tile); kBarDone + (task parity),
+// both halves of a task are stored (warpgroup 0 arrives, warpgroup 1 waits and signals);
+// SIGNAL_WARP: kBarSignal + task slot, both consumer warpgroups have stored the slot's task
+// (they arrive, the signal warp waits).
+// store_rows_tma: kBarEpi + warpgroup, its 128 threads around each staged box.
+enum : uint32_t { kBarTile = 1, kBarTurn = 2, kBarDone = 4, kBarSignal = 6, kBarEpi = 10 };
+
+}  // namespace mokgen
