@@ -5,7 +5,10 @@
 # exported under .build/ab/NAME (cache .build/ab/NAME/kc). Made here:
 #   git archive REV | tar -x -C .build/ab/NAME
 #   each tree's kernels into its cache, from that tree (or they build on the GPU machine):
-#   MOKGEN_CACHE=<cache> build.build(codegen.emit(tune.tuned_plan(shape, EP, "bf16", TOKENS)))
+#   MOKGEN_CACHE=$PWD/.build/kc python benchmarks/prebuild_models.py MODEL,... EP TOKENS
+#   (cd .build/ab/NAME && MOKGEN_CACHE=$PWD/kc python benchmarks/prebuild_models.py ...)
+#   (the script imports the mokgen of the tree it sits in: copy it there if that tree
+#   predates it; a copy run from elsewhere builds its own tree's kernels)
 # then, carrying .build:  bash benchmarks/ab_models.sh NAME MODEL,MODEL... [EP] [TOKENS]
 # Per side and model: the medians of its two runs; last, NAME / base per model.
 set -uo pipefail

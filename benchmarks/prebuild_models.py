@@ -5,6 +5,8 @@ cache"). Run it from the tree whose kernels you want, with that tree's cache:
     MOKGEN_CACHE=.build/kc python benchmarks/prebuild_models.py MODEL,MODEL... [EP] [TOKENS]
     (cd .build/ab/NAME && MOKGEN_CACHE=$PWD/kc python benchmarks/prebuild_models.py ...)
 
+It imports the mokgen of the tree it sits in (its own parent folder), not the installed one.
+
 Kernels already in the cache are kept (the cache key covers source, headers and flags).
 """
 from __future__ import annotations
@@ -21,6 +23,9 @@ from mokgen.tune import tuned_plan  # noqa: E402
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        print("usage: prebuild_models.py MODEL,MODEL... [EP] [TOKENS]", file=sys.stderr)
+        return 2
     models, ep = argv[0].split(","), int(argv[1]) if len(argv) > 1 else 1
     tokens = int(argv[2]) if len(argv) > 2 else 4096
     for name in models:

@@ -129,9 +129,10 @@ class RankBuffers:
             torch.empty(s.macrobatch, s.hidden, dtype=BF16, device=dev)
         self.ring_a = torch.empty(s.macrobatch, s.intermediate, dtype=BF16, device=dev)
         self.ring_h = torch.empty(s.macrobatch, 2 * s.intermediate, dtype=BF16, device=dev)
-        # the shared expert's SwiGLU output and its gate/up pre-activations: the forward writes
-        # both when a backward follows, which then reads them as the ring (no recompute) or,
-        # when another forward ran since, recomputes them here; its dh lands over hs_pre
+        # the shared expert's SwiGLU output (the forward always writes it) and its gate/up
+        # pre-activations (written when a bf16 backward follows, which then reads both as it
+        # reads the ring, or recomputes both here when another forward ran since or in fp8
+        # plans); its dh lands over hs_pre
         IS = max(s.shared_dim, 64)
         self.h_shared = torch.empty(N, IS, dtype=BF16, device=dev)
         self.hs_pre = torch.empty(N, 2 * IS, dtype=BF16, device=dev)
