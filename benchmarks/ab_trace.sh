@@ -25,6 +25,6 @@ for slice in "$@"; do
     python3 benchmarks/trace.py $slice --out "$OUT/$NAME" > "$OUT/${NAME}_$tag.log" 2>&1)
   for side in base "$NAME"; do
     echo "== $side: $(grep -h 'ms (event' "$OUT/${side}_$tag.log" || tail -2 "$OUT/${side}_$tag.log")"
-    grep -h "^| all\|^| Dgrad\|^| Dx\|^| GateUp\|kernels:" "$OUT/${side}_$tag.log" | cut -c1-240
+    grep -h "^| [A-Za-z]\|^clocks\|kernels:" "$OUT/${side}_$tag.log" | grep -v "^| kind" | cut -c1-240
   done
 done

@@ -6,6 +6,7 @@
 #   KERNELS=.kcache/collected.pkl MOKGEN_COMMIT=<sha> bash benchmarks/device_suite.sh [cmd ...]
 # BENCH_ARGS="--backward ..." also builds the layers `python -m mokgen bench $BENCH_ARGS` runs.
 # EXTRA_CACHE=$PWD/.build/kc: the command's kernel cache (prebuilt here and carried as .build).
+# HALVES="a" or "b": one half only (on one GPU both halves take longer than a call may run).
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MOKGEN_CACHE=${MOKGEN_CACHE:-$PWD/.kcache}
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0
@@ -28,17 +29,21 @@ half() {  # name gpu files...
     -o faulthandler_timeout=120 "$@" > "$OUT/pytest_$name.log" 2>&1
   echo "== pytest $name (GPU $gpu): $(tail -1 "$OUT/pytest_$name.log")"
 }
-if [ "$NG" -gt 1 ]; then
-  half a $GA $A &
-  PA=$!
-else
-  half a $GA $A
+HALVES=${HALVES:-a b}
+PA=
+if [[ $HALVES == *a* ]]; then
+  if [ "$NG" -gt 1 ]; then
+    half a $GA $A &
+    PA=$!
+  else
+    half a $GA $A
+  fi
 fi
-half b $GB $B
+[[ $HALVES == *b* ]] && half b $GB $B
 if [ $# -gt 0 ]; then
   CUDA_VISIBLE_DEVICES=$GB MOKGEN_CACHE=${EXTRA_CACHE:-$MOKGEN_CACHE} \
     timeout ${EXTRA_TIMEOUT:-300} "$@" > "$OUT/extra.log" 2>&1
   echo "== extra: exit $?"; tail -${EXTRA_TAIL:-30} "$OUT/extra.log"
 fi
-[ "$NG" -gt 1 ] && wait $PA
+[ -n "$PA" ] && wait $PA
 grep -h "^FAILED\|^ERROR" "$OUT"/pytest_*.log | head -20

@@ -12,6 +12,9 @@ Usage: python benchmarks/trace.py SHAPE EP N [DTYPE] [--gemm 128x256x4] [--out D
        [--also PROFILE,...] (more profiles beside `trace`, e.g. no_dgrad_loads: what a part
        of an epilogue costs; those builds' results are wrong by design)
        [--prebuild] (compile only, here; then carry MOKGEN_CACHE: benchmarks/ab_trace.sh)
+       [--clocks] (then the SM clock and the board power, from nvidia-smi every 20 ms, while
+       the forward runs back to back for a second, then forward + backward: whether a
+       direction runs against the power limit, which the per-task clocks cannot tell)
 Prints, per kernel: the SM time per task kind (mainloop / epilogue / signal / idle, ms summed
 over CTAs), each kind's mean mainloop TFLOP/s per SM scaled to the GPU, the share of
 CTAs in a mainloop in 20 time bins, and the start (when the CTAs' first mainloops begin,
@@ -20,10 +23,13 @@ their first tasks' kinds and dependency waits); then each direction's GPU kernel
 trace_<shape>_ep<EP>_n<N>_<dtype>[_<also profile>...].json under --out."""
 import argparse
 import collections
+import datetime
 import json
 import os
 import struct
+import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import torch  # noqa: E402
@@ -101,6 +107,7 @@ def summarize(recs, ops, bm, bn):
             if d["mainloop_ms"] else 0.0
         d["mean_epilogue_us"] = 1e3 * d["epilogue_ms"] / d["tasks"]
         d["mean_mainloop_us"] = 1e3 * d["mainloop_ms"] / d["tasks"]
+        d["mean_ask_us"] = 1e3 * d["ask_ms"] / d["tasks"]  # the producer's next_task
         out["kinds"][k] = d
     if spans:  # share of the CTAs inside a mainloop / an epilogue + signal, per time bin
         w = (t_hi - t_lo) / BINS
@@ -141,10 +148,52 @@ def kernel_times(setup, run):
              round(e.time_range.end - e.time_range.start, 1)) for e in evs]
 
 
+def clocks(phases, seconds=1.0):
+    """Median SM clock (MHz), board power and its enforced limit (W), and the share of
+    samples under the software power cap (nvidia-smi's throttle reasons, bit 0x4) while each
+    phase's callable runs back to back for `seconds`: {name: dict(mhz, watts, limit_w,
+    power_capped, samples)}."""
+    q = "timestamp,clocks.sm,power.draw,enforced.power.limit,clocks_throttle_reasons.active"
+    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits",
+                            "-lms", "20", "-i", str(torch.cuda.current_device())],
+                           stdout=subprocess.PIPE, text=True)
+    spans = {}
+    try:
+        time.sleep(0.3)
+        for name, fn in phases:
+            torch.cuda.synchronize()
+            t0 = time.time()
+            while time.time() - t0 < seconds:
+                for _ in range(5):
+                    fn()
+                torch.cuda.synchronize()
+            spans[name] = (t0 + 0.2, time.time())  # the first 0.2 s: the clocks settle
+    finally:
+        smi.terminate()
+    out = {}
+    rows = []
+    for line in smi.communicate()[0].splitlines():
+        f = [v.strip() for v in line.split(",")]
+        try:
+            t = datetime.datetime.strptime(f[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            rows.append((t, float(f[1]), float(f[2]), float(f[3]),
+                         bool(int(f[4], 16) & 0x4)))  # the software power cap's bit
+        except (ValueError, IndexError):
+            continue
+    for name, (a, b) in spans.items():
+        r = [x for x in rows if a <= x[0] <= b]
+        if r:
+            med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
+            out[name] = dict(mhz=med([x[1] for x in r]), watts=med([x[2] for x in r]),
+                             limit_w=med([x[3] for x in r]),
+                             power_capped=sum(x[4] for x in r) / len(r), samples=len(r))
+    return out
+
+
 def table(title, s):
     lines = [f"### {title}: {s['ctas']} CTAs, span {s['span_ms']:.3f} ms (SM-ms summed over CTAs)",
              "| kind | tasks | K blk | mainloop | epilogue | signal | idle | main us | epi us | "
-             "main TFLOP/s |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "main TFLOP/s | ask us |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     tot = dict(mainloop_ms=0, epilogue_ms=0, signal_ms=0, idle_ms=0)
     for k, d in sorted(s["kinds"].items(), key=lambda kv: -kv[1]["mainloop_ms"]):
         for key in tot:
@@ -152,10 +201,10 @@ def table(title, s):
         lines.append(f"| {k} | {d['tasks']} | {d['mean_k_blocks']:.0f} | {d['mainloop_ms']:.1f} "
                      f"| {d['epilogue_ms']:.1f} | {d['signal_ms']:.1f} | {d['idle_ms']:.1f} | "
                      f"{d['mean_mainloop_us']:.1f} | {d['mean_epilogue_us']:.1f} | "
-                     f"{d['mainloop_tflops_gpu']:.0f} |")
+                     f"{d['mainloop_tflops_gpu']:.0f} | {d['mean_ask_us']:.2f} |")
     all_ms = sum(tot.values()) or 1.0
     lines.append("| all (share) | | | " + " | ".join(
-        f"{tot[k]:.1f} ({100 * tot[k] / all_ms:.0f}%)" for k in tot) + " | | | |")
+        f"{tot[k]:.1f} ({100 * tot[k] / all_ms:.0f}%)" for k in tot) + " | | | | |")
     if "bins_mainloop" in s:
         lines.append("mainloop share per bin: " + " ".join(f"{v:.2f}" for v in s["bins_mainloop"]))
         lines.append("epilogue share per bin: " + " ".join(f"{v:.2f}" for v in s["bins_epilogue"]))
@@ -180,6 +229,8 @@ def main():
                     help="more profiles (runtime/abi.py PROFILES), e.g. no_dgrad_loads")
     ap.add_argument("--prebuild", action="store_true",
                     help="only compile the traced kernels into MOKGEN_CACHE (no GPU needed)")
+    ap.add_argument("--clocks", action="store_true",
+                    help="also the SM clock and power while each direction runs (nvidia-smi)")
     a = ap.parse_args()
     also = tuple(p for p in a.also.split(",") if p)
     prof = ("trace",) + also
@@ -216,6 +267,8 @@ def main():
                            plan.gemm_bwd.bn)
     res["fwd_kernels"] = kernel_times(lambda: None, fwd)
     res["bwd_kernels"] = kernel_times(fwd, back)
+    if a.clocks:
+        res["clocks"] = clocks([("forward", fwd), ("forward+backward", lambda: (fwd(), back()))])
     os.makedirs(a.out, exist_ok=True)
     name = f"trace_{a.shape}_ep{ep}_n{n}_{a.dtype}{suffix}.json"
     with open(os.path.join(a.out, name), "w") as fh:
@@ -224,6 +277,10 @@ def main():
           f"{res['bwd_ms']:.3f} ms (event-timed, traced builds)")
     print(table("forward", res["fwd"]))
     print(table("backward", res["bwd"]))
+    for k, c in res.get("clocks", {}).items():
+        print(f"clocks, {k} back to back: SM {c['mhz']:.0f} MHz, {c['watts']:.0f} W (limit "
+              f"{c['limit_w']:.0f}), power-capped in {100 * c['power_capped']:.0f}% of "
+              f"{c['samples']} samples")
     for d in ("fwd", "bwd"):  # name @ start us: duration us
         print(f"{d} kernels:", ", ".join(f"{n} @{t0}: {dt}" for n, t0, dt in res[f"{d}_kernels"]))
 

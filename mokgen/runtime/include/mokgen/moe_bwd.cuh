@@ -257,6 +257,12 @@ struct BwdProblem {
   S s;
   const BwdDirPeers<C::R>* dir = nullptr;  // the non-default directions' peers (C::BDIRS)
   uint8_t* stage = nullptr;  // Cfg::EPI_BYTES of shared memory: the weight gradients' boxes
+  // The producer's last segment whose rows' dgrad counts it has seen complete (wgrad): a
+  // CTA takes many tiles of one segment in a row (WT a segment against ~132 CTAs), and the
+  // counts only grow within a launch, so those waits (and their fence) are done once per
+  // segment and CTA instead of once per tile: a whole expert's segment is 8 row tiles at
+  // Mixtral's 1,024 rows, 8 dependent acquire loads in each short-K tile's next_task.
+  int wg_seen = -1;
   // A weight-gradient tile of a whole expert goes out through shared memory and TMA stores
   // (store_rows_tma) where the kernel has the staging; the maps are 3D, an expert a matrix,
   // so an edge row tile's rows past the expert's are dropped, not written into the next.
@@ -475,7 +481,7 @@ struct BwdProblem {
   // ---------------------------------------------------------------- weight gradients
   // Unit 0: the shared expert's (K = tokens), then zero tiles of experts without rows.
   // Unit u >= 1: tile j % WT of segment seg_start[u] + j / WT. m_valid carries the segment.
-  MOKGEN_DEV Task wgrad(int u, int j) const {
+  MOKGEN_DEV Task wgrad(int u, int j) {
     constexpr int MN = kAMN | kBMN;
     if (u == 0 && C::IS) {
       const int kt = (buf->n_tokens + 63) / 64;
@@ -509,17 +515,22 @@ struct BwdProblem {
       if (!MOKGEN_OK(e < C::L && (seg.z - 1) / C::B == u - 1, 21, sid, u)) return stop_task();
       // profiling (profile_bwd.py): without these waits, what the dependencies cost
       if constexpr ((Cfg::PROF & kProfNoWgradWaits) == 0) {
-        for (int p = seg.y; p < seg.z; p += BM) {
-          const int m = p / C::B, rt = (p - m * C::B) / BM;
-          if (!wait_at_least(dg_done() + m * S::RT_FULL + rt, S::DG_N, buf->rank, kPhaseWgrad,
-                             m))
-            return stop_task();
+        if (sid != wg_seen) {
+          for (int p = seg.y; p < seg.z; p += BM) {
+            const int m = p / C::B, rt = (p - m * C::B) / BM;
+            if (!wait_at_least(dg_done() + m * S::RT_FULL + rt, S::DG_N, buf->rank,
+                               kPhaseWgrad, m))
+              return stop_task();
+          }
         }
         if (idx > 0 && !wait_at_least(wg_seq() + e * S::WT + tt, idx, buf->rank,
                                       kPhaseWgradOrder, e * S::WT + tt))
           return stop_task();
       }
-      fence_proxy_async_global();
+      // the fence orders this thread's later TMA reads after the acquires above; those of an
+      // earlier tile of the segment were fenced then (program order)
+      if (sid != wg_seen || idx > 0) fence_proxy_async_global();
+      wg_seen = sid;
       k0 = s.slot_row(seg.y / C::B) + seg.y % C::B;
       kb = (seg.z - seg.y + 63) / 64;  // an expert's last segment ends at its last row
     }

@@ -14,6 +14,7 @@
 // PINGPONG, gemm_tile.cuh), same tiles, stages and shared memory, so one process can time
 // both on the same inputs.
 #include <cuda_bf16.h>
+#include "mokgen/cluster.cuh"
 #include "mokgen/gemm_tile.cuh"
 
 using namespace mokgen;
@@ -189,3 +190,125 @@ MOKGEN_SWIGLU(gemm_swiglu_pp, PingPongCfg)
   }
 MOKGEN_DOWN(gemm_down, CoopCfg)
 MOKGEN_DOWN(gemm_down_pp, PingPongCfg)
+
+// ------------------------------------------------------------------ cluster pairs (experiment)
+// Whether sharing B between two CTAs pays (cluster.cuh): the two CTAs of a cluster run
+// vertically adjacent tiles (m-blocks 2 pm and 2 pm + 1) of the same n-block, from a static
+// pair schedule (pair cluster id + i * clusters, grouped raster over pairs). MC: each CTA
+// loads its own A and half of B (rows 128 rank ..) multicast to both, so a stage is free
+// only once both CTAs' consumer warps released it (the empty barrier counts 16, arrived
+// locally and remotely). Without MC: the same schedule and cluster, each CTA loading all of
+// its B (the control). K-major A and B, M a multiple of 256, N of BN, K of 64; the engine's
+// mainloop (gemm_tile.cuh consume_tile) but for the release.
+template <class Cfg, bool MC>
+__device__ void plain_pair(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMap* tb,
+                           __nv_bfloat16* C, int M, int N, int K) {
+  const GemmSmem<Cfg> sm = GemmSmem<Cfg>::carve(dyn);
+  const uint32_t rank = cluster_ctarank();
+  const int cid = (int)cluster_id_x(), ncl = (int)nclusters_x();
+  const int m_blocks = M / Cfg::BM, n_blocks = N / Cfg::BN, k_blocks = K / 64;
+  const int pairs = m_blocks / 2 * n_blocks;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Cfg::STAGES; ++s) {
+      mbar_init(&sm.full()[s], 1);
+      mbar_init(&sm.empty()[s], (MC ? 2 : 1) * Cfg::kConsumerWarps);
+    }
+    fence_mbarrier_init();
+  }
+  cluster_sync();  // the peer's barriers exist before anything lands in or arrives on them
+  const int wg = warpgroup_idx();
+  if (wg == 0) {
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (threadIdx.x == 0) {
+      tma_prefetch_desc(ta);
+      tma_prefetch_desc(tb);
+      PipeState ps;
+      for (int p = cid; p < pairs; p += ncl) {
+        int pm, nb;
+        raster_grouped(p, m_blocks / 2, n_blocks, kGroupM / 2, pm, nb);
+        const int r0 = (2 * pm + (int)rank) * Cfg::BM;
+        for (int kb = 0; kb < k_blocks; ++kb) {
+          mbar_wait(&sm.empty()[ps.idx()], ps.phase() ^ 1, 102);
+          uint64_t* bar = &sm.full()[ps.idx()];
+          mbar_arrive_expect_tx(bar, Cfg::STAGE_BYTES);
+          tma_load_2d(sm.a_stage(ps.idx()), ta, bar, kb * 64, r0);
+          if constexpr (MC)
+            tma_load_2d_multicast(sm.b_stage(ps.idx()) + rank * (Cfg::BN / 2) * 128, tb, bar,
+                                  kb * 64, nb * Cfg::BN + (int)rank * (Cfg::BN / 2), 0x3);
+          else
+            tma_load_2d(sm.b_stage(ps.idx()), tb, bar, kb * 64, nb * Cfg::BN);
+          ps.template advance<Cfg::STAGES>();
+        }
+      }
+    }
+  } else {
+    setmaxnreg_inc<Cfg::kConsumerRegs>();
+    using Mma = Wgmma<Cfg::BN>;
+    const int cwg = wg - 1;
+    const bool lane0 = (threadIdx.x & 31) == 0;
+    PipeState ps;
+    for (int p = cid; p < pairs; p += ncl) {
+      int pm, nb;
+      raster_grouped(p, m_blocks / 2, n_blocks, kGroupM / 2, pm, nb);
+      const int r0 = (2 * pm + (int)rank) * Cfg::BM;
+      ConsumerAcc<Cfg> acc;
+      float(&d)[Mma::kRegs] = *reinterpret_cast<float(*)[Mma::kRegs]>(&acc.r[0]);
+      int prev = -1;
+      wgmma_fence_regs(acc.main());
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());
+        const uint64_t da = make_desc_kmajor_sw128(sm.a_stage(ps.idx()) + cwg * 64 * 128);
+        const uint64_t db = make_desc_kmajor_sw128(sm.b_stage(ps.idx()));
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < Cfg::BK / 16; ++kk)
+          Mma::template mma<0, 0>(d, desc_advance_k16(da, kk), desc_advance_k16(db, kk),
+                                  (kb | kk) != 0);
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (prev >= 0) {
+          __syncwarp();
+          if (lane0) {
+            if constexpr (MC) {
+              mbar_arrive_cluster(&sm.empty()[prev], 0);
+              mbar_arrive_cluster(&sm.empty()[prev], 1);
+            } else {
+              mbar_arrive(&sm.empty()[prev]);
+            }
+          }
+        }
+        prev = (int)ps.idx();
+        ps.template advance<Cfg::STAGES>();
+      }
+      wgmma_wait<0>();
+      wgmma_fence_regs(acc.main());
+      __syncwarp();
+      if (lane0) {
+        if constexpr (MC) {
+          mbar_arrive_cluster(&sm.empty()[prev], 0);
+          mbar_arrive_cluster(&sm.empty()[prev], 1);
+        } else {
+          mbar_arrive(&sm.empty()[prev]);
+        }
+      }
+      __nv_bfloat16* base = C + (size_t)r0 * N + nb * Cfg::BN;
+      for_each_acc_pair<Cfg::BN>(acc.main(), cwg, Cfg::BM,
+                                 [&](int r, int c, float v0, float v1) {
+                                   store_bf16x2(base + (size_t)r * N + c, v0, v1);
+                                 });
+    }
+  }
+  __syncwarp();
+  cluster_sync();  // no CTA leaves while its peer may still multicast into it
+}
+
+// tmA: [M,K] box 64x128; tmB: [N,K] box 64x128 (MC: half of BN) or 64x256.
+#define MOKGEN_PLAIN_PAIR(name, MC)                                                            \
+  extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)              \
+  name(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,     \
+       __nv_bfloat16* C, int M, int N, int K) {                                              \
+    extern __shared__ __align__(1024) uint8_t smem[];                                         \
+    plain_pair<CoopCfg, MC>(smem, &tmA, &tmB, C, M, N, K);                                    \
+  }
+MOKGEN_PLAIN_PAIR(gemm_plain_pair, false)
+MOKGEN_PLAIN_PAIR(gemm_plain_mc, true)
