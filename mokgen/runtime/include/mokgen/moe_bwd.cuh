@@ -262,6 +262,9 @@ struct BwdProblem {
   // counts only grow within a launch, so those waits (and their fence) are done once per
   // segment and CTA instead of once per tile: a whole expert's segment is 8 row tiles at
   // Mixtral's 1,024 rows, 8 dependent acquire loads in each short-K tile's next_task.
+  // bf16 kernels only: in the signal-warp MXFP8 backward the producer's extra register made
+  // ptxas spill 8 B (test_codegen), so fp8 kernels wait per tile as before.
+  static constexpr bool kWgSeen = C::Q == 0;
   int wg_seen = -1;
   // A weight-gradient tile of a whole expert goes out through shared memory and TMA stores
   // (store_rows_tma) where the kernel has the staging; the maps are 3D, an expert a matrix,
@@ -515,7 +518,7 @@ struct BwdProblem {
       if (!MOKGEN_OK(e < C::L && (seg.z - 1) / C::B == u - 1, 21, sid, u)) return stop_task();
       // profiling (profile_bwd.py): without these waits, what the dependencies cost
       if constexpr ((Cfg::PROF & kProfNoWgradWaits) == 0) {
-        if (sid != wg_seen) {
+        if (!kWgSeen || sid != wg_seen) {
           for (int p = seg.y; p < seg.z; p += BM) {
             const int m = p / C::B, rt = (p - m * C::B) / BM;
             if (!wait_at_least(dg_done() + m * S::RT_FULL + rt, S::DG_N, buf->rank,
@@ -529,8 +532,8 @@ struct BwdProblem {
       }
       // the fence orders this thread's later TMA reads after the acquires above; those of an
       // earlier tile of the segment were fenced then (program order)
-      if (sid != wg_seen || idx > 0) fence_proxy_async_global();
-      wg_seen = sid;
+      if (!kWgSeen || sid != wg_seen || idx > 0) fence_proxy_async_global();
+      if constexpr (kWgSeen) wg_seen = sid;
       k0 = s.slot_row(seg.y / C::B) + seg.y % C::B;
       kb = (seg.z - seg.y + 63) / 64;  // an expert's last segment ends at its last row
     }
