@@ -227,6 +227,56 @@ def test_gemm_engine_transposed_operands(tmp_path, trans, n):
     assert rel_error(C, ref) <= 1e-2
 
 
+@pytest.mark.parametrize("kind", ["pt0", "pt2", "pair", "mc"])
+def test_gemm_engine_experiments_equal_the_cooperative_tiles(tmp_path, kind):
+    """The engine experiments of gemm_test.cu (benchmarks/gemm_experiments.py): whole-task
+    ping-pong (128 x 128 tasks, K-major or both operands MN-major) and cluster pairs with and
+    without B multicast give the cooperative tiles' output bit for bit, on fresh inputs into a
+    NaN-poisoned output, with the CTAs taking several tasks each."""
+    from mokgen.runtime import cuda as mc
+
+    mod, smem = gemm_test_module(tmp_path)
+    M, N, K = 512, 768, 320
+    A = torch.randn(M, K, device="cuda").bfloat16()
+    B = torch.randn(N, K, device="cuda").bfloat16()
+    ref = A.float() @ B.float().T
+    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+    outs = []
+    for exp in (False, True):
+        C = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        if kind == "pt2":
+            At, Bt = A.T.contiguous(), B.T.contiguous()
+            ta = mc.make_tensor_map_2d(At, K, M, M * 2, 64, 64)
+            tb = mc.make_tensor_map_2d(Bt, K, N, N * 2, 64, 64)
+            if exp:
+                pt_smem = 1024 + 6 * (128 + 128) * 64 * 2 + 8 * 20 + 32 * 4  # GemmCfg<128, 6>
+                mc.launch(mod.function("gemm_plain_t2_pt", pt_smem), 5, 384, pt_smem, None,
+                          [ta, tb, C, M, N, K])
+            else:
+                counter.zero_()
+                mc.launch(mod.function("gemm_plain_t", smem), 5, 384, smem, None,
+                          [ta, tb, C, M, N, K, N, counter, 2])
+        else:
+            ta = mc.make_tensor_map_2d(A, M, K, K * 2, 128, 64)
+            box = {"pt0": 128, "mc": 128}.get(kind, 256) if exp else 256
+            tb = mc.make_tensor_map_2d(B, N, K, K * 2, box, 64)
+            if not exp:
+                counter.zero_()
+                mc.launch(mod.function("gemm_plain", smem), 5, 384, smem, None,
+                          [ta, tb, C, M, N, K, N, counter])
+            elif kind == "pt0":
+                pt_smem = 1024 + 6 * (128 + 128) * 64 * 2 + 8 * 20 + 32 * 4
+                mc.launch(mod.function("gemm_plain_pt", pt_smem), 5, 384, pt_smem, None,
+                          [ta, tb, C, M, N, K])
+            else:  # 2 clusters of 2 on a static pair schedule
+                name = "gemm_plain_mc" if kind == "mc" else "gemm_plain_pair"
+                mc.launch(mod.function(name, smem), 4, 384, smem, None, [ta, tb, C, M, N, K])
+        torch.cuda.synchronize()
+        outs.append(C)
+    assert rel_error(outs[1], ref) <= 1e-2
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_backward_without_host_sync_and_steady_memory():
     """Forward + backward through autograd: no host synchronization (sync debug mode raises
     on one), and 200 training calls leave the allocated memory where it was."""

@@ -312,3 +312,140 @@ __device__ void plain_pair(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMa
   }
 MOKGEN_PLAIN_PAIR(gemm_plain_pair, false)
 MOKGEN_PLAIN_PAIR(gemm_plain_mc, true)
+
+// ------------------------------------------------------------------ whole-task ping-pong (experiment)
+// Whether an epilogue can hide behind the other warpgroup's MMA without the half-task
+// ping-pong's cost (gemm_tile.cuh: each 64-row half streamed its slices on its own, B twice
+// a task). Each consumer warpgroup runs every other task of its CTA end to end: a 128 x 128
+// task, two m64n128 chains a k16 step into 2 x 64 accumulators (the cooperative tile's 128 a
+// thread), its slices streamed once (a stage is 16 KB of A and 16 KB of B, 6 stages), the
+// mainloop turns handed over by named barriers as consumer_pingpong does, so warpgroup h's
+// epilogue of task i runs under warpgroup h ^ 1's mainloop of task i + 1. A static schedule
+// (task blockIdx.x + i gridDim.x, grouped raster), M and N multiples of 128, K of 64.
+// TR 0: K-major A [M, K] (box 64 x 128) and B [N, K] (box 64 x 128); TR 2: A as [K, M] and B
+// as [K, N], both MN-major (the weight gradients' layout; boxes 64 x 64, two a slice each).
+using PtCfg = GemmCfg<128, 6>;
+
+template <int TR>
+__device__ void plain_pt(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMap* tb,
+                         __nv_bfloat16* C, int M, int N, int K) {
+  using Cfg = PtCfg;
+  using Mma = Wgmma<128>;
+  constexpr int TA = TR == 2, TB = TR == 2, kBox = 64 * 64 * 2;
+  const GemmSmem<Cfg> sm = GemmSmem<Cfg>::carve(dyn);
+  const int m_blocks = M / 128, n_blocks = N / 128, kbn = K / 64, tiles = m_blocks * n_blocks;
+  const int mine = (int)blockIdx.x < tiles ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1
+                                           : 0;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Cfg::STAGES; ++s) {
+      mbar_init(&sm.full()[s], 1);
+      mbar_init(&sm.empty()[s], 4);  // the one warpgroup whose task the stage holds
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+  const int wg = warpgroup_idx();
+  if (wg == 0) {
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (threadIdx.x == 0) {
+      tma_prefetch_desc(ta);
+      tma_prefetch_desc(tb);
+      PipeState ps;
+      for (int i = 0; i < mine; ++i) {
+        int mb, nb;
+        raster_grouped((int)blockIdx.x + i * (int)gridDim.x, m_blocks, n_blocks, kGroupM, mb, nb);
+        for (int kb = 0; kb < kbn; ++kb) {
+          mbar_wait(&sm.empty()[ps.idx()], ps.phase() ^ 1, 102);
+          uint64_t* bar = &sm.full()[ps.idx()];
+          mbar_arrive_expect_tx(bar, Cfg::STAGE_BYTES);
+          if constexpr (TR == 2) {
+            for (int j = 0; j < 2; ++j) {
+              tma_load_2d(sm.a_stage(ps.idx()) + j * kBox, ta, bar, mb * 128 + 64 * j, kb * 64);
+              tma_load_2d(sm.b_stage(ps.idx()) + j * kBox, tb, bar, nb * 128 + 64 * j, kb * 64);
+            }
+          } else {
+            tma_load_2d(sm.a_stage(ps.idx()), ta, bar, kb * 64, mb * 128);
+            tma_load_2d(sm.b_stage(ps.idx()), tb, bar, kb * 64, nb * 128);
+          }
+          ps.template advance<Cfg::STAGES>();
+        }
+      }
+    }
+  } else {
+    setmaxnreg_inc<Cfg::kConsumerRegs>();
+    const int h = wg - 1;
+    const bool lane0 = (threadIdx.x & 31) == 0;
+    PipeState ps;
+    if (h == 1) {
+      named_bar_arrive(kBarTurn, 256);  // warpgroup 0 runs the first mainloop
+      ps.template advance_by<Cfg::STAGES>(kbn);  // past task 0's slices
+    }
+    for (int i = h; i < mine; i += 2) {
+      int mb, nb;
+      raster_grouped((int)blockIdx.x + i * (int)gridDim.x, m_blocks, n_blocks, kGroupM, mb, nb);
+      float acc[2][64];
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+#pragma unroll
+        for (int r = 0; r < 64; ++r) acc[c][r] = 0.f;
+      named_bar_sync(kBarTurn + h, 256);
+      int prev = -1;
+      wgmma_fence_regs(acc[0]);
+      wgmma_fence_regs(acc[1]);
+      for (int kb = 0; kb < kbn; ++kb) {
+        mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());
+        // chain c: tile rows 64 c .. (a K-major A's rows or an MN-major A's box: 8 KB either)
+        const uint8_t* a = sm.a_stage(ps.idx());
+        const uint64_t da0 = TA ? make_desc_mnmajor_sw128(a) : make_desc_kmajor_sw128(a);
+        const uint64_t da1 = TA ? make_desc_mnmajor_sw128(a + kBox)
+                                : make_desc_kmajor_sw128(a + kBox);
+        const uint64_t db = TB ? make_desc_mnmajor_sw128(sm.b_stage(ps.idx()))
+                               : make_desc_kmajor_sw128(sm.b_stage(ps.idx()));
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const uint64_t dbk = TB ? desc_advance_k16_mn(db, kk) : desc_advance_k16(db, kk);
+          Mma::template mma<TA, TB>(acc[0], TA ? desc_advance_k16_mn(da0, kk)
+                                               : desc_advance_k16(da0, kk), dbk, (kb | kk) != 0);
+          Mma::template mma<TA, TB>(acc[1], TA ? desc_advance_k16_mn(da1, kk)
+                                               : desc_advance_k16(da1, kk), dbk, (kb | kk) != 0);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (prev >= 0) {
+          __syncwarp();
+          if (lane0) mbar_arrive(&sm.empty()[prev]);
+        }
+        prev = (int)ps.idx();
+        ps.template advance<Cfg::STAGES>();
+      }
+      named_bar_arrive(kBarTurn + (h ^ 1), 256);  // the other's mainloop queues behind ours
+      wgmma_wait<0>();
+      wgmma_fence_regs(acc[0]);
+      wgmma_fence_regs(acc[1]);
+      __syncwarp();
+      if (lane0) mbar_arrive(&sm.empty()[prev]);
+      ps.template advance_by<Cfg::STAGES>(kbn);  // past the other's next task
+      __nv_bfloat16* base = C + (size_t)mb * 128 * N + nb * 128;
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        for_each_acc_pair<128>(acc[c], c, 128, [&](int r, int col, float v0, float v1) {
+          store_bf16x2(base + (size_t)r * N + col, v0, v1);
+        });
+    }
+    // the last hand-over is taken by the warpgroup that did not run the last task (with no
+    // task, warpgroup 1's first one)
+    const int last = mine > 0 ? (mine - 1) & 1 : 1;
+    if (h != last) named_bar_sync(kBarTurn + h, 256);
+  }
+}
+
+#define MOKGEN_PLAIN_PT(name, TR)                                                              \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                        \
+  name(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,     \
+       __nv_bfloat16* C, int M, int N, int K) {                                              \
+    extern __shared__ __align__(1024) uint8_t smem[];                                         \
+    plain_pt<TR>(smem, &tmA, &tmB, C, M, N, K);                                               \
+  }
+MOKGEN_PLAIN_PT(gemm_plain_pt, 0)
+MOKGEN_PLAIN_PT(gemm_plain_t2_pt, 2)
