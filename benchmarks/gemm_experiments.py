@@ -10,7 +10,9 @@ loading half of B and multicasting it to both, B's L2 reads halve (mokgen/cluste
 pt: does ping-pong on whole tasks hide the epilogue? Each consumer warpgroup runs every other
 128 x 128 task end to end (gemm_plain_pt, gemm_plain_t2_pt), against coop (128 x 256) and the
 half-task ping-pong (pp, GemmConfig.pingpong), on long-K K-major GEMMs and short-K
-weight-gradient-like ones (both operands MN-major).
+weight-gradient-like ones (both operands MN-major). On the latter also the engine's solo
+tasks (GemmCfg::SOLO, gemm_mixed_t2): every task solo, and half the m-blocks cooperative
+beside solo ones (mixed), in the engine's persistent driver with an atomic counter.
 Every kernel's epilogue is the test kernels' (bf16 pairs stored from registers), the same per
 output element, so the schedules compare; the megakernels' own epilogues differ.
 Checks: fresh random inputs, NaN-poisoned output, fp32 reference (rel. error <= 1e-2) and a
@@ -144,6 +146,10 @@ def pt(f, sms, counters, res, a):
                                                              counters.next(), 2])
             runs = {"coop": coop("coop_t"), "pp": coop("pp_t")}
             pt_fn = f["pt_t2"]
+            for k, m_coop in (("solo", 0), ("mixed", M // 256)):  # the engine's solo tasks
+                runs[k] = (lambda m_coop: lambda: mc.launch(
+                    f["mixed"], sms, 384, SMEM, None,
+                    [ta, tb, C, M, N, K, m_coop, counters.next()]))(m_coop)
         else:
             ta = mc.make_tensor_map_2d(A, M, K, K * 2, BM, BK)
             tb = mc.make_tensor_map_2d(B, N, K, K * 2, BN, BK)
@@ -179,7 +185,8 @@ def main():
     names = dict(coop="gemm_plain", pp="gemm_plain_pp", coop_t="gemm_plain_t",
                  pp_t="gemm_plain_t_pp", pair="gemm_plain_pair", mc="gemm_plain_mc")
     f = {k: mod.function(n, SMEM) for k, n in names.items()}
-    f.update(pt=mod.function("gemm_plain_pt", PT_SMEM),
+    f.update(mixed=mod.function("gemm_mixed_t2", SMEM),
+             pt=mod.function("gemm_plain_pt", PT_SMEM),
              pt_t2=mod.function("gemm_plain_t2_pt", PT_SMEM))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     clusters = max_clusters(f["mc"], SMEM)
@@ -219,12 +226,14 @@ def main():
           f"(medians over the run)")
     tf = lambda r, k: f"{r.get(k + '_tflops', float('nan')):.0f}"  # noqa: E731
     if res["pt"]:
-        print("| GEMM | coop TF | pp TF | pt TF | torch TF | pt/coop | checks |")
-        print("|---|---|---|---|---|---|---|")
+        print("| GEMM | coop TF | pp TF | pt TF | solo TF | mixed TF | torch TF | pt/coop | "
+              "solo/coop | checks |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for r in res["pt"]:
+            solo = r["coop_ms"] / r["solo_ms"] if "solo_ms" in r else float("nan")
             print(f"| {r['shape']} | {tf(r, 'coop')} | {tf(r, 'pp')} | {tf(r, 'pt')} | "
-                  f"{tf(r, 'torch')} | {r['coop_ms'] / r['pt_ms']:.3f} | "
-                  f"{'ok' if r['ok'] else 'FAIL'} |")
+                  f"{tf(r, 'solo')} | {tf(r, 'mixed')} | {tf(r, 'torch')} | "
+                  f"{r['coop_ms'] / r['pt_ms']:.3f} | {solo:.3f} | {'ok' if r['ok'] else 'FAIL'} |")
     if res["pairs"]:
         print("| M x N x K | coop TF | pair TF | mc TF | torch TF | mc/coop | mc/pair | checks |")
         print("|---|---|---|---|---|---|---|---|")

@@ -8,7 +8,8 @@ epi -> done the consumers' barrier and the signal; a consumer's idle time is the
 one task's done and the next one's pop, charged to the task it waited for. Cooperative
 consumers only (the default, and -sw): ping-pong builds record the producer's side alone,
 which this summary skips.
-Usage: python benchmarks/trace.py SHAPE EP N [DTYPE] [--gemm 128x256x4] [--out DIR]
+Usage: python benchmarks/trace.py SHAPE EP N [DTYPE] [--gemm 128x256x4] [--gemm-bwd
+       128x256x4-solo] [--out DIR]
        [--also PROFILE,...] (more profiles beside `trace`, e.g. no_dgrad_loads: what a part
        of an epilogue costs; those builds' results are wrong by design)
        [--prebuild] (compile only, here; then carry MOKGEN_CACHE: benchmarks/ab_trace.sh)
@@ -91,7 +92,7 @@ def summarize(recs, ops, bm, bn):
             d["signal_ms"] += (row[done] - row[epi]) * ms
             d["ask_ms"] += (row[got] - row[ask]) * ms
             bk = 128 if op & abi.F8_TASK else 64  # fp8 tiles count K blocks of 128
-            n = bn // 2 if op & abi.HALF_N_TASK else bn  # a narrow edge tile's MMA
+            n = bn // 2 if op & (abi.HALF_N_TASK | abi.SOLO_TASK) else bn  # narrow, solo
             d["flops"] += 2.0 * bm * n * bk * kb
             prev_done = row[done]
             g = row[gns]  # the pop's global ns; the phases after it by this CTA's ratio
@@ -224,6 +225,8 @@ def main():
     ap.add_argument("n", type=int)
     ap.add_argument("dtype", nargs="?", default="bf16")
     ap.add_argument("--gemm", type=_gemm, default=None, metavar="BMxBNxSTAGES[-pp|-sw]")
+    ap.add_argument("--gemm-bwd", type=_gemm, default=None, metavar="BMxBNxSTAGES[-...|-solo]",
+                    help="the backward's alone (after --gemm)")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--also", default="", metavar="PROFILE[,PROFILE]",
                     help="more profiles (runtime/abi.py PROFILES), e.g. no_dgrad_loads")
@@ -236,6 +239,8 @@ def main():
     prof = ("trace",) + also
     suffix = "".join("_" + p for p in also)
     gemm = dict(gemm_fwd=a.gemm, gemm_bwd=a.gemm) if a.gemm else {}
+    if a.gemm_bwd:
+        gemm["gemm_bwd"] = a.gemm_bwd
     shape, ep, n = mokgen.shapes.get(a.shape), a.ep, a.n
     if a.prebuild:
         from mokgen import build, codegen
@@ -257,7 +262,8 @@ def main():
     fwd = lambda: rt.forward_rank(0, xs, zs, w1s, w2s, sw1, sw2, save=True)  # noqa: E731
     back = lambda: bwd.backward_rank(0, dys, xs, w1s, w2s, sw1, sw2)  # noqa: E731
     res = dict(shape=a.shape, ep=ep, n=n, dtype=a.dtype, commit=os.environ.get("MOKGEN_COMMIT"),
-               gemm=str(a.gemm or "default"), fwd_ms=time_ms(fwd, 20),
+               gemm=str(a.gemm or "default"), gemm_bwd=str(a.gemm_bwd or a.gemm or "default"),
+               fwd_ms=time_ms(fwd, 20),
                bwd_ms=time_ms(back, 20, setup=fwd))
     plan = layer.plan
     res["fwd"] = summarize(traced(rt.fwd_module, rt.fwd_ctas, fwd), abi.FWD_OPS, 128,

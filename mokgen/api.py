@@ -205,7 +205,8 @@ def layer_spec(plan: Plan):
     return LayerSpec(s.num_experts, s.hidden, s.intermediate, s.shared_dim, s.topk, p.ep,
                      p.tokens_per_rank, p.block_m, p.minibatch, p.macrobatch, p.comm_sms_fwd,
                      p.max_routed_rows, p.comm_sms_bwd, p.scale_block, p.gemm_bwd.bn,
-                     p.dispatch, p.combine, p.reverse_combine, p.reverse_dispatch)
+                     p.dispatch, p.combine, p.reverse_combine, p.reverse_dispatch,
+                     p.gemm_bwd.bn // 2 if p.gemm_bwd.solo else p.gemm_bwd.bn)
 
 
 def memory_report(plan: Plan) -> dict:

@@ -19,20 +19,26 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overlap-comm", action="store_true",
                    help="collectives run beside the layer: leave them SMs")
     for d in ("fwd", "bwd"):
-        p.add_argument(f"--gemm-{d}", type=_gemm, default=None, metavar="BMxBNxSTAGES[-pp|-sw]",
+        p.add_argument(f"--gemm-{d}", type=_gemm, default=None,
+                       metavar="BMxBNxSTAGES[-pp|-sw|-solo]",
                        help=f"override the tile of the {d} GEMM ops, e.g. 128x256x3; -pp: "
                             f"the ping-pong consumer schedule, e.g. 128x256x4-pp; -sw: "
-                            f"the signal warp, e.g. 128x256x4-sw")
+                            f"the signal warp, e.g. 128x256x4-sw; -solo (bwd): the weight "
+                            f"gradients as one warpgroup's 128 x 128 tasks")
 
 
 def _gemm(text: str) -> tuple:
-    flags = {"-pp": (True,), "-sw": (False, True)}
-    tile, extra = (text[:-3], flags[text[-3:]]) if text[-3:] in flags else (text, ())
+    """BMxBNxSTAGES[-pp|-sw|-solo]: a GemmConfig's fields (ping-pong, the signal warp, solo
+    weight gradients)."""
+    flags = {"": (), "pp": (True,), "sw": (False, True), "solo": (False, False, True)}
+    tile, _, flag = text.partition("-")
     try:
-        return tuple(int(v) for v in tile.split("x")) + extra
+        if flag not in flags:
+            raise ValueError(flag)
+        return tuple(int(v) for v in tile.split("x")) + flags[flag]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected BMxBNxSTAGES[-pp|-sw], got {text!r}") \
-            from None
+        raise argparse.ArgumentTypeError(f"expected BMxBNxSTAGES[-pp|-sw|-solo], got "
+                                         f"{text!r}") from None
 
 
 def _plan(args):

@@ -49,6 +49,11 @@ GEMM_BM, GEMM_BN, GEMM_STAGES, GEMM_PINGPONG = (128,), (256,), (2, 3, 4), (False
 # second warpgroup signals a task once both halves are stored: gemm_tile.cuh), and not the
 # MXFP8 forward (8 bytes of spills with it, nvcc 13.0).
 GEMM_SIGNAL_WARP = (False, True)
+# Solo weight gradients (GemmConfig.solo): the backward's routed weight-gradient tiles as
+# 128 x 128 tasks of one consumer warpgroup each (gemm_tile.cuh consume_tile_solo). The
+# backward only (the forward has no weight gradients), bf16 (its tiles' static_assert: the
+# fp8 consumers' registers), the cooperative schedule whose consumers signal.
+GEMM_SOLO = (False, True)
 DEFAULT_GEMM = GemmConfig(bm=128, bn=256, stages=4)
 
 
@@ -114,6 +119,12 @@ def violations(plan: "Plan") -> list[str]:
                    f"the dx rows, beside the dy ones), got {plan.comm_sms_bwd}")
     for name in ("gemm_fwd", "gemm_bwd"):
         out += _gemm_violations(name, getattr(plan, name))
+    if plan.gemm_fwd is not None and plan.gemm_fwd.solo:
+        out.append("gemm_fwd.solo must be False (solo tasks are the backward's weight "
+                   "gradients: gemm_bwd.solo)")
+    if plan.gemm_bwd is not None and plan.gemm_bwd.solo and plan.scale_block:
+        out.append(f"gemm_bwd.solo needs dtype bf16 (the fp8 backward's consumers have no "
+                   f"registers for it: gemm_types.cuh GemmCfg), got {plan.dtype}")
     if plan.gemm_fwd is not None and plan.gemm_fwd.signal_warp and plan.dtype == "mxfp8":
         out.append("gemm_fwd.signal_warp needs dtype other than mxfp8 (its forward kernel, "
                    "the most register-bound, spills with it)")
@@ -158,9 +169,9 @@ def gather_violations(plan: "Plan") -> list[str]:
                        f"rows), got 0")
     for name in ("gemm_fwd", "gemm_bwd"):
         cfg = getattr(plan, name)
-        if gather and cfg is not None and (cfg.signal_warp or cfg.pingpong):
-            out.append(f"{gather[0]}={GATHER!r} needs {name}.signal_warp and .pingpong False "
-                       f"(every producer warp gathers rows for cooperative consumers: "
+        if gather and cfg is not None and (cfg.signal_warp or cfg.pingpong or cfg.solo):
+            out.append(f"{gather[0]}={GATHER!r} needs {name}.signal_warp, .pingpong and .solo "
+                       f"False (every producer warp gathers rows for cooperative consumers: "
                        f"gemm_tile.cuh)")
     if gather and plan.macrobatch is not None and plan.max_routed_rows is not None and \
             plan.macrobatch < plan.max_routed_rows:
@@ -175,10 +186,14 @@ def _gemm_violations(name: str, cfg: GemmConfig | None) -> list[str]:
     return [f"{name}.{f} must be one of {ok} (gemm_tile.cuh and the host's tensor maps; see "
             f"mokgen/limits.py), got {getattr(cfg, f)}"
             for f, ok in (("bm", GEMM_BM), ("bn", GEMM_BN), ("stages", GEMM_STAGES),
-                          ("pingpong", GEMM_PINGPONG), ("signal_warp", GEMM_SIGNAL_WARP))
+                          ("pingpong", GEMM_PINGPONG), ("signal_warp", GEMM_SIGNAL_WARP),
+                          ("solo", GEMM_SOLO))
             if getattr(cfg, f) not in ok] + \
         ([f"{name}.signal_warp needs {name}.pingpong False (the signal warp serves the "
-          f"cooperative schedule: gemm_tile.cuh)"] if cfg.signal_warp and cfg.pingpong else [])
+          f"cooperative schedule: gemm_tile.cuh)"] if cfg.signal_warp and cfg.pingpong else []) \
+        + ([f"{name}.solo needs {name}.pingpong and .signal_warp False (solo tasks run beside "
+            f"cooperative ones whose consumers signal: gemm_tile.cuh)"]
+           if cfg.solo and (cfg.pingpong or cfg.signal_warp) else [])
 
 
 def check(plan: "Plan") -> None:

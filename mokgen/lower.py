@@ -69,7 +69,7 @@ def lower(g, direction: str) -> dict:
     variants = {param: got.get(param, False) for param, _ in _VARIANT.values()}
     return dict(comm_sms=got["comm_sms"], num_sms=got["comm_sms"] + got["compute_ctas"],
                 gemm_bn=gemm.bn, gemm_stages=gemm.stages, gemm_pingpong=gemm.pingpong,
-                gemm_signal_warp=gemm.signal_warp,
+                gemm_signal_warp=gemm.signal_warp, gemm_solo=gemm.solo,
                 # the backward's whole-expert weight-gradient tiles leave through shared
                 # memory and TMA stores (moe_bwd.cuh kTmaWgrad)
                 wgrad_stage_bytes=wgrad_stage_bytes(gemm) if direction == "bwd"

@@ -279,11 +279,12 @@ def initial_graph(shape: MoEShape, ep: int, dtype: str, tokens_per_rank: int, **
     for name in ("gemm_fwd", "gemm_bwd"):
         if name in overrides:
             v = overrides[name]
-            if not isinstance(v, (tuple, list)) or len(v) not in (3, 4, 5) or not all(
+            if not isinstance(v, (tuple, list)) or len(v) not in (3, 4, 5, 6) or not all(
                     isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v[:3]) \
                     or not all(isinstance(x, bool) for x in v[3:]):
-                raise ValueError(f"{name} must be (bm, bn, stages[, pingpong[, signal_warp]])"
-                                 f": three positive ints and up to two bools, got {v!r}")
+                raise ValueError(f"{name} must be (bm, bn, stages[, pingpong[, signal_warp[, "
+                                 f"solo]]]): three positive ints and up to three bools, "
+                                 f"got {v!r}")
             overrides[name] = GemmConfig(*v)
     if "overlap_comm" in overrides and not isinstance(overrides["overlap_comm"], bool):
         raise ValueError(f"overlap_comm must be True or False, got {overrides['overlap_comm']!r}")

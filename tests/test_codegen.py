@@ -150,6 +150,31 @@ def test_engine_schedules_compile_without_spills(schedule, name, dtype):
     assert_no_spills_nor_serialized_wgmma(layer)
 
 
+# Solo weight gradients (GemmConfig.solo): a weight-gradient heavy slice with a shared expert
+# (kimi ep 8), few large experts at ep 1 (whole-expert TMA stores), widths ending in a partial
+# 128-column solo tile (gpt-oss-20b, 2880).
+SOLO = {"kimi-k2.7": (8, 2048), "mixtral-8x22b": (1, 4096), "gpt-oss-20b": (1, 4096)}
+
+
+@needs_nvcc
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", SOLO)
+def test_solo_weight_gradients_compile_without_spills(name):
+    """The backward with solo weight-gradient tasks: no spill, no stack (each 64-row half's
+    accumulators indexed by constants), no serialized wgmma; its SASS has the solo chains
+    (m64n128, both operands transposed) beside the cooperative tiles' m64n256."""
+    ep, n = SOLO[name]
+    layer = mokgen.compile(mokgen.shapes.get(name), ep=ep, tokens_per_rank=n,
+                           gemm_bwd=(128, 256, 4, False, False, True))
+    assert_no_spills_nor_serialized_wgmma(layer)
+    cuobjdump = _cuobjdump()
+    if cuobjdump:
+        sass = subprocess.run([cuobjdump, "-sass", str(layer.binaries["bwd"].path)],
+                              capture_output=True, text=True).stdout
+        assert "HGMMA.64x128x16.F32.BF16" in sass and ".tnspA.tnspB" in sass
+        assert "HGMMA.64x256x16.F32.BF16" in sass
+
+
 def _cuobjdump():
     found = shutil.which("cuobjdump")
     if found:

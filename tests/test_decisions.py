@@ -204,6 +204,39 @@ def test_signal_warp_is_a_decision_that_reaches_the_gemm_engine():
         mokgen.plan(SHAPE, **ARGS, gemm_bwd=(128, 256, 4, True, True))
 
 
+def test_solo_weight_gradients_are_a_decision_that_reaches_the_backward():
+    """GemmConfig.solo: the backward's source only (its GemmCfg's SOLO), the default plan's
+    JSON and key without it, kept through JSON, the host's weight-gradient tile count from it
+    (twice the N tiles: 128 columns); refused for the forward, fp8, ping-pong, the signal
+    warp and gathered rows, at plan time."""
+    plain = mokgen.plan(SHAPE, **ARGS)
+    solo = mokgen.plan(SHAPE, **ARGS, gemm_bwd=(128, 256, 4, False, False, True))
+    assert solo.gemm_bwd.solo and not solo.gemm_fwd.solo and not plain.gemm_bwd.solo
+    assert "solo weight gradients" in str(solo) and "solo" not in str(plain)
+    base, new = sources(plain), sources(solo)
+    assert "/*EPI_BYTES*/ 32768, /*SOLO*/ true>" in new["bwd"] and "SOLO" not in base["bwd"]
+    assert new["fwd"].split("\n")[1:] == base["fwd"].split("\n")[1:]  # past the key line
+    assert '"gemm_bwd": [\n    128,\n    256,\n    4\n  ]' in plain.to_json()
+    back = Plan.from_json(solo.to_json())
+    assert back == solo and back.gemm_bwd == GemmConfig(128, 256, 4, False, False, True)
+    spec, spec0 = layer_spec(solo), layer_spec(plain)
+    assert (spec.block_n, spec.wgrad_block_n, spec0.wgrad_block_n) == (256, 128, 256)
+    s = SHAPE
+    up = lambda a, b: -(-a // b)  # noqa: E731
+    assert backward_tiles(spec) == (up(s.intermediate, 256), up(s.hidden, 128) * up(
+        s.intermediate, 128) + up(2 * s.intermediate, 128) * up(s.hidden, 128))
+    assert backward_tiles(spec0)[0] == backward_tiles(spec)[0]
+    for kw, match in ((dict(gemm_fwd=(128, 256, 4, False, False, True)), "gemm_fwd.solo"),
+                      (dict(dtype="fp8", gemm_bwd=(128, 256, 4, False, False, True)),
+                       "gemm_bwd.solo needs dtype bf16"),
+                      (dict(gemm_bwd=(128, 256, 4, True, False, True)),
+                       "gemm_bwd.solo needs gemm_bwd.pingpong"),
+                      (dict(gemm_bwd=(128, 256, 4, False, True, True)),
+                       "gemm_bwd.solo needs gemm_bwd.pingpong")):
+        with pytest.raises(ValueError, match=match):
+            mokgen.plan(SHAPE, **ARGS, **kw)
+
+
 def test_weight_gradient_staging_follows_the_precision():
     """The backward stages whole-expert weight-gradient tiles for TMA stores (shared memory
     beside the 4 bf16 stages); fp8 plans, whose stages hold scales too, do not; the forward

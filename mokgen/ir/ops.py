@@ -81,26 +81,30 @@ class GemmConfig(NamedTuple):
     consumer warpgroups, so one's epilogue overlaps the other's MMA (False: both halves at
     once, the epilogue after; gemm_tile.cuh says more). `signal_warp` (cooperative only): a
     warp of the producer warpgroup raises each tile's completion signal, whose fence waits
-    for the tile's stores to drain, so the consumers start the next tile's MMA meanwhile."""
+    for the tile's stores to drain, so the consumers start the next tile's MMA meanwhile.
+    `solo` (the backward's, bf16, cooperative): the routed weight gradients run as bm x bn/2
+    tasks of one consumer warpgroup each, beside the other's (gemm_tile.cuh
+    consume_tile_solo), the other GEMMs cooperative as before."""
 
     bm: int
     bn: int
     stages: int
     pingpong: bool = False
     signal_warp: bool = False
+    solo: bool = False
 
     def __str__(self) -> str:
         pp = ", ping-pong" if self.pingpong else ""
         sw = ", signal warp" if self.signal_warp else ""
-        return f"{self.bm}x{self.bn}, {self.stages} stages{pp}{sw}"
+        so = ", solo weight gradients" if self.solo else ""
+        return f"{self.bm}x{self.bn}, {self.stages} stages{pp}{sw}{so}"
 
     def fields(self) -> list:
-        """As JSON: (bm, bn, stages), + the schedule flags only when one is set, so plans of
-        the default schedule keep their keys (and their kernels' names) from before the
+        """As JSON: (bm, bn, stages), + the schedule flags up to the last one set, so plans
+        of the default schedule keep their keys (and their kernels' names) from before the
         fields existed."""
-        if self.signal_warp:
-            return list(self)
-        return list(self[:4]) if self.pingpong else list(self[:3])
+        n = max([3] + [i + 1 for i in range(3, len(self)) if self[i]])
+        return list(self[:n])
 
 
 @dataclass(frozen=True)

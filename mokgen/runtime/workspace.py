@@ -46,6 +46,9 @@ class LayerSpec:
     combine: str = "push"
     reverse_combine: str = "pull"  # the backward's
     reverse_dispatch: str = "push"
+    # the backward's routed weight-gradient tile N: block_n, or block_n / 2 with
+    # plan.gemm_bwd.solo (moe_bwd.cuh BwdSchedule WBN; checked against the cubin)
+    wgrad_block_n: int = 256
 
     @property
     def gather(self) -> bool:
@@ -185,11 +188,13 @@ class BackwardScratch:
 
 def backward_tiles(s: LayerSpec) -> tuple[int, int]:
     """(dgrad tiles across I, weight-gradient tiles per expert) of the backward kernel
-    (moe_bwd.cuh BwdSchedule DG_N, WT: block_n x block_m tiles, the last ones masked where a width
-    is not a multiple); the runtime checks them against the cubin's mokgen_bwd_tiles."""
+    (moe_bwd.cuh BwdSchedule DG_N, WT: block_n x block_m dgrad tiles, block_m x wgrad_block_n
+    weight-gradient tiles, the last ones masked where a width is not a multiple); the runtime
+    checks them against the cubin's mokgen_bwd_tiles."""
     up = lambda a, b: -(-a // b)  # noqa: E731 - edge tiles round every count up
-    dg, dx, bm = up(s.intermediate, s.block_n), up(s.hidden, s.block_n), s.block_m
-    return dg, up(s.hidden, bm) * dg + up(2 * s.intermediate, bm) * dx
+    wn, bm = s.wgrad_block_n, s.block_m
+    return up(s.intermediate, s.block_n), \
+        up(s.hidden, bm) * up(s.intermediate, wn) + up(2 * s.intermediate, bm) * up(s.hidden, wn)
 
 
 def backward_counter_words(s: LayerSpec) -> int:

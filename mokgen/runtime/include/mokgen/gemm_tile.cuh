@@ -145,7 +145,8 @@ MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUten
   // MN-major operands arrive as 64 x 64 boxes, 8 KB each, stacked along MN (wgmma.cuh)
   constexpr int kBox = 64 * 64 * 2;
   const bool amn = t.op & kAMN, bmn = t.op & kBMN;
-  const bool narrow = NARROW && bmn && (t.op & kHalfN);
+  // a solo task's B is BN/2 columns too (consume_tile_solo; its kHalfN is the parity)
+  const bool narrow = NARROW && bmn && (t.op & (Cfg::SOLO ? kHalfN | kSolo : kHalfN));
   const int j0 = half < 0 ? 0 : half, j1 = half < 0 ? Cfg::BM / 64 : half + 1;
   const int b_boxes = narrow ? Cfg::BN / 128 : Cfg::BN / 64;
   const uint32_t bytes = Cfg::STAGE_BYTES - (amn ? (Cfg::BM / 64 - (j1 - j0)) * kBox : 0) -
@@ -346,6 +347,68 @@ MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task&
   return ok;
 }
 
+// A solo task (kSolo, GemmCfg::SOLO): one consumer warpgroup runs all BM rows of a
+// BM x BN/2 task, two m64n(BN/2) chains a k16 step into the two halves of its BN/2
+// accumulators (rows 0..63, then 64..127), while the other warpgroup runs the next task: so
+// one's epilogue runs under the other's MMA. The ring holds the tasks' slices in channel
+// order, so a warpgroup's solo mainloop starts when the previous task's slices are nearly
+// consumed: the two alternate on the tensor core without turn barriers. Measured in the
+// engine alone (benchmarks/gemm_experiments.py, whole-task ping-pong, H200): weight-gradient
+// GEMMs (both operands MN-major, K = 384 / 1,024) 1.05-1.26x the cooperative tile, long-K
+// K-major ones 0.82-0.91x (a 128 x 128 tile reads 25% more shared memory a MAC): so B is
+// MN-major (BN/2 columns of boxes, loaded as a narrow tile's) and the Problem picks the
+// tasks.
+// Each warp frees a stage with 2 arrivals: the empty barriers count both warpgroups' warps.
+template <class Cfg, int TA, int TB>
+MOKGEN_DEV bool consume_tile_solo(const GemmSmem<Cfg>& sm, PipeState& ps, const Task& t,
+                                  float (&acc)[Cfg::kAccRegs]) {
+  using Mma = Wgmma<Cfg::BN / 2>;
+  static_assert(2 * Mma::kRegs == Cfg::kAccRegs, "two chains fill the accumulators");
+  float(&d0)[Mma::kRegs] = *reinterpret_cast<float(*)[Mma::kRegs]>(&acc[0]);
+  float(&d1)[Mma::kRegs] = *reinterpret_cast<float(*)[Mma::kRegs]>(&acc[Mma::kRegs]);
+  const bool lane0 = (threadIdx.x & 31) == 0;
+  if (t.k_blocks <= 0) {
+#pragma unroll
+    for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
+    return true;
+  }
+  int prev = -1;
+  bool ok = true;
+  wgmma_fence_regs(acc);
+  for (int kb = 0; kb < t.k_blocks; ++kb) {
+    ok &= mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());
+    // rows 64 c ..: a K-major A's rows or an MN-major A's box, 8 KB either way
+    const uint8_t* a = sm.a_stage(ps.idx());
+    const uint64_t da0 = TA ? make_desc_mnmajor_sw128(a) : make_desc_kmajor_sw128(a);
+    const uint64_t da1 = TA ? make_desc_mnmajor_sw128(a + 64 * 128)
+                            : make_desc_kmajor_sw128(a + 64 * 128);
+    const uint64_t db = TB ? make_desc_mnmajor_sw128(sm.b_stage(ps.idx()))
+                           : make_desc_kmajor_sw128(sm.b_stage(ps.idx()));
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Cfg::BK / 16; ++kk) {
+      const uint64_t dbk = TB ? desc_advance_k16_mn(db, kk) : desc_advance_k16(db, kk);
+      Mma::template mma<TA, TB>(d0, TA ? desc_advance_k16_mn(da0, kk) : desc_advance_k16(da0, kk),
+                                dbk, (kb | kk) != 0);
+      Mma::template mma<TA, TB>(d1, TA ? desc_advance_k16_mn(da1, kk) : desc_advance_k16(da1, kk),
+                                dbk, (kb | kk) != 0);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();
+    if (prev >= 0) {
+      __syncwarp();
+      if (lane0) mbar_arrive_cnt(&sm.empty()[prev], 2);
+    }
+    prev = (int)ps.idx();
+    ps.template advance<Cfg::STAGES>();
+  }
+  wgmma_wait<0>();
+  wgmma_fence_regs(acc);
+  __syncwarp();
+  if (lane0) mbar_arrive_cnt(&sm.empty()[prev], 2);
+  return ok;
+}
+
 // Tile rasterization inside one [m_blocks x n_blocks] grid: groups of `group` m-blocks walk
 // n with m fastest, so CTAs working at the same time share B (weight) panels in L2 and the
 // A panels of a group stay resident while n advances.
@@ -423,6 +486,10 @@ MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState&
 //   static constexpr int kGatherLd, kGatherTopk; GatherSrc gather(t) (base nullptr: both
 //   operands by TMA; a gathered B is MN-major) and bool gathers(t) (the consumers fence).
 //   next_task() is then called by thread 0 while the producer warpgroup's other warps wait.
+//   GemmCfg::SOLO kernels: tasks may set kSolo (with kBMN), and the Problem provides
+//   void epilogue_solo(const Task&, float (&acc)[Cfg::kAccRegs], int wg): all BM rows of the
+//   BM x BN/2 tile, rows 0..63 in acc[0 .. kAccRegs/2) and 64..127 in the rest (each half as
+//   a m64n(BN/2) accumulator), by consumer warpgroup wg alone (its staging and barriers).
 // Must be called by all 384 threads with the kernel's dynamic smem (>= Cfg::SMEM_BYTES) and
 // the kernel declared __launch_bounds__(384, 1) so setmaxnreg takes effect.
 
@@ -454,6 +521,11 @@ struct ConsumerAcc {
 // Mixtral, so the default stays consumer-signalled: the epilogues' cost was their uncoalesced
 // stores themselves (ncu), not the drain's wait (store_rows_tma fixed that for the weight
 // gradients: backward 10.16 -> 7.82 ms on kimi ep 8).
+// Solo tasks (GemmCfg::SOLO): the warpgroups take turns, warpgroup 1 taking those whose
+// kHalfN the producer set (every other solo task it pushed: the consumers hold no count of
+// their own, whose register made the narrow-tile backward spill); the other one steps its
+// ring state past the task's slices and frees its share of the slot at once. The one that runs it stores, syncs its own 128 threads and
+// signals: cooperative tasks around it run as before (both warpgroups, kBarTile).
 template <class Cfg, class Problem>
 MOKGEN_DEV void consumer_cooperative(Problem& prob, const GemmSmem<Cfg>& sm, int cwg) {
   PipeState ps, ts;
@@ -463,6 +535,43 @@ MOKGEN_DEV void consumer_cooperative(Problem& prob, const GemmSmem<Cfg>& sm, int
     const Task* slot = task_pop<Cfg>(sm, ts);
     if (slot == nullptr || slot->op < 0) break;
     const Task& t = *slot;
+    if constexpr (Cfg::SOLO) {
+      if (t.op & kSolo) {
+        if (((t.op & kHalfN) != 0) != (cwg != 0)) {  // the other warpgroup's
+          ps.template advance_by<Cfg::STAGES>(t.k_blocks);
+          task_release<Cfg>(sm, ts);
+          ++traced;
+          continue;
+        }
+        unsigned long long* rec = nullptr;
+        if constexpr (Cfg::TRACE) {
+          if ((threadIdx.x & 127) == 0) rec = trace_rec(traced);
+          if (rec) {
+            rec[kTrPop] = trace_clock();
+            rec[kTrGlobalNs] = global_ns();
+          }
+        }
+        ++traced;
+        const bool ok = (t.op & kAMN)
+            ? consume_tile_solo<Cfg, 1, 1>(sm, ps, t, acc.main())
+            : consume_tile_solo<Cfg, 0, 1>(sm, ps, t, acc.main());
+        if constexpr (Cfg::TRACE)
+          if (rec) rec[kTrMain] = trace_clock();
+        if (!ok) {  // as below; the other warpgroup gets the stop from the producer
+          record_timeout(103, ps.phase());
+          break;
+        }
+        prob.epilogue_solo(t, acc.main(), cwg);
+        if constexpr (Cfg::TRACE)
+          if (rec) rec[kTrEpi] = trace_clock();
+        named_bar_sync(kBarSolo + cwg, 128);
+        if ((threadIdx.x & 127) == 0) prob.signal(t);
+        task_release<Cfg>(sm, ts);
+        if constexpr (Cfg::TRACE)
+          if (rec) rec[kTrDone] = trace_clock();
+        continue;
+      }
+    }
     unsigned long long* rec = nullptr;
     if constexpr (Cfg::TRACE) {
       if (threadIdx.x == 128) rec = trace_rec(traced);
@@ -613,10 +722,17 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
     } else if (threadIdx.x < 32 && elect_one()) {
       prob.prefetch();
       PipeState ps, ts;
+      bool solo_odd = false;  // Cfg::SOLO: an odd count of solo tasks pushed so far
       for (int i = 0;; ++i) {
         uint64_t ask = 0;
         if constexpr (Cfg::TRACE) ask = trace_clock();
-        const Task t = prob.next_task();
+        Task t = prob.next_task();
+        if constexpr (Cfg::SOLO) {  // which consumer warpgroup runs it: kHalfN (see above)
+          if (t.op >= 0 && (t.op & kSolo)) {
+            t.op = (t.op & ~kHalfN) | (solo_odd ? kHalfN : 0);
+            solo_odd = !solo_odd;
+          }
+        }
         if constexpr (Cfg::TRACE) {  // the consumers' thread 128 adds
           // the rest of the record (consumer_cooperative; ping-pong records none of it)
           if (unsigned long long* rec = t.op < 0 ? nullptr : trace_rec(i)) {
@@ -636,8 +752,10 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
               continue;
             }
           }
-          produce_tile<Cfg, Problem::kNarrowTiles>(sm, ps, prob.map_a(t), prob.map_b(t), t,
-                                                   Cfg::PINGPONG ? h : -1);
+          // a solo task's B is BN/2 columns: it carries kHalfN too (consume_tile_solo)
+          produce_tile<Cfg, Problem::kNarrowTiles || Cfg::SOLO>(sm, ps, prob.map_a(t),
+                                                                prob.map_b(t), t,
+                                                                Cfg::PINGPONG ? h : -1);
         }
       }
     }

@@ -27,11 +27,14 @@ static_assert(sizeof(Task) == 32, "Task is 32 bytes");
 MOKGEN_DEV Task stop_task() { return Task{-1, 0, 0, -1, 0, 0, 0, 0}; }
 
 // Operand layout bits of Task::op; the low byte is the Problem's own opcode, and bits
-// kOpUserShift .. 29 are the Problem's to carry what its epilogue needs (op stays >= 0).
-// kHalfN: a narrow edge tile (gemm_epilogue.cuh half_bit).
+// kOpUserShift .. 28 are the Problem's to carry what its epilogue needs (op stays >= 0).
+// kHalfN: a narrow edge tile (gemm_epilogue.cuh half_bit). kSolo (GemmCfg::SOLO kernels
+// only): a BM x BN/2 task that one consumer warpgroup runs alone, all BM rows (gemm_tile.cuh
+// consumer_cooperative), its B MN-major; on a solo task the engine's producer sets kHalfN
+// on every other one (the warpgroup that runs it).
 enum : int {
   kOpcodeMask = 0xff, kBMN = 1 << 8, kAMN = 1 << 9, kF8 = 1 << 10, kOpUserShift = 11,
-  kHalfN = 1 << 30
+  kSolo = 1 << 29, kHalfN = 1 << 30
 };
 MOKGEN_DEV int opcode(const Task& t) { return t.op & kOpcodeMask; }
 
@@ -71,7 +74,8 @@ enum Profile : unsigned {
 };
 
 template <int BN_, int STAGES_, int Q_ = 0, unsigned PROF_ = 0, int TASK_SLOTS_ = 4,
-          bool PINGPONG_ = false, bool SIGNAL_WARP_ = false, int EPI_BYTES_ = 0>
+          bool PINGPONG_ = false, bool SIGNAL_WARP_ = false, int EPI_BYTES_ = 0,
+          bool SOLO_ = false>
 struct GemmCfg {
   static constexpr int BM = 128, BK = 64, BN = BN_, Q = Q_;
   static constexpr unsigned PROF = PROF_;
@@ -82,6 +86,8 @@ struct GemmCfg {
   static constexpr bool SIGNAL_WARP = SIGNAL_WARP_;
   // shared memory the Problem's epilogues stage tiles in (GemmSmem::epi), after the rest
   static constexpr int EPI_BYTES = EPI_BYTES_;
+  // the Problem may issue kSolo tasks beside cooperative ones (consumer_cooperative)
+  static constexpr bool SOLO = SOLO_;
   static constexpr int kThreads = 384;
   static constexpr int kConsumerWarps = 8;
   // warps that read (and free) each ring stage: both consumer warpgroups, or in ping-pong the
@@ -120,6 +126,8 @@ struct GemmCfg {
   static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= kPool, "register pool");
   static_assert(kGatherProducerRegs * 128 + kGatherConsumerRegs * 256 <= kPool, "register pool");
   static_assert(!(PINGPONG && SIGNAL_WARP), "the signal warp serves the cooperative schedule");
+  static_assert(!SOLO || (!PINGPONG && !SIGNAL_WARP && Q == 0 && BN == 256),
+                "solo tasks: bf16, beside cooperative tasks whose consumers signal");
   static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block (sm_90)");
 };
 
@@ -187,7 +195,10 @@ struct GemmSmem {
 // both halves of a task are stored (warpgroup 0 arrives, warpgroup 1 waits and signals);
 // SIGNAL_WARP: kBarSignal + task slot, both consumer warpgroups have stored the slot's task
 // (they arrive, the signal warp waits).
-// store_rows_tma: kBarEpi + warpgroup, its 128 threads around each staged box.
-enum : uint32_t { kBarTile = 1, kBarTurn = 2, kBarDone = 4, kBarSignal = 6, kBarEpi = 10 };
+// store_rows_tma: kBarEpi + warpgroup, its 128 threads around each staged box. kBarSolo +
+// warpgroup: its 128 threads after a solo task's epilogue, before its signal.
+enum : uint32_t {
+  kBarTile = 1, kBarTurn = 2, kBarDone = 4, kBarSignal = 6, kBarEpi = 10, kBarSolo = 12
+};
 
 }  // namespace mokgen

@@ -144,7 +144,11 @@ struct BwdSchedule {
   // weight-gradient row tiles: dW2 / dsw2 (M = D), dW1 (M = 2I), dsw1 (M = 2IS)
   static constexpr int MT_D = ceil_div(C::D, BM), MT_2I = ceil_div(2 * C::I, BM);
   static constexpr int MT_2IS = ceil_div(2 * C::IS, BM);
-  static constexpr int W2T = MT_D * DG_N, W1T = MT_2I * DX_N;
+  // the routed weight-gradient tiles' width: BN, or BN/2 where they run as solo tasks
+  // (GemmCfg::SOLO: one consumer warpgroup each, beside the other's; gemm_tile.cuh)
+  static constexpr int WBN = Cfg::SOLO ? BN / 2 : BN;
+  static constexpr int WN_I = ceil_div(C::I, WBN), WN_D = ceil_div(C::D, WBN);
+  static constexpr int W2T = MT_D * WN_I, W1T = MT_2I * WN_D;
   static constexpr int WT = W2T + W1T;
   static constexpr int SW2T = MT_D * SDG_N, SW1T = MT_2IS * DX_N;
   static_assert(C::B % BM == 0 && C::SLOTS >= 2, "minibatch of whole tiles, >= 2 ring slots");
@@ -283,11 +287,19 @@ struct BwdProblem {
   // output origin is (a_row0, b_row0) in every kernel, which is where their operands start.
   static constexpr int kWgradWhole = 1 << kOpUserShift, kWgradEmpty = 1 << (kOpUserShift + 1);
   static constexpr int kWgradExpertShift = kOpUserShift + 2;
-  static_assert(!kTmaWgrad || C::L <= (1 << (30 - kWgradExpertShift)),
-                "the expert fits the op's bits (below kHalfN)");
+  static_assert(!kTmaWgrad || C::L <= (1 << (29 - kWgradExpertShift)),
+                "the expert fits the op's bits (below kSolo)");
   static constexpr int kWgradBufs = Cfg::EPI_BYTES / 2 / 8192;
-  static MOKGEN_DEV int wgrad_expert(const Task& t) {  // below a narrow tile's kHalfN
+  static MOKGEN_DEV int wgrad_expert(const Task& t) {  // below kSolo and kHalfN
+    if constexpr (Cfg::SOLO) return (t.op & (kSolo - 1)) >> kWgradExpertShift;
     return (kNarrowTiles ? t.op & (kHalfN - 1) : t.op) >> kWgradExpertShift;
+  }
+  // A routed weight-gradient tile's width bit: solo (BN/2 columns, Cfg::SOLO) or, for a
+  // tile of BN at an edge, narrow
+  template <int W>
+  static MOKGEN_DEV int wgrad_width_bit(int n0) {
+    if constexpr (Cfg::SOLO) return kSolo;
+    return half_bit<W, BN>(n0);
   }
 
   // counters: [0] tasks | ready[MB] | r_done[MB*RT] | dg_done[MB*RT] | fin_done[MB]
@@ -543,14 +555,15 @@ struct BwdProblem {
               (seg.z == seg.y ? kWgradEmpty : 0);
       c_col0 = u > 0 ? u - 1 : 0;  // (seg.z - 1) / B, checked above
     }
+    constexpr int W = S::WBN;
     if (tt < S::W2T) {  // dW2_e [D, I] = (w dy)^T a
       const int mt = tt % S::MT_D, nt = tt / S::MT_D;
-      return Task{kWgrad2 | bits | half_bit<C::I, BN>(nt * BN), mt * BM, nt * BN, k0, mt * BM,
+      return Task{kWgrad2 | bits | wgrad_width_bit<C::I>(nt * W), mt * BM, nt * W, k0, mt * BM,
                   c_col0, sid, kb};
     }
     const int t1 = tt - S::W2T;  // dW1_e [2I, D] = dh^T x
     const int mt = t1 % S::MT_2I, nt = t1 / S::MT_2I;
-    return Task{kWgrad1 | bits | half_bit<C::D, BN>(nt * BN), mt * BM, nt * BN, k0, mt * BM,
+    return Task{kWgrad1 | bits | wgrad_width_bit<C::D>(nt * W), mt * BM, nt * W, k0, mt * BM,
                 c_col0, sid, kb};
   }
 
@@ -711,18 +724,22 @@ struct BwdProblem {
   // rounded once more: the same two roundings as autograd's bf16 gradient and its add into
   // .grad), instead of the register path's read of it: the weight gradients are this phase's
   // memory traffic, and their reads were its most expensive part.
-  MOKGEN_DEV void wgrad_epilogue(const Task& t, float (&acc)[BN / 2], int cwg) const {
+  // TBN: the tile's width (BN, or BN/2 for a solo task); rows 64 half .. of it in acc, by
+  // consumer warpgroup wg (its staging half, its barriers): a cooperative tile's warpgroup
+  // its own half, a solo task's warpgroup both halves in turn (epilogue_solo).
+  template <int TBN>
+  MOKGEN_DEV void wgrad_epilogue(const Task& t, float (&acc)[TBN / 2], int half, int wg) const {
     const int op = opcode(t);
     if constexpr ((Cfg::PROF & kProfNoWgradEpilogue) != 0)  // profiling (profile_bwd.py)
       if (op == kWgrad2 || op == kWgrad1) return;
     const int row0 = t.a_row0, col0 = t.b_row0;  // the output's origin (kWgradWhole)
     if constexpr (kTmaWgrad) {
       if ((t.op & kWgradWhole) && buf->wgrad_tma) {
-        store_rows_tma<BN, kWgradBufs>(
-            acc, cwg, stage + cwg * (Cfg::EPI_BYTES / 2),
-            op == kWgrad2 ? &maps->dw2_st : &maps->dw1_st, col0, row0 + 64 * cwg,
+        store_rows_tma<TBN, (kWgradBufs < TBN / 64 ? kWgradBufs : TBN / 64)>(
+            acc, wg, stage + wg * (Cfg::EPI_BYTES / 2),
+            op == kWgrad2 ? &maps->dw2_st : &maps->dw1_st, col0, row0 + 64 * half,
             wgrad_expert(t),
-            op == kWgrad2 ? cols_valid<C::I, BN>(col0) : cols_valid<C::D, BN>(col0),
+            op == kWgrad2 ? cols_valid<C::I, TBN>(col0) : cols_valid<C::D, TBN>(col0),
             buf->accumulate != 0);
         return;
       }
@@ -758,9 +775,9 @@ struct BwdProblem {
     if (ws) ws += base;
     const bool last = idx == count - 1;
     const bool add = buf->accumulate && (op == kWgrad2 || op == kWgrad1);
-    const int n_valid = op == kWgrad2  ? cols_valid<C::I, BN>(col0)
-                        : op == kSWgrad2 ? cols_valid<C::IS, BN>(col0)
-                                         : cols_valid<C::D, BN>(col0);  // dW1, dsw1
+    const int n_valid = op == kWgrad2  ? cols_valid<C::I, TBN>(col0)
+                        : op == kSWgrad2 ? cols_valid<C::IS, TBN>(col0)
+                                         : cols_valid<C::D, TBN>(col0);  // dW1, dsw1
     const int m_valid = op == kWgrad1    ? rows_valid<2 * C::I, BM>(row0)
                         : op == kSWgrad1 ? rows_valid<2 * C::IS, BM>(row0)
                                          : rows_valid<C::D, BM>(row0);  // dW2, dsw2
@@ -768,7 +785,7 @@ struct BwdProblem {
       // own path: with the sum's load and the branches of the general one below in each
       // pair's body, ptxas kept them there (a loop of 64 pairs is not unswitched), ~10
       // instructions a pair where this needs a convert and a store (ncu, kimi ep 8)
-      for_each_acc_pair<BN>(acc, cwg, m_valid, [&](int r, int c, float v0, float v1) {
+      for_each_acc_pair<TBN>(acc, half, m_valid, [&](int r, int c, float v0, float v1) {
         *reinterpret_cast<__nv_bfloat162*>(out + (size_t)r * ld + c) =
             __floats2bfloat162_rn(v0, v1);
       }, n_valid);
@@ -776,14 +793,14 @@ struct BwdProblem {
     }
     if (add && last) {  // the gradient already there, in a pass of loads alone (a load next
       // to each store below would wait for that store: the compiler cannot tell them apart)
-      for_each_acc_pair<BN>(acc, cwg, m_valid, [&](int r, int c, float& v0, float& v1) {
+      for_each_acc_pair<TBN>(acc, half, m_valid, [&](int r, int c, float& v0, float& v1) {
         const float2 before = __bfloat1622float2(
             *reinterpret_cast<const __nv_bfloat162*>(out + (size_t)r * ld + c));
         v0 += before.x;
         v1 += before.y;
       }, n_valid);
     }
-    for_each_acc_pair<BN>(acc, cwg, m_valid, [&](int r, int c, float v0, float v1) {
+    for_each_acc_pair<TBN>(acc, half, m_valid, [&](int r, int c, float v0, float v1) {
       const size_t o = (size_t)r * ld + c;
       if (idx > 0) {  // L2 only: another SM wrote the running sum
         const float2 prev = __ldcg(reinterpret_cast<const float2*>(ws + o));
@@ -880,10 +897,21 @@ struct BwdProblem {
         }
       }
     } else {
-      wgrad_epilogue(t, acc, cwg);
+      wgrad_epilogue<BN>(t, acc, cwg, cwg);
     }
     if (op == kSGateUp || op == kReplay || op == kSDgrad || op == kDgrad)
       fence_proxy_async_global();  // later GEMMs read these rows through TMA
+  }
+
+  // A solo task (Cfg::SOLO: a routed weight-gradient tile of BN/2 columns, gemm_tile.cuh
+  // consume_tile_solo): all BM rows, by consumer warpgroup wg alone, one 64-row half after
+  // the other through its own staging half.
+  MOKGEN_DEV void epilogue_solo(const Task& t, float (&acc)[Cfg::kAccRegs], int wg) {
+    if constexpr ((Cfg::PROF & kProfNoBwdEpilogues) != 0) return;
+    constexpr int H = Cfg::kAccRegs / 2;
+#pragma unroll  // the accumulators stay registers only when each half's index is a constant
+    for (int half = 0; half < 2; ++half)
+      wgrad_epilogue<BN / 2>(t, *reinterpret_cast<float(*)[H]>(&acc[half * H]), half, wg);
   }
 
   // One thread, once per task, after every thread's epilogue stores (gemm_persistent).
@@ -902,8 +930,8 @@ struct BwdProblem {
         break;
       case kWgrad2: case kWgrad1: {
         const int tt = op == kWgrad2
-            ? (t.b_row0 / BN) * S::MT_D + t.a_row0 / BM
-            : S::W2T + (t.b_row0 / BN) * S::MT_2I + t.a_row0 / BM;
+            ? (t.b_row0 / S::WBN) * S::MT_D + t.a_row0 / BM
+            : S::W2T + (t.b_row0 / S::WBN) * S::MT_2I + t.a_row0 / BM;
         int e, unit;
         bool more = false;  // a later segment of the expert reads this one's fp32 sum
         if (kTmaWgrad && (t.op & kWgradWhole)) {

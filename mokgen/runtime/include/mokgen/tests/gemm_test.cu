@@ -449,3 +449,74 @@ __device__ void plain_pt(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMap*
   }
 MOKGEN_PLAIN_PT(gemm_plain_pt, 0)
 MOKGEN_PLAIN_PT(gemm_plain_t2_pt, 2)
+
+// ------------------------------------------------------------------ solo tasks beside cooperative ones
+// The engine's solo tasks (gemm_tile.cuh consume_tile_solo, GemmCfg::SOLO) in one persistent
+// kernel with cooperative tasks, as a weight-gradient phase would run them beside dgrad / dx:
+// C = A B^T with A given as [K, M] and B as [K, N] (both MN-major, boxes 64 x 64); m-blocks
+// below m_coop in cooperative 128 x 256 tiles, the rest in solo 128 x 128 tasks (m fastest),
+// tasks from an atomic counter. m_coop = 0: every task solo; m_coop = M / 128: none.
+using SoloCfg = GemmCfg<256, 4, 0, 0, 4, false, false, 0, true>;
+static_assert(SoloCfg::SMEM_BYTES == CoopCfg::SMEM_BYTES, "the host sizes both alike");
+
+template <class Cfg>
+struct MixedProblem {
+  static constexpr bool kMNOperands = true;
+  static constexpr bool kNarrowTiles = false;
+  static constexpr int kQ = 0;
+  const CUtensorMap* ta;
+  const CUtensorMap* tb;
+  __nv_bfloat16* C;
+  int M, N, k_blocks, m_blocks, m_coop;
+  int* counter;
+
+  __device__ void prefetch() const { tma_prefetch_desc(ta); tma_prefetch_desc(tb); }
+  __device__ const CUtensorMap* map_a(const Task&) const { return ta; }
+  __device__ const CUtensorMap* map_b(const Task&) const { return tb; }
+  __device__ int coop_tasks() const { return m_coop * (N / Cfg::BN); }
+  __device__ Task next_task() {
+    const int t = atomicAdd(counter, 1);
+    const int solo_m = m_blocks - m_coop;
+    if (t >= coop_tasks() + solo_m * (N / (Cfg::BN / 2))) return stop_task();
+    int mb, n0, op = kAMN | kBMN;
+    if (t < coop_tasks()) {
+      int nb;
+      raster_grouped(t, m_coop, N / Cfg::BN, kGroupM, mb, nb);
+      n0 = nb * Cfg::BN;
+    } else {
+      const int u = t - coop_tasks();
+      mb = m_coop + u % solo_m;
+      n0 = (u / solo_m) * (Cfg::BN / 2);
+      op |= kSolo;
+    }
+    const int r0 = mb * Cfg::BM;
+    return Task{op, r0, n0, 0, r0, n0, min(Cfg::BM, M - r0), k_blocks};
+  }
+  __device__ void epilogue(const Task& t, float (&acc)[Cfg::kAccRegs], int cwg) {
+    __nv_bfloat16* base = C + (size_t)t.c_row0 * N + t.c_col0;
+    const int ld = N;
+    for_each_acc_pair<Cfg::BN>(acc, cwg, t.m_valid, [&](int r, int c, float v0, float v1) {
+      store_bf16x2(base + (size_t)r * ld + c, v0, v1);
+    });
+  }
+  __device__ void epilogue_solo(const Task& t, float (&acc)[Cfg::kAccRegs], int) {
+    constexpr int H = Cfg::kAccRegs / 2;
+    __nv_bfloat16* base = C + (size_t)t.c_row0 * N + t.c_col0;
+    const int ld = N;
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+      for_each_acc_pair<Cfg::BN / 2>(*reinterpret_cast<float(*)[H]>(&acc[c * H]), c, t.m_valid,
+                                     [&](int r, int col, float v0, float v1) {
+                                       store_bf16x2(base + (size_t)r * ld + col, v0, v1);
+                                     });
+  }
+  __device__ void signal(const Task&) const {}
+};
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_mixed_t2(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
+              __nv_bfloat16* C, int M, int N, int K, int m_coop, int* counter) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  MixedProblem<SoloCfg> p{&tmA, &tmB, C, M, N, (K + 63) / 64, M / SoloCfg::BM, m_coop, counter};
+  gemm_persistent<SoloCfg>(p, smem);
+}
