@@ -166,20 +166,26 @@ def time_ms(fn, iters: int, warmup: int = 5) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in ev)
 
 
+def poisoned_twice(run, out) -> bool:
+    """`run` into a NaN-poisoned `out` twice (the second run's result stays in `out`): whether
+    both runs wrote the same bits."""
+    out.fill_(float("nan"))
+    run()
+    torch.cuda.synchronize()
+    first = out.clone()
+    out.fill_(float("nan"))
+    run()
+    torch.cuda.synchronize()
+    return bool(torch.equal(first, out))
+
+
 def check(name, runs, out, ref, results):
     """Each schedule: poison, run twice, compare with the reference and between runs; then the
     schedules with each other (bitwise)."""
     outs = {}
     for sched, run in runs.items():
-        out.fill_(float("nan"))
-        run()
-        torch.cuda.synchronize()
-        first = out.clone()
-        out.fill_(float("nan"))
-        run()
-        torch.cuda.synchronize()
+        det = poisoned_twice(run, out)
         err = rel_err(out, ref)
-        det = bool(torch.equal(first, out))
         info = {"rel_err": err, "deterministic": det, "ok": err <= TOL and det}
         if not info["ok"]:  # where it goes wrong, for debugging without a second GPU session
             d = (out.float() - ref).abs().nan_to_num(1e30)

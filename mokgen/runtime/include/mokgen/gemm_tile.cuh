@@ -359,6 +359,28 @@ MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task&
 // MN-major (BN/2 columns of boxes, loaded as a narrow tile's) and the Problem picks the
 // tasks.
 // Each warp frees a stage with 2 arrivals: the empty barriers count both warpgroups' warps.
+// One K slice of a 128-row task from one warpgroup: rows 0..63 of the stage's A into d0,
+// 64..127 into d1 (8 KB apart in either layout), against all of its B.
+template <class Mma, int BK, int TA, int TB>
+MOKGEN_DEV void mma_slice_two_chains(float (&d0)[Mma::kRegs], float (&d1)[Mma::kRegs],
+                                     const uint8_t* a, const uint8_t* b, bool accumulate) {
+  const uint64_t da0 = TA ? make_desc_mnmajor_sw128(a) : make_desc_kmajor_sw128(a);
+  const uint64_t da1 = TA ? make_desc_mnmajor_sw128(a + 64 * 128)
+                          : make_desc_kmajor_sw128(a + 64 * 128);
+  const uint64_t db = TB ? make_desc_mnmajor_sw128(b) : make_desc_kmajor_sw128(b);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < BK / 16; ++kk) {
+    const uint64_t dbk = TB ? desc_advance_k16_mn(db, kk) : desc_advance_k16(db, kk);
+    const int scale_d = accumulate || kk != 0;
+    Mma::template mma<TA, TB>(d0, TA ? desc_advance_k16_mn(da0, kk) : desc_advance_k16(da0, kk),
+                              dbk, scale_d);
+    Mma::template mma<TA, TB>(d1, TA ? desc_advance_k16_mn(da1, kk) : desc_advance_k16(da1, kk),
+                              dbk, scale_d);
+  }
+  wgmma_commit();
+}
+
 template <class Cfg, int TA, int TB>
 MOKGEN_DEV bool consume_tile_solo(const GemmSmem<Cfg>& sm, PipeState& ps, const Task& t,
                                   float (&acc)[Cfg::kAccRegs]) {
@@ -377,23 +399,8 @@ MOKGEN_DEV bool consume_tile_solo(const GemmSmem<Cfg>& sm, PipeState& ps, const 
   wgmma_fence_regs(acc);
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     ok &= mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());
-    // rows 64 c ..: a K-major A's rows or an MN-major A's box, 8 KB either way
-    const uint8_t* a = sm.a_stage(ps.idx());
-    const uint64_t da0 = TA ? make_desc_mnmajor_sw128(a) : make_desc_kmajor_sw128(a);
-    const uint64_t da1 = TA ? make_desc_mnmajor_sw128(a + 64 * 128)
-                            : make_desc_kmajor_sw128(a + 64 * 128);
-    const uint64_t db = TB ? make_desc_mnmajor_sw128(sm.b_stage(ps.idx()))
-                           : make_desc_kmajor_sw128(sm.b_stage(ps.idx()));
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Cfg::BK / 16; ++kk) {
-      const uint64_t dbk = TB ? desc_advance_k16_mn(db, kk) : desc_advance_k16(db, kk);
-      Mma::template mma<TA, TB>(d0, TA ? desc_advance_k16_mn(da0, kk) : desc_advance_k16(da0, kk),
-                                dbk, (kb | kk) != 0);
-      Mma::template mma<TA, TB>(d1, TA ? desc_advance_k16_mn(da1, kk) : desc_advance_k16(da1, kk),
-                                dbk, (kb | kk) != 0);
-    }
-    wgmma_commit();
+    mma_slice_two_chains<Mma, Cfg::BK, TA, TB>(d0, d1, sm.a_stage(ps.idx()),
+                                               sm.b_stage(ps.idx()), kb != 0);
     wgmma_wait<1>();
     if (prev >= 0) {
       __syncwarp();

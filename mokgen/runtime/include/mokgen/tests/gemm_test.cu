@@ -394,23 +394,8 @@ __device__ void plain_pt(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMap*
       wgmma_fence_regs(acc[1]);
       for (int kb = 0; kb < kbn; ++kb) {
         mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());
-        // chain c: tile rows 64 c .. (a K-major A's rows or an MN-major A's box: 8 KB either)
-        const uint8_t* a = sm.a_stage(ps.idx());
-        const uint64_t da0 = TA ? make_desc_mnmajor_sw128(a) : make_desc_kmajor_sw128(a);
-        const uint64_t da1 = TA ? make_desc_mnmajor_sw128(a + kBox)
-                                : make_desc_kmajor_sw128(a + kBox);
-        const uint64_t db = TB ? make_desc_mnmajor_sw128(sm.b_stage(ps.idx()))
-                               : make_desc_kmajor_sw128(sm.b_stage(ps.idx()));
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          const uint64_t dbk = TB ? desc_advance_k16_mn(db, kk) : desc_advance_k16(db, kk);
-          Mma::template mma<TA, TB>(acc[0], TA ? desc_advance_k16_mn(da0, kk)
-                                               : desc_advance_k16(da0, kk), dbk, (kb | kk) != 0);
-          Mma::template mma<TA, TB>(acc[1], TA ? desc_advance_k16_mn(da1, kk)
-                                               : desc_advance_k16(da1, kk), dbk, (kb | kk) != 0);
-        }
-        wgmma_commit();
+        mma_slice_two_chains<Mma, Cfg::BK, TA, TB>(acc[0], acc[1], sm.a_stage(ps.idx()),
+                                                   sm.b_stage(ps.idx()), kb != 0);
         wgmma_wait<1>();
         if (prev >= 0) {
           __syncwarp();
