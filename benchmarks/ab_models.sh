@@ -10,6 +10,8 @@
 #   (the script imports the mokgen of the tree it sits in: copy it there if that tree
 #   predates it; a copy run from elsewhere builds its own tree's kernels)
 # then, carrying .build:  bash benchmarks/ab_models.sh NAME MODEL,MODEL... [EP] [TOKENS]
+# OTHER_ARGS="--gemm-bwd 128x256x4-solo": models.py arguments of the NAME side only (a plan
+# option against the default: NAME then holds the same tree, prebuilt with the same args).
 # Per side and model: the medians of its two runs; last, NAME / base per model.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0
@@ -25,12 +27,12 @@ OTHER=$ROOT/.build/ab/$NAME
 i=0
 for side in base "$NAME" "$NAME" base; do
   i=$((i + 1))
-  dir=$ROOT; cache=$ROOT/.build/kc
-  [ "$side" = base ] || { dir=$OTHER; cache=$OTHER/kc; }
+  dir=$ROOT; cache=$ROOT/.build/kc; args=
+  [ "$side" = base ] || { dir=$OTHER; cache=$OTHER/kc; args=${OTHER_ARGS:-}; }
   mkdir -p "$OUT/models_${side}_$i"
   (cd "$dir" && PYTHONPATH=$dir MOKGEN_CACHE=$cache timeout ${RUN_TIMEOUT:-240} \
     python3 benchmarks/models.py --models "$MODELS" --ep "$EP" --tokens "$TOKENS" \
-    --out "$OUT/models_${side}_$i" > "$OUT/models_${side}_$i.log" 2>&1)
+    --out "$OUT/models_${side}_$i" $args > "$OUT/models_${side}_$i.log" 2>&1)
   echo "== $side run $i: exit $?"
 done
 python3 - "$OUT" "$NAME" <<'PY'

@@ -17,9 +17,10 @@ Every kernel's epilogue is the test kernels' (bf16 pairs stored from registers),
 output element, so the schedules compare; the megakernels' own epilogues differ.
 Checks: fresh random inputs, NaN-poisoned output, fp32 reference (rel. error <= 1e-2) and a
 bitwise repeat; whether each is bitwise equal to coop is reported (each output element is one
-warpgroup's wgmma chain in the same K order: equal unless the MMA shape changes the sums). Timing: rounds taking turns, the median of `iters` launches, the best
-round per kernel; the SM clock and power over the run (nvidia-smi): the GPU is power-capped
-under sustained GEMMs (trace.py --clocks).
+warpgroup's wgmma chain in the same K order: equal unless the MMA shape changes the sums).
+Timing: rounds taking turns, the median of `iters` launches, the best round per kernel; the
+SM clock and power over the run (nvidia-smi): the GPU is power-capped under sustained GEMMs
+(trace.py --clocks).
 
     python benchmarks/gemm_experiments.py [--cubin .build/gemm_test.cubin] [--iters 30]
 Writes $OUT/gemm_experiments.json, the tables last."""
@@ -135,9 +136,9 @@ def pt(f, sms, counters, res, a):
             ta = mc.make_tensor_map_2d(At, K, M, M * 2, 64, 64)
             tb = mc.make_tensor_map_2d(Bt, K, N, N * 2, 64, 64)
             ta_pt, tb_pt = ta, tb
-            coop = lambda fn: lambda: mc.launch(f[fn], min(sms, (M // BM) * (N // BN)), 384,  # noqa: E731
-                                                SMEM, None, [ta, tb, C, M, N, K, N,
-                                                             counters.next(), 2])
+            def coop(fn, grid=min(sms, (M // BM) * (N // BN))):
+                return lambda: mc.launch(f[fn], grid, 384, SMEM, None,
+                                         [ta, tb, C, M, N, K, N, counters.next(), 2])
             runs = {"coop": coop("coop_t"), "pp": coop("pp_t")}
             pt_fn = f["pt_t2"]
             for k, m_coop in (("solo", 0), ("mixed", M // 256)):  # the engine's solo tasks
@@ -149,9 +150,9 @@ def pt(f, sms, counters, res, a):
             tb = mc.make_tensor_map_2d(B, N, K, K * 2, BN, BK)
             ta_pt = ta
             tb_pt = mc.make_tensor_map_2d(B, N, K, K * 2, 128, BK)
-            coop = lambda fn: lambda: mc.launch(f[fn], min(sms, (M // BM) * (N // BN)), 384,  # noqa: E731
-                                                SMEM, None, [ta, tb, C, M, N, K, N,
-                                                             counters.next()])
+            def coop(fn, grid=min(sms, (M // BM) * (N // BN))):
+                return lambda: mc.launch(f[fn], grid, 384, SMEM, None,
+                                         [ta, tb, C, M, N, K, N, counters.next()])
             runs = {"coop": coop("coop"), "pp": coop("pp")}
             pt_fn = f["pt"]
         runs["pt"] = lambda: mc.launch(pt_fn, min(sms, (M // 128) * (N // 128)), 384, PT_SMEM,

@@ -2,7 +2,7 @@
 of a virtual ep = 8 deployment (the largest ep <= 8 dividing E where 8 does not), forward and
 training step, against torch._grouped_mm (autograd for the backward), same inputs, one run.
 
-    python benchmarks/models.py [--tokens 4096] [--iters 20] [--out DIR]
+    python benchmarks/models.py [--tokens 4096] [--iters 20] [--out DIR] [--gemm-bwd TILE]
 
 The training step is the forward without autograd plus the backward after a forward that
 kept what it needs (mokgen: its ring; PyTorch: autograd's saved tensors), both sides alike.
@@ -19,6 +19,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import mokgen  # noqa: E402
 from mokgen.bench import bench_one, save_results  # noqa: E402
+from mokgen.cli import _gemm  # noqa: E402
 
 MODELS = ("qwen3-30b-a3b", "qwen3-235b-a22b", "qwen1.5-moe-a2.7b", "deepseek-v2-lite",
           "deepseek-v3", "mixtral-8x7b", "mixtral-8x22b", "olmoe-1b-7b", "llama-4-scout",
@@ -36,12 +37,15 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--ep", default="", help="comma list of ep (default: 1 and the virtual one)")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--gemm-bwd", type=_gemm, default=None, metavar="BMxBNxSTAGES[-...]",
+                    help="the backward's GEMM tile and schedule (mokgen.compile gemm_bwd)")
     a = ap.parse_args(argv)
+    over = dict(gemm_bwd=a.gemm_bwd) if a.gemm_bwd else {}
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for name in a.models.split(","):
         for ep in ([int(e) for e in a.ep.split(",")] if a.ep else eps(mokgen.shapes.get(name))):
-            r = bench_one(name, ep, a.tokens, a.iters, g, backward=True, naive=False)
+            r = bench_one(name, ep, a.tokens, a.iters, g, backward=True, naive=False, **over)
             b = r["backward"]
             r["train_mokgen_ms"] = r["mokgen_ms"] + b["mokgen_ms"]
             r["train_grouped_ms"] = r["grouped_ms"] + b["grouped_ms"]

@@ -347,18 +347,6 @@ MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task&
   return ok;
 }
 
-// A solo task (kSolo, GemmCfg::SOLO): one consumer warpgroup runs all BM rows of a
-// BM x BN/2 task, two m64n(BN/2) chains a k16 step into the two halves of its BN/2
-// accumulators (rows 0..63, then 64..127), while the other warpgroup runs the next task: so
-// one's epilogue runs under the other's MMA. The ring holds the tasks' slices in channel
-// order, so a warpgroup's solo mainloop starts when the previous task's slices are nearly
-// consumed: the two alternate on the tensor core without turn barriers. Measured in the
-// engine alone (benchmarks/gemm_experiments.py, whole-task ping-pong, H200): weight-gradient
-// GEMMs (both operands MN-major, K = 384 / 1,024) 1.05-1.26x the cooperative tile, long-K
-// K-major ones 0.82-0.91x (a 128 x 128 tile reads 25% more shared memory a MAC): so B is
-// MN-major (BN/2 columns of boxes, loaded as a narrow tile's) and the Problem picks the
-// tasks.
-// Each warp frees a stage with 2 arrivals: the empty barriers count both warpgroups' warps.
 // One K slice of a 128-row task from one warpgroup: rows 0..63 of the stage's A into d0,
 // 64..127 into d1 (8 KB apart in either layout), against all of its B.
 template <class Mma, int BK, int TA, int TB>
@@ -381,6 +369,18 @@ MOKGEN_DEV void mma_slice_two_chains(float (&d0)[Mma::kRegs], float (&d1)[Mma::k
   wgmma_commit();
 }
 
+// A solo task (kSolo, GemmCfg::SOLO): one consumer warpgroup runs all BM rows of a
+// BM x BN/2 task, two m64n(BN/2) chains a k16 step into the two halves of its BN/2
+// accumulators (rows 0..63, then 64..127), while the other warpgroup runs the next task: so
+// one's epilogue runs under the other's MMA. The ring holds the tasks' slices in channel
+// order, so a warpgroup's solo mainloop starts when the previous task's slices are nearly
+// consumed: the two alternate on the tensor core without turn barriers. Measured in the
+// engine alone (benchmarks/gemm_experiments.py, whole-task ping-pong, H200): weight-gradient
+// GEMMs (both operands MN-major, K = 384 / 1,024) 1.05-1.26x the cooperative tile, long-K
+// K-major ones 0.82-0.91x (a 128 x 128 tile reads 25% more shared memory a MAC): so B is
+// MN-major (BN/2 columns of boxes, loaded as a narrow tile's) and the Problem picks the
+// tasks.
+// Each warp frees a stage with 2 arrivals: the empty barriers count both warpgroups' warps.
 template <class Cfg, int TA, int TB>
 MOKGEN_DEV bool consume_tile_solo(const GemmSmem<Cfg>& sm, PipeState& ps, const Task& t,
                                   float (&acc)[Cfg::kAccRegs]) {
@@ -531,8 +531,9 @@ struct ConsumerAcc {
 // Solo tasks (GemmCfg::SOLO): the warpgroups take turns, warpgroup 1 taking those whose
 // kHalfN the producer set (every other solo task it pushed: the consumers hold no count of
 // their own, whose register made the narrow-tile backward spill); the other one steps its
-// ring state past the task's slices and frees its share of the slot at once. The one that runs it stores, syncs its own 128 threads and
-// signals: cooperative tasks around it run as before (both warpgroups, kBarTile).
+// ring state past the task's slices and frees its share of the slot at once. The one that
+// runs it stores, syncs its own 128 threads and signals: cooperative tasks around it run as
+// before (both warpgroups, kBarTile).
 template <class Cfg, class Problem>
 MOKGEN_DEV void consumer_cooperative(Problem& prob, const GemmSmem<Cfg>& sm, int cwg) {
   PipeState ps, ts;
@@ -759,7 +760,7 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
               continue;
             }
           }
-          // a solo task's B is BN/2 columns: it carries kHalfN too (consume_tile_solo)
+          // solo kernels load a solo task's B as a narrow tile's: BN/2 columns
           produce_tile<Cfg, Problem::kNarrowTiles || Cfg::SOLO>(sm, ps, prob.map_a(t),
                                                                 prob.map_b(t), t,
                                                                 Cfg::PINGPONG ? h : -1);

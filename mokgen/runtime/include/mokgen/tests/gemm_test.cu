@@ -313,7 +313,7 @@ __device__ void plain_pair(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMa
 MOKGEN_PLAIN_PAIR(gemm_plain_pair, false)
 MOKGEN_PLAIN_PAIR(gemm_plain_mc, true)
 
-// ------------------------------------------------------------------ whole-task ping-pong (experiment)
+// ------------------------------------------------------------- whole-task ping-pong (experiment)
 // Whether an epilogue can hide behind the other warpgroup's MMA without the half-task
 // ping-pong's cost (gemm_tile.cuh: each 64-row half streamed its slices on its own, B twice
 // a task). Each consumer warpgroup runs every other task of its CTA end to end: a 128 x 128
@@ -435,7 +435,7 @@ __device__ void plain_pt(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMap*
 MOKGEN_PLAIN_PT(gemm_plain_pt, 0)
 MOKGEN_PLAIN_PT(gemm_plain_t2_pt, 2)
 
-// ------------------------------------------------------------------ solo tasks beside cooperative ones
+// ------------------------------------------------------------- solo tasks beside cooperative ones
 // The engine's solo tasks (gemm_tile.cuh consume_tile_solo, GemmCfg::SOLO) in one persistent
 // kernel with cooperative tasks, as a weight-gradient phase would run them beside dgrad / dx:
 // C = A B^T with A given as [K, M] and B as [K, N] (both MN-major, boxes 64 x 64); m-blocks
