@@ -6,8 +6,8 @@ Per task: ask -> got is the producer's next_task (the atomic and the dependency 
 pop -> main the consumers' mainloop (TMA data waits included), main -> epi the epilogue,
 epi -> done the consumers' barrier and the signal; a consumer's idle time is the gap between
 one task's done and the next one's pop, charged to the task it waited for. Cooperative
-consumers only (the default, and -sw): ping-pong builds record the producer's side alone,
-which this summary skips.
+consumers only (the default, -sw and -solo, whose solo tasks the warpgroup that runs them
+records): ping-pong builds record the producer's side alone, which this summary skips.
 Usage: python benchmarks/trace.py SHAPE EP N [DTYPE] [--gemm 128x256x4] [--gemm-bwd
        128x256x4-solo] [--out DIR]
        [--also PROFILE,...] (more profiles beside `trace`, e.g. no_dgrad_loads: what a part
