@@ -7,7 +7,9 @@ pop -> main the consumers' mainloop (TMA data waits included), main -> epi the e
 epi -> done the consumers' barrier and the signal; a consumer's idle time is the gap between
 one task's done and the next one's pop, charged to the task it waited for. Cooperative
 consumers only (the default, -sw and -solo, whose solo tasks the warpgroup that runs them
-records): ping-pong builds record the producer's side alone, which this summary skips.
+records; two warpgroups' solo tasks overlap in time, so their idle, taken in channel order,
+can read negative): ping-pong builds record the producer's side alone, which this summary
+skips.
 Usage: python benchmarks/trace.py SHAPE EP N [DTYPE] [--gemm 128x256x4] [--gemm-bwd
        128x256x4-solo] [--out DIR]
        [--also PROFILE,...] (more profiles beside `trace`, e.g. no_dgrad_loads: what a part
