@@ -369,6 +369,44 @@ MOKGEN_DEV void mma_slice_two_chains(float (&d0)[Mma::kRegs], float (&d1)[Mma::k
   wgmma_commit();
 }
 
+// The mainloop of a 128-row task run by one consumer warpgroup: k_blocks (> 0) slices into
+// two m64 chains (mma_slice_two_chains), one wgmma group in flight as in consume_tile; each
+// warp frees a stage with ARRIVALS arrivals (2 where the empty barriers count both
+// warpgroups' warps); hand_over as consume_tile's. Solo tasks and the whole-task ping-pong
+// test kernels (gemm_test.cu) share it.
+template <class Cfg, class Mma, int TA, int TB, int ARRIVALS>
+MOKGEN_DEV bool consume_two_chains(const GemmSmem<Cfg>& sm, PipeState& ps, int k_blocks,
+                                   float (&d0)[Mma::kRegs], float (&d1)[Mma::kRegs],
+                                   uint32_t hand_over = 0) {
+  const bool lane0 = (threadIdx.x & 31) == 0;
+  const auto release = [&](int stage) {
+    __syncwarp();
+    if (lane0) {
+      if constexpr (ARRIVALS == 1) mbar_arrive(&sm.empty()[stage]);
+      else mbar_arrive_cnt(&sm.empty()[stage], ARRIVALS);
+    }
+  };
+  int prev = -1;
+  bool ok = true;
+  wgmma_fence_regs(d0);
+  wgmma_fence_regs(d1);
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    ok &= mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());
+    mma_slice_two_chains<Mma, Cfg::BK, TA, TB>(d0, d1, sm.a_stage(ps.idx()),
+                                               sm.b_stage(ps.idx()), kb != 0);
+    wgmma_wait<1>();
+    if (prev >= 0) release(prev);
+    prev = (int)ps.idx();
+    ps.template advance<Cfg::STAGES>();
+  }
+  if (hand_over) named_bar_arrive(hand_over, 256);
+  wgmma_wait<0>();
+  wgmma_fence_regs(d0);
+  wgmma_fence_regs(d1);
+  release(prev);
+  return ok;
+}
+
 // A solo task (kSolo, GemmCfg::SOLO): one consumer warpgroup runs all BM rows of a
 // BM x BN/2 task, two m64n(BN/2) chains a k16 step into the two halves of its BN/2
 // accumulators (rows 0..63, then 64..127), while the other warpgroup runs the next task: so
@@ -386,34 +424,14 @@ MOKGEN_DEV bool consume_tile_solo(const GemmSmem<Cfg>& sm, PipeState& ps, const 
                                   float (&acc)[Cfg::kAccRegs]) {
   using Mma = Wgmma<Cfg::BN / 2>;
   static_assert(2 * Mma::kRegs == Cfg::kAccRegs, "two chains fill the accumulators");
-  float(&d0)[Mma::kRegs] = *reinterpret_cast<float(*)[Mma::kRegs]>(&acc[0]);
-  float(&d1)[Mma::kRegs] = *reinterpret_cast<float(*)[Mma::kRegs]>(&acc[Mma::kRegs]);
-  const bool lane0 = (threadIdx.x & 31) == 0;
   if (t.k_blocks <= 0) {
 #pragma unroll
     for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
     return true;
   }
-  int prev = -1;
-  bool ok = true;
-  wgmma_fence_regs(acc);
-  for (int kb = 0; kb < t.k_blocks; ++kb) {
-    ok &= mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());
-    mma_slice_two_chains<Mma, Cfg::BK, TA, TB>(d0, d1, sm.a_stage(ps.idx()),
-                                               sm.b_stage(ps.idx()), kb != 0);
-    wgmma_wait<1>();
-    if (prev >= 0) {
-      __syncwarp();
-      if (lane0) mbar_arrive_cnt(&sm.empty()[prev], 2);
-    }
-    prev = (int)ps.idx();
-    ps.template advance<Cfg::STAGES>();
-  }
-  wgmma_wait<0>();
-  wgmma_fence_regs(acc);
-  __syncwarp();
-  if (lane0) mbar_arrive_cnt(&sm.empty()[prev], 2);
-  return ok;
+  return consume_two_chains<Cfg, Mma, TA, TB, 2>(
+      sm, ps, t.k_blocks, *reinterpret_cast<float(*)[Mma::kRegs]>(&acc[0]),
+      *reinterpret_cast<float(*)[Mma::kRegs]>(&acc[Mma::kRegs]));
 }
 
 // Tile rasterization inside one [m_blocks x n_blocks] grid: groups of `group` m-blocks walk

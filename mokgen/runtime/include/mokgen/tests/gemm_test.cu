@@ -374,7 +374,6 @@ __device__ void plain_pt(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMap*
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
     const int h = wg - 1;
-    const bool lane0 = (threadIdx.x & 31) == 0;
     PipeState ps;
     if (h == 1) {
       named_bar_arrive(kBarTurn, 256);  // warpgroup 0 runs the first mainloop
@@ -389,27 +388,9 @@ __device__ void plain_pt(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMap*
 #pragma unroll
         for (int r = 0; r < 64; ++r) acc[c][r] = 0.f;
       named_bar_sync(kBarTurn + h, 256);
-      int prev = -1;
-      wgmma_fence_regs(acc[0]);
-      wgmma_fence_regs(acc[1]);
-      for (int kb = 0; kb < kbn; ++kb) {
-        mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());
-        mma_slice_two_chains<Mma, Cfg::BK, TA, TB>(acc[0], acc[1], sm.a_stage(ps.idx()),
-                                                   sm.b_stage(ps.idx()), kb != 0);
-        wgmma_wait<1>();
-        if (prev >= 0) {
-          __syncwarp();
-          if (lane0) mbar_arrive(&sm.empty()[prev]);
-        }
-        prev = (int)ps.idx();
-        ps.template advance<Cfg::STAGES>();
-      }
-      named_bar_arrive(kBarTurn + (h ^ 1), 256);  // the other's mainloop queues behind ours
-      wgmma_wait<0>();
-      wgmma_fence_regs(acc[0]);
-      wgmma_fence_regs(acc[1]);
-      __syncwarp();
-      if (lane0) mbar_arrive(&sm.empty()[prev]);
+      // the other's mainloop queues behind ours (hand-over once our last wgmma is issued)
+      consume_two_chains<Cfg, Mma, TA, TB, 1>(sm, ps, kbn, acc[0], acc[1],
+                                              kBarTurn + (h ^ 1));
       ps.template advance_by<Cfg::STAGES>(kbn);  // past the other's next task
       __nv_bfloat16* base = C + (size_t)mb * 128 * N + nb * 128;
 #pragma unroll
