@@ -81,7 +81,8 @@ def main(argv: list) -> int:
     t0 = time.perf_counter()
     bins = build.build(list(kernels), jobs=os.cpu_count())
     print(f"collect_kernels: {len(bins)} kernels ({sum(not b.cached for b in bins)} built) in "
-          f"{time.perf_counter() - t0:.0f} s, spills {sum(b.spills for b in bins)}")
+          f"{time.perf_counter() - t0:.0f} s, spills {sum(b.spills for b in bins)}, "
+          f"wgmma serialized in {sum(bool(b.serialized) for b in bins)}")
     return 0
 
 

@@ -65,7 +65,7 @@ def summarize(recs, ops, bm, bn):
     globaltimer / clock64 ratio)."""
     names = {v: k[1:] for k, v in ops.items()}  # kDgrad -> Dgrad
     op_, ask, got, pop, main, epi, done, gns = (F[k] for k in abi.TRACE_FIELDS)
-    kinds, spans, firsts = {}, [], []
+    kinds, spans, firsts, mhz = {}, [], [], []
     t_lo = t_hi = None
     for cta in recs:
         r = [row for row in cta if row[got] != 0 and row[done] != 0]  # both sides recorded
@@ -73,6 +73,8 @@ def summarize(recs, ops, bm, bn):
             continue
         ns_per_clk = (r[-1][gns] - r[0][gns]) / max(1, r[-1][pop] - r[0][pop])
         ms = ns_per_clk / 1e6
+        if ns_per_clk > 0:
+            mhz.append(1e3 / ns_per_clk)  # this CTA's SM clock over its tasks
         prev_done = r[0][ask]
         t0 = r[0][gns] - (r[0][pop] - r[0][ask]) * ns_per_clk
         t_lo = t0 if t_lo is None else min(t_lo, t0)
@@ -102,7 +104,8 @@ def summarize(recs, ops, bm, bn):
                           g + (row[done] - row[pop]) * ns_per_clk))
         t_hi = spans[-1][2] if t_hi is None else max(t_hi, spans[-1][2])
     ctas = len(recs)
-    out = dict(ctas=ctas, span_ms=(t_hi - t_lo) / 1e6 if spans else 0.0, kinds={})
+    out = dict(ctas=ctas, span_ms=(t_hi - t_lo) / 1e6 if spans else 0.0, kinds={},
+               sm_mhz=sorted(mhz)[len(mhz) // 2] if mhz else 0.0)
     for k, d in kinds.items():
         d["mean_k_blocks"] = d.pop("k_blocks") / d["tasks"]
         # the mainloop's rate, as if every CTA ran this kind's tiles at it
@@ -194,7 +197,8 @@ def clocks(phases, seconds=1.0):
 
 
 def table(title, s):
-    lines = [f"### {title}: {s['ctas']} CTAs, span {s['span_ms']:.3f} ms (SM-ms summed over CTAs)",
+    lines = [f"### {title}: {s['ctas']} CTAs, span {s['span_ms']:.3f} ms (SM-ms summed over CTAs), "
+             f"SM clock {s.get('sm_mhz', 0):.0f} MHz (median CTA: clock64 / globaltimer)",
              "| kind | tasks | K blk | mainloop | epilogue | signal | idle | main us | epi us | "
              "main TFLOP/s | ask us |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     tot = dict(mainloop_ms=0, epilogue_ms=0, signal_ms=0, idle_ms=0)
@@ -251,7 +255,8 @@ def main():
         plan = tuned_plan(shape, ep, a.dtype, n, profile=prof, **gemm)
         bins = build.build(codegen.emit(plan))
         print(f"{a.shape} ep {ep} N {n} {a.dtype}: {len(bins)} kernels, spills "
-              f"{sum(r['spill_stores'] for b in bins for r in b.resources.values())} B")
+              f"{sum(r['spill_stores'] for b in bins for r in b.resources.values())} B, "
+              f"wgmma serialized in {[b.name for b in bins if b.serialized]}")
         return
     g = torch.Generator(device="cuda").manual_seed(0)
     xs, zs, w1, w2, sw1, sw2 = make_slice(shape, ep, n, g)

@@ -53,6 +53,11 @@ class Binary:
     def spills(self) -> int:
         return sum(r["spill_stores"] + r["spill_loads"] for r in self.resources.values())
 
+    @property
+    def serialized(self) -> list:
+        """Functions whose wgmma instructions ptxas serialized (parse_ptxas)."""
+        return [fn for fn, r in self.resources.items() if r.get("wgmma_serialized")]
+
 
 def gencode(arch: str) -> tuple:
     # the -gencode form: `-arch=sm_90a` alone also runs a plain sm_90 pass that rejects wgmma
@@ -92,15 +97,24 @@ def cache_key(kernel: Kernel, arch: str) -> str:
 _FUNC = re.compile(r"Compiling entry function '(\w+)'")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGS = re.compile(r"Used (\d+) registers.*?(?:(\d+) bytes smem)?")
+# ptxas's C751x notes (C7510 .. C7515: registers, a call, a non-wgmma access to the
+# accumulators ...): every wgmma of the function then waits for the one before, whatever the
+# reason, which costs a GEMM kernel 10-20% (measured, benchmarks/NOTES.md session 8)
+_SERIAL = re.compile(r"wgmma\.mma_async instructions are serialized.*?function '(\w+)'")
 
 
 def parse_ptxas(text: str) -> dict:
-    """Per entry function: registers, static smem, stack frame and spill bytes."""
+    """Per entry function: registers, static smem, stack frame and spill bytes, and whether
+    ptxas serialized its wgmma instructions (wgmma_serialized 0 / 1)."""
     out, fn = {}, None
+    fresh = lambda: dict(registers=0, smem=0, stack=0, spill_stores=0, spill_loads=0,  # noqa: E731
+                         wgmma_serialized=0)
     for line in text.splitlines():
-        if m := _FUNC.search(line):
+        if m := _SERIAL.search(line):
+            out.setdefault(m.group(1), fresh())["wgmma_serialized"] = 1
+        elif m := _FUNC.search(line):
             fn = m.group(1)
-            out[fn] = dict(registers=0, smem=0, stack=0, spill_stores=0, spill_loads=0)
+            out.setdefault(fn, fresh())
         elif fn and (m := _SPILL.search(line)):
             out[fn].update(stack=int(m[1]), spill_stores=int(m[2]), spill_loads=int(m[3]))
         elif fn and (m := _REGS.search(line)):
@@ -128,7 +142,11 @@ def build(kernels: list[Kernel], arch: str = "sm_90a", jobs: int | None = None) 
             raise RuntimeError(f"mokgen: the cached build of {k.name} in "
                                f"{_folder(k, key)} is unreadable right after building it")
         meta, image = loaded
-        out.append(Binary(k.name, _folder(k, key) / "kernel.cubin", key, meta["resources"],
+        res = meta["resources"]
+        report = _folder(k, key) / "ptxas.txt"
+        if any("wgmma_serialized" not in r for r in res.values()) and report.exists():
+            res = parse_ptxas(report.read_text())  # cached before the field existed
+        out.append(Binary(k.name, _folder(k, key) / "kernel.cubin", key, res,
                           meta["build_seconds"], cached=(k, key) not in missing, image=image))
     return out
 

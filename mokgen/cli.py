@@ -104,7 +104,8 @@ def _compile(plan, run: bool) -> int:
     for name, b in layer.binaries.items():
         for fn, r in b.resources.items():
             print(f"{name:>9} {fn:<22} regs={r['registers']:<4} smem={r['smem']:<6} "
-                  f"stack={r['stack']} spill_st={r['spill_stores']} spill_ld={r['spill_loads']}")
+                  f"stack={r['stack']} spill_st={r['spill_stores']} spill_ld={r['spill_loads']}"
+                  + (" WGMMA SERIALIZED (ptxas C751x)" if r.get("wgmma_serialized") else ""))
         print(f"{name:>9} cubin {b.path} ({'cached' if b.cached else 'built'})")
     print(f"build time {layer.build_seconds:.2f} s")
     if run:
