@@ -6,7 +6,8 @@
 #   MOKGEN_CACHE=$PWD/.build/kc python benchmarks/trace.py SHAPE EP N --prebuild
 #   (cd .build/ab/NAME && MOKGEN_CACHE=$PWD/kc python benchmarks/trace.py ... --prebuild)
 # then, carrying .build:  MOKGEN_COMMIT=<sha> bash benchmarks/ab_trace.sh NAME "SHAPE EP N" ...
-# Results: $OUT/base/ and $OUT/NAME/ (trace JSON), the tables in $OUT/*.log, a summary last.
+# Results: $OUT/base/ and $OUT/NAME/ (trace JSON), the tables in $OUT/*.log, a summary last
+# (each direction's SM clock first: traces of two trees compare per clock, not per ms).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/out}
@@ -25,6 +26,6 @@ for slice in "$@"; do
     python3 benchmarks/trace.py $slice --out "$OUT/$NAME" > "$OUT/${NAME}_$tag.log" 2>&1)
   for side in base "$NAME"; do
     echo "== $side: $(grep -h 'ms (event' "$OUT/${side}_$tag.log" || tail -2 "$OUT/${side}_$tag.log")"
-    grep -h "^| [A-Za-z]\|^clocks\|kernels:" "$OUT/${side}_$tag.log" | grep -v "^| kind" | cut -c1-240
+    grep -h "^###\|^| [A-Za-z]\|^clocks\|kernels:" "$OUT/${side}_$tag.log" | grep -v "^| kind" | cut -c1-240
   done
 done

@@ -97,9 +97,10 @@ def cache_key(kernel: Kernel, arch: str) -> str:
 _FUNC = re.compile(r"Compiling entry function '(\w+)'")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGS = re.compile(r"Used (\d+) registers.*?(?:(\d+) bytes smem)?")
-# ptxas's C751x notes (C7510 .. C7515: registers, a call, a non-wgmma access to the
-# accumulators ...): every wgmma of the function then waits for the one before, whatever the
-# reason, which costs a GEMM kernel 10-20% (measured, benchmarks/NOTES.md session 8)
+# ptxas's C751x notes, whatever their reason (C7511: too few registers for the wgmma
+# pipeline, seen here; others name calls or accesses to the accumulators): every wgmma of the
+# function then waits for the one before, which cost Mixtral-8x22B's backward 10% (H200,
+# benchmarks/NOTES.md session 8)
 _SERIAL = re.compile(r"wgmma\.mma_async instructions are serialized.*?function '(\w+)'")
 
 
