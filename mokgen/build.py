@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import warnings
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -149,6 +150,11 @@ def build(kernels: list[Kernel], arch: str = "sm_90a", jobs: int | None = None) 
             res = parse_ptxas(report.read_text())  # cached before the field existed
         out.append(Binary(k.name, _folder(k, key) / "kernel.cubin", key, res,
                           meta["build_seconds"], cached=(k, key) not in missing, image=image))
+        if out[-1].serialized:  # correct but slow: say so where the user compiles
+            warnings.warn(f"mokgen: ptxas serialized the wgmma instructions of "
+                          f"{', '.join(out[-1].serialized)} in {k.name} (C751x, "
+                          f"{report}): the kernel is correct but its GEMMs run slower",
+                          RuntimeWarning, stacklevel=2)
     return out
 
 

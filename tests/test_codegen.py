@@ -1,4 +1,6 @@
 """Rendering, the build cache, and nvcc compiles of the generated kernels (CPU; needs nvcc)."""
+import dataclasses
+import hashlib
 import json
 import multiprocessing as mp
 import shutil
@@ -49,6 +51,30 @@ ptxas info    : Used 168 registers, used 2 barriers, 1024 bytes smem"""
                 f"instructions are serialized due to {why} in the function 'k1'")
         got = build.parse_ptxas(text + "\n" + note)
         assert got["k1"]["wgmma_serialized"] == 1 and got["k1"]["registers"] == 168, code
+
+
+@needs_nvcc
+def test_a_serialized_kernel_is_reported_and_warned(tmp_path, monkeypatch):
+    """A cached kernel whose ptxas report has a C751x note, cached before resources had the
+    field: build() reads the report again, the Binary names the function and the user who
+    compiles it is warned (the kernel is correct, only slow)."""
+    monkeypatch.setattr(build, "CONFIG", dataclasses.replace(build.CONFIG, cache=tmp_path))
+    k = build.Kernel("serial_probe", "int a;")
+    folder = build._folder(k, build.cache_key(k, "sm_90a"))
+    folder.mkdir(parents=True)
+    image = b"a cubin's bytes"
+    (folder / "kernel.cubin").write_bytes(image)
+    (folder / "ptxas.txt").write_text(
+        "ptxas info    : Compiling entry function 'k1' for 'sm_90a'\n"
+        "ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are "
+        "serialized due to insufficient register resources for the wgmma pipeline in the "
+        "function 'k1'\n")
+    (folder / "meta.json").write_text(json.dumps(dict(
+        cubin_sha256=hashlib.sha256(image).hexdigest(), build_seconds=0.0,
+        resources={"k1": dict(registers=168, smem=0, stack=0, spill_stores=0, spill_loads=0)})))
+    with pytest.warns(RuntimeWarning, match="serialized the wgmma instructions of k1"):
+        (b,) = build.build([k])
+    assert b.cached and b.serialized == ["k1"]
 
 
 @needs_nvcc
