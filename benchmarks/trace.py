@@ -87,11 +87,13 @@ def summarize(recs, ops, bm, bn):
             code = op & abi.OPCODE_MASK
             d = kinds.setdefault(names.get(code, str(code)),
                                  dict(tasks=0, k_blocks=0, idle_ms=0.0, mainloop_ms=0.0,
-                                      epilogue_ms=0.0, signal_ms=0.0, ask_ms=0.0, flops=0.0))
+                                      epilogue_ms=0.0, signal_ms=0.0, ask_ms=0.0, flops=0.0,
+                                      mainloop_clk=0))
             d["tasks"] += 1
             d["k_blocks"] += kb
             d["idle_ms"] += (row[pop] - prev_done) * ms
             d["mainloop_ms"] += (row[main] - row[pop]) * ms
+            d["mainloop_clk"] += row[main] - row[pop]  # SM clocks: a rate the clock leaves alone
             d["epilogue_ms"] += (row[epi] - row[main]) * ms
             d["signal_ms"] += (row[done] - row[epi]) * ms
             d["ask_ms"] += (row[got] - row[ask]) * ms
@@ -111,6 +113,9 @@ def summarize(recs, ops, bm, bn):
         # the mainloop's rate, as if every CTA ran this kind's tiles at it
         d["mainloop_tflops_gpu"] = d["flops"] * ctas / (d["mainloop_ms"] * 1e9) \
             if d["mainloop_ms"] else 0.0
+        # FLOP a clock an SM in the mainloop (H100 / H200 dense bf16 peak: 4,096), what two
+        # traces compare when their clocks differ (the power cap moves them run to run)
+        d["mainloop_flop_per_clk"] = d["flops"] / d["mainloop_clk"] if d["mainloop_clk"] else 0.0
         d["mean_epilogue_us"] = 1e3 * d["epilogue_ms"] / d["tasks"]
         d["mean_mainloop_us"] = 1e3 * d["mainloop_ms"] / d["tasks"]
         d["mean_ask_us"] = 1e3 * d["ask_ms"] / d["tasks"]  # the producer's next_task
@@ -200,7 +205,8 @@ def table(title, s):
     lines = [f"### {title}: {s['ctas']} CTAs, span {s['span_ms']:.3f} ms (SM-ms summed over CTAs), "
              f"SM clock {s.get('sm_mhz', 0):.0f} MHz (median CTA: clock64 / globaltimer)",
              "| kind | tasks | K blk | mainloop | epilogue | signal | idle | main us | epi us | "
-             "main TFLOP/s | ask us |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "main TFLOP/s | ask us | main FLOP/clk |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     tot = dict(mainloop_ms=0, epilogue_ms=0, signal_ms=0, idle_ms=0)
     for k, d in sorted(s["kinds"].items(), key=lambda kv: -kv[1]["mainloop_ms"]):
         for key in tot:
@@ -208,10 +214,11 @@ def table(title, s):
         lines.append(f"| {k} | {d['tasks']} | {d['mean_k_blocks']:.0f} | {d['mainloop_ms']:.1f} "
                      f"| {d['epilogue_ms']:.1f} | {d['signal_ms']:.1f} | {d['idle_ms']:.1f} | "
                      f"{d['mean_mainloop_us']:.1f} | {d['mean_epilogue_us']:.1f} | "
-                     f"{d['mainloop_tflops_gpu']:.0f} | {d['mean_ask_us']:.2f} |")
+                     f"{d['mainloop_tflops_gpu']:.0f} | {d['mean_ask_us']:.2f} | "
+                     f"{d['mainloop_flop_per_clk']:.0f} |")
     all_ms = sum(tot.values()) or 1.0
     lines.append("| all (share) | | | " + " | ".join(
-        f"{tot[k]:.1f} ({100 * tot[k] / all_ms:.0f}%)" for k in tot) + " | | | | |")
+        f"{tot[k]:.1f} ({100 * tot[k] / all_ms:.0f}%)" for k in tot) + " | | | | | |")
     if "bins_mainloop" in s:
         lines.append("mainloop share per bin: " + " ".join(f"{v:.2f}" for v in s["bins_mainloop"]))
         lines.append("epilogue share per bin: " + " ".join(f"{v:.2f}" for v in s["bins_epilogue"]))

@@ -39,6 +39,8 @@ def test_summarize_sums_phases_per_kind():
     assert abs(x["idle_ms"] - 500 * ms) < 1e-12  # the previous done to this pop
     assert abs(x["signal_ms"] - 100 * ms) < 1e-12 and x["mean_k_blocks"] == 256
     assert abs(d["flops"] - 2.0 * 128 * 256 * 64 * 80) < 1
+    # per SM clock, whatever the clock: 1000 clocks of mainloop
+    assert abs(d["mainloop_flop_per_clk"] - 2.0 * 128 * 256 * 64 * 80 / 1000) < 1e-6
     assert abs(s["span_ms"] - (1900 + 7200 * 0.5 - (1000 - 50)) / 1e6) < 1e-12
     assert 0 < max(s["bins_mainloop"]) <= 1.0
     # the start: the CTA's first mainloop 50 ns after its first ask (100 clocks of waiting in
