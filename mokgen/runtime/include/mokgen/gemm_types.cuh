@@ -170,14 +170,20 @@ struct GemmSmem {
     m.ring = dyn + (((base + 1023u) & ~1023u) - base);
     return m;
   }
+  // The stages' barriers alone (one thread, then fence_mbarrier_init): full_count arrivals
+  // fill a stage, empty_count free it. The test kernels with schedules of their own
+  // (gemm_test.cu: cluster pairs, whole-task ping-pong) count their own readers.
+  MOKGEN_DEV void init_stages(uint32_t full_count, uint32_t empty_count) const {
+    for (int s = 0; s < Cfg::STAGES; ++s) {
+      mbar_init(&full()[s], full_count);
+      mbar_init(&empty()[s], empty_count);
+    }
+  }
   // One thread; the caller then __syncthreads() before the role split. full_count: the
   // producer's arrive with the TMA bytes, plus one per lane of the warps that gather rows
   // (produce_tile_gather).
   MOKGEN_DEV void init(uint32_t full_count = 1) const {
-    for (int s = 0; s < Cfg::STAGES; ++s) {
-      mbar_init(&full()[s], full_count);
-      mbar_init(&empty()[s], Cfg::kStageReaders);
-    }
+    init_stages(full_count, Cfg::kStageReaders);
     for (int s = 0; s < Cfg::TASK_SLOTS; ++s) {
       mbar_init(&task_full()[s], 1);
       // the signal warp frees a slot once it has signalled the task (signal_warp)

@@ -209,10 +209,7 @@ __device__ void plain_pair(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMa
   const int m_blocks = M / Cfg::BM, n_blocks = N / Cfg::BN, k_blocks = K / 64;
   const int pairs = m_blocks / 2 * n_blocks;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < Cfg::STAGES; ++s) {
-      mbar_init(&sm.full()[s], 1);
-      mbar_init(&sm.empty()[s], (MC ? 2 : 1) * Cfg::kConsumerWarps);
-    }
+    sm.init_stages(1, (MC ? 2 : 1) * Cfg::kConsumerWarps);
     fence_mbarrier_init();
   }
   cluster_sync();  // the peer's barriers exist before anything lands in or arrives on them
@@ -247,6 +244,17 @@ __device__ void plain_pair(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMa
     const int cwg = wg - 1;
     const bool lane0 = (threadIdx.x & 31) == 0;
     PipeState ps;
+    // a stage is free once both CTAs' consumer warps released it (MC: local and remote)
+    const auto release = [&](int stage) {
+      __syncwarp();
+      if (!lane0) return;
+      if constexpr (MC) {
+        mbar_arrive_cluster(&sm.empty()[stage], 0);
+        mbar_arrive_cluster(&sm.empty()[stage], 1);
+      } else {
+        mbar_arrive(&sm.empty()[stage]);
+      }
+    };
     for (int p = cid; p < pairs; p += ncl) {
       int pm, nb;
       raster_grouped(p, m_blocks / 2, n_blocks, kGroupM / 2, pm, nb);
@@ -266,31 +274,13 @@ __device__ void plain_pair(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMa
                                   (kb | kk) != 0);
         wgmma_commit();
         wgmma_wait<1>();
-        if (prev >= 0) {
-          __syncwarp();
-          if (lane0) {
-            if constexpr (MC) {
-              mbar_arrive_cluster(&sm.empty()[prev], 0);
-              mbar_arrive_cluster(&sm.empty()[prev], 1);
-            } else {
-              mbar_arrive(&sm.empty()[prev]);
-            }
-          }
-        }
+        if (prev >= 0) release(prev);
         prev = (int)ps.idx();
         ps.template advance<Cfg::STAGES>();
       }
       wgmma_wait<0>();
       wgmma_fence_regs(acc.main());
-      __syncwarp();
-      if (lane0) {
-        if constexpr (MC) {
-          mbar_arrive_cluster(&sm.empty()[prev], 0);
-          mbar_arrive_cluster(&sm.empty()[prev], 1);
-        } else {
-          mbar_arrive(&sm.empty()[prev]);
-        }
-      }
+      release(prev);
       __nv_bfloat16* base = C + (size_t)r0 * N + nb * Cfg::BN;
       for_each_acc_pair<Cfg::BN>(acc.main(), cwg, Cfg::BM,
                                  [&](int r, int c, float v0, float v1) {
@@ -337,10 +327,7 @@ __device__ void plain_pt(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMap*
   const int mine = (int)blockIdx.x < tiles ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1
                                            : 0;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < Cfg::STAGES; ++s) {
-      mbar_init(&sm.full()[s], 1);
-      mbar_init(&sm.empty()[s], 4);  // the one warpgroup whose task the stage holds
-    }
+    sm.init_stages(1, 4);  // the one warpgroup whose task the stage holds
     fence_mbarrier_init();
   }
   __syncthreads();
