@@ -39,8 +39,12 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--gemm-bwd", type=_gemm, default=None, metavar="BMxBNxSTAGES[-...]",
                     help="the backward's GEMM tile and schedule (mokgen.compile gemm_bwd)")
+    ap.add_argument("--minibatch", type=int, default=None,
+                    help="force the minibatch rows (mokgen.compile minibatch; default: the pass)")
     a = ap.parse_args(argv)
     over = dict(gemm_bwd=a.gemm_bwd) if a.gemm_bwd else {}
+    if a.minibatch:
+        over["minibatch"] = a.minibatch
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for name in a.models.split(","):

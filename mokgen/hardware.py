@@ -25,6 +25,10 @@ class GPU:
     # NVLink, the waiter's poll); an estimate until benchmarks/directions.py measures it
     peer_flag_latency: float
     memory: int                 # bytes of device memory
+    # the share of a weight re-read's HBM time that a layer's time shows: the reads overlap
+    # the MMAs, but the GPU runs against its power cap and the traffic costs SM clock. Fit to
+    # the H200's minibatch sweeps (benchmarks/NOTES.md, ninth session): passes/granularity.py
+    hbm_exposed: float = 0.2
 
 
 H200 = GPU(

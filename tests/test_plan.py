@@ -171,6 +171,30 @@ def test_granularity_pass():
     assert Plan.of(upto("granularity", minibatch=256)).minibatch == 256
 
 
+def test_granularity_weight_rereads():
+    """Each minibatch re-reads the weights of the experts it touches: the term falls with the
+    minibatch, counts a byte an element for fp8, the backward's reads only when asked, and
+    moves few large experts (Mixtral-8x7B, 352 MB an expert) to larger minibatches than the
+    flag and wave terms alone chose (512; measured: NOTES, ninth session)."""
+    from mokgen import hardware
+    from mokgen.passes.granularity import minibatch_cost, weight_reread_s
+
+    gpu = hardware.get("H200")
+    mix = mokgen.shapes.get("mixtral-8x7b")
+    p = mokgen.plan(mix, ep=1, tokens_per_rank=4096)
+    costs = [weight_reread_s(p, b, gpu) for b in (256, 512, 1024, 2048)]
+    assert costs == sorted(costs, reverse=True) and costs[0] > 2 * costs[-1]
+    # 4096 x 2 rows over 8 experts; 1024-row minibatches: 8 of them, each touching 2 experts
+    assert weight_reread_s(p, 1024, gpu) == pytest.approx(
+        gpu.hbm_exposed * 8 * 2 * 3 * 4096 * 14336 * 2 / gpu.hbm_bw)
+    f8 = mokgen.plan(mix, ep=1, tokens_per_rank=4096, dtype="fp8")
+    assert weight_reread_s(f8, 1024, gpu) == pytest.approx(weight_reread_s(p, 1024, gpu) / 2)
+    b = p.minibatch
+    assert minibatch_cost(p, b, gpu, backward=True) - minibatch_cost(p, b, gpu) == \
+        pytest.approx(weight_reread_s(p, b, gpu))
+    assert p.minibatch >= 1024
+
+
 def test_ring_pass_budget_and_replay():
     r = Plan.of(upto("ring"))
     assert r.macrobatch >= r.expected_routed_rows and r.expected_replay_rows == 0

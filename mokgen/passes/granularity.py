@@ -1,5 +1,6 @@
 """Minibatch size b from the paper's model (3.2): P_fine(b) + P_coarse(b), with
-P_fine = ceil(rows / b) * C_ineff(b) and P_coarse = T_dispatch(b) + T_combine(b).
+P_fine = ceil(rows / b) * C_ineff(b) and P_coarse = T_dispatch(b) + T_combine(b), plus
+the HBM re-reads of the experts' weights that each minibatch makes (weight_reread_s).
 
 C_ineff(b) is what one minibatch wastes: a flag hand-off, plus the tensor-core time lost to
 the last partial wave of its gate/up and down tiles over the compute SMs. Candidates are
@@ -17,8 +18,11 @@ from ..plan import Plan
 MODEL_TILE_N = 128
 
 
-def minibatch_cost(plan: Plan, b: int, gpu: hardware.GPU, link: float | None = None) -> float:
-    """`link`: the fabric's bytes/s (default: NVLink; one rank: HBM copies)."""
+def minibatch_cost(plan: Plan, b: int, gpu: hardware.GPU, link: float | None = None,
+                   backward: bool = False) -> float:
+    """The forward's minibatch terms. `link`: the fabric's bytes/s (default: NVLink; one
+    rank: HBM copies). backward: add the backward's weight re-reads (the pass's choice
+    serves both directions: the backward walks the forward's minibatches)."""
     s = plan.shape
     rows = plan.tokens_per_rank * s.topk
     compute_sms = plan.num_sms - plan.comm_sms_fwd  # num_sms: CTAs, after any reserve
@@ -40,7 +44,29 @@ def minibatch_cost(plan: Plan, b: int, gpu: hardware.GPU, link: float | None = N
         # what a minibatch exposes is the last one's down GEMM, which nothing overlaps
         t_dispatch = 0.0
         t_combine = 2 * b * s.hidden * s.intermediate / (rate * compute_sms)
-    return math.ceil(rows / b) * waste + t_dispatch + t_combine
+    return math.ceil(rows / b) * waste + t_dispatch + t_combine + \
+        weight_reread_s(plan, b, gpu) * (2 if backward else 1)
+
+
+def weight_reread_s(plan: Plan, b: int, gpu: hardware.GPU) -> float:
+    """A minibatch's row tiles of one output column run side by side (the task list walks a
+    minibatch's rows fastest), so each B tile comes from HBM once a minibatch and is gone from
+    L2 by the next: every minibatch reads the weights of each local expert its rows touch, in
+    each direction (forward gate/up and down; backward dx and dgrad read them again). An expert
+    of r rows is touched by about r / b + 1 minibatches: larger minibatches re-read less, the
+    more so the larger the experts (Mixtral-8x7B: 352 MB an expert). One direction's, counted
+    at gpu.hbm_exposed of the bytes' HBM time (the measured share: hardware.py)."""
+    s = plan.shape
+    rows = plan.tokens_per_rank * s.topk
+    local = plan.local_experts
+    full, last = divmod(rows, b)  # full minibatches, and the last one's rows (0: none)
+    # experts a minibatch of m rows reads: its share of them, plus the one it shares with the
+    # minibatch before (an expert straddling a boundary is read by both)
+    touched = lambda m: min(local, m * local / max(rows, 1) + 1)  # noqa: E731
+    reads = full * touched(b) + (touched(last) if last else 0)
+    elem = 1 if plan.scale_block else 2  # fp8 / MXFP8 weights: a byte an element
+    weights = 3 * s.hidden * s.intermediate * elem  # w1 (gate, up) and w2 of one expert
+    return gpu.hbm_exposed * reads * weights / gpu.hbm_bw
 
 
 def candidates(plan: Plan) -> list[int]:
@@ -57,7 +83,8 @@ def granularity(g):
     """Annotates the ops that walk the ring's minibatches with their `minibatch` (rows)."""
     plan = Plan.of(g)
     best = plan.minibatch if plan.is_forced("minibatch") else min(
-        candidates(plan), key=lambda b: (minibatch_cost(plan, b, hardware.get(plan.gpu)), b))
+        candidates(plan), key=lambda b: (minibatch_cost(
+            plan, b, hardware.get(plan.gpu), backward=plan.gemm_bwd is not None), b))
     return ir.annotate(g, {op.name: {"minibatch": best} for op in ir.ring_ops(g)})
 
 
