@@ -44,7 +44,7 @@ H200 = GPU(
 # 900 GB/s per direction; 186 GB (13.4 TB per rack); 148 SMs (B200), 228 KB shared memory
 # per SM. Tensor and HBM rates are derated as the H200's measured ones are to its datasheet
 # (bf16 750 of 989 TFLOP/s = 0.76, HBM 4.2 of 4.8 TB/s = 0.875); the per-SM copy rate and the
-# flag latency are the H200's (unmeasured on Blackwell).
+# flag latency are the H200's (unmeasured on Blackwell), and so is hbm_exposed.
 GB200 = GPU(
     name="GB200", arch="sm_100a", num_sms=148, smem_per_sm=227 * 1024,
     bf16_flops=0.76 * 2.5e15, fp8_flops=0.76 * 5.0e15, hbm_bw=0.875 * 8.0e12,

@@ -195,6 +195,19 @@ def test_granularity_weight_rereads():
     assert p.minibatch >= 1024
 
 
+def test_granularity_rereads_move_large_experts_only(monkeypatch):
+    """The re-read term moves the choice only where what it saves is a material share of the
+    compute (REREAD_MARGIN): Mixtral-8x7B's 352 MB experts, not Qwen3-235B's 38 MB ones."""
+    import sys
+
+    g = sys.modules["mokgen.passes.granularity"]
+    cases = [(mokgen.shapes.get("mixtral-8x7b"), 1), (mokgen.shapes.get("qwen3-235b-a22b"), 1)]
+    with_term = [mokgen.plan(s, ep=ep, tokens_per_rank=4096).minibatch for s, ep in cases]
+    monkeypatch.setattr(g, "weight_reread_s", lambda *a, **k: 0.0)
+    without = [mokgen.plan(s, ep=ep, tokens_per_rank=4096).minibatch for s, ep in cases]
+    assert with_term[0] > without[0] and with_term[1] == without[1]
+
+
 def test_ring_pass_budget_and_replay():
     r = Plan.of(upto("ring"))
     assert r.macrobatch >= r.expected_routed_rows and r.expected_replay_rows == 0
