@@ -202,10 +202,15 @@ def test_granularity_rereads_move_large_experts_only(monkeypatch):
 
     g = sys.modules["mokgen.passes.granularity"]
     cases = [(mokgen.shapes.get("mixtral-8x7b"), 1), (mokgen.shapes.get("qwen3-235b-a22b"), 1)]
-    with_term = [mokgen.plan(s, ep=ep, tokens_per_rank=4096).minibatch for s, ep in cases]
+    picks = lambda: [mokgen.plan(s, ep=ep, tokens_per_rank=4096).minibatch  # noqa: E731
+                     for s, ep in cases]
+    with_term = picks()
+    with monkeypatch.context() as m:  # no margin: the term alone would move Qwen3-235B too
+        m.setattr(g, "REREAD_MARGIN", 0.0)
+        unguarded = picks()
     monkeypatch.setattr(g, "weight_reread_s", lambda *a, **k: 0.0)
-    without = [mokgen.plan(s, ep=ep, tokens_per_rank=4096).minibatch for s, ep in cases]
-    assert with_term[0] > without[0] and with_term[1] == without[1]
+    without = picks()
+    assert with_term[0] > without[0] and with_term[1] == without[1] != unguarded[1]
 
 
 def test_ring_pass_budget_and_replay():
