@@ -29,7 +29,8 @@ CASES = ("qwen3-30b-a3b:1:4096", "mixtral-8x7b:1:2048", "deepseek-v2-lite:1:2088
 
 def parse(spec: str):
     name, ep, n, *opt = spec.split(":")
-    return mokgen.shapes.get(name), int(ep), int(n), dict(dispatch="gather") if "gather" in opt else {}
+    over = dict(dispatch="gather") if "gather" in opt else {}
+    return mokgen.shapes.get(name), int(ep), int(n), over
 
 
 def run_case(spec: str) -> dict:
