@@ -1,11 +1,14 @@
-"""One rank, bf16: the layer with dispatch="gather" (gathered rows: the GEMMs read x and dy where they are,
-no comm CTAs, no x or dy ring; mokgen/limits.py GATHER) against the same layer with the rows
-copied into rings by comm CTAs (dispatch="pull", reverse_combine="pull": the default plan), on SonicMoE's five shapes (peers_sonicmoe.SHAPES). Same inputs, same process,
-each variant measured twice in alternating order (ABBA), medians of medians: forward and
+"""One rank, bf16: the layer with dispatch="gather" (gathered rows: the GEMMs read x and dy
+where they are, no comm CTAs, no x or dy ring; mokgen/limits.py GATHER), with the forward
+gathering alone ("fwd-gather": reverse_combine="pull", the backward's comm CTAs pull x and dy)
+and with the rows copied into rings by comm CTAs (dispatch="pull", reverse_combine="pull":
+the default plan), on SonicMoE's five shapes (peers_sonicmoe.SHAPES). Same inputs, same
+process, each variant measured twice in mirrored order (ABBA), medians of medians: forward and
 training-step TFLOP/s, peak MB (as peers_sonicmoe.measure: workspace included), and the step
 with fresh gradients. Prints a table; writes OUT/gather_ab.json.
 
-    python3 benchmarks/gather_ab.py --out $OUT [--shapes qwen3-30b-a3b,...] [--prebuild]
+    python3 benchmarks/gather_ab.py --out $OUT [--shapes qwen3-30b-a3b,...]
+        [--variants gather,fwd-gather,pull] [--prebuild]
 """
 from __future__ import annotations
 
@@ -23,7 +26,9 @@ import mokgen  # noqa: E402
 from peers_sonicmoe import SHAPES, measure  # noqa: E402
 
 PULL = dict(dispatch="pull", reverse_combine="pull")
-VARIANTS = {"gather": dict(dispatch="gather"), "pull": PULL}
+VARIANTS = {"gather": dict(dispatch="gather"),
+            # the forward gathers, the backward copies x and dy rows into rings (XPULL)
+            "fwd-gather": dict(dispatch="gather", reverse_combine="pull"), "pull": PULL}
 
 
 def layer(D, I, E, k, T, **overrides):
@@ -32,12 +37,12 @@ def layer(D, I, E, k, T, **overrides):
     return m, m
 
 
-def prebuild(shapes) -> None:
+def prebuild(shapes, variants) -> None:
     from mokgen import build, codegen
     from mokgen.tune import tuned_plan
     kernels = {}
     for _, T, D, I, E, k in shapes:
-        for over in VARIANTS.values():
+        for over in variants.values():
             plan = tuned_plan(mokgen.MoEShape(E, D, I, k, shared_experts=0), 1, "bf16", T, **over)
             kernels.update({kern.name: kern for kern in codegen.emit(plan)})
     bins = build.build(list(kernels.values()), jobs=os.cpu_count())
@@ -49,19 +54,22 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES))
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="of " + ", ".join(VARIANTS) + " (each run in a mirrored order)")
     ap.add_argument("--prebuild", action="store_true")
     a = ap.parse_args(argv)
     shapes = [s for s in SHAPES if s[0] in a.shapes.split(",")]
+    variants = {v: VARIANTS[v] for v in a.variants.split(",")}
     if a.prebuild:
-        prebuild(shapes)
+        prebuild(shapes, variants)
         return 0
     from mokgen.bench import results_commit
     rows = []
     for name, T, D, I, E, k in shapes:
         flops = 6 * T * k * D * I
-        got = {v: [] for v in VARIANTS}
-        for v in ("gather", "pull", "pull", "gather"):  # ABBA: drift hits both alike
-            got[v].append(measure(lambda: layer(D, I, E, k, T, **VARIANTS[v]), T, D, a.iters))
+        got = {v: [] for v in variants}
+        for v in [*variants, *reversed(variants)]:  # ABBA: drift hits all alike
+            got[v].append(measure(lambda: layer(D, I, E, k, T, **variants[v]), T, D, a.iters))
         med = {v: [statistics.median(r[i] for r in runs) for i in range(5)]
                for v, runs in got.items()}
         row = dict(shape=name, T=T, D=D, I=I, E=E, k=k)
@@ -76,11 +84,12 @@ def main(argv=None):
     with open(os.path.join(a.out, "gather_ab.json"), "w") as f:
         json.dump(dict(commit=results_commit(), gpu=torch.cuda.get_device_name(),
                        torch=torch.__version__, rows=rows), f, indent=1)
-    print("| shape | fwd gather / pull | train gather / pull | fresh gather / pull "
-          "| peak MB gather / pull | fresh peak MB gather / pull |")
+    names = " / ".join(variants)
+    print(f"| shape | fwd {names} | train {names} | fresh {names} | peak MB {names} "
+          f"| fresh peak MB {names} |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        cell = lambda k, f="{:.0f}": " / ".join(f.format(r[f"{v}_{k}"]) for v in VARIANTS)  # noqa
+        cell = lambda k, f="{:.0f}": " / ".join(f.format(r[f"{v}_{k}"]) for v in variants)  # noqa
         print(f"| {r['shape']} | {cell('fwd_tflops')} | {cell('train_tflops')} "
               f"| {cell('fresh_tflops')} | {cell('peak_mb')} | {cell('peak_fresh_mb')} |")
     return 0

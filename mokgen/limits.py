@@ -32,8 +32,10 @@ DIRECTIONS = {"dispatch": ("pull", "push"), "combine": ("push", "pull"),
               "reverse_combine": ("pull", "push"), "reverse_dispatch": ("push", "pull")}
 # The ops that can also move nothing: with one rank holding every token, the GEMMs that read
 # x (dispatch) or dy (reverse-combine) rows gather them from the caller's tensors (FwdConsts
-# GATHER, gemm_tile.cuh GatherSrc): no comm CTAs, no x or dy ring. Forward and backward
-# together (the backward's weight gradients gather the x the forward's ring no longer holds).
+# GATHER, gemm_tile.cuh GatherSrc): no comm CTAs, no x or dy ring. The backward gathers only
+# where the forward does (its weight gradients gather the x the forward's ring does not hold);
+# the forward may gather alone (dispatch "gather", reverse_combine "pull"): its comm CTAs' SMs
+# go to the GEMMs, and the backward's comm CTAs pull x into the ring beside dy (FwdConsts XPULL).
 GATHER = "gather"
 GATHERED = ("dispatch", "reverse_combine")
 # GEMM tiles (gemm_types.cuh GemmCfg; one per kernel, every GEMM op of a direction shares it):
@@ -143,10 +145,10 @@ def gather_violations(plan: "Plan") -> list[str]:
     got = {op: getattr(plan, op) for op in GATHERED}
     gather = [op for op, d in got.items() if d == GATHER]
     out = []
-    if gather and len(gather) != len(GATHERED) and None not in got.values():
-        out.append(f"dispatch and reverse_combine must both be {GATHER!r} or neither (the "
-                   f"backward's weight gradients gather the x the forward did not copy), got "
-                   f"{got['dispatch']!r} and {got['reverse_combine']!r}")
+    if got["reverse_combine"] == GATHER and got["dispatch"] not in (None, GATHER):
+        out.append(f"reverse_combine={GATHER!r} needs dispatch={GATHER!r} (the backward "
+                   f"gathers x too, which a forward that copies rows leaves in its ring), got "
+                   f"dispatch={got['dispatch']!r}")
     if gather and plan.ep != 1:
         out.append(f"{gather[0]}={GATHER!r} needs ep == 1 (every token on the GPU that runs its "
                    f"experts), got ep {plan.ep}")
@@ -167,10 +169,11 @@ def gather_violations(plan: "Plan") -> list[str]:
         if got[op] != GATHER and c == 0:
             out.append(f"{name} must be >= 1 unless {op}={GATHER!r} (its comm CTAs move the "
                        f"rows), got 0")
-    for name in ("gemm_fwd", "gemm_bwd"):
+    for op, name in (("dispatch", "gemm_fwd"), ("reverse_combine", "gemm_bwd")):
         cfg = getattr(plan, name)
-        if gather and cfg is not None and (cfg.signal_warp or cfg.pingpong or cfg.solo):
-            out.append(f"{gather[0]}={GATHER!r} needs {name}.signal_warp, .pingpong and .solo "
+        if got[op] == GATHER and cfg is not None and (cfg.signal_warp or cfg.pingpong or
+                                                      cfg.solo):
+            out.append(f"{op}={GATHER!r} needs {name}.signal_warp, .pingpong and .solo "
                        f"False (every producer warp gathers rows for cooperative consumers: "
                        f"gemm_tile.cuh)")
     if gather and plan.macrobatch is not None and plan.max_routed_rows is not None and \

@@ -80,9 +80,17 @@ def lower(g, direction: str) -> dict:
                 **variants,
                 # dispatch (forward) / reverse-combine (backward) "gather": FwdConsts GATHER
                 gather=got.get("gather", False),
+                # a backward that copies rows after a forward that gathered: FwdConsts XPULL
+                x_pull=direction == "bwd" and not got.get("gather") and _forward_gathers(g),
                 # the variants' peer tables are a kernel parameter only where used, so the
                 # paper's directions render the same source as before they existed
                 dir_peers=any(variants.values()))
+
+
+def _forward_gathers(g) -> bool:
+    """Whether the forward's dispatch gathers x in its GEMMs (its ring then holds no x)."""
+    return any(op.comm == "dispatch" and op.attr("comm_direction") == "gather"
+               for op in ir.comm_ops(g))
 
 
 def problem_params(g) -> dict:

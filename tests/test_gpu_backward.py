@@ -172,7 +172,9 @@ def test_backward_bitwise_repeatable_and_stale_ring():
 # (sm_partition.gathers) instead of copying them into rings: the same tiles over the same rows in the same K order, so outputs and
 # every gradient equal the pulled path's bit for bit. Edge widths (D 2880: a K tail in the
 # gathered slices, edge columns in the weight gradients'), a shared expert, a stale ring (the
-# backward then replays its gate/up from gathered x).
+# backward then replays its gate/up from gathered x). The forward gathering alone
+# (reverse_combine="pull": the backward's comm CTAs pull x beside dy, FwdConsts XPULL), its
+# ring resident: the same bits again.
 @pytest.mark.parametrize("shape", [mokgen.shapes.get("gpu-small"),
                                    mokgen.MoEShape(12, 2880, 704, 3, shared_experts=0),
                                    mokgen.MoEShape(60, 512, 352, 4, shared_experts=1,
@@ -182,11 +184,16 @@ def test_gathered_rows_equal_the_pulled_ones_bitwise(shape):
     inputs = make_inputs(shape, 1, tokens)
     dys = [torch.randn_like(x) for x in inputs["x"]]
     got = {}
-    for way in ("gather", "pull"):
-        force = dict(dispatch=way)  # reverse_combine follows
+    ways = {"gather": dict(dispatch="gather"),  # reverse_combine follows
+            "fwd-gather": dict(dispatch="gather", reverse_combine="pull"),
+            "pull": dict(dispatch="pull")}
+    for way, force in ways.items():
         layer = mokgen.compile(shape, ep=1, tokens_per_rank=tokens, virtual=True, **force)
-        assert layer.plan.dispatch == way and layer.plan.reverse_combine == way
-        assert (layer.plan.comm_sms_fwd == 0) == (way == "gather")
+        p = layer.plan
+        assert (p.dispatch, p.reverse_combine) == \
+            ((way, way) if way != "fwd-gather" else ("gather", "pull"))
+        assert (p.comm_sms_fwd == 0) == (way != "pull")
+        assert (p.comm_sms_bwd == 0) == (way == "gather")
         layer.runtime().poison()
         layer.backward_runtime().poison()
         leaves = {k: [t.detach().clone().requires_grad_() for t in inputs[k]] for k in NAMES}
@@ -203,12 +210,13 @@ def test_gathered_rows_equal_the_pulled_ones_bitwise(shape):
                         **{k: None if t is None else t.grad for k, t in shared.items()})
     check({k: v for k, v in got["gather"].items() if k != "y"},
           reference_grads(shape, inputs, dys))
-    for k, v in got["gather"].items():
-        for a, b in zip(*(x if isinstance(x, list) else [x] for x in (v, got["pull"][k]))):
-            if a is None and b is None:  # no shared expert
-                continue
-            assert a is not None and torch.isfinite(a).all(), f"{k}: missing or not finite"
-            assert torch.equal(a, b), f"{k}: gathered rows differ from pulled ones"
+    for way in ("gather", "fwd-gather"):
+        for k, v in got[way].items():
+            for a, b in zip(*(x if isinstance(x, list) else [x] for x in (v, got["pull"][k]))):
+                if a is None and b is None:  # no shared expert
+                    continue
+                assert a is not None and torch.isfinite(a).all(), f"{way} {k}: not finite"
+                assert torch.equal(a, b), f"{way} {k}: gathered rows differ from pulled ones"
 
 
 @pytest.mark.parametrize("name", ["kimi-k2.7", "qwen3.5-397b-a17b"])

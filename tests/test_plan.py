@@ -4,7 +4,7 @@ import json
 import pytest
 
 import mokgen
-from mokgen import ir, limits, passes
+from mokgen import codegen, ir, limits, passes
 from mokgen.cli import main
 from mokgen.ir import OpKind
 from mokgen.plan import COMM_OPS, Plan, initial_graph
@@ -122,6 +122,23 @@ def test_comm_direction_pass_counts_signals_and_can_be_forced():
                     dtype="fp8")
     with pytest.raises(ValueError, match="ep == 1"):
         mokgen.plan(mokgen.shapes.get("tiny"), ep=2, tokens_per_rank=8, dispatch="gather")
+    # the forward gathers alone: no forward comm CTAs, the backward's pull x beside dy (its
+    # comm model moves both), the ring keeps its x rows for them
+    h = mokgen.plan(mokgen.shapes.get("tiny"), ep=1, tokens_per_rank=8, dispatch="gather",
+                    reverse_combine="pull")
+    assert (h.dispatch, h.combine, h.reverse_combine) == ("gather", "push", "pull")
+    assert h.comm_sms_fwd == 0 and h.comm_sms_bwd >= 1 and h.macrobatch >= h.max_routed_rows
+    assert h.ring_bytes // h.macrobatch == one.ring_bytes // one.macrobatch  # x rows kept
+    src = {k.name.split("_")[0]: k.source for k in codegen.emit(h)}
+    assert "/*GATHER*/ true" in src["fwd"] and "XPULL" not in src["fwd"]
+    assert "/*GATHER*/ false, /*XPULL*/ true" in src["bwd"]
+    q3 = mokgen.shapes.get("qwen3-30b-a3b")
+    assert mokgen.plan(q3, ep=1, tokens_per_rank=8192, dispatch="gather",
+                       reverse_combine="pull").comm_sms_bwd > \
+        mokgen.plan(q3, ep=1, tokens_per_rank=8192).comm_sms_bwd  # x and dy to pull
+    with pytest.raises(ValueError, match="needs dispatch='gather'"):
+        mokgen.plan(mokgen.shapes.get("tiny"), ep=1, tokens_per_rank=8, dispatch="pull",
+                    reverse_combine="gather")
 
 
 def test_precision_pass():

@@ -27,7 +27,9 @@ def ring_row_bytes(plan: Plan) -> int:
     if q:  # e4m3 x and SwiGLU output plus fp32 scales (the bf16 rings stay, for the shared path)
         fp8 = s.hidden + 4 * -(-s.hidden // q) + s.intermediate + 4 * -(-s.intermediate // q)
         return 2 * s.hidden + 2 * (2 * s.intermediate) + 2 * s.intermediate + fp8 + stage
-    x_row = 0 if plan.dispatch == GATHER else plan.row_bytes  # gathered: x stays in place
+    # gathered both ways: x stays in place (a forward that gathers alone leaves the ring's x
+    # rows to the backward's comm CTAs)
+    x_row = 0 if plan.reverse_combine == GATHER else plan.row_bytes
     return x_row + 2 * (2 * s.intermediate) + 2 * s.intermediate + stage
 
 

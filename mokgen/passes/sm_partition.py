@@ -15,7 +15,9 @@ comm_sms 0): its GEMMs gather x and dy from the caller's tensors (mokgen/limits.
 every SM computes and no ring holds copies of x or dy; comm_direction then names those ops
 "gather". Not the default: measured on an H200 (Qwen3-30B-A3B, T 8192, benchmarks/NOTES.md)
 the forward gains (382 against 343 TFLOP/s) and the workspace halves, but the backward's
-gathered weight-gradient operands slow the training step to 0.85x."""
+gathered weight-gradient operands slow the training step to 0.85x. The forward can gather
+alone (dispatch="gather", reverse_combine="pull"): every SM computes the forward, and the
+backward's comm CTAs pull x into the ring beside dy (its moved bytes count both)."""
 from __future__ import annotations
 
 from .. import hardware, ir
@@ -24,24 +26,32 @@ from ..plan import Plan
 from .ring import padded_rows  # the tile is not chosen yet: the largest the engine has
 
 
-def gathers(plan: Plan) -> bool:
-    """Whether the plan's GEMMs gather x and dy rows (no comm CTAs): asked for (dispatch or
-    reverse_combine "gather", or 0 comm SMs), one rank, bf16, and nothing forced that needs
-    a comm CTA (a direction other than the default, comm SMs) or the producer's warps."""
-    asked = any(plan.is_forced(op) and getattr(plan, op) == GATHER for op in GATHERED) or \
-        any(plan.is_forced(n) and getattr(plan, n) == 0 for n in ("comm_sms_fwd", "comm_sms_bwd"))
+def gathers(plan: Plan) -> tuple[bool, bool]:
+    """Whether the forward's and the backward's GEMMs gather x (and dy) rows (no comm CTAs):
+    asked for (dispatch or reverse_combine "gather", or 0 comm SMs), one rank, bf16, and
+    nothing forced that needs a comm CTA (a direction other than the default, comm SMs) or the
+    producer's warps. dispatch="gather" alone gathers both ways; the forward gathers alone
+    where the backward is forced to copy (reverse_combine "pull" or comm_sms_bwd >= 1)."""
+    forced = lambda n, v: plan.is_forced(n) and getattr(plan, n) == v  # noqa: E731
+    asked_bwd = forced("reverse_combine", GATHER) or forced("comm_sms_bwd", 0)
+    asked = asked_bwd or forced("dispatch", GATHER) or forced("comm_sms_fwd", 0)
     if not asked:
-        return False
+        return False, False
+    copies_bwd = (plan.is_forced("reverse_combine") and plan.reverse_combine != GATHER) or \
+        (plan.is_forced("comm_sms_bwd") and plan.comm_sms_bwd != 0)
+    bwd = not copies_bwd
     # the rules (limits.py) over what is forced, with the undecided directions gathering
-    if gather_violations(plan.replace(**{op: GATHER for op in GATHERED
-                                         if getattr(plan, op) is None})):
-        return False
+    trial = {"dispatch": GATHER, "reverse_combine": GATHER if bwd else None}
+    if gather_violations(plan.replace(**{op: v for op, v in trial.items()
+                                         if getattr(plan, op) is None and v})):
+        return False, False
     if plan.is_forced("macrobatch"):  # a ring row must be its layout row: it holds them all
         s = plan.shape  # (the rule's own check waits for the ring pass's row count)
         worst = padded_rows(plan.tokens_per_rank * min(s.topk, plan.local_experts),
                             plan.local_experts, max(GEMM_BM))
-        return plan.macrobatch >= worst
-    return True
+        if plan.macrobatch < worst:
+            return False, False
+    return True, bwd
 
 
 def collective_sms(gpu: hardware.GPU) -> int:
@@ -69,8 +79,10 @@ def direction_costs(plan: Plan, backward: bool) -> tuple[float, float]:
         # reverse-combine pulls dy, reverse-dispatch pushes dx. The replay's re-pull of x is
         # left out: the ring is sized after this pass and usually holds every row. fp8 plans
         # pull x for every row (their forward's ring holds it in e4m3; the weight gradients
-        # read bf16).
-        moved = rows * 2 * s.hidden * (3 if plan.scale_block else 2)
+        # read bf16), and so do the plans whose forward gathered x (limits.GATHER: its ring
+        # holds no x).
+        fwd_gathered = plan.dispatch == GATHER and plan.reverse_combine != GATHER
+        moved = rows * 2 * s.hidden * (3 if plan.scale_block or fwd_gathered else 2)
     return moved, flops
 
 
@@ -102,9 +114,9 @@ def sm_partition(g):
         collective_sms(gpu) if plan.overlap_comm else 0
     sms = gpu.num_sms - reserve
     comm = {}
-    gather = gathers(plan)
+    gather = dict(zip(("fwd", "bwd"), gathers(plan)))
     for d, name in (("fwd", "comm_sms_fwd"), ("bwd", "comm_sms_bwd")):
-        if gather:
+        if gather[d]:
             comm[d] = 0
         elif plan.is_forced(name):
             comm[d] = getattr(plan, name)

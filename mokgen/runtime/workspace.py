@@ -52,9 +52,10 @@ class LayerSpec:
 
     @property
     def gather(self) -> bool:
-        """No x or dy ring: the GEMMs gather those rows from the caller's tensors (one rank,
-        bf16; mokgen/limits.py GATHER)."""
-        return self.dispatch == "gather"
+        """No x or dy ring: both directions' GEMMs gather those rows from the caller's tensors
+        (one rank, bf16; mokgen/limits.py GATHER). A forward that gathers alone
+        (reverse_combine "pull") leaves both rings to the backward."""
+        return self.reverse_combine == "gather"
 
     @property
     def peer_directions(self) -> bool:

@@ -963,8 +963,8 @@ struct BwdProblem {
   }
 };
 
-// Minibatch m's rows into its ring slot, by `workers` warps: x if the ring lost it (replay),
-// dy unless the owners push it.
+// Minibatch m's rows into its ring slot, by `workers` warps: x if the ring lost it (replay)
+// or never held it (XPULL: the forward gathered), dy unless the owners push it.
 template <class C, class S>
 MOKGEN_DEV void bwd_pull_minibatch(const BwdPeers<C::R>& peers, const BwdBuffers& buf,
                                    const S& s, int m, int worker, int workers) {
@@ -979,7 +979,7 @@ MOKGEN_DEV void bwd_pull_minibatch(const BwdPeers<C::R>& peers, const BwdBuffers
     pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker, workers,
                           nullptr, nullptr, Sink{buf.ring_dy8, buf.ring_sdy});
   } else {
-    if (s.replayed(m))
+    if (C::XPULL || s.replayed(m))
       pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, ring0, worker, workers);
     if constexpr (!C::RCPUSH)
       pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker, workers);

@@ -46,9 +46,11 @@ enum FwdPhase : int { kPhaseSharedDown = 1, kPhaseGateUp = 2, kPhaseDown = 3, kP
 // gather them from the caller's tensors (gemm_tile.cuh GatherSrc): the forward's gate/up, the
 // backward's replay, dgrad and weight gradients. The ring then holds every minibatch, so a
 // ring row is its ring-layout position (the table's index).
+// XPULL (a backward): its forward gathered x alone (limits.GATHER), so the ring holds no x
+// rows: the comm CTAs pull x for every minibatch beside dy, not only for the replayed ones.
 template <int D_, int I_, int IS_, int K_, int L_, int R_, int B_, int SLOTS_, int COMM_,
           int Q_ = 0, bool DPUSH_ = false, bool CPULL_ = false, bool RCPUSH_ = false,
-          bool RDPULL_ = false, bool GATHER_ = false>
+          bool RDPULL_ = false, bool GATHER_ = false, bool XPULL_ = false>
 struct FwdConsts {
   static constexpr int D = D_, I = I_, IS = IS_, K = K_, L = L_, R = R_, B = B_, SLOTS = SLOTS_;
   static constexpr int COMM = COMM_, Q = Q_, RING_ROWS = B_ * SLOTS_;
@@ -64,6 +66,9 @@ struct FwdConsts {
   static constexpr bool GATHER = GATHER_;
   static_assert(!GATHER_ || (R_ == 1 && Q_ == 0 && COMM_ == 0 && !DIRS && !BDIRS),
                 "gathered rows: one rank, bf16, no comm CTAs, the default directions");
+  static constexpr bool XPULL = XPULL_;
+  static_assert(!XPULL_ || (R_ == 1 && Q_ == 0 && COMM_ > 0 && !GATHER_ && !DIRS),
+                "x pulled by the backward: one rank, bf16, comm CTAs, a backward that copies");
   // The head pull (fwd_head_pull, bwd_head_pull): every CTA's warps pull the first minibatch
   // together before taking their roles, where this rank's comm CTAs pull (not where the
   // owners push it in): a few comm CTAs copying it alone kept every compute CTA waiting
