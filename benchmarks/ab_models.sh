@@ -12,7 +12,9 @@
 # then, carrying .build:  bash benchmarks/ab_models.sh NAME MODEL,MODEL... [EP] [TOKENS]
 # OTHER_ARGS="--gemm-bwd 128x256x4-solo": models.py arguments of the NAME side only (a plan
 # option against the default: NAME then holds the same tree, prebuilt with the same args).
-# Per side and model: the medians of its two runs; last, NAME / base per model.
+# Per side and model: the medians of its two runs; last, NAME / base per model, of mokgen's
+# TFLOP/s and of its ratio to grouped_mm in the same process (session 10: the middle two
+# processes ran ~20% faster on a small layer, baseline included; only the second saw it).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/out}
@@ -60,8 +62,11 @@ for (side, key), v in sorted(med.items(), key=lambda kv: (kv[0][1], kv[0][0] != 
 for (side, key), v in med.items():
     if side == name and ("base", key) in med:
         b = med["base", key]
+        # both: mokgen's own ratio moves with the processes' clocks (small layers: as much
+        # as the change), the x grouped_mm ratio with the baseline's noise; trust agreement
         print(f"{key[0]} ep {key[1]}: {name}/base fwd {v['fwd'] / b['fwd']:.3f} "
-              f"train {v['train'] / b['train']:.3f}")
+              f"train {v['train'] / b['train']:.3f}; x grouped_mm {name}/base fwd "
+              f"{v['x_fwd'] / b['x_fwd']:.3f} train {v['x_train'] / b['x_train']:.3f}")
 json.dump({f"{s}|{k[0]}|{k[1]}": v for (s, k), v in med.items()},
           open(os.path.join(out, f"ab_models_{name}.json"), "w"), indent=1)
 PY
