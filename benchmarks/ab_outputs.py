@@ -54,12 +54,12 @@ def run_case(spec: str) -> dict:
 
 def main(argv) -> int:
     if argv[:1] == ["prebuild"]:
-        from mokgen import build, codegen
+        from mokgen.api import build_plans
         from mokgen.tune import tuned_plan
         for spec in argv[1:] or CASES:
             shape, ep, n, over = parse(spec)
             plan = tuned_plan(shape, ep, "bf16", n, **over)
-            build.build(codegen.emit(plan), arch=plan.arch)
+            build_plans([plan])
             print(spec, "built", flush=True)
         return 0
     if argv[:1] == ["dump"] and len(argv) >= 2:

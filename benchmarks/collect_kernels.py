@@ -71,15 +71,14 @@ def bench_plans(argv: list) -> list:
 def main(argv: list) -> int:
     import shlex
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from mokgen import build, codegen
+    from mokgen.api import build_plans
     path = argv[0]
     with open(path, "rb") as f:
         plans = pickle.load(f)
     if len(argv) > 2 and argv[1] == "--bench":
         plans += bench_plans(shlex.split(argv[2]))
-    kernels = {k.name: k for p in plans for k in codegen.emit(p)}.values()
     t0 = time.perf_counter()
-    bins = build.build(list(kernels), jobs=os.cpu_count())
+    bins = build_plans(plans, jobs=os.cpu_count())
     print(f"collect_kernels: {len(bins)} kernels ({sum(not b.cached for b in bins)} built) in "
           f"{time.perf_counter() - t0:.0f} s, spills {sum(b.spills for b in bins)}, "
           f"wgmma serialized in {sum(bool(b.serialized) for b in bins)}")

@@ -46,4 +46,6 @@ if [ $# -gt 0 ]; then
   echo "== extra: exit $?"; tail -${EXTRA_TAIL:-30} "$OUT/extra.log"
 fi
 [ -n "$PA" ] && wait $PA
-grep -h "^FAILED\|^ERROR" "$OUT"/pytest_*.log | head -20
+# exit status 1 only when a test failed (a bare grep with no match made every clean run read 1)
+fails=$(grep -h "^FAILED\|^ERROR" "$OUT"/pytest_*.log | head -20)
+[ -z "$fails" ] || { echo "$fails"; exit 1; }

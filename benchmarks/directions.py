@@ -116,7 +116,7 @@ def test_layers(R: int | None, sms: int = H200_SMS) -> list:
 
 
 def prebuild(args) -> int:
-    from mokgen import build, codegen
+    from mokgen.api import build_plans
 
     virtual = args.world is None
     R = args.ep if virtual else args.world
@@ -127,8 +127,7 @@ def prebuild(args) -> int:
            if k != "chosen"]
     if args.tests:
         ps += [mokgen.plan(s, **kw) for s, kw in test_layers(None if virtual else R)]
-    kernels = {k.name: k for p in ps for k in codegen.emit(p)}
-    bins = build.build(list(kernels.values()))
+    bins = build_plans(ps)
     print(f"directions prebuild ({'virtual' if virtual else 'real'} R={R}): {len(bins)} kernels, "
           f"{sum(not b.cached for b in bins)} built -> {mokgen.config.CONFIG.cache}")
     return 0

@@ -38,14 +38,12 @@ def layer(D, I, E, k, T, **overrides):
 
 
 def prebuild(shapes, variants) -> None:
-    from mokgen import build, codegen
+    from mokgen.api import build_plans
     from mokgen.tune import tuned_plan
-    kernels = {}
-    for _, T, D, I, E, k in shapes:
-        for over in variants.values():
-            plan = tuned_plan(mokgen.MoEShape(E, D, I, k, shared_experts=0), 1, "bf16", T, **over)
-            kernels.update({kern.name: kern for kern in codegen.emit(plan)})
-    bins = build.build(list(kernels.values()), jobs=os.cpu_count())
+    bins = build_plans([tuned_plan(mokgen.MoEShape(E, D, I, k, shared_experts=0), 1, "bf16", T,
+                                   **over)
+                        for _, T, D, I, E, k in shapes for over in variants.values()],
+                       jobs=os.cpu_count())
     print(f"prebuild: {len(bins)} kernels, {sum(not b.cached for b in bins)} built")
 
 

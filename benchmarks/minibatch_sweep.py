@@ -48,13 +48,13 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     specs = parse(a.specs, a.ep, a.tokens)
     if a.prebuild:
-        from mokgen import build, codegen
+        from mokgen.api import build_plans
         from mokgen.tune import tuned_plan
         for name, ep, n, mbs in specs:
             for mb in mbs:
                 over = dict(minibatch=mb) if mb else {}
                 plan = tuned_plan(mokgen.shapes.get(name), ep, "bf16", n, **over)
-                build.build(codegen.emit(plan), arch=plan.arch)
+                build_plans([plan])
                 print(f"{name} ep {ep} N {n} minibatch {plan.minibatch}: built", flush=True)
         return 0
 

@@ -39,10 +39,9 @@ def main(argv=None) -> int:
     shape = mokgen.MoEShape(s.num_experts, s.hidden, s.intermediate, s.topk, shared_experts=0)
     over = overrides(a.overrides)
     if a.prebuild:
-        from mokgen import build, codegen
+        from mokgen.api import build_plans
         from mokgen.tune import tuned_plan
-        plan = tuned_plan(shape, 1, "bf16", a.tokens, **over)
-        bins = build.build(codegen.emit(plan), jobs=os.cpu_count())
+        bins = build_plans([tuned_plan(shape, 1, "bf16", a.tokens, **over)], jobs=os.cpu_count())
         print(f"prebuild: {len(bins)} kernels, {sum(not b.cached for b in bins)} built")
         return 0
     layer = mokgen.MoE(shape, tokens_per_rank=a.tokens, **over).to("cuda", torch.bfloat16)

@@ -74,13 +74,10 @@ def mokgen_layer(D, I, E, k, T, fuse=False):
 
 def prebuild(shapes) -> None:
     """Compile the kernels mokgen.MoE builds for `shapes` (its plan: ep = 1, tuned overrides)."""
-    from mokgen import build, codegen
+    from mokgen.api import build_plans
     from mokgen.tune import tuned_plan
-    kernels = {}
-    for _, T, D, I, E, k in shapes:
-        plan = tuned_plan(mokgen_shape(D, I, E, k), 1, "bf16", T)
-        kernels.update({kern.name: kern for kern in codegen.emit(plan)})
-    bins = build.build(list(kernels.values()), jobs=os.cpu_count())
+    bins = build_plans([tuned_plan(mokgen_shape(D, I, E, k), 1, "bf16", T)
+                        for _, T, D, I, E, k in shapes], jobs=os.cpu_count())
     print(f"prebuild: {len(bins)} kernels, {sum(not b.cached for b in bins)} built")
 
 

@@ -18,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 import mokgen  # noqa: E402
-from mokgen import build, codegen  # noqa: E402
+from mokgen.api import build_plans  # noqa: E402
 
 
 def test_plans(R: int) -> list:
@@ -52,9 +52,8 @@ def main(argv=None) -> int:
         bench_args = multigpu.parse(["--tokens", args.tokens] if args.tokens else [])
         plans += multigpu.plans(bench_args, R)
         plans += fsdp_overlap.plans(fsdp_overlap.parse([]), R)
-    kernels = {k.name: k for p in plans for k in codegen.emit(p)}
     t0 = time.perf_counter()
-    bins = build.build(list(kernels.values()), jobs=args.jobs)
+    bins = build_plans(plans, jobs=args.jobs)
     built = sum(not b.cached for b in bins)
     print(f"prebuild: {len(plans)} plans, {len(bins)} kernels ({built} built, "
           f"{len(bins) - built} cached) in {time.perf_counter() - t0:.0f} s "

@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import mokgen  # noqa: E402
-from mokgen import build, codegen  # noqa: E402
+from mokgen.api import build_plans  # noqa: E402
 from mokgen.cli import _gemm  # noqa: E402
 from mokgen.tune import tuned_plan  # noqa: E402
 
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     for name in models:
         t0 = time.perf_counter()
         plan = tuned_plan(mokgen.shapes.get(name), ep, "bf16", tokens, **over)  # as compile
-        build.build(codegen.emit(plan), arch=plan.arch)
+        build_plans([plan])
         print(f"{name} ep {ep} N {tokens}: {time.perf_counter() - t0:.1f} s", flush=True)
     return 0
 

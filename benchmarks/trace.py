@@ -256,11 +256,11 @@ def main():
         gemm["gemm_bwd"] = a.gemm_bwd
     shape, ep, n = mokgen.shapes.get(a.shape), a.ep, a.n
     if a.prebuild:
-        from mokgen import build, codegen
+        from mokgen.api import build_plans
         from mokgen.tune import tuned_plan
 
         plan = tuned_plan(shape, ep, a.dtype, n, profile=prof, **gemm)
-        bins = build.build(codegen.emit(plan))
+        bins = build_plans([plan])
         print(f"{a.shape} ep {ep} N {n} {a.dtype}: {len(bins)} kernels, spills "
               f"{sum(r['spill_stores'] for b in bins for r in b.resources.values())} B, "
               f"wgmma serialized in {[b.name for b in bins if b.serialized]}")

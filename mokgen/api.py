@@ -231,6 +231,18 @@ def format_memory(report: dict) -> str:
             f"saved per layer call {mb(report['saved_per_layer'])}")
 
 
+def build_plans(plans: list[Plan], jobs: int | None = None) -> list[build.Binary]:
+    """Every distinct kernel of `plans` built, or found in the cache ($MOKGEN_CACHE), nvcc in
+    `jobs` processes (build.build's default): what compile_layer builds, for many layers at
+    once and without a GPU, so a device call finds them built (the benchmarks' --prebuild)."""
+    archs = {p.arch for p in plans}
+    if len(archs) > 1:
+        raise ValueError(f"plans for several GPU architectures: {sorted(archs)}")
+    kernels = {k.name: k for p in plans for k in codegen.emit(p)}
+    return build.build(list(kernels.values()), arch=archs.pop() if archs else "sm_90a",
+                       jobs=jobs)
+
+
 def compile_layer(plan: Plan, virtual: bool = False, group=None,
                   watchdog_s: float | None = None) -> CompiledMoE:
     if watchdog_s is not None and not watchdog_s > 0:
