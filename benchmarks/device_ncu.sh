@@ -3,8 +3,9 @@
 # profile given as "NAME KERNEL SHAPE TOKENS [KEY=VALUE ...]" (benchmarks/ncu_step.py runs the
 # steps; KERNEL mokgen_fwd or mokgen_bwd; the second step's launch is taken). Kernels come
 # prebuilt in the carried .build/kc (ncu_step.py --prebuild here). Per profile $OUT gets
-# NAME.top (benchmarks/ncu_top.py), the SASS CSVs in ncu.tar.gz and the small reports; a SASS address
-# maps to its source line here with nvdisasm --print-line-info on the same cubin.
+# NAME.top (benchmarks/ncu_top.py), the SASS CSVs in ncu.tar.gz and the reports under 15 MB.
+# Source lines, here: `nvdisasm -g -c` of the same cubin (.build/kc), then
+# `ncu_top.py NAME.csv --sass that-listing`.
 #   bash benchmarks/device_ncu.sh "mx mokgen_bwd mixtral-8x22b 4096" "qg mokgen_bwd qwen3-30b-a3b 8192 dispatch=gather"
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MOKGEN_CACHE=${MOKGEN_CACHE:-$PWD/.build/kc}

@@ -72,7 +72,7 @@ def main(argv=None) -> None:
               " ".join(f"{k} {v:.0f}" for v, k in why) +
               (f"  excess {num(r, EXCESS):.0f}" if num(r, EXCESS) else ""))
     if lines:
-        per = collections.defaultdict(lambda: collections.Counter())
+        per = collections.defaultdict(collections.Counter)
         for r in data:
             for k in stalls:
                 per[src(r)][k[6:]] += num(r, k)
