@@ -175,13 +175,7 @@ def test_ablation_pins_everything_but_the_directions():
     """benchmarks/directions.py's layers: four plans differing only in (dispatch, combine)
     (so their outputs must be bitwise equal), virtual ones side by side on the GPU, and the
     pass's own choice beside them."""
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "directions.py"
-    spec = importlib.util.spec_from_file_location("directions_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench()
     args = bench.parse(["--shape", "gpu-small", "--tokens", "1024"])
     for virtual in (True, False):
         kws = bench.plans(args, 2, virtual)
@@ -347,14 +341,8 @@ def test_backward_direction_kernels_compile_without_spills(reverse_combine, reve
 
 
 def _bench():
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "directions.py"
-    spec = importlib.util.spec_from_file_location("directions_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    from benchmark_scripts import load
+    return load("directions")
 
 
 def test_backward_ablation_pins_everything_but_the_backward_directions():

@@ -1,8 +1,7 @@
 """benchmarks/ncu_top.py on a hand-made ncu source CSV and nvdisasm -g listing: samples land
 on the source line of their SASS offset (addresses relative to the kernel's first
 instruction), and the per-line sums add every instruction of a line."""
-import importlib.util
-import pathlib
+from benchmark_scripts import load
 
 SASS = """\t.section\t.text.mokgen_bwd,"ax",@progbits
 mokgen_bwd:
@@ -16,16 +15,8 @@ mokgen_bwd:
 """
 
 
-def load_ncu_top():
-    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "ncu_top.py"
-    spec = importlib.util.spec_from_file_location("ncu_top", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_samples_are_summed_per_source_line(tmp_path, capsys):
-    ncu_top = load_ncu_top()
+    ncu_top = load("ncu_top")
     sass = tmp_path / "k.sass"
     sass.write_text(SASS)
     assert ncu_top.line_map(str(sass)) == {0x0: "kernel.cu:157", 0x10: "wgmma.cuh:63",

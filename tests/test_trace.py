@@ -1,17 +1,6 @@
 """benchmarks/trace.py's arithmetic on hand-made records."""
-import importlib.util
-import pathlib
-
+from benchmark_scripts import load
 from mokgen.runtime import abi
-
-
-def load_trace_bench():
-    """benchmarks/trace.py as a module (benchmarks/ is not a package)."""
-    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "trace.py"
-    spec = importlib.util.spec_from_file_location("trace_bench", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _rec(op, kb, ask, got, pop, main, epi, done, ns):
@@ -24,7 +13,7 @@ def _rec(op, kb, ask, got, pop, main, epi, done, ns):
 
 
 def test_summarize_sums_phases_per_kind():
-    t = load_trace_bench()
+    t = load("trace")
     dg, dx = abi.BWD_OPS["kDgrad"], abi.BWD_OPS["kDx"] | (1 << 8)  # an operand bit too
     # one CTA, clock = 2 cycles per ns (ns_per_clk 0.5); unrecorded rows are zero
     cta = [_rec(dg, 80, 100, 110, 200, 1200, 1400, 1500, 1000),
