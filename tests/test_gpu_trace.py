@@ -8,7 +8,7 @@ import mokgen
 from mokgen.runtime import abi
 from mokgen.workloads import make_inputs
 from test_gpu_backward import NAMES
-from test_trace import load_trace_bench
+from benchmark_scripts import load
 
 pytestmark = pytest.mark.gpu
 SHAPE = mokgen.MoEShape(16, 1024, 512, 4, shared_intermediate=512, name="trace-small")
@@ -49,7 +49,7 @@ def _flat(x):
 
 
 def test_trace_build_is_bitwise_plain_and_records_every_task_in_order():
-    tb = load_trace_bench()
+    tb = load("trace")
     plain = mokgen.compile(SHAPE, ep=1, tokens_per_rank=TOKENS, virtual=True)
     traced = mokgen.compile(SHAPE, ep=1, tokens_per_rank=TOKENS, virtual=True,
                             profile=("trace",))
