@@ -5,7 +5,7 @@ ncu profiles (benchmarks/ncu_top.py reads the result), with plan overrides as KE
 
 --prebuild compiles the layer's kernels only (here, into $MOKGEN_CACHE; no GPU needed), so a
 device call carries them. Which kernel launch ncu takes: mokgen_fwd and mokgen_bwd run once a
-step (the first step's are the JIT's warm-up: skip them).
+step (skip the first step's: its launches pay the first call's module loads and allocations).
 """
 from __future__ import annotations
 
