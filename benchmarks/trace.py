@@ -14,6 +14,7 @@ Usage: python benchmarks/trace.py SHAPE EP N [DTYPE] [--gemm 128x256x4] [--gemm-
        128x256x4-solo] [--out DIR]
        [--also PROFILE,...] (more profiles beside `trace`, e.g. no_dgrad_loads: what a part
        of an epilogue costs; those builds' results are wrong by design)
+       [--plan KEY=VALUE ...] (plan overrides, e.g. dispatch=gather; in the file's name)
        [--prebuild] (compile only, here; then carry MOKGEN_CACHE: benchmarks/ab_trace.sh)
        [--clocks] (then the SM clock and the board power, from nvidia-smi every 20 ms, while
        the forward runs back to back for a second, then forward + backward: whether a
@@ -23,7 +24,7 @@ over CTAs), each kind's mean mainloop TFLOP/s per SM scaled to the GPU, the shar
 CTAs in a mainloop in 20 time bins, and the start (when the CTAs' first mainloops begin,
 their first tasks' kinds and dependency waits); then each direction's GPU kernels from torch.profiler
 (what the event time holds besides the traced tasks); writes
-trace_<shape>_ep<EP>_n<N>_<dtype>[_<also profile>...].json under --out."""
+trace_<shape>_ep<EP>_n<N>_<dtype>[_<also profile>...][_<key>-<value>...].json under --out."""
 import argparse
 import collections
 import datetime
@@ -34,8 +35,10 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import torch  # noqa: E402
+from ncu_step import overrides  # noqa: E402
 
 import mokgen  # noqa: E402
 from mokgen.bench import make_slice, time_ms  # noqa: E402
@@ -245,12 +248,15 @@ def main():
                     help="more profiles (runtime/abi.py PROFILES), e.g. no_dgrad_loads")
     ap.add_argument("--prebuild", action="store_true",
                     help="only compile the traced kernels into MOKGEN_CACHE (no GPU needed)")
+    ap.add_argument("--plan", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="plan overrides (as benchmarks/ncu_step.py), e.g. dispatch=gather")
     ap.add_argument("--clocks", action="store_true",
                     help="also the SM clock and power while each direction runs (nvidia-smi)")
     a = ap.parse_args()
     also = tuple(p for p in a.also.split(",") if p)
     prof = ("trace",) + also
-    suffix = "".join("_" + p for p in also)
+    over = overrides(a.plan)
+    suffix = "".join("_" + p for p in also) + "".join(f"_{k}-{v}" for k, v in over.items())
     gemm = dict(gemm_fwd=a.gemm, gemm_bwd=a.gemm) if a.gemm else {}
     if a.gemm_bwd:
         gemm["gemm_bwd"] = a.gemm_bwd
@@ -259,7 +265,7 @@ def main():
         from mokgen.api import build_plans
         from mokgen.tune import tuned_plan
 
-        plan = tuned_plan(shape, ep, a.dtype, n, profile=prof, **gemm)
+        plan = tuned_plan(shape, ep, a.dtype, n, profile=prof, **gemm, **over)
         bins = build_plans([plan])
         print(f"{a.shape} ep {ep} N {n} {a.dtype}: {len(bins)} kernels, spills "
               f"{sum(r['spill_stores'] for b in bins for r in b.resources.values())} B, "
@@ -268,7 +274,7 @@ def main():
     g = torch.Generator(device="cuda").manual_seed(0)
     xs, zs, w1, w2, sw1, sw2 = make_slice(shape, ep, n, g)
     layer = mokgen.compile(shape, ep=ep, tokens_per_rank=n, virtual=True, dtype=a.dtype,
-                           profile=prof, **gemm)
+                           profile=prof, **gemm, **over)
     rt, bwd = layer.runtime(), layer.backward_runtime()
     w1s, w2s = [w1] * ep, [w2] * ep
     layer(x=xs, router_logits=zs, w1=w1s, w2=w2s, shared_w1=sw1, shared_w2=sw2)
@@ -276,7 +282,7 @@ def main():
     fwd = lambda: rt.forward_rank(0, xs, zs, w1s, w2s, sw1, sw2, save=True)  # noqa: E731
     back = lambda: bwd.backward_rank(0, dys, xs, w1s, w2s, sw1, sw2)  # noqa: E731
     res = dict(shape=a.shape, ep=ep, n=n, dtype=a.dtype, commit=os.environ.get("MOKGEN_COMMIT"),
-               gemm=str(a.gemm or "default"), gemm_bwd=str(a.gemm_bwd or a.gemm or "default"),
+               plan_overrides=over, gemm=str(a.gemm or "default"), gemm_bwd=str(a.gemm_bwd or a.gemm or "default"),
                fwd_ms=time_ms(fwd, 20),
                bwd_ms=time_ms(back, 20, setup=fwd))
     plan = layer.plan

@@ -1,0 +1,108 @@
+"""Where a benchmarked call's event time goes beyond its kernels (issue #16: Mixtral-8x22B's
+traced forward and backward read 8.7 / 18.0 ms by events against 7.0 / 15.0 ms of megakernel).
+One slice as benchmarks/models.py times it (mokgen.bench: forward_rank, backward_rank after
+an untimed forward; autograd through torch._grouped_mm), each call timed three ways: CUDA
+events with the GPU idle before it (what models.py reports), events with the launches queued
+behind a GPU sleep (the GPU's time alone), and the sum of its kernels' durations from
+torch.profiler over the same timed loop, their span, the host's wall time of the call, and the
+largest gap between two kernels.
+
+    python3 benchmarks/gaps.py mixtral-8x22b 1 4096 [--iters 10] [--prebuild]"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import torch  # noqa: E402
+
+import mokgen  # noqa: E402
+from mokgen.bench import TorchSlice, make_slice, time_ms  # noqa: E402
+
+
+def profiled(run, setup, iters):
+    """Per iteration of `iters` (setup untimed, as time_ms): the kernels' summed duration
+    (ms), their span from the first start to the last end (ms), the host's wall time of
+    run() (ms) and the largest gap between one kernel's end and the next's start (us),
+    medians."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    spans = []
+    for _ in range(iters):
+        if setup:
+            setup()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            run()
+            wall = (time.perf_counter() - t0) * 1e3
+            torch.cuda.synchronize()
+        evs = sorted(((e.time_range.start, e.time_range.end, e.name[:32])
+                      for e in prof.events() if e.device_type == DeviceType.CUDA))
+        gaps = [(b[0] - a[1], f"{a[2]} -> {b[2]}") for a, b in zip(evs, evs[1:])]
+        spans.append((sum(e - s for s, e, _ in evs) / 1e3, (evs[-1][1] - evs[0][0]) / 1e3,
+                      wall, max(gaps, default=(0.0, ""))))
+    return (*(statistics.median(s[i] for s in spans) for i in range(3)),
+            sorted(s[3] for s in spans)[len(spans) // 2])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("shape")
+    ap.add_argument("ep", type=int)
+    ap.add_argument("n", type=int)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--prebuild", action="store_true")
+    a = ap.parse_args(argv)
+    shape = mokgen.shapes.get(a.shape)
+    if a.prebuild:
+        from mokgen.api import build_plans
+        from mokgen.tune import tuned_plan
+        bins = build_plans([tuned_plan(shape, a.ep, "bf16", a.n)], jobs=os.cpu_count())
+        print(f"prebuild: {len(bins)} kernels, {sum(not b.cached for b in bins)} built")
+        return 0
+    g = torch.Generator(device="cuda").manual_seed(0)
+    xs, zs, w1, w2, sw1, sw2 = make_slice(shape, a.ep, a.n, g)
+    layer = mokgen.compile(shape, ep=a.ep, tokens_per_rank=a.n, virtual=True)
+    rt, bwd = layer.runtime(), layer.backward_runtime()
+    args = (xs, zs, [w1] * a.ep, [w2] * a.ep, sw1, sw2)
+    layer(x=xs, router_logits=zs, w1=args[2], w2=args[3], shared_w1=sw1, shared_w2=sw2)
+    routes, weights = rt.peers.bufs["routes"][0].long(), rt.peers.bufs["weights"][0]
+    dys = [torch.randn(x.shape, device="cuda", generator=g).bfloat16() for x in xs]
+    fwd = lambda: rt.forward_rank(0, *args)  # noqa: E731
+    fwd_saved = lambda: rt.forward_rank(0, *args, save=True)  # noqa: E731
+    back = lambda: bwd.backward_rank(0, dys, xs, *args[2:])  # noqa: E731
+    ts = TorchSlice(shape, a.ep, xs, zs, w1, w2, sw1, sw2, grad=True)
+    t_setup, t_back = ts.train_step("grouped", routes, weights, torch.stack(dys))
+    calls = {"mokgen fwd": (fwd, None), "mokgen bwd": (back, fwd_saved),
+             "grouped fwd": (lambda: ts.grouped(routes, weights), None),
+             "grouped bwd": (t_back, t_setup)}
+    rows = []
+    for name, (run, setup) in calls.items():
+        idle = time_ms(run, a.iters, setup=setup)
+        queued = time_ms(run, a.iters, setup=setup, queue_ahead=True)
+        kern, span, wall, (gap_us, where) = profiled(run, setup, 3)
+        rows.append(dict(call=name, event_ms=idle, queued_ms=queued, kernels_ms=kern,
+                         span_ms=span, host_ms=wall, max_gap_us=gap_us, max_gap_at=where))
+        print(json.dumps(rows[-1]), flush=True)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, f"gaps_{a.shape}_ep{a.ep}_n{a.n}.json"), "w") as f:
+        json.dump(dict(commit=os.environ.get("MOKGEN_COMMIT"), gpu=torch.cuda.get_device_name(),
+                       shape=a.shape, ep=a.ep, n=a.n, rows=rows), f, indent=1)
+    print("| call | event ms (GPU idle before) | event ms (queued ahead) | kernels ms | "
+          "kernels' span ms | host ms | largest gap us (where) |\n|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['call']} | {r['event_ms']:.3f} | {r['queued_ms']:.3f} | "
+              f"{r['kernels_ms']:.3f} | {r['span_ms']:.3f} | {r['host_ms']:.3f} | "
+              f"{r['max_gap_us']:.0f} ({r['max_gap_at']}) |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
