@@ -4,8 +4,8 @@ One slice as benchmarks/models.py times it (mokgen.bench: forward_rank, backward
 an untimed forward; autograd through torch._grouped_mm), each call timed three ways: CUDA
 events with the GPU idle before it (what models.py reports), events with the launches queued
 behind a GPU sleep (the GPU's time alone), and the sum of its kernels' durations from
-torch.profiler over the same timed loop, their span, the host's wall time of the call, and the
-largest gap between two kernels.
+torch.profiler over the same loop, their span, the host's wall time of the call (the profiler
+inflates it), and the largest gap between two kernels.
 
     python3 benchmarks/gaps.py mixtral-8x22b 1 4096 [--iters 10] [--prebuild]"""
 from __future__ import annotations
@@ -27,8 +27,8 @@ from mokgen.bench import TorchSlice, make_slice, time_ms  # noqa: E402
 def profiled(run, setup, iters):
     """Per iteration of `iters` (setup untimed, as time_ms): the kernels' summed duration
     (ms), their span from the first start to the last end (ms), the host's wall time of
-    run() (ms) and the largest gap between one kernel's end and the next's start (us),
-    medians."""
+    run() (ms, under the profiler: inflated) and the largest gap between one kernel's end
+    and the next's start (us), medians."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 

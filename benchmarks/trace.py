@@ -282,7 +282,8 @@ def main():
     fwd = lambda: rt.forward_rank(0, xs, zs, w1s, w2s, sw1, sw2, save=True)  # noqa: E731
     back = lambda: bwd.backward_rank(0, dys, xs, w1s, w2s, sw1, sw2)  # noqa: E731
     res = dict(shape=a.shape, ep=ep, n=n, dtype=a.dtype, commit=os.environ.get("MOKGEN_COMMIT"),
-               plan_overrides=over, gemm=str(a.gemm or "default"), gemm_bwd=str(a.gemm_bwd or a.gemm or "default"),
+               plan_overrides=over, gemm=str(a.gemm or "default"),
+               gemm_bwd=str(a.gemm_bwd or a.gemm or "default"),
                fwd_ms=time_ms(fwd, 20),
                bwd_ms=time_ms(back, 20, setup=fwd))
     plan = layer.plan

@@ -338,6 +338,13 @@ def test_profile_variants_compile():
                            tokens_per_rank=256, profile=tuple(abi.PROFILES))
     assert set(layer.binaries) == {"prologue", "fwd", "bwd"}
     assert_no_spills_nor_serialized_wgmma(layer)
+    # the gathered producer's profiles reach only gathered plans (one rank, bf16)
+    gathered = ("gather_in_order", "gather_no_fence")
+    layer = mokgen.compile(mokgen.shapes.get("gpu-small"), ep=1, tokens_per_rank=256,
+                           dispatch="gather", profile=gathered)
+    src = {k.name.split("_")[0]: k.source for k in codegen.emit(layer.plan)}
+    assert f"/*PROF*/ {abi.profile_mask(gathered)}," in src["bwd"]
+    assert_no_spills_nor_serialized_wgmma(layer)
 
 
 # fp8 and MXFP8 at widths that are multiples of 16 but not of 128 (issue #16): partial scale

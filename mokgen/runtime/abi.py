@@ -129,7 +129,12 @@ PROFILES = {"no_routed_wgrad": ("kProfNoRoutedWgrad", 1), "no_dh_quant": ("kProf
             # the routed SwiGLU backward (bf16): no g / u loads (the tile's d_a stands in) /
             # no dh, w a stores: what each costs of its epilogue (benchmarks/trace.py)
             "no_dgrad_loads": ("kProfNoDgradLoads", 512),
-            "no_dgrad_stores": ("kProfNoDgradStores", 1024)}
+            "no_dgrad_stores": ("kProfNoDgradStores", 1024),
+            # gathered plans (benchmarks/trace.py --plan dispatch=gather): rows read in order,
+            # not through the table (what scattered rows cost the gathering producer) / no
+            # proxy fence in the consumers (what it costs them)
+            "gather_in_order": ("kProfGatherInOrder", 2048),
+            "gather_no_fence": ("kProfGatherNoFence", 4096)}
 
 
 # The megakernels' task opcodes (moe_fwd.cuh FwdOp, moe_bwd.cuh BwdOp), by value: what a

@@ -185,11 +185,13 @@ struct GatherSrc {
   const int2* table = nullptr;
   int rows = 0;    // tokens: a table entry past them reads as padding
   bool b = false;  // the B operand (MN-major), else A
+  bool in_order = false;  // profiling (kProfGatherInOrder, a constant): row p is token p % rows
 };
 
 // The token ring-layout row p holds, or -1 (padding, or a table entry past the tokens).
 template <int K>
 MOKGEN_DEV int gather_token(const GatherSrc& g, int p) {
+  if (g.in_order) return p % g.rows;
   const int2 e = g.table[p];
   const int tok = e.x >= 0 ? e.y / K : -1;
   return (unsigned)tok < (unsigned)g.rows ? tok : -1;
@@ -318,7 +320,7 @@ MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task&
   wgmma_fence_regs(acc);
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     ok &= mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());
-    if (gathered) fence_proxy_async_smem();
+    if ((Cfg::PROF & kProfGatherNoFence) == 0 && gathered) fence_proxy_async_smem();
     // a warpgroup's 64 A rows are 8 KB in either layout
     const uint8_t* a = sm.a_stage(ps.idx()) + cwg * 64 * 128;
     const uint64_t da = TA ? make_desc_mnmajor_sw128(a) : make_desc_kmajor_sw128(a);

@@ -70,7 +70,12 @@ enum Profile : unsigned {
   kProfNoFwdEpilogues = 128u,  // every forward tile: mainloop, no epilogue (signals still go)
   kProfTrace = 256u,           // per-task timestamps into mokgen_trace (trace.cuh); results right
   kProfNoDgradLoads = 512u,    // the routed SwiGLU backward (bf16): d_a stands in for g / u
-  kProfNoDgradStores = 1024u   // ... and stores neither dh nor w a (results wrong)
+  kProfNoDgradStores = 1024u,  // ... and stores neither dh nor w a (results wrong)
+  // gathered operands (GATHER plans): ring-layout row p reads token p mod n, not the table's:
+  // the same cp.async from rows in order (what scattered rows cost; results wrong)
+  kProfGatherInOrder = 2048u,
+  // gathered stages: the consumers skip their proxy fence (what it costs; results may race)
+  kProfGatherNoFence = 4096u
 };
 
 template <int BN_, int STAGES_, int Q_ = 0, unsigned PROF_ = 0, int TASK_SLOTS_ = 4,

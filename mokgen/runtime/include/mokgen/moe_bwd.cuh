@@ -385,7 +385,8 @@ struct BwdProblem {
     const int op = opcode(t);
     const __nv_bfloat16* base = !gathers(t) ? nullptr
         : op == kReplay || op == kWgrad1 ? peers->x[0] : peers->dy[0];
-    return GatherSrc{base, buf->table, buf->n_tokens, op == kWgrad1};
+    return GatherSrc{base, buf->table, buf->n_tokens, op == kWgrad1,
+                     (Cfg::PROF & kProfGatherInOrder) != 0};
   }
 
   // Producer thread only.

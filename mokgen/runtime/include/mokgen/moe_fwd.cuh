@@ -297,7 +297,8 @@ struct FwdProblem {
   // GATHER: the routed gate/up tiles' A rows are the tokens of x their table rows name
   MOKGEN_DEV bool gathers(const Task& t) const { return C::GATHER && opcode(t) == kGateUp; }
   MOKGEN_DEV GatherSrc gather(const Task& t) const {
-    return GatherSrc{gathers(t) ? peers->x[0] : nullptr, buf->table, buf->n_tokens, false};
+    return GatherSrc{gathers(t) ? peers->x[0] : nullptr, buf->table, buf->n_tokens, false,
+                     (Cfg::PROF & kProfGatherInOrder) != 0};
   }
 
   // Producer thread only: take the next task and wait for what it reads.
