@@ -39,3 +39,11 @@ def test_summarize_sums_phases_per_kind():
     assert abs(st["first_main_us_median"] - 50 / 1e3) < 1e-9
     assert abs(st["first_wait_us_median"] - 10 * 0.5 / 1e3) < 1e-9
     assert "start: first mainloop at" in t.table("backward", s)
+
+
+def test_plan_overrides_are_typed_as_the_plan_takes_them():
+    # trace.py --plan and ncu_step.py's KEY=VALUE: integers as ints, names as strings
+    t = load("trace")
+    assert t.overrides(["dispatch=gather", "comm_sms_bwd=4", "minibatch=-1"]) == \
+        {"dispatch": "gather", "comm_sms_bwd": 4, "minibatch": -1}
+    assert t.overrides([]) == {}
