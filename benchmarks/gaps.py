@@ -21,32 +21,26 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import mokgen  # noqa: E402
-from mokgen.bench import TorchSlice, make_slice, time_ms  # noqa: E402
+from mokgen.bench import TorchSlice, kernel_times, make_slice, time_ms  # noqa: E402
 
 
 def profiled(run, setup, iters):
     """Per iteration of `iters` (setup untimed, as time_ms): the kernels' summed duration
     (ms), their span from the first start to the last end (ms), the host's wall time of
     run() (ms, under the profiler: inflated) and the largest gap between one kernel's end
-    and the next's start (us), medians."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
+    and the next's start (us), medians (the kernels: mokgen.bench.kernel_times)."""
     spans = []
     for _ in range(iters):
-        if setup:
-            setup()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        wall = []
+
+        def timed():
             t0 = time.perf_counter()
             run()
-            wall = (time.perf_counter() - t0) * 1e3
-            torch.cuda.synchronize()
-        evs = sorted(((e.time_range.start, e.time_range.end, e.name[:32])
-                      for e in prof.events() if e.device_type == DeviceType.CUDA))
-        gaps = [(b[0] - a[1], f"{a[2]} -> {b[2]}") for a, b in zip(evs, evs[1:])]
-        spans.append((sum(e - s for s, e, _ in evs) / 1e3, (evs[-1][1] - evs[0][0]) / 1e3,
-                      wall, max(gaps, default=(0.0, ""))))
+            wall.append((time.perf_counter() - t0) * 1e3)
+        evs = kernel_times(setup or (lambda: None), timed)  # (name, start us, duration us)
+        gaps = [(b[1] - a[1] - a[2], f"{a[0]} -> {b[0]}") for a, b in zip(evs, evs[1:])]
+        spans.append((sum(d for _, _, d in evs) / 1e3, (evs[-1][1] + evs[-1][2]) / 1e3,
+                      wall[0], max(gaps, default=(0.0, ""))))
     return (*(statistics.median(s[i] for s in spans) for i in range(3)),
             sorted(s[3] for s in spans)[len(spans) // 2])
 

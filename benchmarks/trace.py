@@ -41,7 +41,7 @@ import torch  # noqa: E402
 from ncu_step import overrides  # noqa: E402
 
 import mokgen  # noqa: E402
-from mokgen.bench import make_slice, time_ms  # noqa: E402
+from mokgen.bench import kernel_times, make_slice, time_ms  # noqa: E402
 from mokgen.cli import _gemm  # noqa: E402
 from mokgen.runtime import abi, cuda  # noqa: E402
 
@@ -141,25 +141,6 @@ def summarize(recs, ops, bm, bn):
                             first_wait_us_median=waits[len(waits) // 2],
                             first_kinds=dict(collections.Counter(k for k, _, _ in firsts)))
     return out
-
-
-def kernel_times(setup, run):
-    """The GPU kernels (and memsets / copies) of one run() after setup(), from torch.profiler:
-    [(name, start us from the first, duration us)]: what the event time holds besides the
-    megakernel (its launch, the prologue's kernels, the combine)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    setup()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        run()
-        torch.cuda.synchronize()
-    evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA),
-                 key=lambda e: e.time_range.start)
-    t0 = evs[0].time_range.start if evs else 0
-    return [(e.name[:40], round(e.time_range.start - t0, 1),
-             round(e.time_range.end - e.time_range.start, 1)) for e in evs]
 
 
 def clocks(phases, seconds=1.0):

@@ -63,6 +63,26 @@ def time_ms(fn, iters: int, warmup: int = 10, setup=None, queue_ahead: bool = Fa
     return statistics.median(times)
 
 
+def kernel_times(setup, run):
+    """The GPU kernels (and memsets / copies) of one run() after setup(), from torch.profiler:
+    [(name, start us from the first, duration us)]: what an event time holds besides the
+    megakernel (its launch, the prologue's kernels, the combine; benchmarks/trace.py,
+    gaps.py)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    setup()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA),
+                 key=lambda e: e.time_range.start)
+    t0 = evs[0].time_range.start if evs else 0
+    return [(e.name[:40], round(e.time_range.start - t0, 1),
+             round(e.time_range.end - e.time_range.start, 1)) for e in evs]
+
+
 def make_slice(shape, ep, n, g):
     E, D, I, L = shape.num_experts, shape.hidden, shape.intermediate, shape.num_experts // ep
     dev = "cuda"
