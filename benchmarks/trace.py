@@ -67,7 +67,8 @@ def summarize(recs, ops, bm, bn):
     """Per task kind and over time; durations in ms (SM clocks scaled by each CTA's
     globaltimer / clock64 ratio)."""
     names = {v: k[1:] for k, v in ops.items()}  # kDgrad -> Dgrad
-    op_, ask, got, pop, main, epi, done, gns = (F[k] for k in abi.TRACE_FIELDS)
+    op_, ask, got, pop, main, epi, done, gns, fill_w, fill_i, full_w = (
+        F[k] for k in abi.TRACE_FIELDS)
     kinds, spans, firsts, mhz = {}, [], [], []
     t_lo = t_hi = None
     for cta in recs:
@@ -91,7 +92,8 @@ def summarize(recs, ops, bm, bn):
             d = kinds.setdefault(names.get(code, str(code)),
                                  dict(tasks=0, k_blocks=0, idle_ms=0.0, mainloop_ms=0.0,
                                       epilogue_ms=0.0, signal_ms=0.0, ask_ms=0.0, flops=0.0,
-                                      mainloop_clk=0))
+                                      mainloop_clk=0, fill_wait_ms=0.0, fill_issue_ms=0.0,
+                                      full_wait_ms=0.0))
             d["tasks"] += 1
             d["k_blocks"] += kb
             d["idle_ms"] += (row[pop] - prev_done) * ms
@@ -100,6 +102,11 @@ def summarize(recs, ops, bm, bn):
             d["epilogue_ms"] += (row[epi] - row[main]) * ms
             d["signal_ms"] += (row[done] - row[epi]) * ms
             d["ask_ms"] += (row[got] - row[ask]) * ms
+            # the ring's side (clock sums over the task's slices, trace.cuh): the producer
+            # waiting for empty stages and issuing, the consumers waiting for full ones
+            d["fill_wait_ms"] += row[fill_w] * ms
+            d["fill_issue_ms"] += row[fill_i] * ms
+            d["full_wait_ms"] += row[full_w] * ms
             bk = 128 if op & abi.F8_TASK else 64  # fp8 tiles count K blocks of 128
             n = bn // 2 if op & (abi.HALF_N_TASK | abi.SOLO_TASK) else bn  # narrow, solo
             d["flops"] += 2.0 * bm * n * bk * kb
@@ -122,6 +129,8 @@ def summarize(recs, ops, bm, bn):
         d["mean_epilogue_us"] = 1e3 * d["epilogue_ms"] / d["tasks"]
         d["mean_mainloop_us"] = 1e3 * d["mainloop_ms"] / d["tasks"]
         d["mean_ask_us"] = 1e3 * d["ask_ms"] / d["tasks"]  # the producer's next_task
+        for w in ("fill_wait", "fill_issue", "full_wait"):
+            d[f"mean_{w}_us"] = 1e3 * d[f"{w}_ms"] / d["tasks"]
         out["kinds"][k] = d
     if spans:  # share of the CTAs inside a mainloop / an epilogue + signal, per time bin
         w = (t_hi - t_lo) / BINS
@@ -189,8 +198,9 @@ def table(title, s):
     lines = [f"### {title}: {s['ctas']} CTAs, span {s['span_ms']:.3f} ms (SM-ms summed over CTAs), "
              f"SM clock {s.get('sm_mhz', 0):.0f} MHz (median CTA: clock64 / globaltimer)",
              "| kind | tasks | K blk | mainloop | epilogue | signal | idle | main us | epi us | "
-             "main TFLOP/s | ask us | main FLOP/clk |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "main TFLOP/s | ask us | main FLOP/clk | fill wait us | fill issue us | "
+             "full wait us |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     tot = dict(mainloop_ms=0, epilogue_ms=0, signal_ms=0, idle_ms=0)
     for k, d in sorted(s["kinds"].items(), key=lambda kv: -kv[1]["mainloop_ms"]):
         for key in tot:
@@ -199,10 +209,11 @@ def table(title, s):
                      f"| {d['epilogue_ms']:.1f} | {d['signal_ms']:.1f} | {d['idle_ms']:.1f} | "
                      f"{d['mean_mainloop_us']:.1f} | {d['mean_epilogue_us']:.1f} | "
                      f"{d['mainloop_tflops_gpu']:.0f} | {d['mean_ask_us']:.2f} | "
-                     f"{d['mainloop_flop_per_clk']:.0f} |")
+                     f"{d['mainloop_flop_per_clk']:.0f} | {d['mean_fill_wait_us']:.2f} | "
+                     f"{d['mean_fill_issue_us']:.2f} | {d['mean_full_wait_us']:.2f} |")
     all_ms = sum(tot.values()) or 1.0
     lines.append("| all (share) | | | " + " | ".join(
-        f"{tot[k]:.1f} ({100 * tot[k] / all_ms:.0f}%)" for k in tot) + " | | | | | |")
+        f"{tot[k]:.1f} ({100 * tot[k] / all_ms:.0f}%)" for k in tot) + " | | | | | | | | |")
     if "bins_mainloop" in s:
         lines.append("mainloop share per bin: " + " ".join(f"{v:.2f}" for v in s["bins_mainloop"]))
         lines.append("epilogue share per bin: " + " ".join(f"{v:.2f}" for v in s["bins_epilogue"]))

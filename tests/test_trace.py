@@ -3,10 +3,11 @@ from benchmark_scripts import load
 from mokgen.runtime import abi
 
 
-def _rec(op, kb, ask, got, pop, main, epi, done, ns):
+def _rec(op, kb, ask, got, pop, main, epi, done, ns, fill_wait=0, fill_issue=0, full_wait=0):
     r = [0] * abi.TRACE_WORDS
     vals = dict(kTrOp=op | (kb << 32), kTrAsk=ask, kTrGot=got, kTrPop=pop, kTrMain=main,
-                kTrEpi=epi, kTrDone=done, kTrGlobalNs=ns)
+                kTrEpi=epi, kTrDone=done, kTrGlobalNs=ns, kTrFillWait=fill_wait,
+                kTrFillIssue=fill_issue, kTrFullWait=full_wait)
     for i, f in enumerate(abi.TRACE_FIELDS):
         r[i] = vals[f]
     return r
@@ -16,7 +17,7 @@ def test_summarize_sums_phases_per_kind():
     t = load("trace")
     dg, dx = abi.BWD_OPS["kDgrad"], abi.BWD_OPS["kDx"] | (1 << 8)  # an operand bit too
     # one CTA, clock = 2 cycles per ns (ns_per_clk 0.5); unrecorded rows are zero
-    cta = [_rec(dg, 80, 100, 110, 200, 1200, 1400, 1500, 1000),
+    cta = [_rec(dg, 80, 100, 110, 200, 1200, 1400, 1500, 1000, 300, 40, 600),
            _rec(dx, 256, 1500, 1600, 2000, 9000, 9100, 9200, 1900),
            [0] * abi.TRACE_WORDS]
     s = t.summarize([cta], abi.BWD_OPS, 128, 256)
@@ -28,6 +29,10 @@ def test_summarize_sums_phases_per_kind():
     assert abs(x["idle_ms"] - 500 * ms) < 1e-12  # the previous done to this pop
     assert abs(x["signal_ms"] - 100 * ms) < 1e-12 and x["mean_k_blocks"] == 256
     assert abs(d["flops"] - 2.0 * 128 * 256 * 64 * 80) < 1
+    # the ring's sums: clocks as durations (0.5 ns a clock), per task
+    assert abs(d["mean_fill_wait_us"] - 300 * 0.5 / 1e3) < 1e-12
+    assert abs(d["mean_fill_issue_us"] - 40 * 0.5 / 1e3) < 1e-12
+    assert abs(d["mean_full_wait_us"] - 600 * 0.5 / 1e3) < 1e-12 and x["mean_full_wait_us"] == 0
     # per SM clock, whatever the clock: 1000 clocks of mainloop
     assert abs(d["mainloop_flop_per_clk"] - 2.0 * 128 * 256 * 64 * 80 / 1000) < 1e-6
     assert abs(s["span_ms"] - (1900 + 7200 * 0.5 - (1000 - 50)) / 1e6) < 1e-12

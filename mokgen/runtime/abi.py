@@ -148,10 +148,11 @@ HALF_N_TASK = 1 << 30  # gemm_types.cuh kHalfN: a narrow edge tile (its mainloop
 SOLO_TASK = 1 << 29  # gemm_types.cuh kSolo: one warpgroup's BM x BN/2 task (GemmConfig.solo)
 
 # The `trace` profile's buffer (trace.cuh): kTraceRecs records per CTA of kTraceWords 64-bit
-# words, the words in TRACE_FIELDS order (kTrOp: Task::op, K blocks << 32; the rest clocks).
-TRACE_RECS, TRACE_WORDS = 4096, 8
+# words, the words in TRACE_FIELDS order (kTrOp: Task::op, K blocks << 32; the rest clocks,
+# the last three clock sums over the task's slices: the ring's fill and drain waits).
+TRACE_RECS, TRACE_WORDS = 4096, 11
 TRACE_FIELDS = ("kTrOp", "kTrAsk", "kTrGot", "kTrPop", "kTrMain", "kTrEpi", "kTrDone",
-                "kTrGlobalNs")
+                "kTrGlobalNs", "kTrFillWait", "kTrFillIssue", "kTrFullWait")
 
 
 # Routes of one source rank that one block of the schedule's count kernel takes (schedule.cuh

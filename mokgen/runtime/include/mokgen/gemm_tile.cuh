@@ -139,6 +139,27 @@ MOKGEN_DEV void load_b_slice(uint8_t* stage, const CUtensorMap* tb, uint64_t* ba
   }
 }
 
+// The producing thread (trace builds): its i-th task's fill sums into the record, cleared.
+MOKGEN_DEV void trace_fill_record(int i) {
+  unsigned long long* sums = trace_sums();
+  if (unsigned long long* rec = trace_rec(i)) {
+    rec[kTrFillWait] = sums[kSumFillWait];
+    rec[kTrFillIssue] = sums[kSumFillIssue];
+  }
+  sums[kSumFillWait] = sums[kSumFillIssue] = 0;
+}
+// Trace builds (trace.cuh kTrFillWait / kTrFillIssue): the producing thread's clocks of a
+// slice (`mine`: the one thread that records), t0 its empty wait's start, the wait's end
+// (trace_fill moves t0 there) and its last issue.
+MOKGEN_DEV void trace_fill(uint64_t& t0, bool mine) {
+  const uint64_t now = trace_clock();
+  if (mine) trace_sums()[kSumFillWait] += now - t0;
+  t0 = now;
+}
+MOKGEN_DEV void trace_issued(uint64_t t0, bool mine) {
+  if (mine) trace_sums()[kSumFillIssue] += trace_clock() - t0;
+}
+
 template <class Cfg, bool NARROW = false>
 MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUtensorMap* ta,
                              const CUtensorMap* tb, const Task& t, int half = -1) {
@@ -152,12 +173,16 @@ MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUten
   const uint32_t bytes = Cfg::STAGE_BYTES - (amn ? (Cfg::BM / 64 - (j1 - j0)) * kBox : 0) -
                          (narrow ? (Cfg::BN / 64 - b_boxes) * kBox : 0);
   for (int kb = 0; kb < t.k_blocks; ++kb) {
+    uint64_t t0 = 0;
+    if constexpr (Cfg::TRACE) t0 = trace_clock();
     mbar_wait(&sm.empty()[ps.idx()], ps.phase() ^ 1, 102);
+    if constexpr (Cfg::TRACE) trace_fill(t0, true);
     uint64_t* bar = &sm.full()[ps.idx()];
     mbar_arrive_expect_tx(bar, bytes);
     const int k0 = kb * Cfg::BK;
     load_a_slice<Cfg>(sm.a_stage(ps.idx()), ta, bar, t, k0, amn, j0, j1);
     load_b_slice<Cfg>(sm.b_stage(ps.idx()), tb, bar, t, k0, bmn, b_boxes);
+    if constexpr (Cfg::TRACE) trace_issued(t0, true);
     ps.template advance<Cfg::STAGES>();
   }
 }
@@ -266,7 +291,10 @@ MOKGEN_DEV void produce_tile_gather(const Problem& prob, const GemmSmem<Cfg>& sm
     const bool narrow = Problem::kNarrowTiles && bmn && (t.op & kHalfN);
     const int b_boxes = narrow ? Cfg::BN / 128 : Cfg::BN / 64;
     const bool gat = prob.gathers(t), gat_b = gat && prob.gather(t).b, gat_a = gat && !gat_b;
+    uint64_t t0 = 0;
+    if constexpr (Cfg::TRACE) t0 = trace_clock();
     mbar_wait(&sm.empty()[ps.idx()], ps.phase() ^ 1, 102);
+    if constexpr (Cfg::TRACE) trace_fill(t0, lead);
     uint64_t* bar = &sm.full()[ps.idx()];
     const int k0 = kb * Cfg::BK;
     if (lead) {  // the operand that is not gathered comes by TMA
@@ -287,6 +315,7 @@ MOKGEN_DEV void produce_tile_gather(const Problem& prob, const GemmSmem<Cfg>& sm
       gather_mn_major<LD, K>(sm.b_stage(ps.idx()), prob.gather(t), t.b_row1 + k0, t.b_row0,
                              b_boxes, w);
     cp_async_mbar_arrive(bar);
+    if constexpr (Cfg::TRACE) trace_issued(t0, lead);
     ps.template advance<Cfg::STAGES>();
   }
 }
@@ -319,7 +348,11 @@ MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task&
   bool ok = true;
   wgmma_fence_regs(acc);
   for (int kb = 0; kb < t.k_blocks; ++kb) {
+    uint64_t t0 = 0;
+    if constexpr (Cfg::TRACE) t0 = trace_clock();
     ok &= mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());
+    if constexpr (Cfg::TRACE)  // trace.cuh kTrFullWait
+      if (threadIdx.x == 128) trace_sums()[kSumFullWait] += trace_clock() - t0;
     if ((Cfg::PROF & kProfGatherNoFence) == 0 && gathered) fence_proxy_async_smem();
     // a warpgroup's 64 A rows are 8 KB in either layout
     const uint8_t* a = sm.a_stage(ps.idx()) + cwg * 64 * 128;
@@ -610,8 +643,13 @@ MOKGEN_DEV void consumer_cooperative(Problem& prob, const GemmSmem<Cfg>& sm, int
       }
     }
     const bool ok = consume<Cfg, Problem>(prob, sm, ps, t, acc.r, cwg);
-    if constexpr (Cfg::TRACE)
+    if constexpr (Cfg::TRACE) {
       if (rec) rec[kTrMain] = trace_clock();
+      if (threadIdx.x == 128) {
+        if (rec) rec[kTrFullWait] = trace_sums()[kSumFullWait];
+        trace_sums()[kSumFullWait] = 0;
+      }
+    }
     if (!ok) {  // a stage never arrived: record it and stop (see mbar_wait_lean)
       record_timeout(103, ps.phase());
       if constexpr (Cfg::SIGNAL_WARP) {  // the signal warp must not wait for us forever
@@ -727,6 +765,8 @@ MOKGEN_DEV void produce_gathering(Problem& prob, const GemmSmem<Cfg>& sm) {
     const Task* slot = task_pop<Cfg>(sm, ts);
     if (slot == nullptr || slot->op < 0) break;
     produce_tile_gather<Cfg>(prob, sm, ps, slot);
+    if constexpr (Cfg::TRACE)
+      if (lead) trace_fill_record(i);
     ts.template advance<Cfg::TASK_SLOTS>();
   }
 }
@@ -739,6 +779,9 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
                 "producer warp gathers)");
   const GemmSmem<Cfg> sm = GemmSmem<Cfg>::carve(dyn_smem);
   if (threadIdx.x == 0) sm.init(kGather ? 1 + 32 * kGatherWarps : 1);
+  if constexpr (Cfg::TRACE)  // trace.cuh's sums start at 0
+    if (threadIdx.x == 0)
+      for (int k = 0; k < kTraceSums; ++k) trace_sums()[k] = 0;
   __syncthreads();
   const int wg = warpgroup_idx();
   if (wg == 0) {
@@ -785,6 +828,7 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
                                                                 prob.map_b(t), t,
                                                                 Cfg::PINGPONG ? h : -1);
         }
+        if constexpr (Cfg::TRACE) trace_fill_record(i);
       }
     }
   } else {
