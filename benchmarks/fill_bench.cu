@@ -9,7 +9,11 @@
 //      (the megakernel's gathered rows), rows through a token table;
 //   1  the same rows, each lane's slices as commit groups, arrivals after
 //      cp.async.wait_group (stages - 2 behind);
-//   2  TMA, one thread: 64 x 64 boxes of rows in order (the copied rows' ring).
+//   2  TMA, one thread: 64 x 64 boxes of rows in order (the copied rows' ring);
+//   3  mode 0 with one waiter a warp: lane 0 waits for the empty stage, the warp follows
+//      (__syncwarp), instead of every lane polling the mbarrier;
+//   4  mode 0 beside a TMA operand, as a weight-gradient slice: warp 0's lane 0 also loads
+//      two 64 x 64 boxes of in-order rows (16 KB, the A operand) into the stage's tail.
 // The consumer's clock64 from its first wait to its last release is the CTA's time; CTA 0's
 // last slice is copied out (`last`) for the host to check against the rows it names.
 #include <cuda_bf16.h>
@@ -60,13 +64,14 @@ fill_bench(const __nv_bfloat16* src, const int* table, int n_table, int ld,
            uint8_t* last) {
   // the 128B swizzle's atoms are 1024-aligned (TMA's and the cp.async's address XOR agree)
   uint8_t* smem = dyn_smem() + ((1024 - (smem_u32(dyn_smem()) & 1023)) & 1023);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + stages * kRows * 128 * boxes);
+  const int a_bytes = mode == 4 ? 2 * kBox : 0;  // mode 4's TMA operand a stage
+  const int stage_bytes = kRows * 128 * boxes + a_bytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + stages * stage_bytes);
   uint64_t* empty = full + kMaxStages;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int stage_bytes = kRows * 128 * boxes;
   if (threadIdx.x == 0) {
     for (int i = 0; i < stages; ++i) {
-      mbar_init(&full[i], mode == 2 ? 1 : 32 * warps);
+      mbar_init(&full[i], mode == 2 ? 1 : 32 * warps + (mode == 4));
       mbar_init(&empty[i], 1);
     }
     fence_mbarrier_init();
@@ -78,7 +83,8 @@ fill_bench(const __nv_bfloat16* src, const int* table, int n_table, int ld,
     int arrived = 0;  // mode 1: the next slice this lane arrives for
     for (int s = 0; s < slices; ++s) {
       const int i = s % stages;
-      mbar_wait(&empty[i], ((s / stages) & 1) ^ 1, 1);
+      if (mode != 3 || lane == 0) mbar_wait(&empty[i], ((s / stages) & 1) ^ 1, 1);
+      if (mode == 3) __syncwarp();
       uint8_t* st = smem + i * stage_bytes;
       if (mode == 2) {
         if (lane == 0) {
@@ -90,8 +96,14 @@ fill_bench(const __nv_bfloat16* src, const int* table, int n_table, int ld,
         }
         continue;
       }
+      if (mode == 4 && threadIdx.x == 0) {
+        const int row0 = (int)(((long long)blockIdx.x * slices + s) * kRows % n_rows);
+        mbar_arrive_expect_tx(&full[i], a_bytes);
+        for (int j = 0; j < 2; ++j)
+          tma_load_2d(st + kRows * 128 * boxes + j * kBox, &map, &full[i], 64 * j, row0);
+      }
       copy_share(st, src, table, n_table, ld, blockIdx.x * slices + s, boxes, warp, warps);
-      if (mode == 0) {
+      if (mode == 0 || mode == 3 || mode == 4) {
         cp_async_mbar_arrive(&full[i]);
         continue;
       }
@@ -116,7 +128,7 @@ fill_bench(const __nv_bfloat16* src, const int* table, int n_table, int ld,
   for (int s = 0; s < slices; ++s) {
     const int i = s % stages;
     mbar_wait(&full[i], (s / stages) & 1, 2);
-    if (mode != 2) fence_proxy_async_smem();
+    if (mode != 2) fence_proxy_async_smem();  // cp.async (generic proxy) writes
     sink += *reinterpret_cast<const volatile uint32_t*>(smem + i * stage_bytes + (s % 64) * 128);
     if (hold > 0) {
       const uint64_t h0 = clock64();
@@ -124,7 +136,7 @@ fill_bench(const __nv_bfloat16* src, const int* table, int n_table, int ld,
       }
     }
     if (blockIdx.x == 0 && s == slices - 1)  // CTA 0's last slice, for the host's check
-      for (int b = 0; b < stage_bytes; b += 16)
+      for (int b = 0; b < kRows * 128 * boxes; b += 16)  // the gathered rows
         *reinterpret_cast<uint4*>(last + b) =
             *reinterpret_cast<const uint4*>(smem + i * stage_bytes + b);
     mbar_arrive(&empty[i]);

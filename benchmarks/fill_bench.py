@@ -7,7 +7,9 @@ while 2 warps instead of 4 cost 0.6x and half the cp.async a warp gained 7%. Thi
 takes the ring alone: every SM streams slices through `stages` stages, one consumer thread
 frees each (optionally after `hold` clocks, a 128 x 256 x 64 slice's MMA at peak is 1,024),
 for each fill mechanism (mode 0 cp.async + arrive.noinc as the megakernel, 1 cp.async with
-commit groups, 2 TMA boxes of rows in order) and producer warp count.
+commit groups, 2 TMA boxes of rows in order, 3 mode 0 with lane 0 alone polling the empty
+barrier, 4 mode 0 beside a 16 KB TMA operand a slice, as a weight-gradient tile's) and
+producer warp count. Bytes per clock count the gathered rows only.
 
 Checks: CTA 0's last slice, copied out by the consumer into a poisoned buffer, holds the
 source rows it names, bytes where TMA's 128B swizzle puts them (host-side expected layout). Prints bytes per clock an SM per variant (the median CTA),
@@ -40,8 +42,9 @@ def build(cubin: str = CUBIN) -> str:
     return subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
 
 
-def smem_bytes(stages: int, boxes: int) -> int:
-    return 1024 + stages * ROWS * 128 * boxes + 2 * MAX_STAGES * 8  # 1024: the alignment
+def smem_bytes(stages: int, boxes: int, mode: int) -> int:
+    a = 2 * ROWS * 128 if mode == 4 else 0  # mode 4's TMA operand
+    return 1024 + stages * (ROWS * 128 * boxes + a) + 2 * MAX_STAGES * 8  # 1024: alignment
 
 
 def expected_slice(src_h, table_h, mode: int, boxes: int, s: int) -> torch.Tensor:
@@ -60,7 +63,7 @@ def expected_slice(src_h, table_h, mode: int, boxes: int, s: int) -> torch.Tenso
 
 def variants(quick: bool):
     """(mode, warps, stages, boxes, hold)"""
-    out = [(2, 1, 4, 4, 0), (0, 4, 4, 4, 0), (1, 4, 4, 4, 0)]
+    out = [(2, 1, 4, 4, 0), (0, 4, 4, 4, 0), (1, 4, 4, 4, 0), (3, 4, 4, 4, 0), (4, 4, 4, 4, 0)]
     for w in (1, 2, 4, 8):
         out += [(0, w, 4, 4, 0)]
     for s in (3, 6):
@@ -96,7 +99,7 @@ def main():
     last = torch.empty(ROWS * 128 * 4, dtype=torch.uint8, device="cuda")
     rows, table_h, src_h = [], table.cpu(), src.cpu()
     for mode, warps, stages, boxes, hold in variants(a.quick):
-        smem = smem_bytes(stages, boxes)
+        smem = smem_bytes(stages, boxes, mode)
         f = mod.function("fill_bench", smem)
         args = [src, table, T * K, D, tmap, T, mode, warps, stages, boxes, a.slices, hold, out,
                 last]
@@ -106,7 +109,7 @@ def main():
         want = expected_slice(src_h, table_h, mode, boxes, a.slices - 1)
         ok = torch.equal(last[:want.numel()].cpu(), want)
         clk = sorted(out[0::2].tolist())[sms // 2]
-        stage_bytes = ROWS * 128 * boxes
+        stage_bytes = ROWS * 128 * boxes  # the gathered rows (mode 4's TMA operand not counted)
         r = dict(mode=mode, warps=warps, stages=stages, boxes=boxes, hold=hold, ms=ms, ok=ok,
                  clocks_median=clk, bytes_per_clk_sm=a.slices * stage_bytes / clk,
                  gb_s=sms * a.slices * stage_bytes / ms / 1e6)
@@ -114,7 +117,8 @@ def main():
         print(f"mode {mode} warps {warps} stages {stages} boxes {boxes} hold {hold}: "
               f"{r['bytes_per_clk_sm']:.1f} B/clk/SM, {r['gb_s']:.0f} GB/s, {ms:.3f} ms, "
               f"{'rows right' if ok else 'ROWS WRONG'}", flush=True)
-    names = {0: "cp.async+noinc", 1: "cp.async+groups", 2: "TMA in order"}
+    names = {0: "cp.async+noinc", 1: "cp.async+groups", 2: "TMA in order",
+             3: "cp.async+noinc, 1 waiter", 4: "cp.async+noinc beside a TMA operand"}
     print("\n| mode | warps | stages | row bytes | hold clk | B/clk/SM | GB/s | rows |\n"
           "|---|---|---|---|---|---|---|---|")
     for r in rows:
