@@ -2,7 +2,7 @@
 # The gathered backward's stage fills probed in one device call (benchmarks/NOTES.md, session
 # 12, items 6 and 8). One slice, SHAPE EP N (default Qwen3-30B ep 1 T 8192) with
 # dispatch="gather", is traced (benchmarks/trace.py) plain, with each diagnostic profile
-# given (abi.PROFILES, e.g. gather_in_order, gather_tma_rows), and with 3 ring stages instead
+# given (abi.PROFILES, e.g. gather_in_order, gather_one_waiter), and with 3 ring stages instead
 # of 4 (how much a fill's latency matters). Prints each variant's per-phase table.
 #   here:   PREBUILD=1 MOKGEN_CACHE=$PWD/.build/kc bash benchmarks/gather_probe.sh PROFILE ...
 #   device: (carry .build) MOKGEN_COMMIT=<sha> bash benchmarks/gather_probe.sh PROFILE ...

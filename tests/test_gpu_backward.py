@@ -174,7 +174,8 @@ def test_backward_bitwise_repeatable_and_stale_ring():
 # gathered slices, edge columns in the weight gradients'), a shared expert, a stale ring (the
 # backward then replays its gate/up from gathered x). The forward gathering alone
 # (reverse_combine="pull": the backward's comm CTAs pull x beside dy, FwdConsts XPULL), its
-# ring resident: the same bits again.
+# ring resident: the same bits again. Lane 0 of each producer warp alone polling the empty
+# stages (the gather_one_waiter profile, results right): the same bits.
 @pytest.mark.parametrize("shape", [mokgen.shapes.get("gpu-small"),
                                    mokgen.MoEShape(12, 2880, 704, 3, shared_experts=0),
                                    mokgen.MoEShape(60, 512, 352, 4, shared_experts=1,
@@ -186,14 +187,16 @@ def test_gathered_rows_equal_the_pulled_ones_bitwise(shape):
     got = {}
     ways = {"gather": dict(dispatch="gather"),  # reverse_combine follows
             "fwd-gather": dict(dispatch="gather", reverse_combine="pull"),
+            "one-waiter": dict(dispatch="gather", profile=("gather_one_waiter",)),
             "pull": dict(dispatch="pull")}
     for way, force in ways.items():
         layer = mokgen.compile(shape, ep=1, tokens_per_rank=tokens, virtual=True, **force)
         p = layer.plan
-        assert (p.dispatch, p.reverse_combine) == \
-            ((way, way) if way != "fwd-gather" else ("gather", "pull"))
+        assert (p.dispatch, p.reverse_combine) == {"fwd-gather": ("gather", "pull"),
+                                                   "pull": ("pull", "pull")}.get(
+            way, ("gather", "gather"))
         assert (p.comm_sms_fwd == 0) == (way != "pull")
-        assert (p.comm_sms_bwd == 0) == (way == "gather")
+        assert (p.comm_sms_bwd == 0) == (way in ("gather", "one-waiter"))
         layer.runtime().poison()
         layer.backward_runtime().poison()
         leaves = {k: [t.detach().clone().requires_grad_() for t in inputs[k]] for k in NAMES}
@@ -210,7 +213,7 @@ def test_gathered_rows_equal_the_pulled_ones_bitwise(shape):
                         **{k: None if t is None else t.grad for k, t in shared.items()})
     check({k: v for k, v in got["gather"].items() if k != "y"},
           reference_grads(shape, inputs, dys))
-    for way in ("gather", "fwd-gather"):
+    for way in ("gather", "fwd-gather", "one-waiter"):
         for k, v in got[way].items():
             for a, b in zip(*(x if isinstance(x, list) else [x] for x in (v, got["pull"][k]))):
                 if a is None and b is None:  # no shared expert

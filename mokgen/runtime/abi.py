@@ -132,9 +132,11 @@ PROFILES = {"no_routed_wgrad": ("kProfNoRoutedWgrad", 1), "no_dh_quant": ("kProf
             "no_dgrad_stores": ("kProfNoDgradStores", 1024),
             # gathered plans (benchmarks/trace.py --plan dispatch=gather): rows read in order,
             # not through the table (what scattered rows cost the gathering producer) / no
-            # proxy fence in the consumers (what it costs them)
+            # proxy fence in the consumers (what it costs them) / one lane a producer warp
+            # polling the empty barrier (what 128 pollers cost)
             "gather_in_order": ("kProfGatherInOrder", 2048),
-            "gather_no_fence": ("kProfGatherNoFence", 4096)}
+            "gather_no_fence": ("kProfGatherNoFence", 4096),
+            "gather_one_waiter": ("kProfGatherOneWaiter", 8192)}
 
 
 # The megakernels' task opcodes (moe_fwd.cuh FwdOp, moe_bwd.cuh BwdOp), by value: what a

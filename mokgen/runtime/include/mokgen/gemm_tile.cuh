@@ -293,7 +293,12 @@ MOKGEN_DEV void produce_tile_gather(const Problem& prob, const GemmSmem<Cfg>& sm
     const bool gat = prob.gathers(t), gat_b = gat && prob.gather(t).b, gat_a = gat && !gat_b;
     uint64_t t0 = 0;
     if constexpr (Cfg::TRACE) t0 = trace_clock();
-    mbar_wait(&sm.empty()[ps.idx()], ps.phase() ^ 1, 102);
+    if constexpr ((Cfg::PROF & kProfGatherOneWaiter) != 0) {  // profiling: one poller a warp
+      if ((threadIdx.x & 31) == 0) mbar_wait(&sm.empty()[ps.idx()], ps.phase() ^ 1, 102);
+      __syncwarp();
+    } else {
+      mbar_wait(&sm.empty()[ps.idx()], ps.phase() ^ 1, 102);
+    }
     if constexpr (Cfg::TRACE) trace_fill(t0, lead);
     uint64_t* bar = &sm.full()[ps.idx()];
     const int k0 = kb * Cfg::BK;

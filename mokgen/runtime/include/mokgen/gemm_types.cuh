@@ -75,7 +75,10 @@ enum Profile : unsigned {
   // the same cp.async from rows in order (what scattered rows cost; results wrong)
   kProfGatherInOrder = 2048u,
   // gathered stages: the consumers skip their proxy fence (what it costs; results may race)
-  kProfGatherNoFence = 4096u
+  kProfGatherNoFence = 4096u,
+  // gathered stages: lane 0 of each producer warp alone polls the empty barrier, the warp
+  // follows it (__syncwarp): what 128 threads polling one mbarrier cost; results right
+  kProfGatherOneWaiter = 8192u
 };
 
 template <int BN_, int STAGES_, int Q_ = 0, unsigned PROF_ = 0, int TASK_SLOTS_ = 4,
