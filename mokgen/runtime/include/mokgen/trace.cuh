@@ -22,10 +22,10 @@ constexpr int kTraceRecs = 4096, kTraceWords = 11;  // runtime/abi.py TRACE_RECS
 // a record's words (abi.py TRACE_FIELDS): clocks are the SM's clock64 (durations),
 // kTrGlobalNs the globaltimer when the consumers popped the task (aligns the CTAs); then
 // clock sums over the task's ring slices (bf16 tiles of the cooperative schedule; 0 where
-// not recorded): the producer thread 0's waits for empty stages (kTrFillWait) and its
-// issue of each slice from that wait to its last load or arrival (kTrFillIssue: with
-// gathered rows the cp.async of its warp's share), the consumers' thread 128's waits for
-// full stages (kTrFullWait). They tell a ring that fills too slowly (the consumers wait on
+// not recorded): the producer's waits for empty stages (kTrFillWait) and its issue of each
+// slice from that wait to its last load or arrival (kTrFillIssue), as its one thread (TMA
+// rings) or thread 0 of the gathering warpgroup (its warp's cp.async share) sees them, and
+// the consumers' thread 128's waits for full stages (kTrFullWait). They tell a ring that fills too slowly (the consumers wait on
 // full, the producer does not wait on empty) from one the tensor core drains too slowly.
 enum TraceWord : int {
   kTrOp, kTrAsk, kTrGot, kTrPop, kTrMain, kTrEpi, kTrDone, kTrGlobalNs,
@@ -46,8 +46,9 @@ MOKGEN_DEV unsigned long long* trace_rec(int i) {
 }
 
 // The three sums between the waits and the record: a CTA's shared words, each written by
-// one thread (0 the fill words, 128 the full one), which moves it into the task's record
-// and clears it (trace builds only: other kernels never name them).
+// one thread (the producer's recording thread the fill words, 128 the full one), which
+// moves it into the task's record and clears it (trace builds only: other kernels never
+// name them).
 enum TraceSum : int { kSumFillWait, kSumFillIssue, kSumFullWait, kTraceSums };
 MOKGEN_DEV unsigned long long* trace_sums() {
   __shared__ unsigned long long sums[kTraceSums];
