@@ -85,7 +85,7 @@ def main():
     if a.prebuild:
         print(build(a.cubin)[-600:])
         return
-    from benchmarks.gemm_engine import time_ms
+    from mokgen.bench import time_ms
     from mokgen.runtime import cuda as mc
 
     mc.ensure_context()
