@@ -338,8 +338,9 @@ def test_profile_variants_compile():
                            tokens_per_rank=256, profile=tuple(abi.PROFILES))
     assert set(layer.binaries) == {"prologue", "fwd", "bwd"}
     assert_no_spills_nor_serialized_wgmma(layer)
-    # the gathered producer's profiles reach only gathered plans (one rank, bf16)
-    gathered = ("gather_in_order", "gather_no_fence", "gather_one_waiter")
+    # the gathered producer's profiles reach only gathered plans (one rank, bf16); no_mma its
+    # bf16 mainloops
+    gathered = ("gather_in_order", "gather_no_fence", "gather_one_waiter", "no_mma")
     layer = mokgen.compile(mokgen.shapes.get("gpu-small"), ep=1, tokens_per_rank=256,
                            dispatch="gather", profile=gathered)
     src = {k.name.split("_")[0]: k.source for k in codegen.emit(layer.plan)}

@@ -14,7 +14,7 @@ def test_fill_bench_compiles_without_spills(tmp_path):
     assert "0 bytes spill stores, 0 bytes spill loads" in log, log[-800:]
 
 
-@pytest.mark.parametrize("mode,boxes", [(0, 4), (2, 4), (0, 2)])
+@pytest.mark.parametrize("mode,boxes", [(0, 4), (2, 4), (0, 2), (7, 2), (6, 4)])
 def test_expected_slice_is_the_swizzled_rows(mode, boxes):
     fb = load("fill_bench")
     g = torch.Generator().manual_seed(1)
@@ -24,7 +24,7 @@ def test_expected_slice_is_the_swizzled_rows(mode, boxes):
     got = fb.expected_slice(src, table, mode, boxes, s).view(boxes, fb.ROWS, 8, 16)
     col0 = (s % (fb.D // (64 * boxes))) * 64 * boxes
     for r in (0, 5, 63):
-        tok = (s * fb.ROWS) % fb.T + r if mode == 2 else int(table[s * fb.ROWS + r])
+        tok = (s * fb.ROWS) % fb.T + r if mode in (2, 7) else int(table[s * fb.ROWS + r])
         row = src[tok, col0:col0 + 64 * boxes].contiguous().view(torch.uint8).view(boxes, 8, 16)
         for c in range(8):  # chunk c of row r at c ^ (r & 7), box by box
             assert torch.equal(got[:, r, c ^ (r & 7)], row[:, c])

@@ -136,7 +136,10 @@ PROFILES = {"no_routed_wgrad": ("kProfNoRoutedWgrad", 1), "no_dh_quant": ("kProf
             # polling the empty barrier (what 128 pollers cost)
             "gather_in_order": ("kProfGatherInOrder", 2048),
             "gather_no_fence": ("kProfGatherNoFence", 4096),
-            "gather_one_waiter": ("kProfGatherOneWaiter", 8192)}
+            "gather_one_waiter": ("kProfGatherOneWaiter", 8192),
+            # bf16 mainloops without their wgmma: the ring's fill rate in the megakernel, the
+            # tensor core not reading shared memory (benchmarks/fill_probe.sh)
+            "no_mma": ("kProfNoMma", 16384)}
 
 
 # The megakernels' task opcodes (moe_fwd.cuh FwdOp, moe_bwd.cuh BwdOp), by value: what a

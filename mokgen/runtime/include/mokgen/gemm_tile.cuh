@@ -365,11 +365,13 @@ MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task&
     const uint64_t db = TB ? make_desc_mnmajor_sw128(sm.b_stage(ps.idx()))
                            : make_desc_kmajor_sw128(sm.b_stage(ps.idx()));
     wgmma_fence();
+    if constexpr ((Cfg::PROF & kProfNoMma) == 0) {
 #pragma unroll
-    for (int kk = 0; kk < Cfg::BK / 16; ++kk)
-      Mma::template mma<TA, TB>(d, TA ? desc_advance_k16_mn(da, kk) : desc_advance_k16(da, kk),
-                                TB ? desc_advance_k16_mn(db, kk) : desc_advance_k16(db, kk),
-                                (kb | kk) != 0);
+      for (int kk = 0; kk < Cfg::BK / 16; ++kk)
+        Mma::template mma<TA, TB>(d, TA ? desc_advance_k16_mn(da, kk) : desc_advance_k16(da, kk),
+                                  TB ? desc_advance_k16_mn(db, kk) : desc_advance_k16(db, kk),
+                                  (kb | kk) != 0);
+    }
     wgmma_commit();
     wgmma_wait<1>();
     if (prev >= 0) {
@@ -432,8 +434,9 @@ MOKGEN_DEV bool consume_two_chains(const GemmSmem<Cfg>& sm, PipeState& ps, int k
   wgmma_fence_regs(d1);
   for (int kb = 0; kb < k_blocks; ++kb) {
     ok &= mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());
-    mma_slice_two_chains<Mma, Cfg::BK, TA, TB>(d0, d1, sm.a_stage(ps.idx()),
-                                               sm.b_stage(ps.idx()), kb != 0);
+    if constexpr ((Cfg::PROF & kProfNoMma) == 0)
+      mma_slice_two_chains<Mma, Cfg::BK, TA, TB>(d0, d1, sm.a_stage(ps.idx()),
+                                                 sm.b_stage(ps.idx()), kb != 0);
     wgmma_wait<1>();
     if (prev >= 0) release(prev);
     prev = (int)ps.idx();

@@ -78,7 +78,10 @@ enum Profile : unsigned {
   kProfGatherNoFence = 4096u,
   // gathered stages: lane 0 of each producer warp alone polls the empty barrier, the warp
   // follows it (__syncwarp): what 128 threads polling one mbarrier cost; results right
-  kProfGatherOneWaiter = 8192u
+  kProfGatherOneWaiter = 8192u,
+  // the bf16 mainloops issue no wgmma (stages still wait full, then free): how fast the ring
+  // fills when no tensor core reads shared memory (results wrong)
+  kProfNoMma = 16384u
 };
 
 template <int BN_, int STAGES_, int Q_ = 0, unsigned PROF_ = 0, int TASK_SLOTS_ = 4,
