@@ -304,14 +304,24 @@ fill_bench(const __nv_bfloat16* src, const int* table, int n_table, int ld,
 // since both CTAs write into stage i of both). The consumer, warp 5's lane 0, frees each at
 // once. tma_a: each CTA also loads a 16 KB operand of its own by TMA a slice (a
 // weight-gradient pair's A, adjacent M tiles), arriving on full[i] as a second arrival.
+// uncoupled (timing only, the rows may race): empty[i] counts this CTA's consumer alone, so
+// the peer may write a stage this CTA still reads: what the cross-CTA release costs;
+// uncoupled 2: coupled, the remote arrival .relaxed.cluster instead of .release.cluster
+// (rows right); 3: the default .release.cta.
 MOKGEN_DEV uint32_t peer_addr(const void* p, uint32_t rank) {
   uint32_t out;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(smem_u32(p)), "r"(rank));
   return out;
 }
-MOKGEN_DEV void mbar_arrive_remote(uint32_t bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar)
-               : "memory");
+MOKGEN_DEV void mbar_arrive_remote(uint32_t bar, int sem) {
+  if (sem == 3)  // the default semantics, .release.cta (CUTLASS's ClusterBarrier::arrive)
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
+  else if (sem == 2)  // no ordering: the consumer's reads of the stage are done by then
+    asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar)
+                 : "memory");
+  else
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar)
+                 : "memory");
 }
 MOKGEN_DEV void bulk_to_peer(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile(
@@ -338,7 +348,8 @@ MOKGEN_DEV void pair_half(uint8_t* st, const __nv_bfloat16* src, const int* tabl
 extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(32 * 6, 1)
 fill_pair(const __nv_bfloat16* src, const int* table, int n_table, int ld,
           const __grid_constant__ CUtensorMap map, int n_rows, int tma_a, int stages,
-          int boxes, int slices, int hold, int wk, unsigned long long* out, uint8_t* last) {
+          int boxes, int slices, int hold, int wk, int uncoupled, unsigned long long* out,
+          uint8_t* last) {
   uint8_t* smem = dyn_smem() + ((1024 - (smem_u32(dyn_smem()) & 1023)) & 1023);
   const int rows_bytes = kRows * 128 * boxes, half = kRows / 2 * 128;  // a box's half rows
   const int a_bytes = tma_a ? 2 * kBox : 0;  // each CTA's own TMA operand (its tile's A)
@@ -351,7 +362,7 @@ fill_pair(const __nv_bfloat16* src, const int* table, int n_table, int ld,
   if (threadIdx.x == 0) {
     for (int i = 0; i < stages; ++i) {
       mbar_init(&full[i], 1 + (tma_a != 0));
-      mbar_init(&empty[i], 2);
+      mbar_init(&empty[i], uncoupled == 1 ? 1 : 2);
       mbar_init(&landed[i], 128);
     }
     fence_mbarrier_init();
@@ -376,20 +387,27 @@ fill_pair(const __nv_bfloat16* src, const int* table, int n_table, int ld,
         pair_half<2>(st, src, table, n_table, ld, sg, warp, rank);
       cp_async_mbar_arrive(&landed[i]);
     }
-  } else if (threadIdx.x == 128) {  // the copier: each half to the peer once it landed
+  } else if (warp == 4) {  // the copier (lane 0): each half to the peer once it landed
+    // whole warps run these loops: lanes idling at the cluster barrier beside a working lane
+    // of their own warp would share its issue slots
+    const bool lead = (threadIdx.x & 31) == 0;
     for (int s = 0; s < slices; ++s) {
       const int i = s % stages;
       uint8_t* st = smem + i * stage_bytes;
       bench_wait(&landed[i], (s / stages) & 1, wk, 3);
-      fence_proxy_async_smem();  // cp.async's writes, read by the bulk copy (async proxy)
-      mbar_arrive_expect_tx(&full[i], boxes * half);  // the peer's half, coming
-      const uint32_t pfull = peer_addr(&full[i], peer);
-      for (int j = 0; j < boxes; ++j) {
-        const uint8_t* part = st + j * kBox + rank * half;
-        bulk_to_peer(peer_addr(part, peer), part, half, pfull);
+      if (lead) {
+        fence_proxy_async_smem();  // cp.async's writes, read by the bulk copy (async proxy)
+        mbar_arrive_expect_tx(&full[i], boxes * half);  // the peer's half, coming
+        const uint32_t pfull = peer_addr(&full[i], peer);
+        for (int j = 0; j < boxes; ++j) {
+          const uint8_t* part = st + j * kBox + rank * half;
+          bulk_to_peer(peer_addr(part, peer), part, half, pfull);
+        }
       }
+      __syncwarp();
     }
-  } else if (threadIdx.x == 160) {
+  } else {  // warp 5: the consumer (lane 0)
+    const bool lead = (threadIdx.x & 31) == 0;
     const uint64_t t0 = clock64();
     unsigned long long sink = 0;
     for (int s = 0; s < slices; ++s) {
@@ -399,15 +417,20 @@ fill_pair(const __nv_bfloat16* src, const int* table, int n_table, int ld,
       sink += *reinterpret_cast<const volatile uint32_t*>(smem + i * stage_bytes + (s % 64) * 128);
       for (const uint64_t h0 = clock64(); clock64() - h0 < (uint64_t)hold;) {
       }
-      if (blockIdx.x == 0 && s == slices - 1)
+      if (lead && blockIdx.x == 0 && s == slices - 1)
         for (int b = 0; b < rows_bytes; b += 16)
           *reinterpret_cast<uint4*>(last + b) =
               *reinterpret_cast<const uint4*>(smem + i * stage_bytes + b);
-      mbar_arrive(&empty[i]);
-      mbar_arrive_remote(peer_addr(&empty[i], peer));
+      __syncwarp();
+      if (lead) {
+        mbar_arrive(&empty[i]);
+        if (uncoupled != 1) mbar_arrive_remote(peer_addr(&empty[i], peer), uncoupled);
+      }
     }
-    out[4 * blockIdx.x] = clock64() - t0;
-    out[4 * blockIdx.x + 1] = sink;
+    if (lead) {
+      out[4 * blockIdx.x] = clock64() - t0;
+      out[4 * blockIdx.x + 1] = sink;
+    }
   }
   cluster_sync();  // neither CTA leaves while the other may still write into its stages
 }

@@ -43,7 +43,10 @@ def build(cubin: str = CUBIN) -> str:
     return subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
 
 
-PAIR, PAIR_A = 10, 13  # fill_pair: two CTAs, each gathering half the rows (13: + a TMA operand)
+# fill_pair: two CTAs, each gathering half the rows (13: + a TMA operand; 14: uncoupled, the
+# cross-CTA release skipped: timing only, rows may race; 15: its remote arrival .relaxed.cluster,
+# 16: .release.cta; 10: .release.cluster)
+PAIR, PAIR_A, PAIR_U, PAIR_R, PAIR_C = 10, 13, 14, 15, 16
 
 
 def smem_bytes(stages: int, boxes: int, mode: int) -> int:
@@ -82,6 +85,12 @@ def variants(quick: bool):
     # a weight-gradient slice: the gathered rows beside a 16 KB TMA operand, held 1,024 clocks
     # (its 128 x 256 x 64 MMA at the tensor peak) or not
     out += [(m, 4, 4, b, h) for m in (12, PAIR_A) for b in (4, 2) for h in (0, 1024)]
+    # with the hold: latency (deeper rings help) or throughput (they do not)
+    out += [(m, 4, s, 4, 1024) for m in (PAIR, PAIR_U, PAIR_R, PAIR_C)
+            for s in (3, 4, 6)]
+    out += [(m, 4, 4, 4, 0) for m in (PAIR_U, PAIR_R, PAIR_C)]
+    out += [(m, 4, 4, 2, h) for m in (PAIR_R, PAIR_C) for h in (0, 1024)]
+    out += [(m, 4, s, 4, 1024) for m in (12, PAIR_A) for s in (3, 4)]  # 6 x 48 KB: too big
     if not quick:
         out += [(m, w, 4, 4, 1024) for m, w in ((2, 1), (0, 4), (0, 8), (1, 4))]
     out = [v + (0,) for v in out]
@@ -128,10 +137,10 @@ def main():
         if only and mode not in only:
             continue
         smem = smem_bytes(stages, boxes, mode)
-        if mode in (PAIR, PAIR_A):
+        if mode in (PAIR, PAIR_A, PAIR_U, PAIR_R, PAIR_C):
             f = mod.function("fill_pair", smem)
             args = [src, table, T * K, D, tmap, a.tokens, int(mode == PAIR_A), stages, boxes,
-                    a.slices, hold, wk, out, last]
+                    a.slices, hold, wk, {PAIR_U: 1, PAIR_R: 2, PAIR_C: 3}.get(mode, 0), out, last]
             grid, block = (ctas or sms) - (ctas or sms) % 2, 32 * 6
         else:
             f = mod.function("fill_bench", smem)
@@ -143,7 +152,7 @@ def main():
         last.fill_(0xAA)  # poisoned: the check fails unless the fill wrote every byte
         ms = time_ms(run, a.iters, warmup=2)
         want = expected_slice(src_h, table_h, mode, boxes, a.slices - 1, a.tokens)
-        ok = torch.equal(last[:want.numel()].cpu(), want)
+        ok = torch.equal(last[:want.numel()].cpu(), want) or mode == PAIR_U  # timing only
         clk = sorted(out[0:4 * grid:4].tolist())[grid // 2]
         # thread 0's clocks issuing a slice / waiting for an empty stage (modes 2, 5-11)
         issue = sorted(out[2:4 * grid:4].tolist())[grid // 2] / a.slices
@@ -164,7 +173,9 @@ def main():
              7: "cp.async, shuffled, rows in order", 8: "ld.global+st.shared, 16 a lane",
              9: "TMA, a box a row, lane 0 a warp", 11: "mode 5, copies waited before arriving",
              PAIR: "pair: half the rows a CTA by cp.async, DSMEM bulk to the peer",
-             12: "mode 5 beside a TMA operand", PAIR_A: "pair beside a TMA operand"}
+             12: "mode 5 beside a TMA operand", PAIR_A: "pair beside a TMA operand",
+             PAIR_U: "pair, uncoupled (timing only)", PAIR_R: "pair, relaxed remote release",
+             PAIR_C: "pair, remote release.cta"}
     print("\n| mode | warps | stages | row bytes | hold clk | CTAs | wait | B/clk/SM | GB/s | rows | "
           "clk a slice | issue clk | empty-wait clk |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
