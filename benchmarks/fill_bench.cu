@@ -23,14 +23,15 @@
 //      fence.proxy.async and a plain arrive (no cp.async);
 //   7  mode 5 with rows in order (no table: row r of slice s is token s * 64 + r);
 //   8  mode 6 with up to 16 rows a lane (all of its share at 4 or 8 warps) loaded first.
-//  11  mode 5, each slice's copies waited for (wait_group 0) before a plain arrival: the
-//      producer serialized on the copies' latency on purpose, to compare with mode 5
-//  12  mode 5 beside mode 4's TMA operand (a weight-gradient slice's A)
 //   9  TMA, a box a row (64 columns x 1 row through `row_map`): warp w's lane 0 issues its
-//      rows' boxes, their tokens read once a slice by the warp's lanes and shuffled.
-// CTA b's slice s reads the rows of slice b * kCtaSkew + s: in session 13 every CTA read
-// the same rows at the same time (slices * 64 is a multiple of the table), so all 132 SMs
-// queued on the same L2 lines and every mode ran at a fraction of its rate.
+//      rows' boxes, their tokens read once a slice by the warp's lanes and shuffled;
+//  11  mode 5, each slice's copies waited for (wait_group 0) before a plain arrival: the
+//      producer serialized on the copies' latency on purpose, to compare with mode 5;
+//  12  mode 5 beside mode 4's TMA operand (a weight-gradient slice's A).
+// fill_pair (below) is modes 10 and 13-16 of fill_bench.py.
+// CTA b's slice s reads the rows of slice b * kCtaSkew + s, so that CTAs do not read the
+// same rows at the same time (in session 13 they did: slices * 64 is a multiple of the
+// table). Measured in session 14: no rate changed with the skew.
 // The consumer's clock64 from its first wait to its last release is the CTA's time; CTA 0's
 // last slice is copied out (`last`) for the host to check against the rows it names.
 #include <cuda_bf16.h>
@@ -296,7 +297,7 @@ fill_bench(const __nv_bfloat16* src, const int* table, int n_table, int ld,
 // ---------------------------------------------------------------- fill_pair
 // The gathered operand shared by the two CTAs of a cluster (the megakernel would run a pair
 // of tasks on adjacent tiles that read the same gathered rows): each CTA gathers its half of
-// every slice (rows 32 c .. 32 c + 31, c its rank) by cp.async (modes 5's way, 4 warps),
+// every slice (rows 32 c .. 32 c + 31, c its rank) by cp.async (mode 5's way, 4 warps),
 // then warp 4's lane 0 copies that half into the peer's stage with one bulk copy a box
 // (cp.async.bulk shared::cta -> shared::cluster, completing on the peer's full barrier). So
 // each SM issues half the rows a slice. full[i]: one arrival (the copier once its own
@@ -304,10 +305,11 @@ fill_bench(const __nv_bfloat16* src, const int* table, int n_table, int ld,
 // since both CTAs write into stage i of both). The consumer, warp 5's lane 0, frees each at
 // once. tma_a: each CTA also loads a 16 KB operand of its own by TMA a slice (a
 // weight-gradient pair's A, adjacent M tiles), arriving on full[i] as a second arrival.
-// uncoupled (timing only, the rows may race): empty[i] counts this CTA's consumer alone, so
-// the peer may write a stage this CTA still reads: what the cross-CTA release costs;
-// uncoupled 2: coupled, the remote arrival .relaxed.cluster instead of .release.cluster
-// (rows right); 3: the default .release.cta.
+// remote: how the consumer frees the peer's stage. 0 an arrival .release.cluster; 1 none
+// (timing only, the rows may race: empty[i] counts this CTA's consumer alone, so the peer
+// may write a stage this CTA still reads); 2 .relaxed.cluster; 3 the default, .release.cta
+// (CUTLASS's ClusterBarrier::arrive). Session 14: 0 stalls the consumer a round trip each
+// slice; 2 and 3 cost what 1 does.
 MOKGEN_DEV uint32_t peer_addr(const void* p, uint32_t rank) {
   uint32_t out;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(smem_u32(p)), "r"(rank));
@@ -348,7 +350,7 @@ MOKGEN_DEV void pair_half(uint8_t* st, const __nv_bfloat16* src, const int* tabl
 extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(32 * 6, 1)
 fill_pair(const __nv_bfloat16* src, const int* table, int n_table, int ld,
           const __grid_constant__ CUtensorMap map, int n_rows, int tma_a, int stages,
-          int boxes, int slices, int hold, int wk, int uncoupled, unsigned long long* out,
+          int boxes, int slices, int hold, int wk, int remote, unsigned long long* out,
           uint8_t* last) {
   uint8_t* smem = dyn_smem() + ((1024 - (smem_u32(dyn_smem()) & 1023)) & 1023);
   const int rows_bytes = kRows * 128 * boxes, half = kRows / 2 * 128;  // a box's half rows
@@ -362,7 +364,7 @@ fill_pair(const __nv_bfloat16* src, const int* table, int n_table, int ld,
   if (threadIdx.x == 0) {
     for (int i = 0; i < stages; ++i) {
       mbar_init(&full[i], 1 + (tma_a != 0));
-      mbar_init(&empty[i], uncoupled == 1 ? 1 : 2);
+      mbar_init(&empty[i], remote == 1 ? 1 : 2);
       mbar_init(&landed[i], 128);
     }
     fence_mbarrier_init();
@@ -424,7 +426,7 @@ fill_pair(const __nv_bfloat16* src, const int* table, int n_table, int ld,
       __syncwarp();
       if (lead) {
         mbar_arrive(&empty[i]);
-        if (uncoupled != 1) mbar_arrive_remote(peer_addr(&empty[i], peer), uncoupled);
+        if (remote != 1) mbar_arrive_remote(peer_addr(&empty[i], peer), remote);
       }
     }
     if (lead) {

@@ -16,7 +16,7 @@ from cuda.bindings import driver as cu
 __all__ = [
     "check", "ensure_context", "Module", "load_module", "launch", "make_tensor_map_2d",
     "Ptr", "I32", "U32", "I64", "F32", "Raw", "read_diag", "HostMapped", "set_global",
-    "read_global",
+    "read_global", "launch_config", "max_active_clusters",
 ]
 
 
@@ -206,12 +206,62 @@ def _stream_handle(stream) -> Any:
     return cu.CUstream(int(stream))
 
 
+def _dims(d: Sequence[int] | int) -> tuple[int, int, int]:
+    return (d, 1, 1) if isinstance(d, int) else tuple(d) + (1,) * (3 - len(d))
+
+
+def launch_config(grid: Sequence[int] | int, block: Sequence[int] | int, smem: int, stream,
+                  cooperative: bool = False, cluster: int = 1) -> cu.CUlaunchConfig:
+    """The CUlaunchConfig of an extended launch (cuLaunchKernelEx, cuOccupancyMax*Clusters):
+    `cluster` CTAs along x a thread-block cluster (their shared memory reachable from one
+    another, PTX shared::cluster), and for persistent kernels whose CTAs wait on each other
+    the cooperative attribute (all CTAs co-resident, or the launch fails). stream None: the
+    null stream (what an occupancy query is given; launch passes the current one)."""
+    g, b = _dims(grid), _dims(block)
+    if cluster < 1 or g[0] % cluster:
+        raise ValueError(f"grid.x {g[0]} must be a positive multiple of the cluster {cluster}")
+    cfg = cu.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = g
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = b
+    cfg.sharedMemBytes = int(smem)
+    cfg.hStream = _stream_handle(stream) if stream is not None else cu.CUstream(0)
+    attrs = []
+    if cluster > 1:
+        a = cu.CUlaunchAttribute()
+        a.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = cluster, 1, 1
+        attrs.append(a)
+    if cooperative:
+        a = cu.CUlaunchAttribute()
+        a.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+        a.value.cooperative = 1
+        attrs.append(a)
+    cfg.attrs = attrs
+    cfg.numAttrs = len(attrs)
+    return cfg
+
+
+def max_active_clusters(func, block: Sequence[int] | int, smem: int, cluster: int) -> int:
+    """How many clusters of `cluster` CTAs of `func` the device runs at once (one CTA a
+    multiprocessor where its shared memory says so): a persistent kernel launched in clusters
+    gets this many times `cluster` CTAs, which may be fewer multiprocessors than the device
+    has (the clusters must fit inside its GPCs)."""
+    if cluster < 2:  # a config without the cluster attribute: the query answers 0
+        raise ValueError(f"max_active_clusters needs clusters of 2 CTAs or more, got {cluster}")
+    cfg = launch_config(cluster, block, smem, None, cluster=cluster)
+    return int(check("cuOccupancyMaxActiveClusters", cu.cuOccupancyMaxActiveClusters(func, cfg)))
+
+
 def launch(func, grid: Sequence[int] | int, block: Sequence[int] | int, smem: int,
-           stream, args: Sequence[Any], cooperative: bool = False) -> None:
+           stream, args: Sequence[Any], cooperative: bool = False, cluster: int = 1) -> None:
     """Asynchronous cuLaunchKernel. Args: int -> int32, float -> f32, tensor -> pointer,
-    CUtensorMap -> by value; wrap with Ptr/I32/U32/I64/F32 to force a type."""
-    g = (grid, 1, 1) if isinstance(grid, int) else tuple(grid) + (1,) * (3 - len(grid))
-    b = (block, 1, 1) if isinstance(block, int) else tuple(block) + (1,) * (3 - len(block))
+    CUtensorMap -> by value; wrap with Ptr/I32/U32/I64/F32 to force a type. `cluster` > 1:
+    cuLaunchKernelEx in thread-block clusters of that many CTAs (launch_config)."""
+    g, b = _dims(grid), _dims(block)
+    cfg = None
+    if cluster > 1:
+        cfg = launch_config(g, b, smem, stream if stream is not None else _stream_handle(None),
+                            cooperative, cluster)
     keep, addrs = [], []
     for a in args:
         k, addr = _as_param(a)
@@ -220,6 +270,8 @@ def launch(func, grid: Sequence[int] | int, block: Sequence[int] | int, smem: in
     arr = (ctypes.c_void_p * max(1, len(addrs)))(*addrs)
 
     def once():
+        if cfg is not None:
+            return cu.cuLaunchKernelEx(cfg, func, ctypes.addressof(arr), 0)
         if cooperative:  # persistent kernels whose CTAs wait on each other: co-resident
             return cu.cuLaunchCooperativeKernel(func, g[0], g[1], g[2], b[0], b[1], b[2],
                                                 int(smem), _stream_handle(stream),
@@ -232,7 +284,8 @@ def launch(func, grid: Sequence[int] | int, block: Sequence[int] | int, smem: in
         # backward whose first CUDA call is ours): bind it, launch again
         ensure_context()
         res = once()
-    check("cuLaunchCooperativeKernel" if cooperative else "cuLaunchKernel", res)
+    check("cuLaunchKernelEx" if cfg is not None else
+          "cuLaunchCooperativeKernel" if cooperative else "cuLaunchKernel", res)
     del keep, arr
 
 
