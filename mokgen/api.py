@@ -239,8 +239,8 @@ def build_plans(plans: list[Plan], jobs: int | None = None) -> list[build.Binary
     if len(archs) > 1:
         raise ValueError(f"plans for several GPU architectures: {sorted(archs)}")
     kernels = {k.name: k for p in plans for k in codegen.emit(p)}
-    return build.build(list(kernels.values()), arch=archs.pop() if archs else "sm_90a",
-                       jobs=jobs)
+    arch = {"arch": archs.pop()} if archs else {}  # none: build.build's default
+    return build.build(list(kernels.values()), jobs=jobs, **arch)
 
 
 def compile_layer(plan: Plan, virtual: bool = False, group=None,
@@ -248,8 +248,5 @@ def compile_layer(plan: Plan, virtual: bool = False, group=None,
     if watchdog_s is not None and not watchdog_s > 0:
         raise ValueError(f"watchdog_s must be a positive number of seconds, got {watchdog_s!r}")
     t0 = time.perf_counter()
-    kernels = codegen.emit(plan)
-    bins = build.build(kernels, arch=plan.arch)
-    names = [k.name.split("_")[0] for k in kernels]
-    return CompiledMoE(plan, dict(zip(names, bins)), virtual, time.perf_counter() - t0, group,
-                       watchdog_s)
+    bins = {b.name.split("_")[0]: b for b in build_plans([plan])}  # prologue, fwd, bwd
+    return CompiledMoE(plan, bins, virtual, time.perf_counter() - t0, group, watchdog_s)

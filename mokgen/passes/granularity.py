@@ -20,10 +20,11 @@ MODEL_TILE_N = 128
 
 
 def minibatch_cost(plan: Plan, b: int, gpu: hardware.GPU, link: float | None = None,
-                   backward: bool = False) -> float:
+                   backward: bool = False, rereads: bool = True) -> float:
     """The forward's minibatch terms. `link`: the fabric's bytes/s (default: NVLink; one
     rank: HBM copies). backward: add the backward's weight re-reads (the pass's choice
-    serves both directions: the backward walks the forward's minibatches)."""
+    serves both directions: the backward walks the forward's minibatches). rereads=False:
+    without the weight re-reads (weight_reread_s), which the pass weighs on their own."""
     s = plan.shape
     rows = plan.tokens_per_rank * s.topk
     compute_sms = plan.num_sms - plan.comm_sms_fwd  # num_sms: CTAs, after any reserve
@@ -45,8 +46,8 @@ def minibatch_cost(plan: Plan, b: int, gpu: hardware.GPU, link: float | None = N
         # what a minibatch exposes is the last one's down GEMM, which nothing overlaps
         t_dispatch = 0.0
         t_combine = 2 * b * s.hidden * s.intermediate / (rate * compute_sms)
-    return math.ceil(rows / b) * waste + t_dispatch + t_combine + \
-        weight_reread_s(plan, b, gpu) * (2 if backward else 1)
+    terms = math.ceil(rows / b) * waste + t_dispatch + t_combine
+    return terms + weight_reread_s(plan, b, gpu) * (2 if backward else 1) if rereads else terms
 
 
 def weight_reread_s(plan: Plan, b: int, gpu: hardware.GPU) -> float:
@@ -98,10 +99,10 @@ def granularity(g):
     else:
         gpu, backward = hardware.get(plan.gpu), plan.gemm_bwd is not None
         cands = candidates(plan)
-        cost = {b: minibatch_cost(plan, b, gpu, backward=backward) for b in cands}
+        terms = {b: minibatch_cost(plan, b, gpu, rereads=False) for b in cands}
         rereads = {b: weight_reread_s(plan, b, gpu) * (2 if backward else 1) for b in cands}
-        best = min(cands, key=lambda b: (cost[b], b))
-        base = min(cands, key=lambda b: (cost[b] - rereads[b], b))  # without the re-reads
+        best = min(cands, key=lambda b: (terms[b] + rereads[b], b))
+        base = min(cands, key=lambda b: (terms[b], b))  # without the re-reads
         if rereads[base] - rereads[best] < REREAD_MARGIN * forward_compute_s(plan, gpu):
             best = base
     return ir.annotate(g, {op.name: {"minibatch": best} for op in ir.ring_ops(g)})
