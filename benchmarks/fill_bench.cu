@@ -37,6 +37,7 @@
 #include <cuda_bf16.h>
 #include <cstdint>
 
+#include "mokgen/cluster.cuh"
 #include "mokgen/ptx.cuh"
 #include "mokgen/tma.cuh"
 
@@ -315,14 +316,16 @@ MOKGEN_DEV uint32_t peer_addr(const void* p, uint32_t rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(smem_u32(p)), "r"(rank));
   return out;
 }
-MOKGEN_DEV void mbar_arrive_remote(uint32_t bar, int sem) {
-  if (sem == 3)  // the default semantics, .release.cta (CUTLASS's ClusterBarrier::arrive)
-    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
-  else if (sem == 2)  // no ordering: the consumer's reads of the stage are done by then
-    asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar)
+// The peer's empty arrival at the semantics `remote` names (3: cluster.cuh's
+// mbar_arrive_cluster, the default .release.cta).
+MOKGEN_DEV void mbar_arrive_remote(uint64_t* bar, uint32_t peer, int sem) {
+  if (sem == 3) return mbar_arrive_cluster(bar, peer);
+  const uint32_t remote = peer_addr(bar, peer);
+  if (sem == 2)  // no ordering: the consumer's reads of the stage are done by then
+    asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote)
                  : "memory");
   else
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar)
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote)
                  : "memory");
 }
 MOKGEN_DEV void bulk_to_peer(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
@@ -331,14 +334,10 @@ MOKGEN_DEV void bulk_to_peer(uint32_t dst, const void* src, uint32_t bytes, uint
       "[%3];" ::"r"(dst), "r"(smem_u32(src)), "r"(bytes), "r"(bar)
       : "memory");
 }
-MOKGEN_DEV void cluster_sync() {
-  // not .aligned: the consumer warp's lanes reach it apart
+// cluster.cuh's cluster_sync without .aligned, as every fill_pair measurement ran it (in
+// call J the copier's and consumer's warps reached it with their idle lanes apart)
+MOKGEN_DEV void cluster_sync_any() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-}
-MOKGEN_DEV uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
 }
 
 template <int BOXES>
@@ -359,7 +358,7 @@ fill_pair(const __nv_bfloat16* src, const int* table, int n_table, int ld,
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + stages * stage_bytes);
   uint64_t* empty = full + kMaxStages;
   uint64_t* landed = empty + kMaxStages;  // this CTA's half of stage i landed (128 lanes)
-  const uint32_t rank = cluster_rank(), peer = rank ^ 1;
+  const uint32_t rank = cluster_ctarank(), peer = rank ^ 1;
   const int warp = threadIdx.x >> 5;
   if (threadIdx.x == 0) {
     for (int i = 0; i < stages; ++i) {
@@ -369,7 +368,7 @@ fill_pair(const __nv_bfloat16* src, const int* table, int n_table, int ld,
     }
     fence_mbarrier_init();
   }
-  cluster_sync();  // the peer's barriers exist before anything reaches them
+  cluster_sync_any();  // the peer's barriers exist before anything reaches them
   const long long pair = blockIdx.x / 2;
   if (warp < 4) {
     for (int s = 0; s < slices; ++s) {
@@ -426,7 +425,7 @@ fill_pair(const __nv_bfloat16* src, const int* table, int n_table, int ld,
       __syncwarp();
       if (lead) {
         mbar_arrive(&empty[i]);
-        if (remote != 1) mbar_arrive_remote(peer_addr(&empty[i], peer), remote);
+        if (remote != 1) mbar_arrive_remote(&empty[i], peer, remote);
       }
     }
     if (lead) {
@@ -434,5 +433,5 @@ fill_pair(const __nv_bfloat16* src, const int* table, int n_table, int ld,
       out[4 * blockIdx.x + 1] = sink;
     }
   }
-  cluster_sync();  // neither CTA leaves while the other may still write into its stages
+  cluster_sync_any();  // neither CTA leaves while the other may still write into its stages
 }
