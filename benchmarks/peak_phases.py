@@ -11,8 +11,9 @@ the trace is walked: bytes live after each event, the step's largest, its phase,
 live blocks there grouped by allocation site (the innermost frame in mokgen, sonicmoe or
 quack; else the innermost Python frame).
 
-    device: python benchmarks/peak_phases.py [--shapes qwen3-30b-a3b] [--top 12]
-            (SonicMoE: the PYTHONPATH of peers_sonicmoe.py's docstring)
+    here:   MOKGEN_CACHE=$PWD/.kcache python benchmarks/peak_phases.py --prebuild
+    device: bash benchmarks/peers_sonicmoe.sh peaks [shapes]   (after its `stage` call;
+            or python benchmarks/peak_phases.py [--shapes qwen3-30b-a3b] for mokgen alone)
 Writes OUT/peak_phases.json; a table per layer is printed last."""
 from __future__ import annotations
 
@@ -130,9 +131,20 @@ def main(argv=None):
     ap.add_argument("--shapes", default="qwen3-30b-a3b")
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--prebuild", action="store_true",
+                    help="only compile mokgen's kernels of both layers (no GPU needed)")
     a = ap.parse_args(argv)
+    wanted = [s for s in SHAPES if s[0] in a.shapes.split(",")]
+    if a.prebuild:
+        from mokgen.api import build_plans
+        from mokgen.tune import tuned_plan
+        bins = build_plans([tuned_plan(mokgen_shape(D, I, E, k), 1, "bf16", T, **o)
+                            for _, T, D, I, E, k in wanted for o in ({}, {"dispatch": "gather"})],
+                           jobs=os.cpu_count())
+        print(f"prebuild: {len(bins)} kernels, {sum(not b.cached for b in bins)} built")
+        return
     rows = []
-    for name, T, D, I, E, k in (s for s in SHAPES if s[0] in a.shapes.split(",")):
+    for name, T, D, I, E, k in wanted:
         def ours(**overrides):  # the planner's dispatch (copied rows), or dispatch="gather"
             def make():
                 layer = mokgen.MoE(mokgen_shape(D, I, E, k), tokens_per_rank=T,

@@ -4,6 +4,8 @@
 #   call 1, carry [".peersA"]:                         bash benchmarks/peers_sonicmoe.sh stage
 #   call 2, carry [".peersB", ".kcache"] (and .peersC: below): bash benchmarks/peers_sonicmoe.sh run [shapes]
 #   more calls while the machine is warm (within ~30 s): run [other shapes] reuses the install
+#   peaks [shapes] instead of run: benchmarks/peak_phases.py (where each layer's step peaks,
+#   and what is live there; default qwen3-30b-a3b) on the same install
 #   two GPUs (nvidia-h200-x2): run2 SHAPES0 SHAPES1 instead of run: each list on its own GPU
 #   at once (the JIT is CPU work: two shapes for the wall time of one), the rows merged with
 #   benchmarks/results/peers_sonicmoe.json's into $OUT/peers_sonicmoe.json
@@ -23,7 +25,7 @@ case "${1:-}" in
   stage)
     mkdir -p /tmp/peers-wheels && cp .peersA/part.* /tmp/peers-wheels/ && ls /tmp/peers-wheels | wc -l
     ;;
-  run|run2)
+  run|run2|peaks)
     W=/tmp/peers-wheels
     if [ ! -d /tmp/peers/sonicmoe ]; then  # a later call on the same warm machine reuses it
       [ -d "$W" ] || { echo "no $W: run 'stage' in the call right before"; exit 2; }
@@ -35,7 +37,10 @@ case "${1:-}" in
     export QUACK_CACHE_DIR=${QUACK_CACHE_DIR:-$PWD/.peersC/quack_cache}
     mkdir -p "$QUACK_CACHE_DIR"
     echo "QuACK cache: $(ls "$QUACK_CACHE_DIR" | wc -l) entries before the run"
-    if [ "$1" = run ]; then
+    if [ "$1" = peaks ]; then
+      timeout "${RUN_TIMEOUT:-500}" python3 benchmarks/peak_phases.py --out "$OUT" \
+        ${2:+--shapes "$2"} 2>&1 | tee "$OUT/peak_phases.log" | tail -60
+    elif [ "$1" = run ]; then
       timeout "${RUN_TIMEOUT:-500}" python3 benchmarks/peers_sonicmoe.py --out "$OUT" \
         ${2:+--shapes "$2"} 2>&1 | tee "$OUT/peers_sonicmoe.log" | tail -12
     else
@@ -53,6 +58,6 @@ case "${1:-}" in
       "$(basename "$QUACK_CACHE_DIR")" && ls -la "$OUT/quack_cache.tgz"
     ;;
   *)
-    echo "usage: $0 stage | run [shapes] | run2 shapes0 shapes1"; exit 2
+    echo "usage: $0 stage | run [shapes] | peaks [shapes] | run2 shapes0 shapes1"; exit 2
     ;;
 esac
