@@ -47,6 +47,8 @@ def build(cubin: str = CUBIN) -> str:
 # cross-CTA release skipped: timing only, rows may race; 15: its remote arrival .relaxed.cluster,
 # 16: .release.cta; 10: .release.cluster)
 PAIR, PAIR_A, PAIR_U, PAIR_R, PAIR_C = 10, 13, 14, 15, 16
+# fill_pair's modes -> its `remote` argument (fill_bench.cu: how the peer's stage is freed)
+PAIR_REMOTE = {PAIR: 0, PAIR_A: 0, PAIR_U: 1, PAIR_R: 2, PAIR_C: 3}
 
 
 def smem_bytes(stages: int, boxes: int, mode: int) -> int:
@@ -93,10 +95,9 @@ def variants(quick: bool):
     out += [(m, 4, s, 4, 1024) for m in (12, PAIR_A) for s in (3, 4)]  # 6 x 48 KB: too big
     if not quick:
         out += [(m, w, 4, 4, 1024) for m, w in ((2, 1), (0, 4), (0, 8), (1, 4))]
-    out = [v + (0,) for v in out]
     # half the SMs: whether a rate a multiprocessor is the SM's or a share of the L2's
     out += [(5, 4, 4, 4, 0, 66), (5, 4, 4, 2, 0, 66), (2, 1, 4, 2, 0, 66), (PAIR, 4, 4, 2, 0, 66)]
-    out = [v + (0,) for v in out]
+    out = [v + (0,) * (7 - len(v)) for v in out]  # ctas and wait 0 where not given
     for wk in (1, 2):  # the waits that never suspend the thread / suspend it briefly
         out += [(m, w, 4, b, 0, 0, wk) for m, w in ((2, 1), (5, 4), (0, 4), (PAIR, 4))
                 for b in (4, 2)]
@@ -137,17 +138,18 @@ def main():
         if only and mode not in only:
             continue
         smem = smem_bytes(stages, boxes, mode)
-        if mode in (PAIR, PAIR_A, PAIR_U, PAIR_R, PAIR_C):
+        if mode in PAIR_REMOTE:
             f = mod.function("fill_pair", smem)
             args = [src, table, T * K, D, tmap, a.tokens, int(mode == PAIR_A), stages, boxes,
-                    a.slices, hold, wk, {PAIR_U: 1, PAIR_R: 2, PAIR_C: 3}.get(mode, 0), out, last]
+                    a.slices, hold, wk, PAIR_REMOTE[mode], out, last]
             grid, block = (ctas or sms) - (ctas or sms) % 2, 32 * 6
         else:
             f = mod.function("fill_bench", smem)
             args = [src, table, T * K, D, tmap, row_map, a.tokens, mode, warps, stages, boxes,
                     a.slices, hold, wk, out, last]
             grid, block = ctas or sms, 32 * 9
-        run = lambda: mc.launch(f, grid, block, smem, torch.cuda.current_stream(), args)  # noqa: E731
+        stream = torch.cuda.current_stream()
+        run = lambda: mc.launch(f, grid, block, smem, stream, args)  # noqa: E731
         out.zero_()  # fill_pair writes no issue / wait words
         last.fill_(0xAA)  # poisoned: the check fails unless the fill wrote every byte
         ms = time_ms(run, a.iters, warmup=2)
@@ -176,13 +178,15 @@ def main():
              12: "mode 5 beside a TMA operand", PAIR_A: "pair beside a TMA operand",
              PAIR_U: "pair, uncoupled (timing only)", PAIR_R: "pair, relaxed remote release",
              PAIR_C: "pair, remote release.cta"}
-    print("\n| mode | warps | stages | row bytes | hold clk | CTAs | wait | B/clk/SM | GB/s | rows | "
-          "clk a slice | issue clk | empty-wait clk |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    cols = ("mode", "warps", "stages", "row bytes", "hold clk", "CTAs", "wait", "B/clk/SM",
+            "GB/s", "rows", "clk a slice", "issue clk", "empty-wait clk")
+    print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:
         print(f"| {names[r['mode']]} | {r['warps']} | {r['stages']} | {128 * r['boxes']} | "
-              f"{r['hold']} | {r['ctas']} | {r['wait']} | {r['bytes_per_clk_sm']:.1f} | {r['gb_s']:.0f} | "
-              f"{'right' if r['ok'] else 'WRONG'} | {r['clocks_median'] / a.slices:.0f} | "
-              f"{r['issue_clk_slice']:.0f} | {r['empty_wait_clk_slice']:.0f} |")
+              f"{r['hold']} | {r['ctas']} | {r['wait']} | {r['bytes_per_clk_sm']:.1f} | "
+              f"{r['gb_s']:.0f} | {'right' if r['ok'] else 'WRONG'} | "
+              f"{r['clocks_median'] / a.slices:.0f} | {r['issue_clk_slice']:.0f} | "
+              f"{r['empty_wait_clk_slice']:.0f} |")
     path = os.path.join(os.environ.get("OUT", "."), "fill_bench.json" if a.tokens == T
                         else f"fill_bench_tokens{a.tokens}.json")
     with open(path, "w") as fh:

@@ -43,10 +43,8 @@ def site(frames: list) -> str:
     """The allocation's site: the innermost frame in mokgen / sonicmoe / quack, else the
     innermost Python frame, as file:line (function)."""
     py = [f for f in frames if str(f.get("filename", "")).endswith(".py")]
-    for f in py:
-        if any(o in str(f["filename"]) for o in OURS):
-            return f"{os.path.basename(f['filename'])}:{f['line']} ({f['name']})"
-    f = py[0] if py else (frames[0] if frames else None)
+    ours = [f for f in py if any(o in str(f["filename"]) for o in OURS)]
+    f = (ours or py or frames or [None])[0]
     return f"{os.path.basename(str(f['filename']))}:{f['line']} ({f['name']})" if f else "?"
 
 

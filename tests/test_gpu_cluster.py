@@ -11,34 +11,36 @@ import sys
 import pytest
 import torch
 
+from mokgen.build import INCLUDE_DIR
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 pytestmark = pytest.mark.gpu
 
-# thread 0 of each CTA puts a value in its shared memory, the cluster syncs, then reads its
-# peer's through the cluster window (mapa + ld.shared::cluster) and records it, with its rank
-# and multiprocessor; the cluster syncs again before anyone leaves
+# thread 0 of each CTA puts a value in its shared memory, the cluster syncs (cluster.cuh),
+# then reads its peer's through the cluster window (mapa + ld.shared::cluster) and records
+# it, with its rank and multiprocessor; the cluster syncs again before anyone leaves
 SRC = r"""
 #include <cstdint>
+#include "mokgen/cluster.cuh"
 extern "C" __global__ void __launch_bounds__(384, 1) cluster_probe(int* out) {
   extern __shared__ __align__(16) uint32_t smem[];
-  uint32_t rank, smid, local = static_cast<uint32_t>(__cvta_generic_to_shared(smem)), remote;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  const uint32_t rank = mokgen::cluster_ctarank();
+  uint32_t smid, remote;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
   if (threadIdx.x == 0) smem[0] = blockIdx.x * 1000u + rank;
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;"
-               ::: "memory");
+  mokgen::cluster_sync();
   if (threadIdx.x == 0) {
     uint32_t v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank ^ 1u));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(remote) : "r"(mokgen::smem_u32(smem)), "r"(rank ^ 1u));
     asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(remote) : "memory");
     out[3 * blockIdx.x] = (int)rank;
     out[3 * blockIdx.x + 1] = (int)v;
     out[3 * blockIdx.x + 2] = (int)smid;
   }
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;"
-               ::: "memory");
+  mokgen::cluster_sync();
 }
 """
 MEGA_SMEM = 226 * 1024  # the megakernels' dynamic shared memory a CTA (one CTA an SM)
@@ -51,8 +53,8 @@ def build_probe(d: str):
     src, cubin = os.path.join(d, "probe.cu"), os.path.join(d, "probe.cubin")
     with open(src, "w") as fh:
         fh.write(SRC)
-    subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-cubin", "-O3", src,
-                    "-o", cubin], check=True)
+    subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-cubin", "-O3",
+                    "-I", str(INCLUDE_DIR), src, "-o", cubin], check=True)
     mc.ensure_context()
     return mc.load_module(cubin).function("cluster_probe", MEGA_SMEM)
 

@@ -25,8 +25,9 @@ constexpr int kTraceRecs = 4096, kTraceWords = 11;  // runtime/abi.py TRACE_RECS
 // not recorded): the producer's waits for empty stages (kTrFillWait) and its issue of each
 // slice from that wait to its last load or arrival (kTrFillIssue), as its one thread (TMA
 // rings) or thread 0 of the gathering warpgroup (its warp's cp.async share) sees them, and
-// the consumers' thread 128's waits for full stages (kTrFullWait). They tell a ring that fills too slowly (the consumers wait on
-// full, the producer does not wait on empty) from one the tensor core drains too slowly.
+// the consumers' thread 128's waits for full stages (kTrFullWait). They tell a ring that
+// fills too slowly (the consumers wait on full, the producer does not wait on empty) from
+// one the tensor core drains too slowly.
 enum TraceWord : int {
   kTrOp, kTrAsk, kTrGot, kTrPop, kTrMain, kTrEpi, kTrDone, kTrGlobalNs,
   kTrFillWait, kTrFillIssue, kTrFullWait
