@@ -2,13 +2,15 @@
 where they are, no comm CTAs, no x or dy ring; mokgen/limits.py GATHER), with the forward
 gathering alone ("fwd-gather": reverse_combine="pull", the backward's comm CTAs pull x and dy)
 and with the rows copied into rings by comm CTAs (dispatch="pull", reverse_combine="pull":
-the default plan), on SonicMoE's five shapes (peers_sonicmoe.SHAPES). Same inputs, same
+the default plan, whose dx rows stay in its dy ring: reverse_dispatch "ring",
+mokgen/passes/dx_rows.py; "pull-push" pushes them into the combine rows instead), on
+SonicMoE's five shapes (peers_sonicmoe.SHAPES). Same inputs, same
 process, each variant measured twice in mirrored order (ABBA), medians of medians: forward and
 training-step TFLOP/s, peak MB (as peers_sonicmoe.measure: workspace included), and the step
 with fresh gradients. Prints a table; writes OUT/gather_ab.json.
 
     python3 benchmarks/gather_ab.py --out $OUT [--shapes qwen3-30b-a3b,...]
-        [--variants gather,fwd-gather,pull] [--prebuild]
+        [--variants gather,fwd-gather,pull,pull-push] [--prebuild]
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ from peers_sonicmoe import SHAPES, measure  # noqa: E402
 PULL = dict(dispatch="pull", reverse_combine="pull")
 VARIANTS = {"gather": dict(dispatch="gather"),
             # the forward gathers, the backward copies x and dy rows into rings (XPULL)
-            "fwd-gather": dict(dispatch="gather", reverse_combine="pull"), "pull": PULL}
+            "fwd-gather": dict(dispatch="gather", reverse_combine="pull"), "pull": PULL,
+            "pull-push": dict(PULL, reverse_dispatch="push")}
 
 
 def layer(D, I, E, k, T, **overrides):

@@ -38,6 +38,16 @@ DIRECTIONS = {"dispatch": ("pull", "push"), "combine": ("push", "pull"),
 # go to the GEMMs, and the backward's comm CTAs pull x into the ring beside dy (FwdConsts XPULL).
 GATHER = "gather"
 GATHERED = ("dispatch", "reverse_combine")
+# The backward's reverse-dispatch can also leave its rows where they are: with one rank, the
+# dx tiles write each row over its own dy row in the ring (FwdConsts DXRING), and the owner's
+# sum reads them there (mokgen/passes/dx_rows.py says when and why).
+RING = "ring"
+RINGED = ("reverse_dispatch",)
+
+
+def extra_directions(op: str) -> tuple:
+    """The values op takes besides DIRECTIONS[op]: the ways that move nothing."""
+    return ((GATHER,) if op in GATHERED else ()) + ((RING,) if op in RINGED else ())
 # GEMM tiles (gemm_types.cuh GemmCfg; one per kernel, every GEMM op of a direction shares it):
 # BM is fixed by the engine, two consumer warpgroups of 64 rows (wgmma m64). BN: the engine
 # also has N = 128, but the fp8 tiles are two 128-column halves and the host's tensor maps
@@ -101,7 +111,7 @@ def violations(plan: "Plan") -> list[str]:
                    f"got {rows}")
     for op, want in DIRECTIONS.items():
         got = getattr(plan, op)
-        if got is not None and got not in want + ((GATHER,) if op in GATHERED else ()):
+        if got is not None and got not in want + extra_directions(op):
             out.append(f"{op} must be {want[0]!r} (the only direction the kernels implement), "
                        f"got {got!r}")
     out += gather_violations(plan)
@@ -115,6 +125,8 @@ def violations(plan: "Plan") -> list[str]:
         out.append(f"reverse_combine='push' moves bf16 dy rows only (direction_bwd.cuh: the "
                    f"fp8 backward's comm CTAs also quantize the dy they pull): dtype "
                    f"{plan.dtype} must use reverse_combine='pull'")
+    if plan.reverse_dispatch == RING:
+        out += ring_violations(plan)
     if plan.reverse_dispatch == "pull" and plan.comm_sms_bwd is not None and \
             plan.comm_sms_bwd < 2:
         out.append(f"reverse_dispatch='pull' needs comm_sms_bwd >= 2 (its own comm CTAs pull "
@@ -136,6 +148,22 @@ def violations(plan: "Plan") -> list[str]:
             broken.add(field)
             out.append(f"{field} must be a multiple of {m} for the sm_90a kernels ({why}), "
                        f"got {v}")
+    return out
+
+
+def ring_violations(plan: "Plan") -> list[str]:
+    """The rules of dx rows in the dy ring (RING above); a field not decided yet (None)
+    breaks none."""
+    out = []
+    if plan.ep != 1 or plan.scale_block or plan.reverse_combine not in (None, "pull"):
+        out.append(f"reverse_dispatch={RING!r} needs ep == 1, dtype bf16 and reverse_combine "
+                   f"'pull' (the dx tiles write one rank's dy ring, bf16), got ep {plan.ep}, "
+                   f"dtype {plan.dtype}, reverse_combine {plan.reverse_combine!r}")
+    b, m, rows = plan.minibatch, plan.macrobatch, plan.max_routed_rows
+    if None not in (b, m, rows) and m // b < -(-rows // b):
+        out.append(f"reverse_dispatch={RING!r} needs a ring that holds every minibatch (no "
+                   f"slot is reused while its dy rows hold dx rows): macrobatch {m} < the "
+                   f"{-(-rows // b)} minibatches of {b} rows that {rows} routed rows can take")
     return out
 
 

@@ -31,6 +31,8 @@ def op_params(op: ir.Op) -> dict:
         out[param] = a["comm_direction"] == flipped
         if a["comm_direction"] == "gather":  # no copy: the GEMMs read the rows in place
             out["gather"] = True
+        if a["comm_direction"] == "ring":  # dx rows over their dy rows (passes/dx_rows.py)
+            out["dx_ring"] = True
     return out
 
 
@@ -80,6 +82,8 @@ def lower(g, direction: str) -> dict:
                 **variants,
                 # dispatch (forward) / reverse-combine (backward) "gather": FwdConsts GATHER
                 gather=got.get("gather", False),
+                # reverse-dispatch "ring" (backward): FwdConsts DXRING
+                dx_ring=got.get("dx_ring", False),
                 # a backward that copies rows after a forward that gathered: FwdConsts XPULL
                 x_pull=direction == "bwd" and not got.get("gather") and _forward_gathers(g),
                 # the variants' peer tables are a kernel parameter only where used, so the

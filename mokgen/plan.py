@@ -19,7 +19,7 @@ from typing import Any
 
 from . import hardware, ir
 from .ir import GemmConfig, OpKind
-from .limits import DEFAULT_GEMM, GATHER, GATHERED, backward_unsupported
+from .limits import DEFAULT_GEMM, backward_unsupported, extra_directions
 from .shapes import MoEShape
 
 DTYPES = ("bf16", "fp8", "mxfp8")
@@ -254,7 +254,7 @@ def initial_graph(shape: MoEShape, ep: int, dtype: str, tokens_per_rank: int, **
     if unknown:
         raise ValueError(f"unknown override(s) {sorted(unknown)}; allowed: {OVERRIDABLE}")
     for op in COMM_OPS:
-        ok = DIRECTIONS + ((GATHER,) if op in GATHERED else ())
+        ok = DIRECTIONS + extra_directions(op)
         if op in overrides and overrides[op] not in ok:
             raise ValueError(f"{op} must be one of {ok}, got {overrides[op]!r}")
     for name in ("comm_sms_fwd", "comm_sms_bwd", "minibatch", "macrobatch", "ring_budget_bytes"):

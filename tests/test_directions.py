@@ -268,7 +268,10 @@ def test_backward_cost_model_prices_bytes_sms_and_signals():
     assert backward_costs(fp8, "push", "push")["total"] == float("inf")
     assert (fp8.reverse_combine, fp8.reverse_dispatch) == ("pull", "push")
     solo = mokgen.plan(SHAPE, ep=1, tokens_per_rank=256)
-    assert (solo.reverse_combine, solo.reverse_dispatch) == ("pull", "push")
+    # one rank: the model's pull / push, then its dx rows left in the dy ring (dx_rows pass)
+    assert (solo.reverse_combine, solo.reverse_dispatch) == ("pull", "ring")
+    assert mokgen.plan(SHAPE, ep=1, tokens_per_rank=256,
+                       reverse_dispatch="push").reverse_dispatch == "push"
 
 
 def test_forcing_one_backward_op_lets_the_model_pick_the_other():

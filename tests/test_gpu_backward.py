@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import mokgen
-from mokgen.api import layer_spec
+from mokgen.api import layer_spec, memory_report
 from mokgen.workloads import cosine, make_inputs, reference_grads, rel_error
 
 pytestmark = pytest.mark.gpu
@@ -138,6 +138,37 @@ def test_weight_gradients_leave_through_tma_where_the_kernel_can():
     run_backward(edge, 2, 300)  # M and N edge tiles through the 3D maps
 
 
+@pytest.mark.parametrize("shape,skew,ring", [
+    (mokgen.MoEShape(32, 1024, 512, 8, shared_experts=1, shared_intermediate=256), None, {}),
+    (mokgen.MoEShape(20, 2880, 704, 6, shared_experts=0), None, {}),  # edge dx tiles
+    # skewed routes: expert 0's rows span many minibatches (its dW2 listed with the last)
+    (mokgen.shapes.get("gpu-small"), "one-soft", dict(minibatch=256))])
+def test_dx_rows_in_the_dy_ring_equal_the_pushed_ones(shape, skew, ring):
+    """reverse_dispatch "ring" (one rank's default where the ring holds every minibatch: the
+    dx tiles run last and write over their dy rows): right against the reference, bitwise
+    repeatable, every gradient bitwise the pushed rows' backward's, a smaller workspace."""
+    tokens = 1000
+    layer, inputs, dys, ours = run_backward(shape, 1, tokens, skew=skew, **ring)
+    assert layer.plan.reverse_dispatch == "ring"
+    again = grads_of(layer, inputs, dys)
+    for k, v in ours.items():
+        for a, b in zip(*(x if isinstance(x, list) else [x] for x in (v, again[k]))):
+            assert (a is None and b is None) or torch.equal(a, b), f"{k}: not repeatable"
+    pushed_layer = mokgen.compile(shape, ep=1, tokens_per_rank=tokens, virtual=True,
+                                  reverse_dispatch="push", **ring)
+    assert pushed_layer.plan.reverse_dispatch == "push"
+    pushed = grads_of(pushed_layer, inputs, dys)
+    for k, v in ours.items():
+        for a, b in zip(*(x if isinstance(x, list) else [x] for x in (v, pushed[k]))):
+            assert (a is None and b is None) or torch.equal(a, b), \
+                f"{k}: differs from the pushed rows' backward"
+    # the workspace smaller by what the plans' reports say (the report also counts x / dy
+    # staging that virtual ranks do without: the same bytes in both)
+    got = [m.memory()["workspace"] for m in (layer, pushed_layer)]
+    want = [memory_report(m.plan)["workspace"]["total"] for m in (layer, pushed_layer)]
+    assert got[1] - got[0] == want[1] - want[0] > 0
+
+
 def test_backward_no_shared_expert():
     run_backward(mokgen.MoEShape(16, 512, 256, 2, shared_experts=0), 2, 300)
 
@@ -196,6 +227,8 @@ def test_gathered_rows_equal_the_pulled_ones_bitwise(shape):
                                                    "pull": ("pull", "pull")}.get(
             way, ("gather", "gather"))
         assert (p.comm_sms_fwd == 0) == (way != "pull")
+        # copied rows: dx rows in the dy ring (passes/dx_rows.py), bitwise the pushed ones
+        assert p.reverse_dispatch == ("ring" if way in ("pull", "fwd-gather") else "push")
         assert (p.comm_sms_bwd == 0) == (way in ("gather", "one-waiter"))
         layer.runtime().poison()
         layer.backward_runtime().poison()

@@ -77,6 +77,18 @@ def test_any_expert_count_and_topk_up_to_32_plan(e, k, ep):
      "reverse_combine='push' moves bf16 dy rows only"),
     (mokgen.MoEShape(64, 512, 256, 8), dict(reverse_combine="sideways"),
      "reverse_combine must be one of"),
+    (mokgen.MoEShape(64, 512, 256, 8), dict(ep=8, reverse_dispatch="ring"),
+     "reverse_dispatch='ring' needs ep == 1, dtype bf16"),
+    (mokgen.MoEShape(64, 512, 256, 8), dict(dtype="fp8", reverse_dispatch="ring"),
+     "reverse_dispatch='ring' needs ep == 1, dtype bf16"),
+    (mokgen.MoEShape(64, 512, 256, 8), dict(reverse_combine="push", reverse_dispatch="ring"),
+     "reverse_dispatch='ring' needs .* reverse_combine 'pull'"),
+    (mokgen.MoEShape(64, 512, 256, 8), dict(reverse_dispatch="ring", minibatch=128,
+                                            macrobatch=256),
+     "reverse_dispatch='ring' needs a ring that holds every minibatch"),
+    (mokgen.MoEShape(64, 512, 256, 8), dict(dispatch="gather", reverse_combine="gather",
+                                            reverse_dispatch="ring"),
+     "reverse_combine='gather' needs reverse_dispatch='push'"),
 ])
 def test_every_kernel_rule_is_a_plan_time_error_naming_the_field(shape, kw, match):
     with pytest.raises(ValueError, match=match):

@@ -46,7 +46,33 @@ def test_memory_report_sums_its_parts_and_the_saved_bytes():
     wg = memory_report(g)["workspace"]
     assert g.macrobatch * 3 * s.intermediate * 2 <= wg["forward"] < \
         g.macrobatch * (s.hidden + 3 * s.intermediate) * 2
-    assert wg["backward"] < ws["backward"] - p.macrobatch * s.hidden * 2 // 2
+    # its backward has no dy ring (with dx rows in it, the copied plans' is in peer)
+    pp = memory_report(mokgen.plan(QWEN3_30B, ep=1, tokens_per_rank=8192,
+                                   reverse_dispatch="push"))["workspace"]
+    assert wg["backward"] < pp["backward"] - p.macrobatch * s.hidden * 2 // 2
+
+
+def test_dx_rows_in_the_dy_ring_put_it_in_the_combine_rows():
+    """reverse_dispatch "ring" (one rank, bf16, a ring holding every minibatch: the default
+    there, passes/dx_rows.py) keeps one buffer for the dy ring and the T k combine rows, of
+    the larger's rows, plus each route's ring row and a count per expert; ep > 1, fp8, a
+    smaller ring and gathered rows keep pushing dx rows."""
+    n, s = 8192, QWEN3_30B
+    p = mokgen.plan(s, ep=1, tokens_per_rank=n)
+    q = mokgen.plan(s, ep=1, tokens_per_rank=n, reverse_dispatch="push")
+    assert (p.reverse_dispatch, q.reverse_dispatch) == ("ring", "push")
+    assert p.macrobatch == q.macrobatch
+    a, b = memory_report(p)["workspace"], memory_report(q)["workspace"]
+    M, D, NK = p.macrobatch, s.hidden, n * s.topk
+    assert b["total"] - a["total"] == M * D * 2 + NK * D * 2 - max(M, NK) * D * 2 - NK * 4 \
+        - s.num_experts * 4
+    assert b["total"] - a["total"] > 250 * 2**20  # Qwen3-30B-A3B, T 8192: the combine rows
+    assert mokgen.plan(s, ep=8, tokens_per_rank=n).reverse_dispatch == "push"
+    assert mokgen.plan(s, ep=1, tokens_per_rank=n, dtype="fp8").reverse_dispatch == "push"
+    small = mokgen.plan(s, ep=1, tokens_per_rank=n, ring_budget_bytes=300 << 20)
+    assert small.macrobatch < small.max_routed_rows and small.reverse_dispatch == "push"
+    g = mokgen.plan(s, ep=1, tokens_per_rank=n, dispatch="gather")
+    assert g.reverse_dispatch == "push"  # no dy ring
 
 
 def test_cli_plan_prints_the_memory(capsys):

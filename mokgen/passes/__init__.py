@@ -1,6 +1,7 @@
 """The planning passes, in the order they run. Each is a pure function: it takes the task
 graph and returns a copy whose operators carry its decisions (mokgen.ir.annotate)."""
 from .comm_direction import comm_direction
+from .dx_rows import dx_rows
 from .granularity import granularity
 from .precision import precision
 from .ring import ring
@@ -11,8 +12,9 @@ from .tiling import tiling
 # the partition sets the comm bandwidth that granularity's exposed-latency term uses;
 # granularity sizes minibatches in whole GEMM tiles, the ring in whole minibatches;
 # comm_direction prices each direction with all three (SMs, row bytes, minibatches), and the
-# ring holds pull combine's staging rows.
-PASSES = (precision, sm_partition, tiling, granularity, comm_direction, ring)
+# ring holds pull combine's staging rows; dx_rows puts one rank's dx rows in a ring that
+# holds every minibatch.
+PASSES = (precision, sm_partition, tiling, granularity, comm_direction, ring, dx_rows)
 
 
 def run(g):
@@ -23,4 +25,4 @@ def run(g):
 
 
 __all__ = ["PASSES", "run", "comm_direction", "precision", "sm_partition", "tiling",
-           "granularity", "ring"]
+           "granularity", "ring", "dx_rows"]

@@ -83,6 +83,8 @@ BWD_PHASES = {
     "kPhaseWgrad": (17, "a weight-gradient tile waiting for minibatch {index}'s dgrad tiles"),
     "kPhaseWgradOrder": (18, "a weight-gradient tile waiting for the previous segment of its "
                              "expert (tile {index})"),
+    "kPhaseDxRing": (21, "a dx tile waiting for expert {index}'s dW2 tiles to read the dy rows "
+                         "it writes over (reverse_dispatch 'ring')"),
     "kPhaseBwdRingSlot": (19, "a backward comm CTA waiting for minibatch {index} to free its "
                               "ring slot"),
 }

@@ -39,6 +39,9 @@ class ForwardRuntime:
         self.fwd_module = fwd  # its globals: benchmarks/trace.py sets mokgen_trace
         self.prologue = Prologue(pro, spec.local_experts, spec.topk)
         self.f_sum = pro.function("mokgen_combine_sum")
+        # the backward's dx sum where its rows stay in the dy ring (reverse_dispatch "ring")
+        self.f_table_pos = pro.function("mokgen_table_positions")
+        self.f_sum_at = pro.function("mokgen_combine_sum_at")
         self.f_quant_x = pro.function("mokgen_quant_x") if spec.scale_block else None
         self.fwd_smem = struct.unpack("<i", cuda.read_global(fwd, "mokgen_fwd_smem_bytes"))[0]
         self.f_fwd = fwd.function("mokgen_fwd", self.fwd_smem)

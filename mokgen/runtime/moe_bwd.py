@@ -22,7 +22,7 @@ import torch
 from . import abi, cuda
 from .abi import padded
 from .checks import check_ctas
-from .workspace import BF16, BackwardScratch, backward_tiles
+from .workspace import BF16, BackwardScratch, backward_ring_dy, backward_tiles
 
 
 class BackwardPass(BackwardScratch):
@@ -30,7 +30,7 @@ class BackwardPass(BackwardScratch):
 
     def __init__(self, rt, bwd_cubin: bytes):
         hosted = range(len(rt.peers.hosted_ranks))
-        super().__init__(rt.spec, rt.dev, rt.peers.local(0).get("ring_dy"))
+        super().__init__(rt.spec, rt.dev, backward_ring_dy(rt.spec, rt.peers.local(0)))
         self.rt = rt
         mod = cuda.load_module(bwd_cubin)
         self.module = mod  # its globals: benchmarks/trace.py sets mokgen_trace
@@ -61,7 +61,8 @@ class BackwardPass(BackwardScratch):
         # compares like with like), each hosted rank needs scratch of its own
         self.side_by_side = s.bwd_peer_directions or (
             virtual and s.ep > 1 and s.ep * self.ctas <= rt.num_sms)
-        self.scratch = [self] + [BackwardScratch(s, rt.dev, rt.peers.local(i).get("ring_dy"))
+        self.scratch = [self] + [BackwardScratch(s, rt.dev,
+                                                 backward_ring_dy(s, rt.peers.local(i)))
                                  for i in hosted[1:]] if self.side_by_side else \
             [self] * len(hosted)
 
@@ -131,7 +132,7 @@ class BackwardPass(BackwardScratch):
             for i in hosted:
                 launch(i)
         rt.peers.barrier(rt._launch_barrier)
-        dxs = [rt.combine_sum(i, n) for i in hosted]
+        dxs = [self.dx_of(i, n) for i in hosted]
         dweights = [rt.ranks[i].dweight[: n * s.topk].view(n, s.topk).clone() for i in hosted]
         # the shared expert's gradients: every hosted rank's tokens, summed in rank order
         dsw1, dsw2 = (None if shared_w1 is None else _sum([d[j] for d in dsw]) for j in (0, 1))
@@ -156,7 +157,22 @@ class BackwardPass(BackwardScratch):
         self._launch(i, n, xs[i], dys[i], rt.peers.x_pointers(xs),
                      rt.peers.x_pointers(dys, "dy"), w1s[i], w2s[i], shared_w1, shared_w2, dw1,
                      dw2, dsw1, dsw2, resident)
-        return rt.combine_sum(i, n), dw1, dw2, dsw1, dsw2
+        return self.dx_of(i, n), dw1, dw2, dsw1, dsw2
+
+    def dx_of(self, i, n):
+        """Hosted rank i's dx after its kernel: the shared expert's plus the routed rows,
+        summed in route order from the combine rows, or (dx rows in the dy ring) from the
+        ring rows the schedule table puts each route at."""
+        rt, s, b = self.rt, self.rt.spec, self.rt.ranks[i]
+        if not s.dx_ring:
+            return rt.combine_sum(i, n)
+        sc, st = self.scratch[i], rt._stream()
+        cuda.launch(rt.f_table_pos, max(1, min(1024, -(-s.max_rows // 256))), 256, 0, st,
+                    [b.table, b.meta, sc.pos])
+        dx = rt.output((n, s.hidden), BF16)
+        cuda.launch(rt.f_sum_at, max(1, min(4096, -(-n * s.hidden // 8 // 256))), 256, 0, st,
+                    [sc.ring_dy, sc.pos, b.y_shared if s.shared_dim else None, dx, n])
+        return dx
 
     def _launch(self, i, n, x, dy, x_ptrs, dy_ptrs, w1, w2, sw1, sw2, dw1, dw2, dsw1, dsw2,
                 resident, accumulate=False):

@@ -50,11 +50,19 @@ def peer_shapes(spec) -> dict:
              "stage_dw": ((M if spec.reverse_dispatch == "pull" else 1,), torch.float32)}
     out = {k: every[k] for k in dir_kinds(spec)}
     return {**out, "routes": ((R, N * K), torch.int32), "weights": ((R, N * K), torch.float32),
-            "combine": ((N * K, spec.hidden), torch.bfloat16),
+            "combine": ((combine_rows(spec), spec.hidden), torch.bfloat16),
             "x": ((N, spec.hidden), torch.bfloat16), "dy": ((N, spec.hidden), torch.bfloat16),
             "dweight": ((N * K,), torch.float32), "flags": ((R,), torch.int32),
             # fp8 plans: the owner's quantized tokens, e4m3 [N, D] then fp32 scales [N, ceil(D/Q)]
             "xq": ((max(16, xq_bytes(spec)),), torch.uint8)}
+
+
+def combine_rows(spec) -> int:
+    """Rows of the combine buffer: the T k routed rows, or, where the backward's dy ring is
+    these rows (`LayerSpec.dy_ring_in_combine`), as many as that ring: the forward's rows
+    are dead once summed."""
+    n = spec.tokens_per_rank * spec.topk
+    return max(n, spec.macrobatch) if spec.dy_ring_in_combine else n
 
 
 def xq_bytes(spec) -> int:

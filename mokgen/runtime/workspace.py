@@ -58,6 +58,17 @@ class LayerSpec:
         return self.reverse_combine == "gather"
 
     @property
+    def dx_ring(self) -> bool:
+        """The dx tiles leave their rows over their dy rows in the ring (reverse_dispatch
+        "ring", moe_bwd.cuh DXRING), which then lives in the combine rows
+        (peers.combine_rows): the forward is done with those once it summed them, and the
+        backward writes none (its dx sum gathers the ring's rows)."""
+        return self.reverse_dispatch == "ring"
+
+    # the backward's dy ring lives in the combine rows
+    dy_ring_in_combine = dx_ring
+
+    @property
     def peer_directions(self) -> bool:
         """Whether the forward moves rows the non-default way (direction.cuh): then its
         megakernel reads peers' schedules, rings and flags while they run, so the ranks'
@@ -165,10 +176,14 @@ class BackwardScratch:
         s = spec
         M, D, I, L = s.macrobatch, s.hidden, s.intermediate, s.local_experts
         e = dict(dtype=BF16, device=dev)
-        # push reverse-combine: the owners write the dy ring, a peer buffer (PeerSet)
+        # push reverse-combine: the owners write the dy ring, a peer buffer (PeerSet);
+        # dx rows in it: the combine rows (LayerSpec.dy_ring_in_combine), given too
         # gathered: none (the kernels read the caller's dy)
         self.ring_dy = ring_dy if ring_dy is not None else None if s.gather else \
             torch.empty(M, D, **e)
+        # dx rows in the dy ring: each route's ring row, for the dx sum (combine_sum_at)
+        self.pos = torch.empty(s.tokens_per_rank * s.topk, dtype=torch.int32, device=dev) \
+            if s.dx_ring else None
         self.dw_part = torch.empty(s.max_rows, backward_tiles(s)[0], dtype=torch.float32,
                                    device=dev)
         # None: the kernel gets a null pointer and never reads it (every segment is whole)
@@ -199,18 +214,32 @@ def backward_tiles(s: LayerSpec) -> tuple[int, int]:
 
 
 def backward_counter_words(s: LayerSpec) -> int:
+    """moe_bwd.cuh BwdProblem's counters, in its order; dx rows in the dy ring add a count
+    per expert of its dW2 tiles done (wg2_done)."""
     mb, rt_full = s.max_minibatches, s.minibatch // s.block_m
     srt = -(-s.tokens_per_rank // s.block_m)
-    return 1 + mb * (2 + 2 * rt_full) + s.local_experts * backward_tiles(s)[1] + 2 * srt + 2
+    return 1 + mb * (2 + 2 * rt_full) + s.local_experts * backward_tiles(s)[1] + 2 * srt + 2 \
+        + (s.local_experts if s.dx_ring else 0)
+
+
+def backward_ring_dy(spec: LayerSpec, peer: dict):
+    """The dy ring BackwardScratch gets from one rank's peer buffers `peer`: a peer buffer of
+    its own (push reverse-combine), the combine rows (dx rows in it), or None (its
+    own, or none when gathered)."""
+    if spec.dy_ring_in_combine:
+        return peer["combine"][: spec.macrobatch]
+    return peer.get("ring_dy")
 
 
 def tensors_of(*things) -> list:
     """The distinct tensors among `things`: tensors, lists of them, or objects holding them
-    as attributes (buffers, peer tables)."""
+    as attributes (buffers, peer tables). A view counts as the tensor it views (the dy ring
+    in the combine rows: BackwardScratch), so each allocation is counted once."""
     seen, out = set(), []
 
     def visit(v, depth=0):
         if isinstance(v, torch.Tensor):
+            v = v if v._base is None else v._base
             if id(v) not in seen:
                 seen.add(id(v))
                 out.append(v)
@@ -243,7 +272,8 @@ def workspace_bytes(spec: LayerSpec) -> dict:
            if not any(t is p for p in peer.values())]
     parts = {"peer": nbytes(peer.values()), "forward": nbytes(fwd),
              "backward": nbytes([t for t in tensors_of(BackwardScratch(
-                 spec, meta, peer.get("ring_dy"))) if not any(t is p for p in peer.values())])}
+                 spec, meta, backward_ring_dy(spec, peer)))
+                 if not any(t is p for p in peer.values())])}
     parts["total"] = sum(parts.values())
     return parts
 

@@ -16,12 +16,12 @@ MOKGEN_DEV int4 scale_bf16x8(int4 raw, float w) {
   return raw;
 }
 
-// y[t] = y_shared[t] + sum_{i<K} combine[t*K + i], in route order and in fp32: a fixed order,
-// so the sum is bitwise reproducible (no atomics anywhere in the combine).
-template <int D, int K>
-__device__ void combine_sum(const __nv_bfloat16* __restrict__ combine,
-                            const float* __restrict__ y_shared, __nv_bfloat16* __restrict__ y,
-                            int n_tokens) {
+// y[t] = y_shared[t] + sum_{i<K} rows[row_of(t*K + i)], in route order and in fp32: a fixed
+// order, so the sum is bitwise reproducible (no atomics anywhere in the combine).
+template <int D, int K, class RowOf>
+__device__ void sum_routed_rows(const __nv_bfloat16* __restrict__ rows, RowOf row_of,
+                                const float* __restrict__ y_shared,
+                                __nv_bfloat16* __restrict__ y, int n_tokens) {
   static_assert(D % 8 == 0, "rows are summed 8 bf16 (16 bytes) at a time");
   constexpr int VEC = D / 8;
   const size_t n = (size_t)n_tokens * VEC;
@@ -39,7 +39,7 @@ __device__ void combine_sum(const __nv_bfloat16* __restrict__ combine,
     }
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      int4 raw = *reinterpret_cast<const int4*>(combine + ((t * K + k) * D + v * 8));
+      int4 raw = *reinterpret_cast<const int4*>(rows + (row_of(t * K + k) * D + v * 8));
       const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
@@ -53,6 +53,36 @@ __device__ void combine_sum(const __nv_bfloat16* __restrict__ combine,
 #pragma unroll
     for (int c = 0; c < 4; ++c) o[c] = __floats2bfloat162_rn(acc[2 * c], acc[2 * c + 1]);
     *reinterpret_cast<int4*>(y + t * D + v * 8) = out;
+  }
+}
+
+// The owner's combine: route i's row is combine[i].
+template <int D, int K>
+__device__ void combine_sum(const __nv_bfloat16* __restrict__ combine,
+                            const float* __restrict__ y_shared, __nv_bfloat16* __restrict__ y,
+                            int n_tokens) {
+  sum_routed_rows<D, K>(combine, [](size_t i) { return i; }, y_shared, y, n_tokens);
+}
+
+// The same over rows kept elsewhere: route i's row is rows[pos[i]] (the backward's dx rows
+// in its dy ring, DXRING: moe_bwd.cuh).
+template <int D, int K>
+__device__ void combine_sum_at(const __nv_bfloat16* __restrict__ rows, const int* __restrict__ pos,
+                               const float* __restrict__ y_shared, __nv_bfloat16* __restrict__ y,
+                               int n_tokens) {
+  sum_routed_rows<D, K>(rows, [pos](size_t i) { return (size_t)__ldg(pos + i); }, y_shared, y,
+                        n_tokens);
+}
+
+// pos[route] = its row p of the schedule table (one rank's: every row's source rank is 0),
+// for the meta[0] rows of the layout; padding rows (source -1) have no route.
+__device__ inline void table_positions(const int2* __restrict__ table, const int* __restrict__ meta,
+                                       int* __restrict__ pos) {
+  const size_t rows = (size_t)meta[0];
+  for (size_t p = blockIdx.x * (size_t)blockDim.x + threadIdx.x; p < rows;
+       p += (size_t)gridDim.x * blockDim.x) {
+    const int2 src = table[p];
+    if (src.x >= 0) pos[src.y] = (int)p;
   }
 }
 

@@ -42,6 +42,11 @@
 // The other directions (FwdConsts::RCPUSH, RDPULL; direction_bwd.cuh): the owners push dy
 // into the ring (the comm CTAs then only replay x, and push their own rank's dy to every
 // rank), and the dx tiles stage their rows for the owners to pull.
+// DXRING (one rank, a ring holding every minibatch: passes/dx_rows.py): the routed DX tiles
+// leave FIN for a last block of their own, and each writes its rows over its own dy rows in
+// the ring once its expert's dW2 tiles (wg2_done) and its row tile's DG tiles have read them;
+// the host's dx sum gathers the rows there (combine.cuh combine_sum_at). The tiles of that
+// block wait only on tasks before it, so the list's progress argument holds as it is.
 #pragma once
 #include <cuda_bf16.h>
 #include "mokgen/combine.cuh"
@@ -62,6 +67,7 @@ enum BwdOp : int {
 enum BwdPhase : int {
   kPhaseSDgrad = 11, kPhaseSDx = 12, kPhaseSWgrad = 13, kPhaseReplay = 14, kPhaseDgrad = 15,
   kPhaseDx = 16, kPhaseWgrad = 17, kPhaseWgradOrder = 18, kPhaseBwdRingSlot = 19,
+  kPhaseDxRing = 21,
 };
 
 template <int R>
@@ -199,6 +205,9 @@ struct BwdSchedule {
     return (u == 0 && C::IS ? SW2T + SW1T : 0) + segments(u) * WT;
   }
   MOKGEN_DEV int fin_size(int u) const { return dx_size(u) + wg_size(u); }
+  // C::DXRING: the routed dx tiles leave their FIN blocks for one block after the last
+  // (each waits for its expert's dW2, which is listed with the expert's last minibatch)
+  MOKGEN_DEV int fin_dx(int u) const { return C::DXRING && u > 0 ? 0 : dx_size(u); }
 
   // sums over units [0, n), closed forms: routed units are full but the last one
   MOKGEN_DEV int routed_sum(int n, int per_tile_row) const {  // units 1 .. n-1
@@ -225,14 +234,19 @@ struct BwdSchedule {
   MOKGEN_DEV int pre_fin(int n) const {
     if (n <= 0) return 0;
     n = min(n, units());
+    const int dx = dx_size(0) + (C::DXRING ? 0 : routed_sum(n, DX_N));
     if constexpr ((Cfg::PROF & kProfNoRoutedWgrad) != 0)
-      return dx_size(0) + routed_sum(n, DX_N) + (C::IS ? SW2T + SW1T : 0) + seg_start[1] * WT;
-    return dx_size(0) + routed_sum(n, DX_N) + (C::IS ? SW2T + SW1T : 0) + seg_start[n] * WT;
+      return dx + (C::IS ? SW2T + SW1T : 0) + seg_start[1] * WT;
+    return dx + (C::IS ? SW2T + SW1T : 0) + seg_start[n] * WT;
   }
-  // block b in [0, units + 2): DG(b-1) | FIN(b-2) | R(b) (BwdProblem::next_task)
+  // block b in [0, units + 2): DG(b-1) | FIN(b-2) | R(b) (BwdProblem::next_task); C::DXRING:
+  // then a last block of every routed dx tile, minibatch by minibatch
   MOKGEN_DEV int block_start(int b) const { return pre_fin(b - 2) + pre_dg(b - 1) + pre_r(b); }
   MOKGEN_DEV int blocks() const { return units() + 2; }
-  MOKGEN_DEV int total_tasks() const { return block_start(blocks()); }
+  MOKGEN_DEV int dx_start() const { return block_start(blocks()); }
+  MOKGEN_DEV int total_tasks() const {
+    return dx_start() + (C::DXRING ? routed_sum(units(), DX_N) : 0);
+  }
 };
 
 template <class C, class Cfg>
@@ -304,6 +318,7 @@ struct BwdProblem {
 
   // counters: [0] tasks | ready[MB] | r_done[MB*RT] | dg_done[MB*RT] | fin_done[MB]
   // | wg_seq[L*WT] | sr_done[SRT] | sdg_done[SRT] | sr_all | sdg_all
+  // | DXRING: wg2_done[L] (runtime/workspace.py backward_counter_words)
   MOKGEN_DEV uint32_t* ready() const { return buf->counters + 1; }
   MOKGEN_DEV uint32_t* r_done() const { return ready() + buf->max_minibatches; }
   MOKGEN_DEV uint32_t* dg_done() const { return r_done() + buf->max_minibatches * S::RT_FULL; }
@@ -313,6 +328,7 @@ struct BwdProblem {
   MOKGEN_DEV uint32_t* sdg_done() const { return sr_done() + (buf->n_tokens + BM - 1) / BM; }
   MOKGEN_DEV uint32_t* sr_all() const { return sdg_done() + (buf->n_tokens + BM - 1) / BM; }
   MOKGEN_DEV uint32_t* sdg_all() const { return sr_all() + 1; }
+  MOKGEN_DEV uint32_t* wg2_done() const { return sdg_all() + 1; }
 
   MOKGEN_DEV void setup(uint8_t* dyn_smem) {
     s.init(buf->meta[0], buf->n_tokens, buf->resident, buf->seg_start);
@@ -395,6 +411,12 @@ struct BwdProblem {
     if (t >= s.total_tasks() || aborted()) return stop_task();
     // GATHER: a ring row must be its layout row (the ring holds every minibatch)
     if (C::GATHER && !MOKGEN_OK(s.nm <= C::SLOTS, 23, s.nm, C::SLOTS)) return stop_task();
+    // DXRING: likewise (limits.py): no minibatch reuses a slot whose dy rows hold dx rows
+    if (C::DXRING && !MOKGEN_OK(s.nm <= C::SLOTS, 24, s.nm, C::SLOTS)) return stop_task();
+    if (C::DXRING && t >= s.dx_start()) {  // the last block: minibatches of whole row tiles
+      const int off = t - s.dx_start(), m = off / (S::RT_FULL * S::DX_N);
+      return routed_dx(m, off - m * S::RT_FULL * S::DX_N);
+    }
     const int b = last_at_most(0, s.blocks() - 1, t, [&](int i) { return s.block_start(i); });
     int off = t - s.block_start(b);
     if (b >= 1 && b - 1 < s.units()) {
@@ -404,8 +426,8 @@ struct BwdProblem {
     }
     if (b >= 2 && b - 2 < s.units()) {
       const int u = b - 2;
-      if (off < s.dx_size(u)) return u == 0 ? shared_dx(off) : routed_dx(u - 1, off);
-      off -= s.dx_size(u);
+      if (off < s.fin_dx(u)) return u == 0 ? shared_dx(off) : routed_dx(u - 1, off);
+      off -= s.fin_dx(u);
       if (off < s.wg_size(u)) return wgrad(u, off);
       off -= s.wg_size(u);
     }
@@ -478,6 +500,10 @@ struct BwdProblem {
     const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * BN;
     const int p0 = m * C::B + rt * BM, e = expert_of(p0);
     if (!wait_at_least(dg_done() + m * S::RT_FULL + rt, S::DG_N, buf->rank, kPhaseDx, m))
+      return stop_task();
+    // DXRING: its rows go over their dy rows, which the expert's dW2 tiles read (listed
+    // before this last block, with the expert's last minibatch); a tile is one expert's
+    if (C::DXRING && !wait_at_least(wg2_done() + e, S::W2T, buf->rank, kPhaseDxRing, e))
       return stop_task();
     if constexpr (C::RDPULL) {  // the staging slot's previous rows: pulled by every owner
       if (m >= C::SLOTS &&
@@ -870,11 +896,13 @@ struct BwdProblem {
       __nv_bfloat16* dst[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int p = t.c_row0 + row0 + acc_row(2 * h);
+        const int r = row0 + acc_row(2 * h), p = t.c_row0 + r;
         const int2 src = buf->table[p];
         const bool ok = src.x >= 0 &&
             MOKGEN_OK(src.x < C::R && src.y < buf->n_tokens * C::K && p < s.rows, 22, src.x, p);
-        if constexpr (C::RDPULL)  // staged; its owner pulls it (direction_bwd.cuh)
+        if constexpr (C::DXRING)  // over its own dy row, which DG and dW2 are done with
+          dst[h] = ok ? buf->ring_dy + (size_t)(t.a_row0 + r) * C::D + t.c_col0 : nullptr;
+        else if constexpr (C::RDPULL)  // staged; its owner pulls it (direction_bwd.cuh)
           dst[h] = ok ? dir->stage[buf->rank] +
                             (size_t)stage_row<C::B, C::SLOTS>(p) * C::D + t.c_col0
                       : nullptr;
@@ -945,6 +973,11 @@ struct BwdProblem {
           e = seg.x;
           unit = (seg.z - 1) / C::B;  // the unit it is listed under
           more = (seg.w & 0xffff) + 1 < (seg.w >> 16);
+        }
+        if constexpr (C::DXRING) {  // the ring holds every minibatch: one segment each
+          // the tile's dy rows were in shared memory and multiplied before this count, so
+          // the dx tile that overwrites them after seeing it needs no fence here either
+          if (op == kWgrad2) signal_add_relaxed(wg2_done() + e);
         }
         if (more) {
           signal_add(wg_seq() + e * S::WT + tt);

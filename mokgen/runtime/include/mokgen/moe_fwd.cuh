@@ -48,9 +48,14 @@ enum FwdPhase : int { kPhaseSharedDown = 1, kPhaseGateUp = 2, kPhaseDown = 3, kP
 // ring row is its ring-layout position (the table's index).
 // XPULL (a backward): its forward gathered x alone (limits.GATHER), so the ring holds no x
 // rows: the comm CTAs pull x for every minibatch beside dy, not only for the replayed ones.
+// DXRING (a backward, reverse_dispatch "ring"): one rank, bf16, a ring holding every
+// minibatch; the routed dx tiles run last and write each row over its own dy row (its
+// expert's dgrad and dW2 have read them: moe_bwd.cuh), the owner's sum gathers them there
+// (combine.cuh combine_sum_at), so the backward writes no combine rows and its dy ring is
+// those rows (runtime/peers.py combine_rows).
 template <int D_, int I_, int IS_, int K_, int L_, int R_, int B_, int SLOTS_, int COMM_,
           int Q_ = 0, bool DPUSH_ = false, bool CPULL_ = false, bool RCPUSH_ = false,
-          bool RDPULL_ = false, bool GATHER_ = false, bool XPULL_ = false>
+          bool RDPULL_ = false, bool GATHER_ = false, bool XPULL_ = false, bool DXRING_ = false>
 struct FwdConsts {
   static constexpr int D = D_, I = I_, IS = IS_, K = K_, L = L_, R = R_, B = B_, SLOTS = SLOTS_;
   static constexpr int COMM = COMM_, Q = Q_, RING_ROWS = B_ * SLOTS_;
@@ -69,6 +74,9 @@ struct FwdConsts {
   static constexpr bool XPULL = XPULL_;
   static_assert(!XPULL_ || (R_ == 1 && Q_ == 0 && COMM_ > 0 && !GATHER_ && !DIRS),
                 "x pulled by the backward: one rank, bf16, comm CTAs, a backward that copies");
+  static constexpr bool DXRING = DXRING_;
+  static_assert(!DXRING_ || (R_ == 1 && Q_ == 0 && !DIRS && !BDIRS && !GATHER_),
+                "dx rows in the dy ring: one rank, bf16, a dy ring, the default directions");
   // The head pull (fwd_head_pull, bwd_head_pull): every CTA's warps pull the first minibatch
   // together before taking their roles, where this rank's comm CTAs pull (not where the
   // owners push it in): a few comm CTAs copying it alone kept every compute CTA waiting
