@@ -59,10 +59,10 @@ def peer_shapes(spec) -> dict:
 
 def combine_rows(spec) -> int:
     """Rows of the combine buffer: the T k routed rows, or, where the backward's dy ring is
-    these rows (`LayerSpec.dy_ring_in_combine`), as many as that ring: the forward's rows
+    these rows (`LayerSpec.dx_ring`), as many as that ring: the forward's rows
     are dead once summed."""
     n = spec.tokens_per_rank * spec.topk
-    return max(n, spec.macrobatch) if spec.dy_ring_in_combine else n
+    return max(n, spec.macrobatch) if spec.dx_ring else n
 
 
 def xq_bytes(spec) -> int:

@@ -65,9 +65,6 @@ class LayerSpec:
         backward writes none (its dx sum gathers the ring's rows)."""
         return self.reverse_dispatch == "ring"
 
-    # the backward's dy ring lives in the combine rows
-    dy_ring_in_combine = dx_ring
-
     @property
     def peer_directions(self) -> bool:
         """Whether the forward moves rows the non-default way (direction.cuh): then its
@@ -166,9 +163,11 @@ class RankBuffers:
 
 class BackwardScratch:
     """The backward's own buffers, shared by the hosted ranks (their kernels run one after
-    another): the ring of dy (dh and w * a go over the forward's h and a rings, which the
-    backward consumes: moe_bwd.cuh; the shared expert's dh over its pre-activations in
-    RankBuffers likewise), the tables of weight-gradient segments and, only where an
+    another): the ring of dy (the combine rows where dx rows stay in it, LayerSpec.dx_ring;
+    dh and w * a go over the forward's h and a rings, which the backward consumes:
+    moe_bwd.cuh; the shared expert's dh over its pre-activations in RankBuffers likewise),
+    each route's ring row where dx rows stay in the dy ring, the tables of weight-gradient
+    segments and, only where an
     expert's rows can span several ring passes (`LayerSpec.needs_wg_acc`), the fp32 running
     sums of its weight gradients (`LayerSpec.wg_acc_slots` of them)."""
 
@@ -177,7 +176,7 @@ class BackwardScratch:
         M, D, I, L = s.macrobatch, s.hidden, s.intermediate, s.local_experts
         e = dict(dtype=BF16, device=dev)
         # push reverse-combine: the owners write the dy ring, a peer buffer (PeerSet);
-        # dx rows in it: the combine rows (LayerSpec.dy_ring_in_combine), given too
+        # dx rows in it: the combine rows (LayerSpec.dx_ring), given too
         # gathered: none (the kernels read the caller's dy)
         self.ring_dy = ring_dy if ring_dy is not None else None if s.gather else \
             torch.empty(M, D, **e)
@@ -226,7 +225,7 @@ def backward_ring_dy(spec: LayerSpec, peer: dict):
     """The dy ring BackwardScratch gets from one rank's peer buffers `peer`: a peer buffer of
     its own (push reverse-combine), the combine rows (dx rows in it), or None (its
     own, or none when gathered)."""
-    if spec.dy_ring_in_combine:
+    if spec.dx_ring:
         return peer["combine"][: spec.macrobatch]
     return peer.get("ring_dy")
 

@@ -502,8 +502,10 @@ struct BwdProblem {
     if (!wait_at_least(dg_done() + m * S::RT_FULL + rt, S::DG_N, buf->rank, kPhaseDx, m))
       return stop_task();
     // DXRING: its rows go over their dy rows, which the expert's dW2 tiles read (listed
-    // before this last block, with the expert's last minibatch); a tile is one expert's
-    if (C::DXRING && !wait_at_least(wg2_done() + e, S::W2T, buf->rank, kPhaseDxRing, e))
+    // before this last block, with the expert's last minibatch); a tile is one expert's.
+    // (The no_routed_wgrad profile lists no dW2 tiles: nothing to wait for.)
+    constexpr bool kWaitWg2 = C::DXRING && (Cfg::PROF & kProfNoRoutedWgrad) == 0;
+    if (kWaitWg2 && !wait_at_least(wg2_done() + e, S::W2T, buf->rank, kPhaseDxRing, e))
       return stop_task();
     if constexpr (C::RDPULL) {  // the staging slot's previous rows: pulled by every owner
       if (m >= C::SLOTS &&
