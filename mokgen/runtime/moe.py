@@ -345,13 +345,16 @@ class ForwardRuntime:
         maps.update({k: scale_map(*v) if q == 32 else unused for k, v in weight_scales.items()})
         return cuda.Raw(abi.pack_maps(names, maps, cuda.tensor_map_bytes))
 
-    def combine_sum(self, i, n):
+    def combine_sum(self, i, n, at=None):
         """Owner side: y = shared + the k pushed rows of each token, in route order. (The
-        backward reuses it: dx = shared dx + the k pushed dx rows; y_shared holds that.)"""
+        backward reuses it: dx = shared dx + the k pushed dx rows; y_shared holds that.)
+        `at=(rows, pos)`: route r's row is rows[pos[r]] instead of the combine rows' r-th
+        (the backward's dx rows left in its dy ring, reverse_dispatch "ring")."""
         s, b = self.spec, self.ranks[i]
         y = self.output((n, s.hidden), BF16)
-        cuda.launch(self.f_sum, max(1, min(4096, -(-n * s.hidden // 8 // 256))), 256, 0,
-                    self._stream(), [b.combine, b.y_shared if s.shared_dim else None, y, n])
+        f, rows = (self.f_sum, [b.combine]) if at is None else (self.f_sum_at, list(at))
+        cuda.launch(f, max(1, min(4096, -(-n * s.hidden // 8 // 256))), 256, 0,
+                    self._stream(), rows + [b.y_shared if s.shared_dim else None, y, n])
         return y
 
     def output(self, shape, dtype):

@@ -166,13 +166,10 @@ class BackwardPass(BackwardScratch):
         rt, s, b = self.rt, self.rt.spec, self.rt.ranks[i]
         if not s.dx_ring:
             return rt.combine_sum(i, n)
-        sc, st = self.scratch[i], rt._stream()
-        cuda.launch(rt.f_table_pos, max(1, min(1024, -(-s.max_rows // 256))), 256, 0, st,
-                    [b.table, b.meta, sc.pos])
-        dx = rt.output((n, s.hidden), BF16)
-        cuda.launch(rt.f_sum_at, max(1, min(4096, -(-n * s.hidden // 8 // 256))), 256, 0, st,
-                    [sc.ring_dy, sc.pos, b.y_shared if s.shared_dim else None, dx, n])
-        return dx
+        sc = self.scratch[i]
+        cuda.launch(rt.f_table_pos, max(1, min(1024, -(-s.max_rows // 256))), 256, 0,
+                    rt._stream(), [b.table, b.meta, sc.pos])
+        return rt.combine_sum(i, n, at=(sc.ring_dy, sc.pos))
 
     def _launch(self, i, n, x, dy, x_ptrs, dy_ptrs, w1, w2, sw1, sw2, dw1, dw2, dsw1, dsw2,
                 resident, accumulate=False):

@@ -167,9 +167,9 @@ class BackwardScratch:
     dh and w * a go over the forward's h and a rings, which the backward consumes:
     moe_bwd.cuh; the shared expert's dh over its pre-activations in RankBuffers likewise),
     each route's ring row where dx rows stay in the dy ring, the tables of weight-gradient
-    segments and, only where an
-    expert's rows can span several ring passes (`LayerSpec.needs_wg_acc`), the fp32 running
-    sums of its weight gradients (`LayerSpec.wg_acc_slots` of them)."""
+    segments and, only where an expert's rows can span several ring passes
+    (`LayerSpec.needs_wg_acc`), the fp32 running sums of its weight gradients
+    (`LayerSpec.wg_acc_slots` of them)."""
 
     def __init__(self, spec: LayerSpec, dev, ring_dy=None):
         s = spec

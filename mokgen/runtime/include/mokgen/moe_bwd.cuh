@@ -409,10 +409,10 @@ struct BwdProblem {
   MOKGEN_DEV Task next_task() {
     const int t = (int)atomicAdd(buf->counters, 1u);
     if (t >= s.total_tasks() || aborted()) return stop_task();
-    // GATHER: a ring row must be its layout row (the ring holds every minibatch)
-    if (C::GATHER && !MOKGEN_OK(s.nm <= C::SLOTS, 23, s.nm, C::SLOTS)) return stop_task();
-    // DXRING: likewise (limits.py): no minibatch reuses a slot whose dy rows hold dx rows
-    if (C::DXRING && !MOKGEN_OK(s.nm <= C::SLOTS, 24, s.nm, C::SLOTS)) return stop_task();
+    // GATHER: a ring row must be its layout row; DXRING: no minibatch may reuse a slot whose
+    // dy rows hold dx rows (limits.py): both need the ring to hold every minibatch
+    if ((C::GATHER || C::DXRING) && !MOKGEN_OK(s.nm <= C::SLOTS, 23, s.nm, C::SLOTS))
+      return stop_task();
     if (C::DXRING && t >= s.dx_start()) {  // the last block: minibatches of whole row tiles
       const int off = t - s.dx_start(), m = off / (S::RT_FULL * S::DX_N);
       return routed_dx(m, off - m * S::RT_FULL * S::DX_N);
