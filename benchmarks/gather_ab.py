@@ -1,6 +1,7 @@
 """One rank, bf16: the layer with dispatch="gather" (gathered rows: the GEMMs read x and dy
 where they are, no comm CTAs, no x or dy ring; mokgen/limits.py GATHER), with the forward
-gathering alone ("fwd-gather": reverse_combine="pull", the backward's comm CTAs pull x and dy)
+gathering alone ("fwd-gather": reverse_combine="pull", the backward's comm CTAs pull x and dy,
+x into a window of a few minibatches: passes/x_window.py; "fwd-gather-whole": into the ring)
 and with the rows copied into rings by comm CTAs (dispatch="pull", reverse_combine="pull":
 the default plan, whose dx rows stay in its dy ring: reverse_dispatch "ring",
 mokgen/passes/dx_rows.py; "pull-push" pushes them into the combine rows instead), on
@@ -10,7 +11,7 @@ training-step TFLOP/s, peak MB (as peers_sonicmoe.measure: workspace included), 
 with fresh gradients. Prints a table; writes OUT/gather_ab.json.
 
     python3 benchmarks/gather_ab.py --out $OUT [--shapes qwen3-30b-a3b,...]
-        [--variants gather,fwd-gather,pull,pull-push] [--prebuild]
+        [--variants gather,fwd-gather,fwd-gather-whole,pull,pull-push] [--prebuild]
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ PULL = dict(dispatch="pull", reverse_combine="pull")
 VARIANTS = {"gather": dict(dispatch="gather"),
             # the forward gathers, the backward copies x and dy rows into rings (XPULL)
             "fwd-gather": dict(dispatch="gather", reverse_combine="pull"), "pull": PULL,
+            # ... its x ring the ring's, not a window (passes/x_window.py)
+            "fwd-gather-whole": dict(dispatch="gather", reverse_combine="pull", x_slots=1 << 20),
             "pull-push": dict(PULL, reverse_dispatch="push")}
 
 

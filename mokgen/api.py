@@ -199,6 +199,7 @@ class _MoEFunction(torch.autograd.Function):
 
 def layer_spec(plan: Plan):
     """The runtime's view of a plan: plain sizes (the runtime knows no plans)."""
+    from .limits import x_window_slots
     from .runtime.workspace import LayerSpec
 
     p, s = plan, plan.shape
@@ -206,7 +207,8 @@ def layer_spec(plan: Plan):
                      p.tokens_per_rank, p.block_m, p.minibatch, p.macrobatch, p.comm_sms_fwd,
                      p.max_routed_rows, p.comm_sms_bwd, p.scale_block, p.gemm_bwd.bn,
                      p.dispatch, p.combine, p.reverse_combine, p.reverse_dispatch,
-                     p.gemm_bwd.bn // 2 if p.gemm_bwd.solo else p.gemm_bwd.bn)
+                     p.gemm_bwd.bn // 2 if p.gemm_bwd.solo else p.gemm_bwd.bn,
+                     x_window_slots(p.x_slots, p.ring_slots))
 
 
 def memory_report(plan: Plan) -> dict:

@@ -127,6 +127,8 @@ def violations(plan: "Plan") -> list[str]:
                    f"{plan.dtype} must use reverse_combine='pull'")
     if plan.reverse_dispatch == RING:
         out += ring_violations(plan)
+    if plan.x_slots is not None:
+        out += x_window_violations(plan)
     if plan.reverse_dispatch == "pull" and plan.comm_sms_bwd is not None and \
             plan.comm_sms_bwd < 2:
         out.append(f"reverse_dispatch='pull' needs comm_sms_bwd >= 2 (its own comm CTAs pull "
@@ -164,6 +166,44 @@ def ring_violations(plan: "Plan") -> list[str]:
         out.append(f"reverse_dispatch={RING!r} needs a ring that holds every minibatch (no "
                    f"slot is reused while its dy rows hold dx rows): macrobatch {m} < the "
                    f"{-(-rows // b)} minibatches of {b} rows that {rows} routed rows can take")
+    return out
+
+
+def x_window_min_slots(plan: "Plan") -> int | None:
+    """The fewest minibatch slots an x window may have (mokgen/passes/x_window.py: the last
+    minibatch of the last expert with rows in a slot's minibatch stays 2 minibatches before
+    the one refilling it; moe_bwd.cuh wait_x_slot); None until the minibatch is decided."""
+    b, bm = plan.minibatch, plan.block_m
+    if b is None or bm is None:
+        return None
+    # a token's routes go to distinct experts: an expert gets at most one row per token
+    expert_rows = -(-plan.ep * plan.tokens_per_rank // bm) * bm
+    return 3 + (expert_rows - 2) // b
+
+
+def x_window_slots(x_slots: int | None, ring_slots: int) -> int:
+    """The x window the kernels and the workspace get (FwdConsts XSLOTS, LayerSpec.x_slots):
+    x_slots where it is smaller than the ring, else 0 (the ring's own: the source and the
+    buffers as without a window)."""
+    return x_slots if x_slots and x_slots < ring_slots else 0
+
+
+def x_window_violations(plan: "Plan") -> list[str]:
+    """The rules of an x window (`x_slots`, mokgen/passes/x_window.py); a field not decided yet
+    (None) breaks none."""
+    out = []
+    if plan.ep != 1 or plan.scale_block or plan.dispatch not in (None, GATHER) or \
+            plan.reverse_combine not in (None, "pull"):
+        out.append(f"x_slots needs ep == 1, dtype bf16, dispatch={GATHER!r} and reverse_combine "
+                   f"'pull' (a forward that gathers x, so that only the backward's comm CTAs "
+                   f"copy x rows), got ep {plan.ep}, dtype {plan.dtype}, dispatch "
+                   f"{plan.dispatch!r}, reverse_combine {plan.reverse_combine!r}")
+    low = x_window_min_slots(plan)
+    if low is not None and plan.x_slots < low:
+        out.append(f"x_slots must be >= {low} (what one expert's "
+                   f"{plan.ep * plan.tokens_per_rank} rows can span, plus 2 minibatches of "
+                   f"{plan.minibatch}; the ring's slots or more: no window), got "
+                   f"{plan.x_slots}")
     return out
 
 

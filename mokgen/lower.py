@@ -10,10 +10,11 @@ values is a plan it cannot run: ValueError naming both.
 from __future__ import annotations
 
 from . import ir
+from .limits import x_window_slots
 
 # annotation -> template parameter it sets
 _PARAMS = {"gemm": "gemm", "minibatch": "minibatch", "ring_rows": "ring_rows",
-           "scale_block": "scale_block", "pad_rows": "block_m"}
+           "scale_block": "scale_block", "pad_rows": "block_m", "x_slots": "x_slots"}
 
 
 def op_params(op: ir.Op) -> dict:
@@ -86,6 +87,9 @@ def lower(g, direction: str) -> dict:
                 dx_ring=got.get("dx_ring", False),
                 # a backward that copies rows after a forward that gathered: FwdConsts XPULL
                 x_pull=direction == "bwd" and not got.get("gather") and _forward_gathers(g),
+                # its x ring a window smaller than the ring (passes/x_window.py): FwdConsts
+                # XSLOTS (0: the ring's, the source as without the pass)
+                x_slots=x_window_slots(got.get("x_slots"), got["ring_rows"] // got["minibatch"]),
                 # the variants' peer tables are a kernel parameter only where used, so the
                 # paper's directions render the same source as before they existed
                 dir_peers=any(variants.values()))

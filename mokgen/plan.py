@@ -28,8 +28,8 @@ COMM_OPS = ("dispatch", "combine", "reverse_combine", "reverse_dispatch")
 
 # Fields a caller may force: together they reproduce every decision (`Plan.decisions`).
 OVERRIDABLE = COMM_OPS + ("comm_sms_fwd", "comm_sms_bwd", "minibatch", "macrobatch",
-                          "ring_budget_bytes", "arch", "reserve_sms", "overlap_comm", "profile",
-                          "gemm_fwd", "gemm_bwd")
+                          "ring_budget_bytes", "x_slots", "arch", "reserve_sms", "overlap_comm",
+                          "profile", "gemm_fwd", "gemm_bwd")
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,8 @@ class Plan:
     max_routed_rows: int | None = None     # worst case rows one rank can receive (padded)
     expected_routed_rows: int | None = None
     expected_replay_rows: int | None = None
+    # x_window: the backward's x ring in minibatch slots (None: the ring's own)
+    x_slots: int | None = None
     # the annotated task graph this plan views (None: read from JSON or `replace`d)
     graph: Any = field(default=None, compare=False, repr=False)
 
@@ -145,6 +147,7 @@ class Plan:
         ring = ir.ring_ops(g)
         put("minibatch", ir.common(ring, "minibatch"))
         put("macrobatch", ir.common(ring, "ring_rows"))
+        put("x_slots", comm["reverse_combine"].attr("x_slots"))
         f.update(g.graph.get("ring", {}))
         return cls(**f, graph=g)
 
@@ -198,6 +201,8 @@ class Plan:
                                        f"{(self.ring_bytes or 0) / 2**20:.1f} MiB, "
                                        "walked in reverse (macrobatch 0 stays resident)"),
             ("routed rows exp / max", f"{self.expected_routed_rows} / {self.max_routed_rows}"),
+            *([("backward x ring", f"{self.x_slots} slots (a window: passes/x_window.py)")]
+              if self.x_slots is not None else []),
             ("expected replay rows", self.expected_replay_rows),
             ("fused quantization", ", ".join(self.quant_fused) or "none"),
             ("forced", ", ".join(self.forced) or "none"),
@@ -257,7 +262,8 @@ def initial_graph(shape: MoEShape, ep: int, dtype: str, tokens_per_rank: int, **
         ok = DIRECTIONS + extra_directions(op)
         if op in overrides and overrides[op] not in ok:
             raise ValueError(f"{op} must be one of {ok}, got {overrides[op]!r}")
-    for name in ("comm_sms_fwd", "comm_sms_bwd", "minibatch", "macrobatch", "ring_budget_bytes"):
+    for name in ("comm_sms_fwd", "comm_sms_bwd", "minibatch", "macrobatch", "ring_budget_bytes",
+                 "x_slots"):
         if name in overrides:
             v = overrides[name]
             low = 0 if name.startswith("comm_sms") else 1  # 0: gathered rows (limits.GATHER)

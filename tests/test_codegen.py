@@ -210,6 +210,21 @@ def test_solo_weight_gradients_compile_without_spills(name):
         assert "HGMMA.64x256x16.F32.BF16" in sass
 
 
+# The backward with an x window (passes/x_window.py: the forward gathers x, the backward's x
+# ring is a few minibatch slots, dW1's x rows wrap in it): Qwen3-30B (5 slots of 23),
+# Mixtral-8x7B (few large experts, a wide window), gpt-oss-20b (2880: K and edge tails).
+@needs_nvcc
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name,tokens", [("qwen3-30b-a3b", 8192), ("mixtral-8x7b", 8192),
+                                         ("gpt-oss-20b", 4096)])
+def test_x_window_backward_compiles_without_spills(name, tokens):
+    layer = mokgen.compile(mokgen.shapes.get(name), ep=1, tokens_per_rank=tokens,
+                           dispatch="gather", reverse_combine="pull")
+    p = layer.plan
+    assert p.x_slots is not None and p.x_slots < p.ring_slots
+    assert_no_spills_nor_serialized_wgmma(layer)
+
+
 def _cuobjdump():
     found = shutil.which("cuobjdump")
     if found:

@@ -169,6 +169,55 @@ def test_dx_rows_in_the_dy_ring_equal_the_pushed_ones(shape, skew, ring):
     assert got[1] - got[0] == want[1] - want[0] > 0
 
 
+def _equal_grads(a, b, what):
+    for k, v in a.items():
+        for g, h in zip(*(x if isinstance(x, list) else [x] for x in (v, b[k]))):
+            assert (g is None and h is None) or torch.equal(g, h), f"{k}: {what}"
+
+
+# Small minibatches, so the window wraps many times: skewed routes (expert 0 over most of the
+# window: its dW1 reads x rows across a wrap, and slots wait on it), and widths with K and
+# edge tails plus a shared expert.
+@pytest.mark.parametrize("shape,skew,tokens", [
+    (mokgen.shapes.get("gpu-small"), "one-soft", 1500),
+    (mokgen.MoEShape(20, 2880, 704, 6, shared_experts=1, shared_intermediate=256), None, 700)])
+def test_x_window_equals_the_whole_x_ring_bitwise(shape, skew, tokens):
+    """A forward that gathers x (dispatch "gather", reverse_combine "pull"): the backward's
+    comm CTAs copy x into a window of a few minibatch slots (passes/x_window.py), refilled
+    once the dW1 tiles of each expert in a slot are done. Right against the reference,
+    bitwise repeatable, every gradient bitwise the whole x ring's (x_slots forced to the
+    ring's slots), a stale ring's (another forward in between: the replay reads x from the
+    window) likewise, and the workspace smaller by the plans' reports' difference."""
+    kw = dict(dispatch="gather", reverse_combine="pull", minibatch=256)
+    win, inputs, dys, ours = run_backward(shape, 1, tokens, skew=skew, **kw)
+    p = win.plan
+    assert p.x_slots is not None and p.x_slots < p.ring_slots
+    assert layer_spec(p).x_rows == p.x_slots * p.minibatch
+    _equal_grads(ours, grads_of(win, inputs, dys), "not repeatable")
+    whole = mokgen.compile(shape, ep=1, tokens_per_rank=tokens, virtual=True,
+                           x_slots=p.ring_slots, **kw)
+    assert layer_spec(whole.plan).x_slots == 0
+    whole.runtime().poison()
+    whole.backward_runtime().poison()
+    _equal_grads(ours, grads_of(whole, inputs, dys), "differs from the whole x ring's")
+    # stale: the ring no longer holds this forward's rows, so every minibatch is replayed
+    leaves = {k: [t.detach().clone().requires_grad_() for t in inputs[k]] for k in NAMES}
+    shared = {k: None if inputs[k] is None else inputs[k].detach().clone().requires_grad_()
+              for k in ("shared_w1", "shared_w2")}
+    ys = win(**leaves, **shared)
+    with torch.no_grad():
+        win(**make_inputs(shape, 1, tokens))
+    replayed = win.runtime().stats["replayed"]
+    torch.autograd.backward(ys, dys)
+    assert win.runtime().stats["replayed"] == replayed + 1
+    stale = {k: [t.grad for t in v] for k, v in leaves.items()}
+    stale.update({k: None if t is None else t.grad for k, t in shared.items()})
+    _equal_grads(ours, stale, "the stale ring's backward differs")
+    got = [m.memory()["workspace"] for m in (win, whole)]
+    want = [memory_report(m.plan)["workspace"]["total"] for m in (win, whole)]
+    assert got[1] - got[0] == want[1] - want[0] > 0
+
+
 def test_backward_no_shared_expert():
     run_backward(mokgen.MoEShape(16, 512, 256, 2, shared_experts=0), 2, 300)
 

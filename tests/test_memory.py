@@ -4,10 +4,11 @@ import copy
 import gc
 import json
 
+import pytest
 import torch
 
 import mokgen
-from mokgen import ops
+from mokgen import codegen, ops
 from mokgen.api import layer_spec, memory_report
 from mokgen.cli import main as cli
 from mokgen.runtime.workspace import BackwardScratch, live_workspaces, shared
@@ -73,6 +74,41 @@ def test_dx_rows_in_the_dy_ring_put_it_in_the_combine_rows():
     assert small.macrobatch < small.max_routed_rows and small.reverse_dispatch == "push"
     g = mokgen.plan(s, ep=1, tokens_per_rank=n, dispatch="gather")
     assert g.reverse_dispatch == "push"  # no dy ring
+
+
+def test_x_window_shrinks_the_x_ring_where_the_forward_gathers():
+    """A forward that gathers x (dispatch "gather", reverse_combine "pull"): the backward's comm
+    CTAs copy x, and its x ring is a window of the fewest slots that an expert's rows (at most
+    one a token) plus 2 minibatches need (passes/x_window.py); the workspace is smaller by the
+    rest of the ring's x rows. Elsewhere (copied or fully gathered rows, ep > 1, fp8) and
+    forced to the ring's slots, none; a forced value outside its range is refused."""
+    n, s = 8192, QWEN3_30B
+    fwd_gather = dict(dispatch="gather", reverse_combine="pull")
+    p = mokgen.plan(s, ep=1, tokens_per_rank=n, **fwd_gather)
+    b, D = p.minibatch, s.hidden
+    assert p.x_slots == 3 + (n - 2) // b < p.ring_slots and p.reverse_dispatch == "ring"
+    assert layer_spec(p).x_rows == p.x_slots * b
+    whole = mokgen.plan(s, ep=1, tokens_per_rank=n, x_slots=p.ring_slots, **fwd_gather)
+    assert layer_spec(whole).x_slots == 0 and whole.macrobatch == p.macrobatch
+    assert layer_spec(mokgen.plan(s, ep=1, tokens_per_rank=n, x_slots=10**6, **fwd_gather)) \
+        == layer_spec(whole)  # the ring's slots or more: no window
+    a, w = memory_report(p)["workspace"], memory_report(whole)["workspace"]
+    # the x rows less, and a count per expert (wg1_done) more
+    assert w["total"] - a["total"] == (p.ring_slots - p.x_slots) * b * D * 2 - s.num_experts * 4
+    assert w["total"] - a["total"] > 250 * 2**20  # Qwen3-30B-A3B, T 8192
+    for kw in ({}, dict(dispatch="gather"), dict(dtype="fp8")):
+        assert mokgen.plan(s, ep=1, tokens_per_rank=n, **kw).x_slots is None, kw
+    assert mokgen.plan(s, ep=8, tokens_per_rank=2048).x_slots is None
+    with pytest.raises(ValueError, match=r"x_slots must be >= "):
+        mokgen.plan(s, ep=1, tokens_per_rank=n, x_slots=p.x_slots - 1, **fwd_gather)
+    with pytest.raises(ValueError, match="x_slots needs ep == 1, dtype bf16, dispatch='gather'"):
+        mokgen.plan(s, ep=1, tokens_per_rank=n, x_slots=8)
+    with pytest.raises(ValueError, match="x_slots must be an int >= 1"):
+        mokgen.plan(s, ep=1, tokens_per_rank=n, x_slots=0, **fwd_gather)
+    # the window reaches the kernel (FwdConsts XSLOTS), the whole ring renders as before
+    bwd = [k.source for k in codegen.emit(p, ("bwd",))] + [k.source for k in
+                                                         codegen.emit(whole, ("bwd",))]
+    assert f"/*XSLOTS*/ {p.x_slots}>" in bwd[0] and "/*XSLOTS*/" not in bwd[1]
 
 
 def test_cli_plan_prints_the_memory(capsys):

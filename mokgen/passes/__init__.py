@@ -7,14 +7,15 @@ from .precision import precision
 from .ring import ring
 from .sm_partition import sm_partition
 from .tiling import tiling
+from .x_window import x_window
 
 # precision sets the bytes per row that the partition and granularity models move;
 # the partition sets the comm bandwidth that granularity's exposed-latency term uses;
 # granularity sizes minibatches in whole GEMM tiles, the ring in whole minibatches;
 # comm_direction prices each direction with all three (SMs, row bytes, minibatches), and the
 # ring holds pull combine's staging rows; dx_rows puts one rank's dx rows in a ring that
-# holds every minibatch.
-PASSES = (precision, sm_partition, tiling, granularity, comm_direction, ring, dx_rows)
+# holds every minibatch; x_window shrinks the backward's x ring where the forward gathers x.
+PASSES = (precision, sm_partition, tiling, granularity, comm_direction, ring, dx_rows, x_window)
 
 
 def run(g):
@@ -25,4 +26,4 @@ def run(g):
 
 
 __all__ = ["PASSES", "run", "comm_direction", "precision", "sm_partition", "tiling",
-           "granularity", "ring", "dx_rows"]
+           "granularity", "ring", "dx_rows", "x_window"]

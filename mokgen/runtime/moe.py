@@ -281,7 +281,7 @@ class ForwardRuntime:
         maps = {"x": self._map(x, n, D, 128), "hs": self._map(b.h_shared, n, IS, 128),
                 # gathered rows: no ring_x, a map of x in its place (unread)
                 "ring_x": self._map(x, n, D, 128) if b.ring_x is None else
-                self._map(b.ring_x, s.macrobatch, D, 128),
+                self._map(b.ring_x, b.ring_x.shape[0], D, 128),
                 "ring_a": self._map(b.ring_a, s.macrobatch, I, 128),
                 "sw1": self._map(sw1, sw1.shape[0], sw1.shape[1], 128),
                 "sw2": self._map(sw2, sw2.shape[0], sw2.shape[1], 256),

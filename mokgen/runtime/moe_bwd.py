@@ -42,6 +42,11 @@ class BackwardPass(BackwardScratch):
         if tiles != backward_tiles(rt.spec):
             raise RuntimeError(f"mokgen: the backward kernel's tile counts {tiles} differ "
                                f"from the workspace's {backward_tiles(rt.spec)}")
+        # and its x ring's rows (a window: passes/x_window.py), which RankBuffers sized
+        x_rows = struct.unpack("<i", cuda.read_global(mod, "mokgen_bwd_x_rows"))[0]
+        if x_rows != rt.spec.x_rows:
+            raise RuntimeError(f"mokgen: the backward kernel's x ring has {x_rows} rows, the "
+                               f"workspace's {rt.spec.x_rows}")
         # whether the kernel stores whole-expert weight-gradient tiles with TMA (moe_bwd.cuh
         # kTmaWgrad): then each call passes maps of its dw1 / dw2 and turns it on
         self.wgrad_tma = bool(struct.unpack(
@@ -197,8 +202,8 @@ class BackwardPass(BackwardScratch):
                 "ring_a_mn": mp(b.ring_a, M, I, 64), "ring_dh_mn": mp(b.ring_h, M, 2 * I, 64)}
         # gathered rows (no x or dy ring): x's and dy's own maps in their places, unread
         for ring, t, src in (("ring_x", b.ring_x, "x"), ("ring_dy", sc.ring_dy, "dy")):
-            maps[f"{ring}_k"] = maps[f"{src}_k"] if t is None else mp(t, M, D, 128)
-            maps[f"{ring}_mn"] = maps[f"{src}_mn"] if t is None else mp(t, M, D, 64)
+            maps[f"{ring}_k"] = maps[f"{src}_k"] if t is None else mp(t, t.shape[0], D, 128)
+            maps[f"{ring}_mn"] = maps[f"{src}_mn"] if t is None else mp(t, t.shape[0], D, 64)
         # the weight gradients for the TMA stores of whole-expert tiles (fused accumulation:
         # TMA reductions into the caller's .grad), whose base TMA can address (16-byte
         # aligned); otherwise zero maps, unused

@@ -49,6 +49,9 @@ class LayerSpec:
     # the backward's routed weight-gradient tile N: block_n, or block_n / 2 with
     # plan.gemm_bwd.solo (moe_bwd.cuh BwdSchedule WBN; checked against the cubin)
     wgrad_block_n: int = 256
+    # the backward's x ring as a window of this many minibatch slots (passes/x_window.py,
+    # FwdConsts XSLOTS); 0: the ring's own
+    x_slots: int = 0
 
     @property
     def gather(self) -> bool:
@@ -77,6 +80,11 @@ class LayerSpec:
         """Whether the backward moves rows the non-default way (direction_bwd.cuh): then, as
         above, its ranks' megakernels wait on each other and must run at once."""
         return self.reverse_combine == "push" or self.reverse_dispatch == "pull"
+
+    @property
+    def x_rows(self) -> int:
+        """Rows of the x ring (moe_bwd.cuh FwdConsts X_ROWS; checked against the cubin)."""
+        return self.x_slots * self.minibatch if self.x_slots else self.macrobatch
 
     @property
     def local_experts(self) -> int:
@@ -138,7 +146,7 @@ class RankBuffers:
         self.row_weight = torch.empty(s.max_rows, dtype=torch.float32, device=dev)
         # None when gathered: the kernels read the caller's x (null pointer, unread)
         self.ring_x = peer["ring_x"] if "ring_x" in peer else None if s.gather else \
-            torch.empty(s.macrobatch, s.hidden, dtype=BF16, device=dev)
+            torch.empty(s.x_rows, s.hidden, dtype=BF16, device=dev)
         self.ring_a = torch.empty(s.macrobatch, s.intermediate, dtype=BF16, device=dev)
         self.ring_h = torch.empty(s.macrobatch, 2 * s.intermediate, dtype=BF16, device=dev)
         # the shared expert's SwiGLU output (the forward always writes it) and its gate/up
@@ -214,11 +222,11 @@ def backward_tiles(s: LayerSpec) -> tuple[int, int]:
 
 def backward_counter_words(s: LayerSpec) -> int:
     """moe_bwd.cuh BwdProblem's counters, in its order; dx rows in the dy ring add a count
-    per expert of its dW2 tiles done (wg2_done)."""
+    per expert of its dW2 tiles done (wg2_done), an x window one of its dW1 tiles (wg1_done)."""
     mb, rt_full = s.max_minibatches, s.minibatch // s.block_m
     srt = -(-s.tokens_per_rank // s.block_m)
     return 1 + mb * (2 + 2 * rt_full) + s.local_experts * backward_tiles(s)[1] + 2 * srt + 2 \
-        + (s.local_experts if s.dx_ring else 0)
+        + (s.local_experts if s.dx_ring else 0) + (s.local_experts if s.x_slots else 0)
 
 
 def backward_ring_dy(spec: LayerSpec, peer: dict):

@@ -125,13 +125,20 @@ MOKGEN_DEV void load_a_slice(uint8_t* stage, const CUtensorMap* ta, uint64_t* ba
     tma_load_2d(stage, ta, bar, k0, t.a_row0);
   }
 }
-template <class Cfg>
+// WRAP: an MN-major B's K rows from b_k (t.b_row1 in a window of b_wrap rows, 0: none;
+// produce_tile WRAP).
+template <class Cfg, bool WRAP = false>
 MOKGEN_DEV void load_b_slice(uint8_t* stage, const CUtensorMap* tb, uint64_t* bar, const Task& t,
-                             int k0, bool bmn, int b_boxes) {
+                             int k0, bool bmn, int b_boxes, int b_k = 0, int b_wrap = 0) {
   constexpr int kBox = 64 * 64 * 2;
   if (bmn) {
+    int bk = t.b_row1 + k0;
+    if constexpr (WRAP) {
+      bk = b_k + k0;
+      bk -= b_wrap && bk >= b_wrap ? b_wrap : 0;
+    }
     for (int j = 0; j < b_boxes; ++j)
-      tma_load_2d(stage + j * kBox, tb, bar, t.b_row0 + 64 * j, t.b_row1 + k0);
+      tma_load_2d(stage + j * kBox, tb, bar, t.b_row0 + 64 * j, bk);
   } else {
     tma_load_2d(stage, tb, bar, k0, t.b_row0);
     if (t.b_row1 >= 0)  // dual-B: second half (up rows) right below the first
@@ -160,9 +167,12 @@ MOKGEN_DEV void trace_issued(uint64_t t0, bool mine) {
   if (mine) trace_sums()[kSumFillIssue] += trace_clock() - t0;
 }
 
-template <class Cfg, bool NARROW = false>
+// WRAP (Problem::kWrapB): an MN-major B's K rows lie in a window ring of b_wrap rows (0: not
+// this task's), a multiple of the slice, so a slice never straddles its wrap.
+template <class Cfg, bool NARROW = false, bool WRAP = false>
 MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUtensorMap* ta,
-                             const CUtensorMap* tb, const Task& t, int half = -1) {
+                             const CUtensorMap* tb, const Task& t, int half = -1,
+                             int b_wrap = 0) {
   // MN-major operands arrive as 64 x 64 boxes, 8 KB each, stacked along MN (wgmma.cuh)
   constexpr int kBox = 64 * 64 * 2;
   const bool amn = t.op & kAMN, bmn = t.op & kBMN;
@@ -172,6 +182,8 @@ MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUten
   const int b_boxes = narrow ? Cfg::BN / 128 : Cfg::BN / 64;
   const uint32_t bytes = Cfg::STAGE_BYTES - (amn ? (Cfg::BM / 64 - (j1 - j0)) * kBox : 0) -
                          (narrow ? (Cfg::BN / 64 - b_boxes) * kBox : 0);
+  int b_k = 0;  // WRAP: the window row of B's first K row
+  if constexpr (WRAP) b_k = b_wrap ? t.b_row1 % b_wrap : t.b_row1;
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     uint64_t t0 = 0;
     if constexpr (Cfg::TRACE) t0 = trace_clock();
@@ -181,7 +193,7 @@ MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUten
     mbar_arrive_expect_tx(bar, bytes);
     const int k0 = kb * Cfg::BK;
     load_a_slice<Cfg>(sm.a_stage(ps.idx()), ta, bar, t, k0, amn, j0, j1);
-    load_b_slice<Cfg>(sm.b_stage(ps.idx()), tb, bar, t, k0, bmn, b_boxes);
+    load_b_slice<Cfg, WRAP>(sm.b_stage(ps.idx()), tb, bar, t, k0, bmn, b_boxes, b_k, b_wrap);
     if constexpr (Cfg::TRACE) trace_issued(t0, true);
     ps.template advance<Cfg::STAGES>();
   }
@@ -499,6 +511,12 @@ template <class P>
 struct GatherTrait<P, decltype(void(P::kGather))> { static constexpr bool value = P::kGather; };
 template <class P>
 __host__ __device__ constexpr bool gathers_rows() { return GatherTrait<P>::value; }
+// Whether Problem has operands whose K rows wrap in a window ring (its kWrapB; then its
+// int b_wrap(t) gives a task's window rows, 0 for none: produce_tile WRAP).
+template <class P, class = void>
+struct WrapTrait { static constexpr bool value = false; };
+template <class P>
+struct WrapTrait<P, decltype(void(P::kWrapB))> { static constexpr bool value = P::kWrapB; };
 
 template <class Cfg, class Problem>
 MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState& ps,
@@ -554,6 +572,8 @@ MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState&
 //   static constexpr int kGatherLd, kGatherTopk; GatherSrc gather(t) (base nullptr: both
 //   operands by TMA; a gathered B is MN-major) and bool gathers(t) (the consumers fence).
 //   next_task() is then called by thread 0 while the producer warpgroup's other warps wait.
+//   optional, static constexpr bool kWrapB, then int b_wrap(t) (not with kGather): the rows of
+//   a window ring an MN-major B's K rows wrap in, or 0 (produce_tile WRAP).
 //   GemmCfg::SOLO kernels: tasks may set kSolo (with kBMN), and the Problem provides
 //   void epilogue_solo(const Task&, float (&acc)[Cfg::kAccRegs], int wg): all BM rows of the
 //   BM x BN/2 tile, rows 0..63 in acc[0 .. kAccRegs/2) and 64..127 in the rest (each half as
@@ -832,9 +852,11 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
             }
           }
           // solo kernels load a solo task's B as a narrow tile's: BN/2 columns
-          produce_tile<Cfg, Problem::kNarrowTiles || Cfg::SOLO>(sm, ps, prob.map_a(t),
-                                                                prob.map_b(t), t,
-                                                                Cfg::PINGPONG ? h : -1);
+          constexpr bool kWrap = WrapTrait<Problem>::value;
+          int wrap = 0;
+          if constexpr (kWrap) wrap = prob.b_wrap(t);
+          produce_tile<Cfg, Problem::kNarrowTiles || Cfg::SOLO, kWrap>(
+              sm, ps, prob.map_a(t), prob.map_b(t), t, Cfg::PINGPONG ? h : -1, wrap);
         }
         if constexpr (Cfg::TRACE) trace_fill_record(i);
       }

@@ -47,6 +47,10 @@
 // the ring once its expert's dW2 tiles (wg2_done) and its row tile's DG tiles have read them;
 // the host's dx sum gathers the rows there (combine.cuh combine_sum_at). The tiles of that
 // block wait only on tasks before it, so the list's progress argument holds as it is.
+// XWIN (x_slots, passes/x_window.py: a forward that gathered x, so the backward pulls it): the
+// x ring is a window of XSLOTS minibatch slots; a comm CTA refills a slot once the dW1 tiles
+// of every expert in its previous minibatch are done (wait_x_slot, wg1_done), and dW1 reads
+// its expert's x rows through the window's wrap (b_wrap).
 #pragma once
 #include <cuda_bf16.h>
 #include "mokgen/combine.cuh"
@@ -67,7 +71,7 @@ enum BwdOp : int {
 enum BwdPhase : int {
   kPhaseSDgrad = 11, kPhaseSDx = 12, kPhaseSWgrad = 13, kPhaseReplay = 14, kPhaseDgrad = 15,
   kPhaseDx = 16, kPhaseWgrad = 17, kPhaseWgradOrder = 18, kPhaseBwdRingSlot = 19,
-  kPhaseDxRing = 21,
+  kPhaseDxRing = 21, kPhaseXSlot = 22,
 };
 
 template <int R>
@@ -85,7 +89,7 @@ struct BwdBuffers {
   const int* offsets;
   const int4* segs;         // weight-gradient segments (schedule_segments)
   const int* seg_start;
-  __nv_bfloat16* ring_x;    // [SLOTS*B, D]   resident from the forward, or replayed
+  __nv_bfloat16* ring_x;    // [X_ROWS, D]    resident from the forward, or replayed
   __nv_bfloat16* ring_h;    // [SLOTS*B, 2I]  gate/up pre-activations, then (DG) dh
   __nv_bfloat16* ring_a;    // [SLOTS*B, I]   SwiGLU output, then (DG) w * a
   __nv_bfloat16* ring_dy;   // [SLOTS*B, D]   pulled dy (fp8 plans: also ring_dy8)
@@ -158,6 +162,7 @@ struct BwdSchedule {
   static constexpr int WT = W2T + W1T;
   static constexpr int SW2T = MT_D * SDG_N, SW1T = MT_2IS * DX_N;
   static_assert(C::B % BM == 0 && C::SLOTS >= 2, "minibatch of whole tiles, >= 2 ring slots");
+  static constexpr bool kRoutedWgrad = (Cfg::PROF & kProfNoRoutedWgrad) == 0;
   static_assert(C::D % 8 == 0 && C::I % 8 == 0 && C::IS % 8 == 0,
                 "widths must be multiples of 8 (rows are 16-byte vectors, TMA strides 16 B)");
   static_assert(C::Q == 0 || (C::D % 16 == 0 && C::I % 16 == 0),
@@ -182,6 +187,9 @@ struct BwdSchedule {
     seg_start = starts;
   }
   MOKGEN_DEV int slot_row(int m) const { return ((first_slot + m) % C::SLOTS) * C::B; }
+  // a ring row's x row: XWIN (the ring holds every minibatch, so ring rows are layout rows)
+  // keeps x in a window of XSLOTS slots (FwdConsts XSLOTS)
+  MOKGEN_DEV int x_row(int ring_row) const { return C::XWIN ? ring_row % C::X_ROWS : ring_row; }
   MOKGEN_DEV int row_tiles(int m) const { return m == nm - 1 ? rt_last : RT_FULL; }
   MOKGEN_DEV bool replayed(int m) const { return m >= resident; }
   MOKGEN_DEV int units() const { return nm + 1; }
@@ -318,7 +326,7 @@ struct BwdProblem {
 
   // counters: [0] tasks | ready[MB] | r_done[MB*RT] | dg_done[MB*RT] | fin_done[MB]
   // | wg_seq[L*WT] | sr_done[SRT] | sdg_done[SRT] | sr_all | sdg_all
-  // | DXRING: wg2_done[L] (runtime/workspace.py backward_counter_words)
+  // | DXRING: wg2_done[L] | XWIN: wg1_done[L] (runtime/workspace.py backward_counter_words)
   MOKGEN_DEV uint32_t* ready() const { return buf->counters + 1; }
   MOKGEN_DEV uint32_t* r_done() const { return ready() + buf->max_minibatches; }
   MOKGEN_DEV uint32_t* dg_done() const { return r_done() + buf->max_minibatches * S::RT_FULL; }
@@ -329,6 +337,17 @@ struct BwdProblem {
   MOKGEN_DEV uint32_t* sr_all() const { return sdg_done() + (buf->n_tokens + BM - 1) / BM; }
   MOKGEN_DEV uint32_t* sdg_all() const { return sr_all() + 1; }
   MOKGEN_DEV uint32_t* wg2_done() const { return sdg_all() + 1; }
+  MOKGEN_DEV uint32_t* wg1_done() const { return wg2_done() + (C::DXRING ? C::L : 0); }
+  // The comm CTAs' view of the same layout (bwd_comm): no Problem of their own.
+  static MOKGEN_DEV uint32_t* wg1_done_of(const BwdBuffers& b) {
+    BwdProblem p{nullptr, nullptr, nullptr, &b};
+    return p.wg1_done();
+  }
+
+  // XWIN: dW1's B (x rows, K-wise across its expert's minibatches) wraps in the x window;
+  // no other operand does (the replay's x tile is one minibatch's: x_row)
+  static constexpr bool kWrapB = C::XWIN;
+  MOKGEN_DEV int b_wrap(const Task& t) const { return opcode(t) == kWgrad1 ? C::X_ROWS : 0; }
 
   MOKGEN_DEV void setup(uint8_t* dyn_smem) {
     s.init(buf->meta[0], buf->n_tokens, buf->resident, buf->seg_start);
@@ -410,8 +429,9 @@ struct BwdProblem {
     const int t = (int)atomicAdd(buf->counters, 1u);
     if (t >= s.total_tasks() || aborted()) return stop_task();
     // GATHER: a ring row must be its layout row; DXRING: no minibatch may reuse a slot whose
-    // dy rows hold dx rows (limits.py): both need the ring to hold every minibatch
-    if ((C::GATHER || C::DXRING) && !MOKGEN_OK(s.nm <= C::SLOTS, 23, s.nm, C::SLOTS))
+    // dy rows hold dx rows (limits.py); XWIN: x rows are placed by layout row: all three
+    // need the ring to hold every minibatch
+    if ((C::GATHER || C::DXRING || C::XWIN) && !MOKGEN_OK(s.nm <= C::SLOTS, 23, s.nm, C::SLOTS))
       return stop_task();
     if (C::DXRING && t >= s.dx_start()) {  // the last block: minibatches of whole row tiles
       const int off = t - s.dx_start(), m = off / (S::RT_FULL * S::DX_N);
@@ -470,6 +490,11 @@ struct BwdProblem {
     const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * (BN / 2);
     const int p0 = m * C::B + rt * BM, e = expert_of(p0);
     if (!wait_ready(m, kPhaseReplay)) return stop_task();
+    // (XWIN apart, the expression as it was: a call to an identity x_row moved ptxas's
+    // register allocation of the whole kernel)
+    if constexpr (C::XWIN)
+      return Task{kReplay | kRouted, s.x_row(s.slot_row(m) + rt * BM), e * 2 * C::PI + n0,
+                  e * 2 * C::PI + C::PI + n0, p0, n0, BM, k_d};
     return Task{kReplay | kRouted, s.slot_row(m) + rt * BM, e * 2 * C::PI + n0,
                 e * 2 * C::PI + C::PI + n0, p0, n0, BM, C::Q ? ceil_div(C::D, 128) : k_d};
   }
@@ -981,6 +1006,9 @@ struct BwdProblem {
           // the dx tile that overwrites them after seeing it needs no fence here either
           if (op == kWgrad2) signal_add_relaxed(wg2_done() + e);
         }
+        if constexpr (C::XWIN) {  // likewise its x rows, which a comm CTA may then refill
+          if (op == kWgrad1) signal_add_relaxed(wg1_done() + e);
+        }
         if (more) {
           signal_add(wg_seq() + e * S::WT + tt);
           signal_add(fin_done() + unit);
@@ -1015,7 +1043,10 @@ MOKGEN_DEV void bwd_pull_minibatch(const BwdPeers<C::R>& peers, const BwdBuffers
     pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker, workers,
                           nullptr, nullptr, Sink{buf.ring_dy8, buf.ring_sdy});
   } else {
-    if (C::XPULL || s.replayed(m))
+    if constexpr (C::XWIN)  // (beside the expression as it was: see replay)
+      pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, s.x_row(ring0), worker,
+                            workers);
+    else if (C::XPULL || s.replayed(m))
       pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, ring0, worker, workers);
     if constexpr (!C::RCPUSH)
       pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker, workers);
@@ -1042,13 +1073,38 @@ MOKGEN_DEV void bwd_head_pull(const BwdPeers<C::R>& peers, const BwdBuffers& buf
 // One minibatch of a comm CTA's own rank: wait for its ring slot (and, with push
 // reverse-combine, tell the owners it is free), pull its rows (bwd_pull_minibatch; minibatch
 // 0 every CTA pulled already: bwd_head_pull), publish. false: the watchdog fired.
+// XWIN: minibatch prev's x rows are read by its replay tiles and by the dW1 tiles of every
+// expert with rows in it, which wait for its dgrad (and that for its replay): its window slot
+// may be refilled once each of those experts' dW1 tiles is done. An expert has at most N rows
+// (a token's routes go to distinct experts), so passes/x_window.py sizes the window for its
+// last minibatch to be >= 2 before the refilled one: its dW1 tiles (FIN of that minibatch)
+// are then listed before the first task that waits for the refill (the refilled minibatch's
+// replay), and the wait needs only tasks ahead of it in the list.
+template <class C, class S>
+MOKGEN_DEV bool wait_x_slot(const BwdBuffers& buf, const S& s, int prev,
+                            const uint32_t* wg1_done) {
+  if constexpr (!S::kRoutedWgrad) return true;  // profiling: no dW1 tiles read them
+  const int r0 = prev * C::B, r1 = min(r0 + C::B, s.rows) - 1;
+  const int e1 = expert_at<C::L>(buf.offsets, r1);
+  for (int e = expert_at<C::L>(buf.offsets, r0); e <= e1; ++e)
+    if (buf.offsets[e + 1] > buf.offsets[e] &&
+        !wait_at_least(wg1_done + e, S::W1T, buf.rank, kPhaseXSlot, e))
+      return false;
+  return true;
+}
+
 template <class C, class S>
 MOKGEN_DEV bool bwd_comm_minibatch(const BwdPeers<C::R>& peers, const BwdBuffers& buf,
                                    const S& s, int m, int worker, int workers,
-                                   uint32_t* fin_done, uint32_t* ready,
+                                   uint32_t* fin_done, uint32_t* ready, uint32_t* wg1_done,
                                    const BwdDirPeers<C::R>* dir) {
   __shared__ int go;
   if (C::BWD_HEAD && m == 0) return true;
+  if (C::XWIN && m >= C::XSLOTS) {  // the x window's slot: its minibatch's dW1 tiles are done
+    if (threadIdx.x == 0) go = wait_x_slot<C, S>(buf, s, m - C::XSLOTS, wg1_done);
+    __syncthreads();
+    if (!go) return false;
+  }
   if (m >= C::SLOTS) {  // the slot's previous minibatch must be finished (DX and WG)
     const int prev = m - C::SLOTS;
     if (threadIdx.x == 0) {
@@ -1084,13 +1140,14 @@ MOKGEN_DEV void bwd_comm(const BwdPeers<C::R>& peers, const BwdBuffers& buf,
   s.init(buf.meta[0], buf.n_tokens, buf.resident, buf.seg_start);
   uint32_t* ready = buf.counters + 1;  // counter layout: BwdProblem
   uint32_t* fin_done = ready + buf.max_minibatches * (1 + 2 * S::RT_FULL);
+  uint32_t* wg1_done = C::XWIN ? BwdProblem<C, Cfg>::wg1_done_of(buf) : nullptr;
   const int warps = blockDim.x / 32;
   const int worker = blockIdx.x * warps + threadIdx.x / 32, workers = C::CD * warps;
   int nm = s.nm;
   if constexpr (C::RCPUSH) nm = max_minibatches_of<C::R, C::B>(dir->meta);
   for (int m = 0; m < nm; ++m) {
     if (m < s.nm && !bwd_comm_minibatch<C, S>(peers, buf, s, m, worker, workers, fin_done,
-                                              ready, dir))
+                                              ready, wg1_done, dir))
       return;
     // after this rank's own part: the pushes wait for the slot that part frees here
     if constexpr (C::RCPUSH) {

@@ -53,9 +53,15 @@ enum FwdPhase : int { kPhaseSharedDown = 1, kPhaseGateUp = 2, kPhaseDown = 3, kP
 // expert's dgrad and dW2 have read them: moe_bwd.cuh), the owner's sum gathers them there
 // (combine.cuh combine_sum_at), so the backward writes no combine rows and its dy ring is
 // those rows (runtime/peers.py combine_rows).
+// XSLOTS (a backward with XPULL, passes/x_window.py): its x ring is a window of XSLOTS
+// minibatch slots, not SLOTS: x rows are read only by the replay (one minibatch) and dW1
+// (one expert's rows), so a slot is refilled once the dW1 tiles of every expert in it are done
+// (moe_bwd.cuh bwd_comm_minibatch); dW1 reads its x rows through the window's wrap
+// (BwdProblem::b_wrap). 0: the x ring is the ring.
 template <int D_, int I_, int IS_, int K_, int L_, int R_, int B_, int SLOTS_, int COMM_,
           int Q_ = 0, bool DPUSH_ = false, bool CPULL_ = false, bool RCPUSH_ = false,
-          bool RDPULL_ = false, bool GATHER_ = false, bool XPULL_ = false, bool DXRING_ = false>
+          bool RDPULL_ = false, bool GATHER_ = false, bool XPULL_ = false, bool DXRING_ = false,
+          int XSLOTS_ = 0>
 struct FwdConsts {
   static constexpr int D = D_, I = I_, IS = IS_, K = K_, L = L_, R = R_, B = B_, SLOTS = SLOTS_;
   static constexpr int COMM = COMM_, Q = Q_, RING_ROWS = B_ * SLOTS_;
@@ -77,6 +83,11 @@ struct FwdConsts {
   static constexpr bool DXRING = DXRING_;
   static_assert(!DXRING_ || (R_ == 1 && Q_ == 0 && !DIRS && !BDIRS && !GATHER_),
                 "dx rows in the dy ring: one rank, bf16, a dy ring, the default directions");
+  static constexpr int XSLOTS = XSLOTS_;
+  static constexpr bool XWIN = XSLOTS_ > 0 && XSLOTS_ < SLOTS_;
+  static constexpr int X_ROWS = B_ * (XWIN ? XSLOTS_ : SLOTS_);  // the x ring's rows
+  static_assert(XSLOTS_ == 0 || (XPULL_ && XSLOTS_ >= 3 && XSLOTS_ <= SLOTS_),
+                "an x window: a backward that pulls x (XPULL), 3 .. SLOTS slots");
   // The head pull (fwd_head_pull, bwd_head_pull): every CTA's warps pull the first minibatch
   // together before taking their roles, where this rank's comm CTAs pull (not where the
   // owners push it in): a few comm CTAs copying it alone kept every compute CTA waiting
