@@ -12,6 +12,7 @@ with fresh gradients. Prints a table; writes OUT/gather_ab.json.
 
     python3 benchmarks/gather_ab.py --out $OUT [--shapes qwen3-30b-a3b,...]
         [--variants gather,fwd-gather,fwd-gather-whole,pull,pull-push] [--prebuild]
+    (a variant may force plan fields: fwd-gather+comm_sms_bwd=8)
 """
 from __future__ import annotations
 
@@ -35,6 +36,15 @@ VARIANTS = {"gather": dict(dispatch="gather"),
             # ... its x ring the ring's, not a window (passes/x_window.py)
             "fwd-gather-whole": dict(dispatch="gather", reverse_combine="pull", x_slots=1 << 20),
             "pull-push": dict(PULL, reverse_dispatch="push")}
+
+
+def variant(spec: str) -> dict:
+    """A variant's overrides: NAME, or NAME+field=value[+...] (NAME's with plan fields forced,
+    ints as ints), e.g. fwd-gather+comm_sms_bwd=8."""
+    name, *extra = spec.split("+")
+    kv = dict(e.split("=", 1) for e in extra)
+    return dict(VARIANTS[name], **{k: int(v) if v.lstrip("-").isdigit() else v
+                                   for k, v in kv.items()})
 
 
 def layer(D, I, E, k, T, **overrides):
@@ -63,7 +73,7 @@ def main(argv=None):
     ap.add_argument("--prebuild", action="store_true")
     a = ap.parse_args(argv)
     shapes = [s for s in SHAPES if s[0] in a.shapes.split(",")]
-    variants = {v: VARIANTS[v] for v in a.variants.split(",")}
+    variants = {v: variant(v) for v in a.variants.split(",")}
     if a.prebuild:
         prebuild(shapes, variants)
         return 0

@@ -176,4 +176,45 @@ __device__ void pull_rows(const int2* __restrict__ table, const __nv_bfloat16* c
   }
 }
 
+// pull_rows of two row sources at once (the backward's x and dy, XPULL: moe_bwd.cuh
+// bwd_pull_minibatch), for rows of whole warp sweeps (D a multiple of 256): each warp has
+// both rows' loads in flight before its stores, twice pull_rows' bytes, for a comm CTA's copy
+// is bound by the loads its warps keep in flight, not by bandwidth. Padding rows: zeros in
+// both, as pull_rows.
+template <int D, int K>
+__device__ void pull_row_pairs(const int2* __restrict__ table,
+                               const __nv_bfloat16* const* peer_a, __nv_bfloat16* __restrict__ ring_a,
+                               int ring_a0, const __nv_bfloat16* const* peer_b,
+                               __nv_bfloat16* __restrict__ ring_b, int ring_b0, int p_begin,
+                               int p_end, int worker, int workers) {
+  constexpr int VEC = D / 8, BATCH = 8;
+  static_assert(VEC % (32 * BATCH) == 0 || (VEC % 32 == 0 && VEC < 32 * BATCH),
+                "whole sweeps of the warp");
+  constexpr int SWEEP = VEC < 32 * BATCH ? VEC / 32 : BATCH;  // vectors a lane per batch
+  const int lane = threadIdx.x % 32;
+  for (int p = p_begin + worker; p < p_end; p += workers) {
+    const int2 src = table[p];
+    int4* to_a = reinterpret_cast<int4*>(ring_a + (size_t)(ring_a0 + p - p_begin) * D);
+    int4* to_b = reinterpret_cast<int4*>(ring_b + (size_t)(ring_b0 + p - p_begin) * D);
+    if (src.x < 0 || !MOKGEN_OK(src.x < 64 * 1024, 8, src.x, src.y)) {
+      for (int v = lane; v < VEC; v += 32) to_a[v] = to_b[v] = make_int4(0, 0, 0, 0);
+      continue;
+    }
+    const size_t row = (size_t)(src.y / K) * D;
+    const int4* from_a = reinterpret_cast<const int4*>(peer_a[src.x] + row);
+    const int4* from_b = reinterpret_cast<const int4*>(peer_b[src.x] + row);
+    for (int v = lane; v < VEC; v += 32 * SWEEP) {
+      int4 a[SWEEP], b[SWEEP];
+#pragma unroll
+      for (int i = 0; i < SWEEP; ++i) a[i] = from_a[v + 32 * i];
+#pragma unroll
+      for (int i = 0; i < SWEEP; ++i) b[i] = from_b[v + 32 * i];
+#pragma unroll
+      for (int i = 0; i < SWEEP; ++i) to_a[v + 32 * i] = a[i];
+#pragma unroll
+      for (int i = 0; i < SWEEP; ++i) to_b[v + 32 * i] = b[i];
+    }
+  }
+}
+
 }  // namespace mokgen
