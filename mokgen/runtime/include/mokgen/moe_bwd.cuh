@@ -876,9 +876,16 @@ struct BwdProblem {
                        buf->hs_a + (size_t)t.c_row0 * C::IS + t.c_col0, C::IS,
                        cols_valid<C::IS, BN / 2>(t.c_col0));
     } else if (op == kReplay) {
-      gate_up_epilogue(t, acc, cwg, buf->ring_h + (size_t)t.a_row0 * 2 * C::I + t.c_col0,
-                       buf->ring_a + (size_t)t.a_row0 * C::I + t.c_col0, C::I,
-                       cols_valid<C::I, BN / 2>(t.c_col0));
+      if constexpr (C::XWIN) {  // A is the x window's rows; h and a go to the ring row, which
+        // is the layout row c_row0 (the ring holds every minibatch)
+        gate_up_epilogue(t, acc, cwg, buf->ring_h + (size_t)t.c_row0 * 2 * C::I + t.c_col0,
+                         buf->ring_a + (size_t)t.c_row0 * C::I + t.c_col0, C::I,
+                         cols_valid<C::I, BN / 2>(t.c_col0));
+      } else {
+        gate_up_epilogue(t, acc, cwg, buf->ring_h + (size_t)t.a_row0 * 2 * C::I + t.c_col0,
+                         buf->ring_a + (size_t)t.a_row0 * C::I + t.c_col0, C::I,
+                         cols_valid<C::I, BN / 2>(t.c_col0));
+      }
     } else if (op == kSDgrad) {
       const __nv_bfloat16* hp[2];
       __nv_bfloat16* dhp[2];
