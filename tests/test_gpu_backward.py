@@ -27,6 +27,29 @@ def grads_of(layer, inputs, dys):
     return out
 
 
+def stale_grads(layer, shape, inputs, dys):
+    """grads_of with another forward between the forward and its backward: the ring no
+    longer holds its rows, so the backward re-schedules and replays every minibatch."""
+    leaves = {k: [t.detach().clone().requires_grad_() for t in inputs[k]] for k in NAMES}
+    shared = {k: None if inputs[k] is None else inputs[k].detach().clone().requires_grad_()
+              for k in ("shared_w1", "shared_w2")}
+    ys = layer(**leaves, **shared)
+    with torch.no_grad():
+        layer(**make_inputs(shape, len(inputs["x"]), inputs["x"][0].shape[0]))
+    replayed = layer.runtime().stats["replayed"]
+    torch.autograd.backward(ys, dys)
+    assert layer.runtime().stats["replayed"] == replayed + 1
+    out = {k: [t.grad for t in v] for k, v in leaves.items()}
+    out.update({k: None if t is None else t.grad for k, t in shared.items()})
+    return out
+
+
+def _equal_grads(a, b, what):
+    for k, v in a.items():
+        for g, h in zip(*(x if isinstance(x, list) else [x] for x in (v, b[k]))):
+            assert (g is None and h is None) or torch.equal(g, h), f"{k}: {what}"
+
+
 def check(ours, ref):
     bad = []
     for k, want in ref.items():
@@ -150,10 +173,8 @@ def test_dx_rows_in_the_dy_ring_equal_the_pushed_ones(shape, skew, ring):
     tokens = 1000
     layer, inputs, dys, ours = run_backward(shape, 1, tokens, skew=skew, **ring)
     assert layer.plan.reverse_dispatch == "ring"
-    again = grads_of(layer, inputs, dys)
-    for k, v in ours.items():
-        for a, b in zip(*(x if isinstance(x, list) else [x] for x in (v, again[k]))):
-            assert (a is None and b is None) or torch.equal(a, b), f"{k}: not repeatable"
+    _equal_grads(ours, grads_of(layer, inputs, dys), "not repeatable")
+    _equal_grads(ours, stale_grads(layer, shape, inputs, dys), "the stale ring's differs")
     pushed_layer = mokgen.compile(shape, ep=1, tokens_per_rank=tokens, virtual=True,
                                   reverse_dispatch="push", **ring)
     assert pushed_layer.plan.reverse_dispatch == "push"
@@ -167,12 +188,6 @@ def test_dx_rows_in_the_dy_ring_equal_the_pushed_ones(shape, skew, ring):
     got = [m.memory()["workspace"] for m in (layer, pushed_layer)]
     want = [memory_report(m.plan)["workspace"]["total"] for m in (layer, pushed_layer)]
     assert got[1] - got[0] == want[1] - want[0] > 0
-
-
-def _equal_grads(a, b, what):
-    for k, v in a.items():
-        for g, h in zip(*(x if isinstance(x, list) else [x] for x in (v, b[k]))):
-            assert (g is None and h is None) or torch.equal(g, h), f"{k}: {what}"
 
 
 # Small minibatches, so the window wraps many times: skewed routes (expert 0 over most of the
@@ -201,18 +216,7 @@ def test_x_window_equals_the_whole_x_ring_bitwise(shape, skew, tokens):
     whole.backward_runtime().poison()
     _equal_grads(ours, grads_of(whole, inputs, dys), "differs from the whole x ring's")
     # stale: the ring no longer holds this forward's rows, so every minibatch is replayed
-    leaves = {k: [t.detach().clone().requires_grad_() for t in inputs[k]] for k in NAMES}
-    shared = {k: None if inputs[k] is None else inputs[k].detach().clone().requires_grad_()
-              for k in ("shared_w1", "shared_w2")}
-    ys = win(**leaves, **shared)
-    with torch.no_grad():
-        win(**make_inputs(shape, 1, tokens))
-    replayed = win.runtime().stats["replayed"]
-    torch.autograd.backward(ys, dys)
-    assert win.runtime().stats["replayed"] == replayed + 1
-    stale = {k: [t.grad for t in v] for k, v in leaves.items()}
-    stale.update({k: None if t is None else t.grad for k, t in shared.items()})
-    _equal_grads(ours, stale, "the stale ring's backward differs")
+    _equal_grads(ours, stale_grads(win, shape, inputs, dys), "the stale ring's backward differs")
     got = [m.memory()["workspace"] for m in (win, whole)]
     want = [memory_report(m.plan)["workspace"]["total"] for m in (win, whole)]
     assert got[1] - got[0] == want[1] - want[0] > 0
