@@ -88,8 +88,8 @@ BWD_PHASES = {
     "kPhaseBwdRingSlot": (19, "a backward comm CTA waiting for minibatch {index} to free its "
                               "ring slot"),
     "kPhaseXSlot": (22, "a backward comm CTA waiting for expert {index}'s dW1 tiles to read "
-                        "the x rows of the window slot it refills (x_slots: an expert with "
-                        "more rows than tokens, i.e. routes that repeat an expert per token?)"),
+                        "the x rows of the window slot it refills (x_slots; it can wait "
+                        "forever only where routes repeat an expert within a token)"),
 }
 # the non-default directions' waits (direction.cuh DirPhase), checked by the kernels that have them
 FWD_DIR_PHASES = {

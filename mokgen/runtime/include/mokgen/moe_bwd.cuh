@@ -1055,17 +1055,15 @@ MOKGEN_DEV void bwd_pull_minibatch(const BwdPeers<C::R>& peers, const BwdBuffers
       // both rows of a route at once (pull_row_pairs)
       pull_row_pairs<C::D, C::K>(buf.table, peers.x, buf.ring_x, s.x_row(ring0), peers.dy,
                                  buf.ring_dy, ring0, p0, p1, worker, workers);
-      fence_proxy_async_global();
-      __syncthreads();
-      return;
+    } else {
+      if constexpr (C::XWIN)  // (beside the expression as it was: see replay)
+        pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, s.x_row(ring0), worker,
+                              workers);
+      else if (C::XPULL || s.replayed(m))
+        pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, ring0, worker, workers);
+      if constexpr (!C::RCPUSH)
+        pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker, workers);
     }
-    if constexpr (C::XWIN)  // (beside the expression as it was: see replay)
-      pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, s.x_row(ring0), worker,
-                            workers);
-    else if (C::XPULL || s.replayed(m))
-      pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, ring0, worker, workers);
-    if constexpr (!C::RCPUSH)
-      pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker, workers);
   }
   fence_proxy_async_global();
   __syncthreads();
