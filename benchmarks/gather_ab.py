@@ -40,10 +40,11 @@ VARIANTS = {"gather": dict(dispatch="gather"),
 
 def variant(spec: str) -> dict:
     """A variant's overrides: NAME, or NAME+field=value[+...] (NAME's with plan fields forced,
-    ints as ints), e.g. fwd-gather+comm_sms_bwd=8."""
+    ints as ints, true / false as bools), e.g. fwd-gather+comm_sms_bwd=8, pull+keep_h=true."""
     name, *extra = spec.split("+")
     kv = dict(e.split("=", 1) for e in extra)
-    return dict(VARIANTS[name], **{k: int(v) if v.lstrip("-").isdigit() else v
+    bools = {"true": True, "false": False}
+    return dict(VARIANTS[name], **{k: int(v) if v.lstrip("-").isdigit() else bools.get(v, v)
                                    for k, v in kv.items()})
 
 

@@ -1,7 +1,8 @@
 """What a model pays for the shared ring: L layers of one shape share one workspace
 (runtime/workspace.py's pool), so only the backward of the layer whose forward ran last finds
 its activations in the ring; every other layer's backward replays its gate/up (re-pulls x,
-recomputes h and a: moe_bwd.cuh `replayed`). This times a training step of L independent
+recomputes h and a: moe_bwd.cuh `replayed`), unless the plan has keep_h (each call keeps
+its own h; the backward pulls x). This times a training step of L independent
 layers on the same x (outputs summed into one backward: autograd runs the layers' backwards
 last layer first) against one layer, per layer, fresh gradients (zero_grad(set_to_none)).
 
@@ -41,8 +42,7 @@ def measure(D, I, E, k, T, L, iters, over):
     x = torch.randn(T, D, device="cuda", generator=g).bfloat16()
     dy = torch.randn(T, D, device="cuda", generator=g).bfloat16()
     shape = mokgen.MoEShape(E, D, I, k, shared_experts=0)
-    layers = [mokgen.MoE(shape, tokens_per_rank=T, **over).to("cuda", torch.bfloat16)
-              for _ in range(L)]
+    layers = [mokgen.MoE(shape, tokens_per_rank=T, device="cuda", **over) for _ in range(L)]
     params = sum(p.numel() * p.element_size() for m in layers for p in m.parameters())
 
     def fresh():
@@ -79,7 +79,9 @@ def main(argv=None):
     ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES))
     ap.add_argument("--layers", default="1,4")
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--variants", default="pull", help="gather_ab.py's variant names")
+    ap.add_argument("--variants", default="pull,pull+keep_h=true",
+                    help="gather_ab.py's variants (pull: the default plan; +keep_h=true: each "
+                         "call keeps its h, no backward replays)")
     ap.add_argument("--prebuild", action="store_true")
     a = ap.parse_args(argv)
     shapes = [s for s in SHAPES if s[0] in a.shapes.split(",")]

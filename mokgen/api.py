@@ -82,7 +82,7 @@ class CompiledMoE:
         """Device bytes of this layer beyond its weights: `workspace` (allocated now, shared
         with every live layer of the same plan on this device and group), `layers_sharing`
         it, and `saved_per_call` (what one differentiable call keeps for its backward:
-        x, logits, routes). The plan's `memory_report` predicts the same before any GPU."""
+        x, logits, routes and, keep_h plans, its h). The plan's `memory_report` predicts the same before any GPU."""
         from .runtime.workspace import nbytes, saved_bytes, tensors_of
 
         rt, bwd = self._runtime, self._backward
@@ -128,20 +128,23 @@ class CompiledMoE:
         return list(xs), zs, list(w1s), list(w2s), given
 
     def forward_raw(self, xs, zs, w1s, w2s, shared_w1, shared_w2, given=None, save=False):
-        """Checked per-rank lists in, (ys, routes, generation) out: the routes of each hosted
-        rank's tokens and the runtime's generation are what backward_raw needs (save=True
-        keeps the ring's pre-activations for it)."""
+        """Checked per-rank lists in, (ys, routes, generation, kept) out: the routes of each
+        hosted rank's tokens, the runtime's generation and, keep_h plans, each rank's kept
+        activations (KeptActivations; else None) are what backward_raw needs (save=True keeps
+        the pre-activations for it)."""
         rt = self.runtime()
         rt.check()  # an earlier call's watchdog record, if any (no device sync)
-        ys = rt.forward(xs, zs, w1s, w2s, shared_w1, shared_w2, routes=given, save=save)
-        if not save:
-            return ys, None, rt.generation
         n = xs[0].shape[0]
+        kept = rt.new_kept(n) if save and self.plan.keep_h else None
+        ys = rt.forward(xs, zs, w1s, w2s, shared_w1, shared_w2, routes=given, save=save,
+                        kept=kept)
+        if not save:
+            return ys, None, rt.generation, None
         routes = given if given is not None else [rt.routes_of(i, n) for i in range(len(xs))]
-        return ys, routes, rt.generation
+        return ys, routes, rt.generation, kept
 
     def backward_raw(self, dys, xs, w1s, w2s, shared_w1, shared_w2, routes, generation,
-                     accumulate=None):
+                     accumulate=None, kept=None):
         """(dxs, dweights [n, k] fp32, dw1s, dw2s, dshared_w1, dshared_w2) of a forward_raw
         call with save=True; per-rank lists like it. `routes` may be a caller's own (int64
         experts, bf16 weights): the kernels read int32 and fp32 when they re-schedule, as
@@ -152,7 +155,7 @@ class CompiledMoE:
         dys = [dy.to(torch.bfloat16).contiguous() for dy in dys]
         routes = [(e.int().contiguous(), w.float().contiguous()) for e, w in routes]
         return bwd.backward(dys, xs, w1s, w2s, shared_w1, shared_w2, routes, generation,
-                            accumulate)
+                            accumulate, kept)
 
     def synchronize(self) -> None:
         """Wait for this layer's work and raise what the watchdog recorded, if anything."""
@@ -171,9 +174,9 @@ class _MoEFunction(torch.autograd.Function):
         xs, zs, w1s, w2s = (list(leaves[i * R:(i + 1) * R]) for i in range(4))
         sw1, sw2 = leaves[4 * R:]
         given = None if experts is None else list(zip(experts, zs))
-        ys, routes, gen = layer.forward_raw(xs, None if given else zs, w1s, w2s, sw1, sw2,
-                                            given, save=True)
-        ctx.layer, ctx.R, ctx.routes, ctx.generation = layer, R, routes, gen
+        ys, routes, gen, kept = layer.forward_raw(xs, None if given else zs, w1s, w2s, sw1,
+                                                  sw2, given, save=True)
+        ctx.layer, ctx.R, ctx.routes, ctx.generation, ctx.kept = layer, R, routes, gen, kept
         ctx.by_logits = experts is None
         ctx.save_for_backward(*leaves)
         return tuple(ys)
@@ -187,7 +190,7 @@ class _MoEFunction(torch.autograd.Function):
         sw1, sw2 = leaves[4 * R:]
         dys = [torch.zeros_like(x) if d is None else d for d, x in zip(dys, xs)]
         dxs, dws, dw1s, dw2s, dsw1, dsw2 = ctx.layer.backward_raw(
-            dys, xs, w1s, w2s, sw1, sw2, ctx.routes, ctx.generation)
+            dys, xs, w1s, w2s, sw1, sw2, ctx.routes, ctx.generation, kept=ctx.kept)
         if ctx.by_logits:  # through the renormalized softmax top-k weights
             dzs = [router_backward(z, e.long(), dw).to(z.dtype)
                    for z, (e, _), dw in zip(zs, ctx.routes, dws)]
@@ -208,7 +211,7 @@ def layer_spec(plan: Plan):
                      p.max_routed_rows, p.comm_sms_bwd, p.scale_block, p.gemm_bwd.bn,
                      p.dispatch, p.combine, p.reverse_combine, p.reverse_dispatch,
                      p.gemm_bwd.bn // 2 if p.gemm_bwd.solo else p.gemm_bwd.bn,
-                     x_window_slots(p.x_slots, p.ring_slots))
+                     x_window_slots(p.x_slots, p.ring_slots), p.keep_h)
 
 
 def memory_report(plan: Plan) -> dict:

@@ -129,6 +129,8 @@ def violations(plan: "Plan") -> list[str]:
         out += ring_violations(plan)
     if plan.x_slots is not None:
         out += x_window_violations(plan)
+    if plan.keep_h:
+        out += keep_h_violations(plan)
     if plan.reverse_dispatch == "pull" and plan.comm_sms_bwd is not None and \
             plan.comm_sms_bwd < 2:
         out.append(f"reverse_dispatch='pull' needs comm_sms_bwd >= 2 (its own comm CTAs pull "
@@ -161,12 +163,30 @@ def ring_violations(plan: "Plan") -> list[str]:
         out.append(f"reverse_dispatch={RING!r} needs ep == 1, dtype bf16 and reverse_combine "
                    f"'pull' (the dx tiles write one rank's dy ring, bf16), got ep {plan.ep}, "
                    f"dtype {plan.dtype}, reverse_combine {plan.reverse_combine!r}")
+    return out + _whole_ring(plan, f"reverse_dispatch={RING!r}",
+                             "no slot is reused while its dy rows hold dx rows")
+
+
+def _whole_ring(plan: "Plan", what: str, why: str) -> list[str]:
+    """The rule that the ring holds every minibatch the worst case can fill, for `what`."""
     b, m, rows = plan.minibatch, plan.macrobatch, plan.max_routed_rows
-    if None not in (b, m, rows) and m // b < -(-rows // b):
-        out.append(f"reverse_dispatch={RING!r} needs a ring that holds every minibatch (no "
-                   f"slot is reused while its dy rows hold dx rows): macrobatch {m} < the "
-                   f"{-(-rows // b)} minibatches of {b} rows that {rows} routed rows can take")
-    return out
+    if None in (b, m, rows) or m // b >= -(-rows // b):
+        return []
+    return [f"{what} needs a ring that holds every minibatch ({why}): macrobatch {m} < the "
+            f"{-(-rows // b)} minibatches of {b} rows that {rows} routed rows can take"]
+
+
+def keep_h_violations(plan: "Plan") -> list[str]:
+    """The rules of `keep_h` (each call keeps its own h: runtime/workspace.py KeptActivations);
+    a field not decided yet (None) breaks none. Its backward pulls x for every minibatch
+    (FwdConsts XPULL) and finds every minibatch's h where its forward left it, so the ring
+    must hold every minibatch (no slot's h is overwritten within a call)."""
+    out = []
+    if plan.ep != 1 or plan.scale_block:
+        out.append(f"keep_h needs ep == 1 and dtype bf16 (the backward that pulls x for resident "
+                   f"minibatches is built and tested there), got ep {plan.ep}, dtype "
+                   f"{plan.dtype}")
+    return out + _whole_ring(plan, "keep_h", "a call's h is kept whole")
 
 
 def x_window_min_slots(plan: "Plan") -> int | None:

@@ -85,8 +85,10 @@ def lower(g, direction: str) -> dict:
                 gather=got.get("gather", False),
                 # reverse-dispatch "ring" (backward): FwdConsts DXRING
                 dx_ring=got.get("dx_ring", False),
-                # a backward that copies rows after a forward that gathered: FwdConsts XPULL
-                x_pull=direction == "bwd" and not got.get("gather") and _forward_gathers(g),
+                # a backward that copies rows and finds no x in the ring, after a forward
+                # that gathered or a call that kept its own h (keep_h): FwdConsts XPULL
+                x_pull=direction == "bwd" and not got.get("gather") and (
+                    _forward_gathers(g) or _keeps_h(g)),
                 # its x ring a window smaller than the ring (passes/x_window.py): FwdConsts
                 # XSLOTS (0: the ring's, the source as without the pass)
                 x_slots=x_window_slots(got.get("x_slots"), got["ring_rows"] // got["minibatch"]),
@@ -99,6 +101,12 @@ def _forward_gathers(g) -> bool:
     """Whether the forward's dispatch gathers x in its GEMMs (its ring then holds no x)."""
     return any(op.comm == "dispatch" and op.attr("comm_direction") == "gather"
                for op in ir.comm_ops(g))
+
+
+def _keeps_h(g) -> bool:
+    """Whether each call keeps its own h (the plan's keep_h, a caller's choice no pass makes):
+    the ring's x rows are then the last call's, not the differentiated one's."""
+    return bool(g.graph["problem"]["overrides"].get("keep_h", False))
 
 
 def problem_params(g) -> dict:

@@ -207,23 +207,29 @@ class _LazyKernels:
         return self.compiled
 
     def forward(self, x, logits, w1, w2, sw1, sw2, routes=None, save=False):
-        """-> (y, routes (experts, weights) of x's tokens if save, generation)."""
+        """-> (y, routes (experts, weights) of x's tokens if save, generation, the tensors of
+        the call's kept activations (keep_h plans with save; else []))."""
         c = self.layer()
         one = (lambda v: None if v is None else [v]) if c.virtual else (lambda v: v)  # noqa: E731
         xs, zs, w1s, w2s, given = c._checked(one(x), one(logits), one(w1), one(w2), sw1, sw2,
                                              one(routes))
-        ys, rts, gen = c.forward_raw(xs, None if given else zs, w1s, w2s, sw1, sw2, given,
-                                     save)
-        return ys[0], (rts[0] if rts else None), gen
+        ys, rts, gen, kept = c.forward_raw(xs, None if given else zs, w1s, w2s, sw1, sw2,
+                                           given, save)
+        return ys[0], (rts[0] if rts else None), gen, kept[0].tensors() if kept else []
 
     def has_backward(self) -> bool:
         return "bwd" in self.layer().binaries
 
-    def backward(self, dy, x, w1, w2, sw1, sw2, routes, generation, accumulate=None):
+    def backward(self, dy, x, w1, w2, sw1, sw2, routes, generation, accumulate=None,
+                 kept=()):
         """-> (dx, dweights [n, k], dw1, dw2, dshared_w1, dshared_w2); `accumulate`: one
-        rank's [(dw1, dw2)] to add into (CompiledMoE.backward_raw)."""
+        rank's [(dw1, dw2)] to add into (CompiledMoE.backward_raw); `kept`: the forward's
+        kept activations' tensors (keep_h plans)."""
+        from .runtime.workspace import KeptActivations
+
         dxs, dws, dw1s, dw2s, dsw1, dsw2 = self.layer().backward_raw(
-            [dy], [x], [w1], [w2], sw1, sw2, [routes], generation, accumulate)
+            [dy], [x], [w1], [w2], sw1, sw2, [routes], generation, accumulate,
+            [KeptActivations.of(list(kept))] if kept else None)
         return dxs[0], dws[0], dw1s[0], dw2s[0], dsw1, dsw2
 
     def __call__(self, x, logits, w1, w2, sw1, sw2, routes=None):

@@ -73,9 +73,26 @@ def _local_only(layer: int) -> int:
 
 # ---------------------------------------------------------------- routing by mokgen
 # The forward ops also return what their backward needs besides the inputs: the routes
-# (experts int32 [n, k], weights fp32 [n, k]) and `token`, a CPU int64 [1] naming the
-# forward whose activations the layer's ring holds (-1: none; the backward then replays all).
+# (experts int32 [n, k], weights fp32 [n, k]), `token`, a CPU int64 [1] naming the
+# forward whose activations the layer's ring holds (-1: none; the backward then replays all)
+# and last, for keep_h plans on CUDA, the call's own kept activations (_kept_shapes), which
+# the backward ops take as `kept`.
 _NO_TOKEN = -1
+
+
+def _kept_shapes(layer: int, x: torch.Tensor) -> list:
+    """Shapes of the tensors a CUDA forward of a keep_h layer keeps for its backward
+    (runtime/workspace.py KeptActivations, in its tensors() order); [] otherwise."""
+    kernels = _kernels(layer, x)
+    if kernels is None or not kernels.plan.keep_h:
+        return []
+    p, n = kernels.plan, x.shape[0]
+    IS = p.shape.shared_dim
+    return [(p.macrobatch, 2 * p.shape.intermediate)] + ([(n, 2 * IS), (n, IS)] if IS else [])
+
+
+def _fake_kept(layer: int, x: torch.Tensor) -> list:
+    return [x.new_empty(s, dtype=torch.bfloat16) for s in _kept_shapes(layer, x)]
 
 
 def _token(v: int) -> torch.Tensor:
@@ -95,12 +112,12 @@ def _kernels(layer: int, x: torch.Tensor, backward: bool = False):
 def moe_forward(x: torch.Tensor, router_logits: torch.Tensor, w1: torch.Tensor,
                 w2: torch.Tensor, shared_w1: torch.Tensor | None,
                 shared_w2: torch.Tensor | None, layer: int) -> list[torch.Tensor]:
-    """-> [y, experts, weights, token]."""
+    """-> [y, experts, weights, token, *kept]."""
     kernels = _kernels(layer, x)
     if kernels is not None:
-        y, (experts, weights), gen = kernels.forward(x, router_logits, w1, w2, shared_w1,
-                                                     shared_w2, save=True)
-        return [y, experts, weights, _token(gen)]
+        y, (experts, weights), gen, kept = kernels.forward(x, router_logits, w1, w2, shared_w1,
+                                                           shared_w2, save=True)
+        return [y, experts, weights, _token(gen), *kept]
     topk = _local_only(layer)
     f = _f32((x, router_logits, w1, w2, shared_w1, shared_w2))
     experts, weights = reference.route(f[1], topk)
@@ -114,11 +131,12 @@ def _(x, router_logits, w1, w2, shared_w1, shared_w2, layer):
     topk = _entry(layer)[1]
     n = x.shape[0]
     return [torch.empty_like(x), x.new_empty(n, topk, dtype=torch.int32),
-            x.new_empty(n, topk, dtype=torch.float32), torch.empty(1, dtype=torch.int64)]
+            x.new_empty(n, topk, dtype=torch.float32), torch.empty(1, dtype=torch.int64),
+            *_fake_kept(layer, x)]
 
 
 def _backward_impl(dy, x, router_logits, experts, weights, token, w1, w2, shared_w1, shared_w2,
-                   acc_w1, acc_w2, layer) -> list:
+                   acc_w1, acc_w2, kept, layer) -> list:
     """Gradients of (x, router_logits, w1, w2, shared_w1, shared_w2): the backward
     megakernel on CUDA, the reference's explicit backward otherwise (an op runs below
     autograd, so no autograd inside); empty tensors stand for absent shared ones. With
@@ -128,7 +146,7 @@ def _backward_impl(dy, x, router_logits, experts, weights, token, w1, w2, shared
     if kernels is not None:
         acc = _acc(acc_w1, acc_w2)
         dx, dweights, dw1, dw2, dsw1, dsw2 = kernels.backward(
-            dy, x, w1, w2, shared_w1, shared_w2, (experts, weights), int(token[0]), acc)
+            dy, x, w1, w2, shared_w1, shared_w2, (experts, weights), int(token[0]), acc, kept)
         dlogits = reference.router_backward(router_logits.float(), experts.long(), dweights)
         return _cast((dx, dlogits, *_fused(dw1, dw2, acc), dsw1, dsw2), like)
     grads = reference.moe_backward(*_f32(like), _local_only(layer), dy.float(),
@@ -140,15 +158,16 @@ def _backward_impl(dy, x, router_logits, experts, weights, token, w1, w2, shared
 def moe_backward(dy: torch.Tensor, x: torch.Tensor, router_logits: torch.Tensor,
                  experts: torch.Tensor, weights: torch.Tensor, token: torch.Tensor,
                  w1: torch.Tensor, w2: torch.Tensor, shared_w1: torch.Tensor | None,
-                 shared_w2: torch.Tensor | None, layer: int) -> list[torch.Tensor]:
+                 shared_w2: torch.Tensor | None, kept: list[torch.Tensor],
+                 layer: int) -> list[torch.Tensor]:
     """_backward_impl as an op of its own, so tracing sees its shapes (fake) instead of the
     data-dependent routing."""
     return _backward_impl(dy, x, router_logits, experts, weights, token, w1, w2, shared_w1,
-                          shared_w2, None, None, layer)
+                          shared_w2, None, None, kept, layer)
 
 
 @moe_backward.register_fake
-def _(dy, x, router_logits, experts, weights, token, w1, w2, shared_w1, shared_w2, layer):
+def _(dy, x, router_logits, experts, weights, token, w1, w2, shared_w1, shared_w2, kept, layer):
     return _fake_grads((x, router_logits, w1, w2, shared_w1, shared_w2))
 
 
@@ -157,16 +176,17 @@ def moe_backward_into(dy: torch.Tensor, x: torch.Tensor, router_logits: torch.Te
                       experts: torch.Tensor, weights: torch.Tensor, token: torch.Tensor,
                       w1: torch.Tensor, w2: torch.Tensor, shared_w1: torch.Tensor | None,
                       shared_w2: torch.Tensor | None, acc_w1: torch.Tensor,
-                      acc_w2: torch.Tensor, layer: int) -> list[torch.Tensor]:
+                      acc_w2: torch.Tensor, kept: list[torch.Tensor],
+                      layer: int) -> list[torch.Tensor]:
     """moe_backward adding the expert weight gradients into acc_w1 / acc_w2 (fused gradient
     accumulation; eager only, `_accumulate_into`); they come back empty."""
     return _backward_impl(dy, x, router_logits, experts, weights, token, w1, w2, shared_w1,
-                          shared_w2, acc_w1, acc_w2, layer)
+                          shared_w2, acc_w1, acc_w2, kept, layer)
 
 
 @moe_backward_into.register_fake
 def _(dy, x, router_logits, experts, weights, token, w1, w2, shared_w1, shared_w2, acc_w1,
-      acc_w2, layer):
+      acc_w2, kept, layer):
     return _fake_grads((x, router_logits, w1, w2, shared_w1, shared_w2), fused=True)
 
 
@@ -175,12 +195,12 @@ def _(dy, x, router_logits, experts, weights, token, w1, w2, shared_w1, shared_w
 def moe_forward_routed(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
                        w1: torch.Tensor, w2: torch.Tensor, shared_w1: torch.Tensor | None,
                        shared_w2: torch.Tensor | None, layer: int) -> list[torch.Tensor]:
-    """-> [y, token]."""
+    """-> [y, token, *kept]."""
     kernels = _kernels(layer, x)
     if kernels is not None:
-        y, _, gen = kernels.forward(x, None, w1, w2, shared_w1, shared_w2,
-                                    routes=(experts, weights), save=True)
-        return [y, _token(gen)]
+        y, _, gen, kept = kernels.forward(x, None, w1, w2, shared_w1, shared_w2,
+                                          routes=(experts, weights), save=True)
+        return [y, _token(gen), *kept]
     _local_only(layer)
     f = _f32((x, w1, w2, shared_w1, shared_w2))
     y = reference.moe_forward_routed(f[0], experts, weights.float(), *f[1:],
@@ -190,18 +210,18 @@ def moe_forward_routed(x: torch.Tensor, experts: torch.Tensor, weights: torch.Te
 
 @moe_forward_routed.register_fake
 def _(x, experts, weights, w1, w2, shared_w1, shared_w2, layer):
-    return [torch.empty_like(x), torch.empty(1, dtype=torch.int64)]
+    return [torch.empty_like(x), torch.empty(1, dtype=torch.int64), *_fake_kept(layer, x)]
 
 
 def _backward_routed_impl(dy, x, experts, weights, token, w1, w2, shared_w1, shared_w2,
-                          acc_w1, acc_w2, layer) -> list:
+                          acc_w1, acc_w2, kept, layer) -> list:
     """Gradients of (x, weights, w1, w2, shared_w1, shared_w2); see _backward_impl."""
     like = (x, weights, w1, w2, shared_w1, shared_w2)
     kernels = _kernels(layer, x, backward=True)
     if kernels is not None:
         acc = _acc(acc_w1, acc_w2)
         dx, dweights, dw1, dw2, dsw1, dsw2 = kernels.backward(
-            dy, x, w1, w2, shared_w1, shared_w2, (experts, weights), int(token[0]), acc)
+            dy, x, w1, w2, shared_w1, shared_w2, (experts, weights), int(token[0]), acc, kept)
         return _cast((dx, dweights, *_fused(dw1, dw2, acc), dsw1, dsw2), like)
     _local_only(layer)
     f = _f32((x, w1, w2, shared_w1, shared_w2))
@@ -214,14 +234,15 @@ def _backward_routed_impl(dy, x, experts, weights, token, w1, w2, shared_w1, sha
 def moe_backward_routed(dy: torch.Tensor, x: torch.Tensor, experts: torch.Tensor,
                         weights: torch.Tensor, token: torch.Tensor, w1: torch.Tensor,
                         w2: torch.Tensor, shared_w1: torch.Tensor | None,
-                        shared_w2: torch.Tensor | None, layer: int) -> list[torch.Tensor]:
+                        shared_w2: torch.Tensor | None, kept: list[torch.Tensor],
+                        layer: int) -> list[torch.Tensor]:
     """_backward_routed_impl as an op (see moe_backward)."""
     return _backward_routed_impl(dy, x, experts, weights, token, w1, w2, shared_w1, shared_w2,
-                                 None, None, layer)
+                                 None, None, kept, layer)
 
 
 @moe_backward_routed.register_fake
-def _(dy, x, experts, weights, token, w1, w2, shared_w1, shared_w2, layer):
+def _(dy, x, experts, weights, token, w1, w2, shared_w1, shared_w2, kept, layer):
     return _fake_grads((x, weights, w1, w2, shared_w1, shared_w2))
 
 
@@ -230,14 +251,16 @@ def moe_backward_routed_into(dy: torch.Tensor, x: torch.Tensor, experts: torch.T
                              weights: torch.Tensor, token: torch.Tensor, w1: torch.Tensor,
                              w2: torch.Tensor, shared_w1: torch.Tensor | None,
                              shared_w2: torch.Tensor | None, acc_w1: torch.Tensor,
-                             acc_w2: torch.Tensor, layer: int) -> list[torch.Tensor]:
+                             acc_w2: torch.Tensor, kept: list[torch.Tensor],
+                             layer: int) -> list[torch.Tensor]:
     """moe_backward_routed adding into acc_w1 / acc_w2 (see moe_backward_into)."""
     return _backward_routed_impl(dy, x, experts, weights, token, w1, w2, shared_w1, shared_w2,
-                                 acc_w1, acc_w2, layer)
+                                 acc_w1, acc_w2, kept, layer)
 
 
 @moe_backward_routed_into.register_fake
-def _(dy, x, experts, weights, token, w1, w2, shared_w1, shared_w2, acc_w1, acc_w2, layer):
+def _(dy, x, experts, weights, token, w1, w2, shared_w1, shared_w2, acc_w1, acc_w2, kept,
+      layer):
     return _fake_grads((x, weights, w1, w2, shared_w1, shared_w2), fused=True)
 
 
@@ -303,12 +326,22 @@ def _grads_out(g, has_shared: bool, fused: bool) -> list:
     return list(g[:2]) + experts + ([g[4], g[5]] if has_shared else [None, None])
 
 
-def _setup(ctx, inputs, output):
-    """Saves the inputs (None-free) and the forward's extra outputs (routes, token)."""
-    tensors = inputs[:-1]
-    ctx.has_shared = tensors[-2] is not None
-    ctx.save_for_backward(*[t for t in tensors if t is not None], *output[1:])
-    ctx.layer = inputs[-1]
+def _setup_with(extra: int):
+    """setup_context of a forward op returning y and `extra` more outputs before its kept
+    activations: saves the inputs (None-free) and the extra outputs (routes, token, kept)."""
+    def setup(ctx, inputs, output):
+        tensors = inputs[:-1]
+        ctx.has_shared = tensors[-2] is not None
+        ctx.n_kept = len(output) - 1 - extra
+        ctx.save_for_backward(*[t for t in tensors if t is not None], *output[1:])
+        ctx.layer = inputs[-1]
+    return setup
+
+
+def _kept_of(ctx, saved: list) -> tuple[list, list]:
+    """(saved without the kept activations, the kept activations)."""
+    k = ctx.n_kept
+    return (saved[:-k], saved[-k:]) if k else (saved, [])
 
 
 def _dy(grads):
@@ -319,27 +352,30 @@ def _dy(grads):
 
 def _backward(ctx, *grads):
     dy = _dy(grads)
-    saved = list(ctx.saved_tensors)  # x, logits, w1, w2[, sw1, sw2], experts, weights, token
+    # x, logits, w1, w2[, sw1, sw2], experts, weights, token[, kept...]
+    saved, kept = _kept_of(ctx, list(ctx.saved_tensors))
     x, logits, w1, w2 = saved[:4]
     shared = saved[4:6] if ctx.has_shared else [None, None]
     experts, weights, token = saved[-3:]
     args = (dy, x, logits, experts, weights, token, w1, w2, *shared)
     acc = _accumulate_into(ctx.layer, x, w1, w2)
-    g = (moe_backward_into(*args, *acc, ctx.layer) if acc else moe_backward(*args, ctx.layer))
+    g = (moe_backward_into(*args, *acc, kept, ctx.layer) if acc else
+         moe_backward(*args, kept, ctx.layer))
     return (*_grads_out(g, ctx.has_shared, bool(acc)), None)
 
 
 def _backward_routed(ctx, *grads):
     dy = _dy(grads)
-    saved = list(ctx.saved_tensors)  # x, experts, weights, w1, w2[, sw1, sw2], token
+    # x, experts, weights, w1, w2[, sw1, sw2], token[, kept...]
+    saved, kept = _kept_of(ctx, list(ctx.saved_tensors))
     shared = saved[5:7] if ctx.has_shared else [None, None]
     args = (dy, *saved[:3], saved[-1], *saved[3:5], *shared)
     acc = _accumulate_into(ctx.layer, saved[0], *saved[3:5])
-    g = (moe_backward_routed_into(*args, *acc, ctx.layer) if acc else
-         moe_backward_routed(*args, ctx.layer))
+    g = (moe_backward_routed_into(*args, *acc, kept, ctx.layer) if acc else
+         moe_backward_routed(*args, kept, ctx.layer))
     dx, dweights, dw1, dw2, dsw1, dsw2 = _grads_out(g, ctx.has_shared, bool(acc))
     return dx, None, dweights, dw1, dw2, dsw1, dsw2, None
 
 
-moe_forward.register_autograd(_backward, setup_context=_setup)
-moe_forward_routed.register_autograd(_backward_routed, setup_context=_setup)
+moe_forward.register_autograd(_backward, setup_context=_setup_with(3))
+moe_forward_routed.register_autograd(_backward_routed, setup_context=_setup_with(1))

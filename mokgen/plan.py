@@ -28,8 +28,8 @@ COMM_OPS = ("dispatch", "combine", "reverse_combine", "reverse_dispatch")
 
 # Fields a caller may force: together they reproduce every decision (`Plan.decisions`).
 OVERRIDABLE = COMM_OPS + ("comm_sms_fwd", "comm_sms_bwd", "minibatch", "macrobatch",
-                          "ring_budget_bytes", "x_slots", "arch", "reserve_sms", "overlap_comm",
-                          "profile", "gemm_fwd", "gemm_bwd")
+                          "ring_budget_bytes", "x_slots", "keep_h", "arch", "reserve_sms",
+                          "overlap_comm", "profile", "gemm_fwd", "gemm_bwd")
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,9 @@ class Plan:
     expected_replay_rows: int | None = None
     # x_window: the backward's x ring in minibatch slots (None: the ring's own)
     x_slots: int | None = None
+    # each differentiable call keeps its own gate/up pre-activations (h) for its backward, so
+    # that no backward replays gate/up, whatever other layers ran between (limits.keep_h_violations)
+    keep_h: bool = False
     # the annotated task graph this plan views (None: read from JSON or `replace`d)
     graph: Any = field(default=None, compare=False, repr=False)
 
@@ -160,6 +163,8 @@ class Plan:
             d[key] = None if d[key] is None else list(d[key])
         for key in ("gemm_fwd", "gemm_bwd"):
             d[key] = None if d[key] is None else d[key].fields()
+        if not d["keep_h"]:  # a later field: the plans without it keep their keys
+            del d["keep_h"]
         return d
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -203,7 +208,8 @@ class Plan:
             ("routed rows exp / max", f"{self.expected_routed_rows} / {self.max_routed_rows}"),
             *([("backward x ring", f"{self.x_slots} slots (a window: passes/x_window.py)")]
               if self.x_slots is not None else []),
-            ("expected replay rows", self.expected_replay_rows),
+            ("expected replay rows", "0 (each call keeps its h: keep_h)" if self.keep_h
+             else self.expected_replay_rows),
             ("fused quantization", ", ".join(self.quant_fused) or "none"),
             ("forced", ", ".join(self.forced) or "none"),
             *([("PROFILING BUILD", ", ".join(self.profile) + (
@@ -292,8 +298,9 @@ def initial_graph(shape: MoEShape, ep: int, dtype: str, tokens_per_rank: int, **
                                  f"solo]]]): three positive ints and up to three bools, "
                                  f"got {v!r}")
             overrides[name] = GemmConfig(*v)
-    if "overlap_comm" in overrides and not isinstance(overrides["overlap_comm"], bool):
-        raise ValueError(f"overlap_comm must be True or False, got {overrides['overlap_comm']!r}")
+    for name in ("overlap_comm", "keep_h"):
+        if name in overrides and not isinstance(overrides[name], bool):
+            raise ValueError(f"{name} must be True or False, got {overrides[name]!r}")
     usable = gpu.num_sms - overrides.get("reserve_sms", 0)
     for name in ("comm_sms_fwd", "comm_sms_bwd"):
         if name in overrides and overrides[name] >= usable:

@@ -225,6 +225,18 @@ def test_x_window_backward_compiles_without_spills(name, tokens):
     assert_no_spills_nor_serialized_wgmma(layer)
 
 
+# keep_h (each call keeps its h; the backward pulls x after a copying forward): the XPULL
+# backward on the default plan's minibatch and ring, and DeepSeek-V2-Lite's shared expert and
+# 1408 edge tiles.
+@needs_nvcc
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name,tokens", [("qwen3-30b-a3b", 8192), ("deepseek-v2-lite", 4096)])
+def test_keep_h_backward_compiles_without_spills(name, tokens):
+    layer = mokgen.compile(mokgen.shapes.get(name), ep=1, tokens_per_rank=tokens, keep_h=True)
+    assert layer.plan.keep_h
+    assert_no_spills_nor_serialized_wgmma(layer)
+
+
 def _cuobjdump():
     found = shutil.which("cuobjdump")
     if found:

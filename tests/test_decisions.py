@@ -48,6 +48,8 @@ FLIPS = {
     "ring_budget_bytes": (2 * BASE.minibatch * 6 * SHAPE.hidden, ALL),  # a 2-slot ring
     # one rank whose forward gathers x only (its source change: tests/test_memory.py)
     "x_slots": (4, "x_slots needs ep == 1"),
+    # likewise one rank only (its source change: tests/test_memory.py)
+    "keep_h": (True, "keep_h needs ep == 1"),
     "arch": ("sm_100a", "sm_90a"),  # plans for other GPUs serve mokgen.simulate only
     "reserve_sms": (16, {"fwd", "bwd"}),
     "overlap_comm": (True, {"fwd", "bwd"}),

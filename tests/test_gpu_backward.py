@@ -222,6 +222,92 @@ def test_x_window_equals_the_whole_x_ring_bitwise(shape, skew, tokens):
     assert got[1] - got[0] == want[1] - want[0] > 0
 
 
+@pytest.mark.parametrize("shape,skew,tokens", [
+    (mokgen.shapes.get("gpu-small"), "one-soft", 1500),
+    (mokgen.MoEShape(20, 2880, 704, 6, shared_experts=1, shared_intermediate=256), None, 700)])
+def test_keep_h_never_replays_and_equals_the_default_bitwise(shape, skew, tokens):
+    """keep_h: each call keeps its own h (and the shared expert's activations), so a backward
+    after other forwards of the same workspace replays nothing; it pulls x. Right against
+    the reference, every gradient bitwise the default plan's (whose ring held the forward),
+    bitwise again with two other forwards between the forward and its backward (the
+    replay count unchanged), and the workspace smaller by the plans' reports' difference."""
+    kw = dict(minibatch=256)
+    kept, inputs, dys, ours = run_backward(shape, 1, tokens, skew=skew, keep_h=True, **kw)
+    assert kept.plan.keep_h and kept.runtime().ranks[0].ring_h is None
+    base = mokgen.compile(shape, ep=1, tokens_per_rank=tokens, virtual=True, **kw)
+    _equal_grads(ours, grads_of(base, inputs, dys), "differs from the default plan's")
+    # two forwards of other inputs (one differentiable, its backward after) in between
+    leaves = {k: [t.detach().clone().requires_grad_() for t in inputs[k]] for k in NAMES}
+    shared = {k: None if inputs[k] is None else inputs[k].detach().clone().requires_grad_()
+              for k in ("shared_w1", "shared_w2")}
+    ys = kept(**leaves, **shared)
+    other = make_inputs(shape, 1, tokens)
+    other_leaves = {k: [t.detach().clone().requires_grad_() for t in other[k]] for k in NAMES}
+    other_ys = kept(**other_leaves, **{k: other[k] for k in ("shared_w1", "shared_w2")})
+    with torch.no_grad():
+        kept(**make_inputs(shape, 1, tokens))
+    replayed = kept.runtime().stats["replayed"]
+    torch.autograd.backward(ys, dys)
+    other_dys = [torch.randn_like(y) for y in other_ys]
+    torch.autograd.backward(other_ys, other_dys)
+    assert kept.runtime().stats["replayed"] == replayed
+    late = {k: [t.grad for t in v] for k, v in leaves.items()}
+    late.update({k: None if t is None else t.grad for k, t in shared.items()})
+    _equal_grads(ours, late, "differs after other forwards")
+    # the other call's routed gradients, after a backward of the workspace in between
+    ref = reference_grads(shape, other, other_dys)
+    check({k: [t.grad for t in other_leaves[k]] for k in NAMES}, {k: ref[k] for k in NAMES})
+    got = [m.memory()["workspace"] for m in (kept, base)]
+    want = [memory_report(m.plan)["workspace"]["total"] for m in (kept, base)]
+    assert got[1] - got[0] == want[1] - want[0] > 0
+
+
+def test_keep_h_modules_through_the_custom_ops():
+    """mokgen.MoE with keep_h, two layers sharing one workspace, both forwards before both
+    backwards, routed by mokgen from logits and by the caller's routes (the two forward ops):
+    every gradient bitwise each layer's own with the default plan run alone (its forward
+    resident), and no backward replayed."""
+    shape = mokgen.MoEShape(32, 1024, 512, 8, shared_experts=1, shared_intermediate=256)
+    T = 900
+    mods = {kh: [mokgen.MoE(shape, tokens_per_rank=T, router=False, device="cuda",
+                            keep_h=kh, minibatch=256) for _ in range(2)] for kh in (True, False)}
+    for a, b in zip(mods[True], mods[False]):
+        b.load_state_dict(a.state_dict())
+    xs = [torch.randn(T, shape.hidden, device="cuda").bfloat16() for _ in range(2)]
+    dys = [torch.randn_like(x) for x in xs]
+    logits = [torch.randn(T, shape.num_experts, device="cuda") for _ in xs]
+    routes = [(z.topk(shape.topk).indices, z.topk(shape.topk).values.softmax(-1)) for z in logits]
+
+    def call(m, x, i, by_routes):
+        return m(x, routes=routes[i]) if by_routes else m(x, router_logits=logits[i])
+
+    for by_routes in (False, True):
+        ref = []
+        for i, (m, x, dy) in enumerate(zip(mods[False], xs, dys)):  # alone: resident
+            m.zero_grad(set_to_none=True)
+            xg = x.detach().requires_grad_()
+            call(m, xg, i, by_routes).backward(dy)
+            ref.append([xg.grad] + [p.grad for p in m.parameters()])
+        leaves = [x.detach().requires_grad_() for x in xs]
+        for m in mods[True]:
+            m.zero_grad(set_to_none=True)
+        ys = [call(m, xg, i, by_routes) for i, (m, xg) in enumerate(zip(mods[True], leaves))]
+        rt = ops_kernels(mods[True][0]).runtime()
+        replayed = rt.stats["replayed"]
+        torch.autograd.backward(ys, dys)
+        assert rt.stats["replayed"] == replayed
+        for i, (m, xg) in enumerate(zip(mods[True], leaves)):
+            got = [xg.grad] + [p.grad for p in m.parameters()]
+            assert len(got) == len(ref[i]) == 5
+            for j, (g, h) in enumerate(zip(got, ref[i])):
+                assert torch.equal(g, h), f"layer {i}, gradient {j}, by routes {by_routes}"
+
+
+def ops_kernels(module):
+    from mokgen import ops
+    return ops.kernels_of(module._layer).layer()
+
+
 def test_backward_no_shared_expert():
     run_backward(mokgen.MoEShape(16, 512, 256, 2, shared_experts=0), 2, 300)
 

@@ -11,6 +11,7 @@ import mokgen
 from mokgen import codegen, ops
 from mokgen.api import layer_spec, memory_report
 from mokgen.cli import main as cli
+from mokgen.plan import Plan
 from mokgen.runtime.workspace import BackwardScratch, live_workspaces, shared
 
 QWEN3_30B = mokgen.MoEShape(128, 2048, 768, 8, shared_experts=0)
@@ -109,6 +110,43 @@ def test_x_window_shrinks_the_x_ring_where_the_forward_gathers():
     bwd = [k.source for k in codegen.emit(p, ("bwd",))] + [k.source for k in
                                                          codegen.emit(whole, ("bwd",))]
     assert f"/*XSLOTS*/ {p.x_slots}>" in bwd[0] and "/*XSLOTS*/" not in bwd[1]
+
+
+def test_keep_h_moves_h_from_the_workspace_to_each_call_and_pulls_x():
+    """keep_h (one rank, bf16, a ring holding every minibatch): the workspace has no ring_h,
+    each differentiable call keeps its own (saved_per_layer grows by it, and by the shared
+    expert's activations where there is one); the backward kernel pulls x (FwdConsts XPULL)
+    and the forward's source is the default's; the key of a plan without it is unchanged.
+    Elsewhere refused, naming the rule."""
+    n, s = 8192, QWEN3_30B
+    p = mokgen.plan(s, ep=1, tokens_per_rank=n)
+    k = mokgen.plan(s, ep=1, tokens_per_rank=n, keep_h=True)
+    assert (k.macrobatch, k.minibatch) == (p.macrobatch, p.minibatch) and k.keep_h
+    a, b = memory_report(p), memory_report(k)
+    ring_h = p.macrobatch * 2 * s.intermediate * 2
+    assert a["workspace"]["total"] - b["workspace"]["total"] == ring_h
+    assert b["saved_per_layer"] - a["saved_per_layer"] == ring_h
+    sh = mokgen.MoEShape(64, 2048, 1408, 6, shared_experts=1, shared_intermediate=2816)
+    r0 = memory_report(mokgen.plan(sh, ep=1, tokens_per_rank=4096))
+    r1 = memory_report(q := mokgen.plan(sh, ep=1, tokens_per_rank=4096, keep_h=True))
+    assert r1["saved_per_layer"] - r0["saved_per_layer"] == \
+        (q.macrobatch * 2 * sh.intermediate + 4096 * 3 * 2816) * 2
+    def units(plan):  # the plan key (named in the sources) taken out
+        return {u.name.split("_")[0]: u.source.replace(plan.key(), "<key>")
+                for u in codegen.emit(plan, ("fwd", "bwd"))}
+    src, base = units(k), units(p)
+    assert "/*XPULL*/ true" in src["bwd"] and "/*XPULL*/ false" in base["bwd"]
+    assert src["fwd"] == base["fwd"]
+    assert "keep_h" not in p.to_json() and json.loads(k.to_json())["keep_h"] is True
+    assert Plan.from_json(k.to_json()) == k
+    with pytest.raises(ValueError, match="keep_h needs ep == 1 and dtype bf16"):
+        mokgen.plan(s, ep=1, tokens_per_rank=n, keep_h=True, dtype="fp8")
+    with pytest.raises(ValueError, match="keep_h needs ep == 1 and dtype bf16"):
+        mokgen.plan(s, ep=8, tokens_per_rank=2048, keep_h=True)
+    with pytest.raises(ValueError, match="keep_h needs a ring that holds every minibatch"):
+        mokgen.plan(s, ep=1, tokens_per_rank=n, keep_h=True, ring_budget_bytes=300 << 20)
+    with pytest.raises(ValueError, match="keep_h must be True or False"):
+        mokgen.plan(s, ep=1, tokens_per_rank=n, keep_h=1)
 
 
 def test_cli_plan_prints_the_memory(capsys):

@@ -81,7 +81,7 @@ def test_backward_op_passes_opcheck_with_and_without_accumulation_targets():
     args = (torch.randn_like(x), x, logits, experts.int(), weights.softmax(-1), token, *w)
     for op, acc in ((ops.moe_backward, ()),
                     (ops.moe_backward_into, (torch.randn_like(w[0]), torch.randn_like(w[1])))):
-        torch.library.opcheck(op, (*args, *acc, m._layer),
+        torch.library.opcheck(op, (*args, *acc, [], m._layer),
                               test_utils=("test_schema", "test_faketensor"))
 
 

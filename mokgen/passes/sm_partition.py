@@ -80,9 +80,9 @@ def direction_costs(plan: Plan, backward: bool) -> tuple[float, float]:
         # left out: the ring is sized after this pass and usually holds every row. fp8 plans
         # pull x for every row (their forward's ring holds it in e4m3; the weight gradients
         # read bf16), and so do the plans whose forward gathered x (limits.GATHER: its ring
-        # holds no x).
-        fwd_gathered = plan.dispatch == GATHER and plan.reverse_combine != GATHER
-        moved = rows * 2 * s.hidden * (3 if plan.scale_block or fwd_gathered else 2)
+        # holds no x) or whose calls keep their own h (keep_h: the ring's x is the last call's).
+        pulls_x = plan.reverse_combine != GATHER and (plan.dispatch == GATHER or plan.keep_h)
+        moved = rows * 2 * s.hidden * (3 if plan.scale_block or pulls_x else 2)
     return moved, flops
 
 

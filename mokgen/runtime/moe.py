@@ -22,7 +22,7 @@ from .abi import padded
 from .checks import check_ctas
 from .peers import PeerSet
 from .prologue import Prologue
-from .workspace import LayerSpec, RankBuffers  # noqa: F401 - LayerSpec: re-exported
+from .workspace import KeptActivations, LayerSpec, RankBuffers  # noqa: F401 - LayerSpec: re-exported
 
 BF16 = torch.bfloat16
 MAX_MAPS = 4096  # tensor maps kept (128 B each): a 48-layer model uses about 30 per layer
@@ -155,12 +155,18 @@ class ForwardRuntime:
         return torch.cuda.current_stream(self.dev)
 
     # ------------------------------------------------------------------ the call
-    def forward(self, xs, logits, w1s, w2s, shared_w1, shared_w2, routes=None, save=False):
+    def forward(self, xs, logits, w1s, w2s, shared_w1, shared_w2, routes=None, save=False,
+                kept=None):
         """Per hosted rank lists; returns the list of y [n, D] bf16. `routes`: per hosted rank
         (experts int32 [n, k], weights fp32 [n, k]) chosen by the caller, instead of logits.
         `save`: keep the gate/up pre-activations (and, fp8 plans, the SwiGLU output in bf16)
-        in the ring for a backward, which then replays only what the ring lost."""
+        in the ring for a backward, which then replays only what the ring lost; `kept` (keep_h
+        plans, with save): per hosted rank the call's own KeptActivations (new_kept) to
+        keep them in instead."""
         n = xs[0].shape[0]
+        if self.spec.keep_h and save and kept is None:
+            raise ValueError("mokgen: a keep_h layer's forward with save keeps its h in the "
+                             "call's own buffers: pass kept=rt.new_kept(n)")
         self.generation += 1
         self.saved = save
         hosted = range(len(self.ranks))
@@ -181,13 +187,24 @@ class ForwardRuntime:
                 self.schedule(i, n)
             self.peers.barrier(self._launch_barrier)
             self.side_by_side(hosted, lambda i: self.experts(
-                i, xs[i], x_ptrs, w1s[i], w2s[i], shared_w1, shared_w2, save))
+                i, xs[i], x_ptrs, w1s[i], w2s[i], shared_w1, shared_w2, save,
+                kept and kept[i]))
         else:
             for i in hosted:
                 self.schedule(i, n)
-                self.experts(i, xs[i], x_ptrs, w1s[i], w2s[i], shared_w1, shared_w2, save)
+                self.experts(i, xs[i], x_ptrs, w1s[i], w2s[i], shared_w1, shared_w2, save,
+                             kept and kept[i])
         self.peers.barrier(self._launch_barrier)
         return [self.combine_sum(i, n) for i in hosted]
+
+    def new_kept(self, n) -> list:
+        """Per hosted rank a call's own KeptActivations (keep_h plans; NaN under poison)."""
+        kept = [KeptActivations(self.spec, self.dev, n) for _ in self.ranks]
+        if self.poison_outputs:
+            for k in kept:
+                for t in k.tensors():
+                    t.fill_(float("nan"))
+        return kept
 
     def side_by_side(self, hosted, launch) -> None:
         """`launch(i)` for every hosted rank, each on its own stream forked from and joined
@@ -222,6 +239,9 @@ class ForwardRuntime:
             raise ValueError(f"dispatch={self.spec.dispatch!r} combine={self.spec.combine!r}: "
                              f"a rank's megakernel waits on its peers' running at once, so one "
                              f"rank cannot run alone; time the whole call (forward)")
+        if self.spec.keep_h and save:
+            raise ValueError("keep_h: a call keeps its h in its own buffers, which the per-rank "
+                             "slice does not hand on; time the whole call (forward)")
         n = xs[0].shape[0]
         self.generation += 1
         self.saved = save
@@ -271,14 +291,20 @@ class ForwardRuntime:
         self.prologue.schedule(self._stream(), self.ranks[i], n, self.spec.ep,
                                self.peers.hosted_ranks[i])
 
-    def experts(self, i, x, x_ptrs, w1, w2, shared_w1, shared_w2, save=False):
-        """The megakernel of rank i: dispatch, shared + routed experts, push combine."""
+    def experts(self, i, x, x_ptrs, w1, w2, shared_w1, shared_w2, save=False, kept=None):
+        """The megakernel of rank i: dispatch, shared + routed experts, push combine; h (and
+        the shared expert's activations) into `kept` where given (keep_h)."""
         s, b = self.spec, self.ranks[i]
         n, L, I, D = x.shape[0], s.local_experts, s.intermediate, s.hidden
-        IS = b.h_shared.shape[1]
-        sw1 = shared_w1 if shared_w1 is not None else b.h_shared  # unused placeholders
-        sw2 = shared_w2 if shared_w2 is not None else b.h_shared
-        maps = {"x": self._map(x, n, D, 128), "hs": self._map(b.h_shared, n, IS, 128),
+        ring_h, h_shared, hs_pre = b.ring_h, b.h_shared, b.hs_pre
+        if kept is not None:
+            ring_h = kept.ring_h
+            if kept.h_shared is not None:
+                h_shared, hs_pre = kept.h_shared, kept.hs_pre
+        IS = h_shared.shape[1]
+        sw1 = shared_w1 if shared_w1 is not None else h_shared  # unused placeholders
+        sw2 = shared_w2 if shared_w2 is not None else h_shared
+        maps = {"x": self._map(x, n, D, 128), "hs": self._map(h_shared, n, IS, 128),
                 # gathered rows: no ring_x, a map of x in its place (unread)
                 "ring_x": self._map(x, n, D, 128) if b.ring_x is None else
                 self._map(b.ring_x, b.ring_x.shape[0], D, 128),
@@ -290,10 +316,10 @@ class ForwardRuntime:
         peer_table = cuda.Raw(struct.pack(f"<{s.ep}Q", *x_ptrs) + self.peers.table("combine"))
         bufs = abi.pack(abi.FWD_BUFFERS, table=b.table, row_weight=b.row_weight, meta=b.meta,
                         offsets=b.offsets, ring_x=b.ring_x, ring_a=b.ring_a,
-                        ring_h=b.ring_h if save else None, h_shared=b.h_shared,
+                        ring_h=ring_h if save else None, h_shared=h_shared,
                         # the shared expert's pre-activations, which a bf16 backward reads
                         # where resident (moe_bwd.cuh BwdSchedule::shared_kept)
-                        hs_pre=b.hs_pre if save and not s.scale_block else None,
+                        hs_pre=hs_pre if save and not s.scale_block else None,
                         y_shared=b.y_shared, counters=b.counters, **fp8_fields, n_tokens=n,
                         max_minibatches=s.max_minibatches, rank=self.peers.hosted_ranks[i])
         dirs = [self.dir_peers()] if s.peer_directions else []

@@ -6,7 +6,9 @@ on this layer in between, and that forward kept its gate/up pre-activations), th
 takes macrobatch 0 from the ring and the shared expert's activations from where the forward
 left them, and replays only the rest; otherwise it re-schedules from the saved routes,
 replays everything and recomputes the shared expert's gate/up. Either way the gradients are
-the same.
+the same. keep_h plans replay nothing: each call's forward left its h (and the shared
+expert's activations) in buffers of its own (workspace.py KeptActivations), which the
+backward is handed; it re-schedules where the tables were rewritten and pulls x.
 
 Virtual ranks run their backward megakernels one after another, except when the backward
 moves rows the non-default way (push reverse-combine, pull reverse-dispatch: their kernels
@@ -88,18 +90,24 @@ class BackwardPass(BackwardScratch):
 
     # ------------------------------------------------------------------ the call
     def backward(self, dys, xs, w1s, w2s, shared_w1, shared_w2, routes, generation,
-                 accumulate=None):
+                 accumulate=None, kept=None):
         """Per hosted rank lists. `routes`: per hosted rank (experts int32 [n, k] global ids,
         weights fp32 [n, k]) of the forward being differentiated; `generation`: that
         forward's `rt.generation`. Returns (dxs, dweights [n, k] fp32, dw1s, dw2s, dsw1,
         dsw2); the shared gradients are summed over the hosted ranks (None without one).
         `accumulate`: per hosted rank (dw1, dw2) bf16 tensors shaped like w1 and w2 that
         the kernel adds the expert weight gradients into (fused gradient accumulation); they
-        are then the dw1s and dw2s returned."""
+        are then the dw1s and dw2s returned. `kept`: per hosted rank the forward's own
+        KeptActivations (keep_h plans: required): its h is then resident whatever ran since,
+        and only the schedule is rebuilt where the tables were rewritten."""
         rt, s = self.rt, self.rt.spec
         n = xs[0].shape[0]
         hosted = range(len(rt.ranks))
-        resident = rt.saved and generation == rt.generation
+        if s.keep_h and kept is None:
+            raise ValueError("mokgen: a keep_h layer's backward needs its forward's kept "
+                             "activations (CompiledMoE.forward_raw returns them)")
+        tables = rt.saved and generation == rt.generation  # the schedule is that forward's
+        resident = tables or kept is not None
         rt.generation += 1  # the backward's pulls overwrite the rings
         rt.saved = False
         rt.stats["backward"] += 1
@@ -108,14 +116,14 @@ class BackwardPass(BackwardScratch):
         # them), before any rank's kernel touches a peer
         x_ptrs = rt.peers.x_pointers(xs)
         dy_ptrs = rt.peers.x_pointers(dys, "dy")
-        if not resident:  # the tables were rewritten since: rebuild them from the routes
+        if not tables:  # the tables were rewritten since: rebuild them from the routes
             for i in hosted:
                 rt.route_given(i, *routes[i], n)
         if s.bwd_peer_directions:  # before the barrier: peers count into them
             for i in hosted:
                 rt.ranks[i].xflags.zero_()
         rt.peers.barrier(rt._launch_barrier)
-        if not resident:
+        if not tables:  # (the same layout as the forward's: Algorithm 1 is deterministic)
             for i in hosted:
                 rt.schedule(i, n)
         if s.bwd_peer_directions:  # peers read every schedule while the megakernels run
@@ -130,7 +138,7 @@ class BackwardPass(BackwardScratch):
                if shared_w1 is not None else [None, None] for _ in hosted]
         launch = lambda i: self._launch(  # noqa: E731
             i, n, xs[i], dys[i], x_ptrs, dy_ptrs, w1s[i], w2s[i], shared_w1, shared_w2,
-            dw1s[i], dw2s[i], *dsw[i], resident, accumulate is not None)
+            dw1s[i], dw2s[i], *dsw[i], resident, accumulate is not None, kept and kept[i])
         if self.side_by_side:
             rt.side_by_side(list(hosted), launch)
         else:
@@ -148,6 +156,9 @@ class BackwardPass(BackwardScratch):
         its forward_rank(save=True), reusing the other ranks' buffers from an earlier full
         call: the per-rank slice that benchmarks time. -> (dx, dw1, dw2, dsw1, dsw2)."""
         rt, n = self.rt, xs[0].shape[0]
+        if rt.spec.keep_h:
+            raise ValueError("keep_h: a call keeps its h in its own buffers, which the per-rank "
+                             "slice does not hand on; time the whole call (backward)")
         if rt.spec.bwd_peer_directions:
             raise ValueError(f"reverse_combine={rt.spec.reverse_combine!r} reverse_dispatch="
                              f"{rt.spec.reverse_dispatch!r}: a rank's backward megakernel "
@@ -177,15 +188,19 @@ class BackwardPass(BackwardScratch):
         return rt.combine_sum(i, n, at=(sc.ring_dy, sc.pos))
 
     def _launch(self, i, n, x, dy, x_ptrs, dy_ptrs, w1, w2, sw1, sw2, dw1, dw2, dsw1, dsw2,
-                resident, accumulate=False):
+                resident, accumulate=False, kept=None):
         rt, s, b, sc = self.rt, self.rt.spec, self.rt.ranks[i], self.scratch[i]
         st = rt._stream()
         rt.prologue.segments(st, b, s.ep, sc.segs, sc.seg_start)
         sc.counters.zero_()
         L, D, I, M = s.local_experts, s.hidden, s.intermediate, s.macrobatch
         # the shared expert's activations: the forward's where resident, else recomputed
-        # there (moe_bwd.cuh); dh lands over hs_pre
-        hs_pre, hs_a = b.hs_pre, b.h_shared
+        # there (moe_bwd.cuh); dh lands over hs_pre. keep_h: h and those are the call's own
+        ring_h, hs_pre, hs_a = b.ring_h, b.hs_pre, b.h_shared
+        if kept is not None:
+            ring_h = kept.ring_h
+            if kept.h_shared is not None:
+                hs_pre, hs_a = kept.hs_pre, kept.h_shared
         IS = hs_a.shape[1]
         sw1 = sw1 if sw1 is not None else hs_pre  # placeholders without a shared expert
         sw2 = sw2 if sw2 is not None else hs_a
@@ -198,8 +213,8 @@ class BackwardPass(BackwardScratch):
                 "x_mn": mp(x, n, D, 64),
                 "w1_k": mp(w1, L * 2 * I, D, 128), "w2_mn": mp(w2, L * D, I, 64),
                 # dh lands over the pre-activations, w * a over a (moe_bwd.cuh, DG)
-                "ring_dh_k": mp(b.ring_h, M, 2 * I, 128), "w1_mn": mp(w1, L * 2 * I, D, 64),
-                "ring_a_mn": mp(b.ring_a, M, I, 64), "ring_dh_mn": mp(b.ring_h, M, 2 * I, 64)}
+                "ring_dh_k": mp(ring_h, M, 2 * I, 128), "w1_mn": mp(w1, L * 2 * I, D, 64),
+                "ring_a_mn": mp(b.ring_a, M, I, 64), "ring_dh_mn": mp(ring_h, M, 2 * I, 64)}
         # gathered rows (no x or dy ring): x's and dy's own maps in their places, unread
         for ring, t, src in (("ring_x", b.ring_x, "x"), ("ring_dy", sc.ring_dy, "dy")):
             maps[f"{ring}_k"] = maps[f"{src}_k"] if t is None else mp(t, t.shape[0], D, 128)
@@ -220,7 +235,7 @@ class BackwardPass(BackwardScratch):
         bufs = abi.pack(
             abi.BWD_BUFFERS, table=b.table, row_weight=b.row_weight, meta=b.meta,
             offsets=b.offsets, segs=sc.segs, seg_start=sc.seg_start, ring_x=b.ring_x,
-            ring_h=b.ring_h, ring_a=b.ring_a, ring_dy=sc.ring_dy, dw_part=sc.dw_part,
+            ring_h=ring_h, ring_a=b.ring_a, ring_dy=sc.ring_dy, dw_part=sc.dw_part,
             hs_pre=hs_pre, hs_a=hs_a, dx_shared=b.y_shared, dw1=dw1, dw2=dw2,
             dsw1=dsw1, dsw2=dsw2, wg_acc=sc.wg_acc, counters=sc.counters, **fp8_fields, n_tokens=n,
             max_minibatches=s.max_minibatches, rank=rt.peers.hosted_ranks[i],

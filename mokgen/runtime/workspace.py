@@ -52,6 +52,8 @@ class LayerSpec:
     # the backward's x ring as a window of this many minibatch slots (passes/x_window.py,
     # FwdConsts XSLOTS); 0: the ring's own
     x_slots: int = 0
+    # each differentiable call keeps its own h (KeptActivations) instead of the ring's
+    keep_h: bool = False
 
     @property
     def gather(self) -> bool:
@@ -148,7 +150,9 @@ class RankBuffers:
         self.ring_x = peer["ring_x"] if "ring_x" in peer else None if s.gather else \
             torch.empty(s.x_rows, s.hidden, dtype=BF16, device=dev)
         self.ring_a = torch.empty(s.macrobatch, s.intermediate, dtype=BF16, device=dev)
-        self.ring_h = torch.empty(s.macrobatch, 2 * s.intermediate, dtype=BF16, device=dev)
+        # keep_h: none here, each differentiable call's own (KeptActivations)
+        self.ring_h = None if s.keep_h else \
+            torch.empty(s.macrobatch, 2 * s.intermediate, dtype=BF16, device=dev)
         # the shared expert's SwiGLU output (the forward always writes it) and its gate/up
         # pre-activations (written when a bf16 backward follows, which then reads both as it
         # reads the ring, or recomputes both here when another forward ran since or in fp8
@@ -167,6 +171,40 @@ class RankBuffers:
             self.ring_a8 = torch.empty(M, s.intermediate, dtype=torch.uint8, device=dev)
             self.ring_sx = torch.empty(-(-s.hidden // q), M, **f32)  # a partial block: one
             self.ring_sa = torch.empty(-(-s.intermediate // q), M, **f32)
+
+
+class KeptActivations:
+    """What one differentiable call of a keep_h plan keeps for its own backward, allocated by
+    its forward (the caching allocator's, freed with the autograd graph): the gate/up
+    pre-activations in ring layout (the kernels' ring_h, over which the backward writes dh)
+    and, with a shared expert, its pre-activations and SwiGLU output (RankBuffers' hs_pre and
+    h_shared otherwise). So a backward finds its forward's h whatever other layers sharing
+    the workspace ran between, and never replays gate/up; it pulls x (FwdConsts XPULL)."""
+
+    def __init__(self, spec: LayerSpec, dev, n_tokens: int):
+        s = spec
+        self.ring_h = torch.empty(s.macrobatch, 2 * s.intermediate, dtype=BF16, device=dev)
+        IS = s.shared_dim
+        self.hs_pre = torch.empty(n_tokens, 2 * IS, dtype=BF16, device=dev) if IS else None
+        self.h_shared = torch.empty(n_tokens, IS, dtype=BF16, device=dev) if IS else None
+
+    def tensors(self) -> list:
+        return [t for t in (self.ring_h, self.hs_pre, self.h_shared) if t is not None]
+
+    @classmethod
+    def of(cls, tensors: list) -> "KeptActivations":
+        """The object `tensors()` came from (the custom ops carry the tensors)."""
+        k = cls.__new__(cls)
+        k.ring_h, *shared = tensors
+        k.hs_pre, k.h_shared = shared if shared else (None, None)
+        return k
+
+
+def kept_bytes(spec: LayerSpec, tokens: int) -> int:
+    """Bytes KeptActivations holds per call (0 unless keep_h)."""
+    if not spec.keep_h:
+        return 0
+    return (spec.macrobatch * 2 * spec.intermediate + tokens * 3 * spec.shared_dim) * 2
 
 
 class BackwardScratch:
@@ -287,9 +325,11 @@ def workspace_bytes(spec: LayerSpec) -> dict:
 
 def saved_bytes(spec: LayerSpec, tokens: int, by_logits: bool = True) -> int:
     """Bytes one layer keeps per call for its backward besides the ring: its input x (bf16),
-    router logits (fp32, when mokgen routes) and routes (int32 experts + fp32 weights)."""
+    router logits (fp32, when mokgen routes), routes (int32 experts + fp32 weights) and,
+    keep_h plans, its own h (KeptActivations)."""
     n, K = tokens, spec.topk
-    return n * spec.hidden * 2 + (n * spec.num_experts * 4 if by_logits else 0) + n * K * 8
+    return n * spec.hidden * 2 + (n * spec.num_experts * 4 if by_logits else 0) + n * K * 8 \
+        + kept_bytes(spec, n)
 
 
 # ---------------------------------------------------------------- the pool
