@@ -107,7 +107,11 @@ class BackwardPass(BackwardScratch):
             raise ValueError("mokgen: a keep_h layer's backward needs its forward's kept "
                              "activations (CompiledMoE.forward_raw returns them)")
         tables = rt.saved and generation == rt.generation  # the schedule is that forward's
-        resident = tables or kept is not None
+        # the kernel's resident (moe_bwd.cuh BwdBuffers): 2 where a keep_h backward's ring
+        # also holds this call's x (nothing ran since a forward that copied x), so it pulls
+        # only dy; 1 where h is the call's (the ring, or kept), 0 where it replays
+        resident = (2 if s.keep_h and s.dispatch != "gather" else 1) if tables else \
+            int(kept is not None)
         rt.generation += 1  # the backward's pulls overwrite the rings
         rt.saved = False
         rt.stats["backward"] += 1

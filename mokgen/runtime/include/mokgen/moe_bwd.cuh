@@ -119,7 +119,8 @@ struct BwdBuffers {
   int max_minibatches;
   int rank;
   int resident;             // 1: the ring holds the forward's macrobatch 0 (no replay for it)
-                            // and hs_pre / hs_a the forward's shared expert (no recompute)
+                            // and hs_pre / hs_a the forward's shared expert (no recompute);
+                            // 2 (XPULL kernels of keep_h plans): its x rows too (no x pull)
   int accumulate;           // 1: dw1 / dw2 hold gradients already (the caller's .grad): add
   int wg_by_minibatch;      // 1: wg_acc's slot is the expert's first minibatch, 0: the expert
   int wgrad_tma;            // 1: maps dw1_st / dw2_st are dw1 / dw2 (kTmaWgrad kernels)
@@ -1035,7 +1036,8 @@ struct BwdProblem {
 };
 
 // Minibatch m's rows into its ring slot, by `workers` warps: x if the ring lost it (replay)
-// or never held it (XPULL: the forward gathered), dy unless the owners push it.
+// or may not hold it (XPULL: the forward gathered, or keep_h unless the ring is this call's:
+// resident 2), dy unless the owners push it.
 template <class C, class S>
 MOKGEN_DEV void bwd_pull_minibatch(const BwdPeers<C::R>& peers, const BwdBuffers& buf,
                                    const S& s, int m, int worker, int workers) {
@@ -1052,14 +1054,17 @@ MOKGEN_DEV void bwd_pull_minibatch(const BwdPeers<C::R>& peers, const BwdBuffers
   } else {
     constexpr int VEC = C::D / 8;
     if constexpr (C::XPULL && !C::RCPUSH && VEC % 32 == 0 && (VEC % 256 == 0 || VEC < 256)) {
-      // both rows of a route at once (pull_row_pairs)
-      pull_row_pairs<C::D, C::K>(buf.table, peers.x, buf.ring_x, s.x_row(ring0), peers.dy,
-                                 buf.ring_dy, ring0, p0, p1, worker, workers);
+      if (buf.resident > 1)  // the ring holds this call's x too (keep_h): dy alone
+        pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker,
+                              workers);
+      else  // both rows of a route at once (pull_row_pairs)
+        pull_row_pairs<C::D, C::K>(buf.table, peers.x, buf.ring_x, s.x_row(ring0), peers.dy,
+                                   buf.ring_dy, ring0, p0, p1, worker, workers);
     } else {
       if constexpr (C::XWIN)  // (beside the expression as it was: see replay)
         pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, s.x_row(ring0), worker,
                               workers);
-      else if (C::XPULL || s.replayed(m))
+      else if (C::XPULL ? buf.resident < 2 || s.replayed(m) : s.replayed(m))
         pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, ring0, worker, workers);
       if constexpr (!C::RCPUSH)
         pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker, workers);
