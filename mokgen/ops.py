@@ -330,6 +330,10 @@ def _setup_with(extra: int):
     """setup_context of a forward op returning y and `extra` more outputs before its kept
     activations: saves the inputs (None-free) and the extra outputs (routes, token, kept)."""
     def setup(ctx, inputs, output):
+        # no zero gradients made up for the outputs nothing differentiates (routes, kept
+        # activations: a keep_h call's h would get a 250 MiB zero tensor, measured on an
+        # H200); an unused y's is made in _dy
+        ctx.set_materialize_grads(False)
         tensors = inputs[:-1]
         ctx.has_shared = tensors[-2] is not None
         ctx.n_kept = len(output) - 1 - extra
@@ -344,17 +348,19 @@ def _kept_of(ctx, saved: list) -> tuple[list, list]:
     return (saved[:-k], saved[-k:]) if k else (saved, [])
 
 
-def _dy(grads):
-    """The output gradient of y (a list-returning op's backward gets the list)."""
+def _dy(grads, x):
+    """The output gradient of y (a list-returning op's backward gets the list); zeros where
+    y was not used (gradients are not materialized: _setup_with)."""
     g = grads[0]
-    return g[0] if isinstance(g, (list, tuple)) else g
+    g = g[0] if isinstance(g, (list, tuple)) else g
+    return torch.zeros_like(x) if g is None else g
 
 
 def _backward(ctx, *grads):
-    dy = _dy(grads)
     # x, logits, w1, w2[, sw1, sw2], experts, weights, token[, kept...]
     saved, kept = _kept_of(ctx, list(ctx.saved_tensors))
     x, logits, w1, w2 = saved[:4]
+    dy = _dy(grads, x)
     shared = saved[4:6] if ctx.has_shared else [None, None]
     experts, weights, token = saved[-3:]
     args = (dy, x, logits, experts, weights, token, w1, w2, *shared)
@@ -365,9 +371,9 @@ def _backward(ctx, *grads):
 
 
 def _backward_routed(ctx, *grads):
-    dy = _dy(grads)
     # x, experts, weights, w1, w2[, sw1, sw2], token[, kept...]
     saved, kept = _kept_of(ctx, list(ctx.saved_tensors))
+    dy = _dy(grads, saved[0])
     shared = saved[5:7] if ctx.has_shared else [None, None]
     args = (dy, *saved[:3], saved[-1], *saved[3:5], *shared)
     acc = _accumulate_into(ctx.layer, saved[0], *saved[3:5])
