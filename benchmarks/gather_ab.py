@@ -64,6 +64,12 @@ def prebuild(shapes, variants) -> None:
     print(f"prebuild: {len(bins)} kernels, {sum(not b.cached for b in bins)} built")
 
 
+def selected(a) -> tuple[list, dict]:
+    """(SHAPES named by a.shapes, {variant: its overrides} of a.variants)."""
+    return [s for s in SHAPES if s[0] in a.shapes.split(",")], \
+        {v: variant(v) for v in a.variants.split(",")}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
@@ -73,8 +79,7 @@ def main(argv=None):
                     help="of " + ", ".join(VARIANTS) + " (each run in a mirrored order)")
     ap.add_argument("--prebuild", action="store_true")
     a = ap.parse_args(argv)
-    shapes = [s for s in SHAPES if s[0] in a.shapes.split(",")]
-    variants = {v: variant(v) for v in a.variants.split(",")}
+    shapes, variants = selected(a)
     if a.prebuild:
         prebuild(shapes, variants)
         return 0

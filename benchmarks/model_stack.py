@@ -8,7 +8,8 @@ Per configuration, on the same weights and inputs:
 - peak: the most allocated during a step beyond what was allocated before it;
 - step: median time of a training step (forward + backward), CUDA events.
 Steps accumulate into the gradients the first step made (micro-batches of one optimizer
-step); `--fuse 1` builds mokgen's layers with fuse_grad_accumulation (the kernel adds the
+step); `--keep-h 1` builds them with keep_h (each call keeps its own h: no layer's backward
+replays, for h per layer; README); `--fuse 1` builds mokgen's layers with fuse_grad_accumulation (the kernel adds the
 expert gradients into .grad: no expert-gradient-sized temporary, which autograd's
 accumulation allocates on both sides otherwise).
 Both stacks get the same weights (same seed, same initialization order) and inputs. A
@@ -104,18 +105,19 @@ class Stack(nn.Module):
         return h
 
 
-def build(impl, shape, layers, tokens, ckpt, fuse=False):
+def build(impl, shape, layers, tokens, ckpt, fuse=False, keep_h=False):
     dev = torch.device("cuda")
     torch.manual_seed(0)
     if impl == "torch":
         moes = [GroupedMoE(shape, dev) for _ in range(layers)]
     else:
         moes = [mokgen.MoE(shape, tokens_per_rank=tokens, device=dev,
-                           fuse_grad_accumulation=fuse) for _ in range(layers)]
+                           fuse_grad_accumulation=fuse, **({"keep_h": True} if keep_h else {}))
+                for _ in range(layers)]
     return Stack(moes, ckpt)
 
 
-def measure(impl, shape, layers, tokens, ckpt, iters, fuse=False):
+def measure(impl, shape, layers, tokens, ckpt, iters, fuse=False, keep_h=False):
     """-> dict of held/peak MB and step ms, or {"oom": True}. The steps accumulate into
     the gradients of the first (as micro-batches do): `fuse` (mokgen.MoE's
     fuse_grad_accumulation) adds the expert gradients in the kernel from the second on."""
@@ -123,7 +125,7 @@ def measure(impl, shape, layers, tokens, ckpt, iters, fuse=False):
     torch.cuda.empty_cache()
     model = x = dy = None
     try:
-        model = build(impl, shape, layers, tokens, ckpt, fuse)
+        model = build(impl, shape, layers, tokens, ckpt, fuse, keep_h)
         params = sum(p.numel() * p.element_size() for p in model.parameters())
         x = torch.randn(tokens, shape.hidden, device="cuda", dtype=torch.bfloat16)
         dy = torch.randn_like(x)
@@ -165,15 +167,16 @@ def measure(impl, shape, layers, tokens, ckpt, iters, fuse=False):
         torch.cuda.empty_cache()
 
 
-def rows_of(name, shape, layers, tokens, ckpt, iters, fuses=(False,)):
-    """One row per mokgen variant in `fuses`, the PyTorch stack measured once for them."""
+def rows_of(name, shape, layers, tokens, ckpt, iters, fuses=(False,), keeps=(False,)):
+    """One row per mokgen variant (`fuses` x `keeps`: fused accumulation, keep_h), the
+    PyTorch stack measured once for them."""
     base = measure("torch", shape, layers, tokens, ckpt, iters)
     rows = []
-    for fuse in fuses:
+    for fuse, keep_h in ((f, k) for f in fuses for k in keeps):
         res = {"torch": base, "mokgen": measure("mokgen", shape, layers, tokens, ckpt, iters,
-                                                fuse)}
+                                                fuse, keep_h)}
         row = {"shape": name, "layers": layers, "tokens": tokens, "checkpointing": ckpt,
-               "fused_grad_accumulation": fuse}
+               "fused_grad_accumulation": fuse, "keep_h": keep_h}
         for impl, r in res.items():
             row[f"{impl}_oom"] = bool(r.get("oom"))
             for k in ("held_mb_per_layer", "peak_mb", "step_ms"):
@@ -184,14 +187,14 @@ def rows_of(name, shape, layers, tokens, ckpt, iters, fuses=(False,)):
     return rows
 
 
-def rows_for(name, layers, tokens, ckpt, iters, fit, fuses=(False,)):
+def rows_for(name, layers, tokens, ckpt, iters, fit, fuses=(False,), keeps=(False,)):
     """The rows at `layers`; with `fit`, where either side ran out of memory, also the rows at
     the most layers (halving) where both fit."""
-    rows = rows_of(name, get_shape(name), layers, tokens, ckpt, iters, fuses)
+    rows = rows_of(name, get_shape(name), layers, tokens, ckpt, iters, fuses, keeps)
     n = layers
     while fit and n > 1 and (rows[-1]["torch_oom"] or rows[-1]["mokgen_oom"]):
         n //= 2
-        rows += rows_of(name, get_shape(name), n, tokens, ckpt, iters, fuses)
+        rows += rows_of(name, get_shape(name), n, tokens, ckpt, iters, fuses, keeps)
     return rows
 
 
@@ -208,6 +211,7 @@ def main(argv=None):
     p.add_argument("--ckpt", default="0,1", help="checkpointing off/on: 0, 1 or 0,1")
     p.add_argument("--fit", action="store_true", help="halve the layers until both fit")
     p.add_argument("--fuse", default="0", help="mokgen's fuse_grad_accumulation: 0, 1 or 0,1")
+    p.add_argument("--keep-h", default="0", help="mokgen's keep_h: 0, 1 or 0,1")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     rows = []
@@ -215,18 +219,19 @@ def main(argv=None):
         for layers in (int(v) for v in a.layers.split(",")):
             for ckpt in (bool(int(v)) for v in a.ckpt.split(",")):
                 fuses = [bool(int(v)) for v in a.fuse.split(",")]
-                for row in rows_for(name, layers, a.tokens, ckpt, a.iters, a.fit, fuses):
+                keeps = [bool(int(v)) for v in a.keep_h.split(",")]
+                for row in rows_for(name, layers, a.tokens, ckpt, a.iters, a.fit, fuses, keeps):
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     fmt = lambda v, f="{:.0f}": "OOM" if v is None else f.format(v)  # noqa: E731
-    print("| shape | layers | ckpt | fused acc. | held MB/layer mokgen | torch | peak MB mokgen "
-          "| torch | step ms mokgen | torch | x |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| shape | layers | ckpt | fused acc. | keep_h | held MB/layer mokgen | torch "
+          "| peak MB mokgen | torch | step ms mokgen | torch | x |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ratio = (r["torch_step_ms"] / r["mokgen_step_ms"]
                  if r["torch_step_ms"] and r["mokgen_step_ms"] else None)
         print(f"| {r['shape']} | {r['layers']} | {int(r['checkpointing'])} "
-              f"| {int(r['fused_grad_accumulation'])} "
+              f"| {int(r['fused_grad_accumulation'])} | {int(r['keep_h'])} "
               f"| {fmt(r['mokgen_held_mb_per_layer'])} | {fmt(r['torch_held_mb_per_layer'])} "
               f"| {fmt(r['mokgen_peak_mb'])} | {fmt(r['torch_peak_mb'])} "
               f"| {fmt(r['mokgen_step_ms'], '{:.1f}')} | {fmt(r['torch_step_ms'], '{:.1f}')} "

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 import mokgen  # noqa: E402
 from mokgen.bench import results_commit, time_ms  # noqa: E402
 from peers_sonicmoe import SHAPES  # noqa: E402
-from gather_ab import variant  # noqa: E402
+from gather_ab import prebuild, selected  # noqa: E402
 
 
 def runtimes():
@@ -84,10 +84,8 @@ def main(argv=None):
                          "call keeps its h, no backward replays)")
     ap.add_argument("--prebuild", action="store_true")
     a = ap.parse_args(argv)
-    shapes = [s for s in SHAPES if s[0] in a.shapes.split(",")]
-    variants = {v: variant(v) for v in a.variants.split(",")}
+    shapes, variants = selected(a)
     if a.prebuild:
-        from gather_ab import prebuild
         prebuild(shapes, variants)
         return 0
     rows = []

@@ -18,6 +18,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{name}", type=int, default=None, help="override the pass")
     p.add_argument("--overlap-comm", action="store_true",
                    help="collectives run beside the layer: leave them SMs")
+    p.add_argument("--keep-h", action="store_true",
+                   help="each call keeps its own h: no backward replays (one rank, bf16)")
     for d in ("fwd", "bwd"):
         p.add_argument(f"--gemm-{d}", type=_gemm, default=None,
                        metavar="BMxBNxSTAGES[-pp|-sw|-solo]",
@@ -45,8 +47,9 @@ def _plan(args):
     overrides = {k: getattr(args, k) for k in
                  ("minibatch", "macrobatch", "comm_sms_fwd", "comm_sms_bwd", "reserve_sms",
                   "gemm_fwd", "gemm_bwd") if getattr(args, k) is not None}
-    if args.overlap_comm:
-        overrides["overlap_comm"] = True
+    for flag in ("overlap_comm", "keep_h"):
+        if getattr(args, flag):
+            overrides[flag] = True
     return make_plan(shapes.get(args.shape), ep=args.ep, dtype=args.dtype,
                      tokens_per_rank=args.tokens, **overrides)
 

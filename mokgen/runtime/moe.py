@@ -22,7 +22,8 @@ from .abi import padded
 from .checks import check_ctas
 from .peers import PeerSet
 from .prologue import Prologue
-from .workspace import KeptActivations, LayerSpec, RankBuffers  # noqa: F401 - LayerSpec: re-exported
+from .workspace import (KeptActivations, LayerSpec, RankBuffers,  # noqa: F401 - LayerSpec:
+                        activation_buffers)  # re-exported
 
 BF16 = torch.bfloat16
 MAX_MAPS = 4096  # tensor maps kept (128 B each): a 48-layer model uses about 30 per layer
@@ -296,11 +297,7 @@ class ForwardRuntime:
         the shared expert's activations) into `kept` where given (keep_h)."""
         s, b = self.spec, self.ranks[i]
         n, L, I, D = x.shape[0], s.local_experts, s.intermediate, s.hidden
-        ring_h, h_shared, hs_pre = b.ring_h, b.h_shared, b.hs_pre
-        if kept is not None:
-            ring_h = kept.ring_h
-            if kept.h_shared is not None:
-                h_shared, hs_pre = kept.h_shared, kept.hs_pre
+        ring_h, hs_pre, h_shared = activation_buffers(b, kept)
         IS = h_shared.shape[1]
         sw1 = shared_w1 if shared_w1 is not None else h_shared  # unused placeholders
         sw2 = shared_w2 if shared_w2 is not None else h_shared

@@ -24,7 +24,7 @@ import torch
 from . import abi, cuda
 from .abi import padded
 from .checks import check_ctas
-from .workspace import BF16, BackwardScratch, backward_ring_dy, backward_tiles
+from .workspace import BF16, BackwardScratch, activation_buffers, backward_ring_dy, backward_tiles
 
 
 class BackwardPass(BackwardScratch):
@@ -200,11 +200,7 @@ class BackwardPass(BackwardScratch):
         L, D, I, M = s.local_experts, s.hidden, s.intermediate, s.macrobatch
         # the shared expert's activations: the forward's where resident, else recomputed
         # there (moe_bwd.cuh); dh lands over hs_pre. keep_h: h and those are the call's own
-        ring_h, hs_pre, hs_a = b.ring_h, b.hs_pre, b.h_shared
-        if kept is not None:
-            ring_h = kept.ring_h
-            if kept.h_shared is not None:
-                hs_pre, hs_a = kept.hs_pre, kept.h_shared
+        ring_h, hs_pre, hs_a = activation_buffers(b, kept)
         IS = hs_a.shape[1]
         sw1 = sw1 if sw1 is not None else hs_pre  # placeholders without a shared expert
         sw2 = sw2 if sw2 is not None else hs_a

@@ -200,6 +200,17 @@ class KeptActivations:
         return k
 
 
+def activation_buffers(rank: "RankBuffers", kept: KeptActivations | None) -> tuple:
+    """(ring_h, hs_pre, h_shared) a call's h and shared-expert activations live in: the
+    kept ones where given (keep_h; the shared expert's only with one), else the rank's."""
+    ring_h, hs_pre, h_shared = rank.ring_h, rank.hs_pre, rank.h_shared
+    if kept is not None:
+        ring_h = kept.ring_h
+        if kept.h_shared is not None:
+            hs_pre, h_shared = kept.hs_pre, kept.h_shared
+    return ring_h, hs_pre, h_shared
+
+
 def kept_bytes(spec: LayerSpec, tokens: int) -> int:
     """Bytes KeptActivations holds per call (0 unless keep_h)."""
     if not spec.keep_h:
