@@ -9,7 +9,8 @@ Per configuration, on the same weights and inputs:
 - step: median time of a training step (forward + backward), CUDA events.
 Steps accumulate into the gradients the first step made (micro-batches of one optimizer
 step); `--keep-h 1` builds them with keep_h (each call keeps its own h: no layer's backward
-replays, for h per layer; README); `--fuse 1` builds mokgen's layers with fuse_grad_accumulation (the kernel adds the
+replays, for h per layer; README); `--fuse 1` builds mokgen's layers with
+fuse_grad_accumulation (the kernel adds the
 expert gradients into .grad: no expert-gradient-sized temporary, which autograd's
 accumulation allocates on both sides otherwise).
 Both stacks get the same weights (same seed, same initialization order) and inputs. A

@@ -82,7 +82,8 @@ class CompiledMoE:
         """Device bytes of this layer beyond its weights: `workspace` (allocated now, shared
         with every live layer of the same plan on this device and group), `layers_sharing`
         it, and `saved_per_call` (what one differentiable call keeps for its backward:
-        x, logits, routes and, keep_h plans, its h). The plan's `memory_report` predicts the same before any GPU."""
+        x, logits, routes and, keep_h plans, its h). The plan's `memory_report` predicts the
+        same before any GPU."""
         from .runtime.workspace import nbytes, saved_bytes, tensors_of
 
         rt, bwd = self._runtime, self._backward
