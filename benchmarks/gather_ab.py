@@ -64,6 +64,14 @@ def prebuild(shapes, variants) -> None:
     print(f"prebuild: {len(bins)} kernels, {sum(not b.cached for b in bins)} built")
 
 
+def selection_args(ap, variants: str, help: str) -> None:
+    """--shapes, --iters, --variants (default `variants`) and --prebuild, read by selected."""
+    ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES))
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--variants", default=variants, help=help)
+    ap.add_argument("--prebuild", action="store_true")
+
+
 def selected(a) -> tuple[list, dict]:
     """(SHAPES named by a.shapes, {variant: its overrides} of a.variants)."""
     return [s for s in SHAPES if s[0] in a.shapes.split(",")], \
@@ -73,11 +81,8 @@ def selected(a) -> tuple[list, dict]:
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
-    ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES))
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--variants", default=",".join(VARIANTS),
-                    help="of " + ", ".join(VARIANTS) + " (each run in a mirrored order)")
-    ap.add_argument("--prebuild", action="store_true")
+    selection_args(ap, ",".join(VARIANTS),
+                   "of " + ", ".join(VARIANTS) + " (each run in a mirrored order)")
     a = ap.parse_args(argv)
     shapes, variants = selected(a)
     if a.prebuild:

@@ -26,8 +26,7 @@ import torch  # noqa: E402
 
 import mokgen  # noqa: E402
 from mokgen.bench import results_commit, time_ms  # noqa: E402
-from peers_sonicmoe import SHAPES  # noqa: E402
-from gather_ab import prebuild, selected  # noqa: E402
+from gather_ab import prebuild, selected, selection_args  # noqa: E402
 
 
 def runtimes():
@@ -76,13 +75,10 @@ def measure(D, I, E, k, T, L, iters, over):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
-    ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES))
     ap.add_argument("--layers", default="1,4")
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--variants", default="pull,pull+keep_h=true",
-                    help="gather_ab.py's variants (pull: the default plan; +keep_h=true: each "
-                         "call keeps its h, no backward replays)")
-    ap.add_argument("--prebuild", action="store_true")
+    selection_args(ap, "pull,pull+keep_h=true",
+                   "gather_ab.py's variants (pull: the default plan; +keep_h=true: each call "
+                   "keeps its h, no backward replays)")
     a = ap.parse_args(argv)
     shapes, variants = selected(a)
     if a.prebuild:

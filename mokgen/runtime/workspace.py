@@ -182,11 +182,17 @@ class KeptActivations:
     the workspace ran between, and never replays gate/up; it pulls x (FwdConsts XPULL)."""
 
     def __init__(self, spec: LayerSpec, dev, n_tokens: int):
-        s = spec
-        self.ring_h = torch.empty(s.macrobatch, 2 * s.intermediate, dtype=BF16, device=dev)
-        IS = s.shared_dim
-        self.hs_pre = torch.empty(n_tokens, 2 * IS, dtype=BF16, device=dev) if IS else None
-        self.h_shared = torch.empty(n_tokens, IS, dtype=BF16, device=dev) if IS else None
+        made = [torch.empty(shape, dtype=BF16, device=dev)
+                for shape in self.shapes(spec, n_tokens)]
+        self.ring_h, self.hs_pre, self.h_shared = made + [None] * (3 - len(made))
+
+    @staticmethod
+    def shapes(spec: LayerSpec, n_tokens: int) -> list:
+        """The bf16 tensors' shapes, in tensors() order: h [macrobatch, 2 I] and, with a
+        shared expert, its pre-activations [n, 2 I_s] and output [n, I_s]."""
+        IS = spec.shared_dim
+        return [(spec.macrobatch, 2 * spec.intermediate)] + \
+            ([(n_tokens, 2 * IS), (n_tokens, IS)] if IS else [])
 
     def tensors(self) -> list:
         return [t for t in (self.ring_h, self.hs_pre, self.h_shared) if t is not None]
@@ -215,7 +221,7 @@ def kept_bytes(spec: LayerSpec, tokens: int) -> int:
     """Bytes KeptActivations holds per call (0 unless keep_h)."""
     if not spec.keep_h:
         return 0
-    return (spec.macrobatch * 2 * spec.intermediate + tokens * 3 * spec.shared_dim) * 2
+    return sum(a * b for a, b in KeptActivations.shapes(spec, tokens)) * 2
 
 
 class BackwardScratch:
