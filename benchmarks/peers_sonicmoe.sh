@@ -6,6 +6,9 @@
 #   more calls while the machine is warm (within ~30 s): run [other shapes] reuses the install
 #   peaks [shapes] instead of run: benchmarks/peak_phases.py (where each layer's step peaks,
 #   and what is live there; default qwen3-30b-a3b) on the same install
+#   stack [shapes] instead of run: benchmarks/replay_cost.py, SonicMoE's layers stacked as a
+#   model stacks them (L = 1, 4 on the same x) beside mokgen's default and keep_h layers
+#   (default qwen3-30b-a3b; its mokgen kernels prebuilt with replay_cost.py --prebuild)
 #   two GPUs (nvidia-h200-x2): run2 SHAPES0 SHAPES1 instead of run: each list on its own GPU
 #   at once (the JIT is CPU work: two shapes for the wall time of one), the rows merged with
 #   benchmarks/results/peers_sonicmoe.json's into $OUT/peers_sonicmoe.json
@@ -25,7 +28,7 @@ case "${1:-}" in
   stage)
     mkdir -p /tmp/peers-wheels && cp .peersA/part.* /tmp/peers-wheels/ && ls /tmp/peers-wheels | wc -l
     ;;
-  run|run2|peaks)
+  run|run2|peaks|stack)
     W=/tmp/peers-wheels
     if [ ! -d /tmp/peers/sonicmoe ]; then  # a later call on the same warm machine reuses it
       [ -d "$W" ] || { echo "no $W: run 'stage' in the call right before"; exit 2; }
@@ -37,7 +40,11 @@ case "${1:-}" in
     export QUACK_CACHE_DIR=${QUACK_CACHE_DIR:-$PWD/.peersC/quack_cache}
     mkdir -p "$QUACK_CACHE_DIR"
     echo "QuACK cache: $(ls "$QUACK_CACHE_DIR" | wc -l) entries before the run"
-    if [ "$1" = peaks ]; then
+    if [ "$1" = stack ]; then
+      timeout "${RUN_TIMEOUT:-500}" python3 benchmarks/replay_cost.py --out "$OUT" \
+        --shapes "${2:-qwen3-30b-a3b}" --variants pull,pull+keep_h=true,sonicmoe 2>&1 \
+        | tee "$OUT/replay_cost_sonicmoe.log" | tail -12
+    elif [ "$1" = peaks ]; then
       timeout "${RUN_TIMEOUT:-500}" python3 benchmarks/peak_phases.py --out "$OUT" \
         ${2:+--shapes "$2"} 2>&1 | tee "$OUT/peak_phases.log" | tail -60
     elif [ "$1" = run ]; then
@@ -58,6 +65,7 @@ case "${1:-}" in
       "$(basename "$QUACK_CACHE_DIR")" && ls -la "$OUT/quack_cache.tgz"
     ;;
   *)
-    echo "usage: $0 stage | run [shapes] | peaks [shapes] | run2 shapes0 shapes1"; exit 2
+    echo "usage: $0 stage | run [shapes] | peaks [shapes] | stack [shapes] | run2 shapes0 shapes1"
+    exit 2
     ;;
 esac

@@ -2,15 +2,19 @@
 (runtime/workspace.py's pool), so only the backward of the layer whose forward ran last finds
 its activations in the ring; every other layer's backward replays its gate/up (re-pulls x,
 recomputes h and a: moe_bwd.cuh `replayed`), unless the plan has keep_h (each call keeps
-its own h; the backward pulls x). This times a training step of L independent
+its own h; the backward pulls x). The variant `sonicmoe` stacks SonicMoE's layers instead (each
+keeps its own h; run where it is installed: benchmarks/peers_sonicmoe.sh). This times a training step of L independent
 layers on the same x (outputs summed into one backward: autograd runs the layers' backwards
 last layer first) against one layer, per layer, fresh gradients (zero_grad(set_to_none)).
 
     python3 benchmarks/replay_cost.py --out $OUT [--shapes qwen3-30b-a3b,...] [--layers 1,4]
         [--variant NAME+field=value] [--prebuild]
 
-Prints per shape the per-layer step ms at each L, the ratio to L = 1, and the backward
-calls that replayed (the runtimes' counts); writes OUT/replay_cost.json.
+Prints per shape the per-layer step ms at each L, the ratio to L = 1, the backward calls
+that replayed (the runtimes' counts) and memory: the step's peak above what was allocated
+before it, the same above what was allocated before the layers were built (weights and their
+gradients out: peers_sonicmoe.py's peak, workspace included) and what the forwards keep per
+layer; writes OUT/replay_cost.json.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import gc
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -27,11 +32,24 @@ import torch  # noqa: E402
 import mokgen  # noqa: E402
 from mokgen.bench import results_commit, time_ms  # noqa: E402
 from gather_ab import prebuild, selected, selection_args  # noqa: E402
+from peers_sonicmoe import sonicmoe_layer  # noqa: E402
+
+SONICMOE = {}  # the variant `sonicmoe`, told apart by identity
 
 
 def runtimes():
     from mokgen.runtime.moe import ForwardRuntime
     return [o for o in gc.get_objects() if isinstance(o, ForwardRuntime)]
+
+
+def make_layer(D, I, E, k, T, over):
+    """-> (module, its call): mokgen.MoE with the variant's overrides, or SonicMoE's layer for
+    the variant `sonicmoe` (peers_sonicmoe.sonicmoe_layer; None where it does not import)."""
+    if over is SONICMOE:
+        return sonicmoe_layer(D, I, E, k)
+    m = mokgen.MoE(mokgen.MoEShape(E, D, I, k, shared_experts=0), tokens_per_rank=T,
+                   device="cuda", **over)
+    return m, m
 
 
 def measure(D, I, E, k, T, L, iters, over):
@@ -40,36 +58,52 @@ def measure(D, I, E, k, T, L, iters, over):
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(T, D, device="cuda", generator=g).bfloat16()
     dy = torch.randn(T, D, device="cuda", generator=g).bfloat16()
-    shape = mokgen.MoEShape(E, D, I, k, shared_experts=0)
-    layers = [mokgen.MoE(shape, tokens_per_rank=T, device="cuda", **over) for _ in range(L)]
+    torch.cuda.synchronize()
+    base0 = torch.cuda.memory_allocated()  # before the layers: x and dy only
+    built = [make_layer(D, I, E, k, T, over) for _ in range(L)]
+    if None in built:
+        return None
+    layers, calls = [b[0] for b in built], [b[1] for b in built]
     params = sum(p.numel() * p.element_size() for m in layers for p in m.parameters())
 
     def fresh():
         for m in layers:
             m.zero_grad(set_to_none=True)
 
-    def step():
+    def step(mark=None):
         xg = x.detach().requires_grad_()
-        outs = [m(xg) for m in layers]
+        outs = [c(xg) for c in calls]
+        if mark is not None:  # what the forwards keep for the backward
+            torch.cuda.synchronize()
+            mark.append(torch.cuda.memory_allocated())
         torch.autograd.backward(outs, [dy] * L)
 
-    step()
+    t0 = time.perf_counter()
+    step()  # SonicMoE JIT-compiles its kernels here (minutes, once per shape and process)
     torch.cuda.synchronize()
+    print(f"  L {L}: first step in {time.perf_counter() - t0:.0f} s", flush=True)
     before = sum(r.stats["replayed"] for r in runtimes())
-    calls = sum(r.stats["backward"] for r in runtimes())
+    bwd_before = sum(r.stats["backward"] for r in runtimes())
     ms = time_ms(step, iters, warmup=3, setup=fresh)
     replayed = sum(r.stats["replayed"] for r in runtimes()) - before
-    bwd_calls = sum(r.stats["backward"] for r in runtimes()) - calls
+    bwd_calls = sum(r.stats["backward"] for r in runtimes()) - bwd_before
     fresh()
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    step()
+    mark = []
+    step(mark)
     torch.cuda.synchronize()
-    peak = (torch.cuda.max_memory_allocated() - base - params) / 2**20  # its gradients out
-    del layers
+    top = torch.cuda.max_memory_allocated()
+    del layers, calls, built
     return dict(ms_per_layer=ms / L, replayed_per_step=replayed / max(1, bwd_calls) * L,
-                peak_mb=peak)
+                # above the memory before the step (workspace in it), its gradients out
+                peak_mb=(top - base - params) / 2**20,
+                # above the memory before the layers were built, weights and gradients out:
+                # peers_sonicmoe.py's peak (workspace included)
+                total_peak_mb=(top - base0 - 2 * params) / 2**20,
+                workspace_mb=(base - base0 - params) / 2**20,  # what stays between steps
+                kept_mb_per_layer=(mark[0] - base) / L / 2**20)
 
 
 def main(argv=None):
@@ -78,12 +112,17 @@ def main(argv=None):
     ap.add_argument("--layers", default="1,4")
     selection_args(ap, "pull,pull+keep_h=true",
                    "gather_ab.py's variants (pull: the default plan; +keep_h=true: each call "
-                   "keeps its h, no backward replays)")
+                   "keeps its h, no backward replays) and sonicmoe (SonicMoE's layers, where "
+                   "it imports)")
     a = ap.parse_args(argv)
+    peer = "sonicmoe" in a.variants.split(",")
+    a.variants = ",".join(v for v in a.variants.split(",") if v != "sonicmoe")
     shapes, variants = selected(a)
     if a.prebuild:
         prebuild(shapes, variants)
         return 0
+    if peer:
+        variants["sonicmoe"] = SONICMOE
     rows = []
     Ls = [int(v) for v in a.layers.split(",")]
     for name, T, D, I, E, k in shapes:
@@ -91,12 +130,18 @@ def main(argv=None):
             r = dict(shape=name, T=T, variant=vname)
             for L in Ls + Ls[::-1]:  # mirrored: each L twice, medians of the two
                 m = measure(D, I, E, k, T, L, a.iters, over)
+                if m is None:
+                    break
                 r.setdefault(L, []).append(m)
+            if m is None:
+                print(f"{name} | {vname}: not importable, skipped", flush=True)
+                continue
             for L in Ls:
                 ms = sorted(x["ms_per_layer"] for x in r[L])
                 r[f"L{L}_ms_per_layer"] = sum(ms) / len(ms)
-                r[f"L{L}_replayed"] = r[L][0]["replayed_per_step"]
-                r[f"L{L}_peak_mb"] = r[L][0]["peak_mb"]
+                for key in ("replayed", "peak_mb", "total_peak_mb", "workspace_mb",
+                            "kept_mb_per_layer"):
+                    r[f"L{L}_{key}"] = r[L][0]["replayed_per_step" if key == "replayed" else key]
                 del r[L]
             base = r[f"L{Ls[0]}_ms_per_layer"]
             flops = 18 * T * k * D * I
@@ -104,13 +149,19 @@ def main(argv=None):
                 f"L{L} {r[f'L{L}_ms_per_layer']:.3f} ms/layer "
                 f"({flops / r[f'L{L}_ms_per_layer'] / 1e9:.0f} TFLOP/s, "
                 f"x{r[f'L{L}_ms_per_layer'] / base:.3f}, replayed {r[f'L{L}_replayed']:.0f}, "
-                f"peak {r[f'L{L}_peak_mb']:.0f} MB)" for L in Ls]), flush=True)
+                f"peak {r[f'L{L}_peak_mb']:.0f} MB, total peak "
+                f"{r[f'L{L}_total_peak_mb']:.0f} MB, kept {r[f'L{L}_kept_mb_per_layer']:.0f} "
+                f"MB/layer)" for L in Ls]), flush=True)
             rows.append(r)
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "replay_cost.json"), "w") as f:
+            write(a.out, rows)  # after each row: a call cut short keeps what it measured
+    return 0
+
+
+def write(out: str, rows: list) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "replay_cost.json"), "w") as f:
         json.dump(dict(commit=results_commit(), gpu=torch.cuda.get_device_name(), rows=rows),
                   f, indent=1)
-    return 0
 
 
 if __name__ == "__main__":
