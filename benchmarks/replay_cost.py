@@ -47,8 +47,10 @@ def make_layer(D, I, E, k, T, over):
     the variant `sonicmoe` (peers_sonicmoe.sonicmoe_layer; None where it does not import)."""
     if over is SONICMOE:
         return sonicmoe_layer(D, I, E, k)
+    # .to(bf16) as SonicMoE's layer (its router included): an fp32 router would keep an fp32
+    # copy of x per layer for its weight gradient
     m = mokgen.MoE(mokgen.MoEShape(E, D, I, k, shared_experts=0), tokens_per_rank=T,
-                   device="cuda", **over)
+                   **over).to("cuda", torch.bfloat16)
     return m, m
 
 

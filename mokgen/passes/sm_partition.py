@@ -81,8 +81,12 @@ def direction_costs(plan: Plan, backward: bool) -> tuple[float, float]:
         # pull x for every row (their forward's ring holds it in e4m3; the weight gradients
         # read bf16), and so do the plans whose forward gathered x (limits.GATHER: its ring
         # holds no x) or whose calls keep their own h (keep_h: the ring's x is the last call's).
+        # Those x pulls beside dy are counted at 3x their bytes: calibrated, not derived.
+        # Measured on an H200 (Qwen3-30B-A3B / OLMoE, T 8192; benchmarks/NOTES.md sessions 18
+        # and 19): at their bytes the model picked 12 / 9 backward comm CTAs, and 16 ran the
+        # step 2-4% faster for both the gathering forward and keep_h (4 stacked layers).
         pulls_x = plan.reverse_combine != GATHER and (plan.dispatch == GATHER or plan.keep_h)
-        moved = rows * 2 * s.hidden * (3 if plan.scale_block or pulls_x else 2)
+        moved = rows * 2 * s.hidden * (5 if pulls_x else 3 if plan.scale_block else 2)
     return moved, flops
 
 
