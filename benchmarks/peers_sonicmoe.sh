@@ -42,7 +42,8 @@ case "${1:-}" in
     echo "QuACK cache: $(ls "$QUACK_CACHE_DIR" | wc -l) entries before the run"
     if [ "$1" = stack ]; then
       timeout "${RUN_TIMEOUT:-500}" python3 benchmarks/replay_cost.py --out "$OUT" \
-        --shapes "${2:-qwen3-30b-a3b}" --variants "${VARIANTS:-pull,pull+keep_h=true,sonicmoe}" 2>&1 \
+        --shapes "${2:-qwen3-30b-a3b}" \
+        --variants "${VARIANTS:-pull,pull+keep_h=true,sonicmoe}" 2>&1 \
         | tee "$OUT/replay_cost_sonicmoe.log" | tail -12
     elif [ "$1" = peaks ]; then
       timeout "${RUN_TIMEOUT:-500}" python3 benchmarks/peak_phases.py --out "$OUT" \

@@ -4,8 +4,9 @@ its activations in the ring; every other layer's backward replays its gate/up (r
 recomputes h and a: moe_bwd.cuh `replayed`), unless the plan has keep_h (each call keeps
 its own h; the backward pulls x). The variant `sonicmoe` stacks SonicMoE's layers instead
 (each keeps its own h; run where it is installed: benchmarks/peers_sonicmoe.sh stack). This
-times a training step of L independent layers on the same x (outputs summed into one backward: autograd runs the layers' backwards
-last layer first) against one layer, per layer, fresh gradients (zero_grad(set_to_none)).
+times a training step of L independent layers on the same x (outputs summed into one backward:
+autograd runs the layers' backwards last layer first) against one layer, per layer, fresh
+gradients (zero_grad(set_to_none)).
 
     python3 benchmarks/replay_cost.py --out $OUT [--shapes qwen3-30b-a3b,...] [--layers 1,4]
         [--variants NAME+field=value,...] [--prebuild]

@@ -21,7 +21,7 @@ backward's comm CTAs pull x into the ring beside dy (its moved bytes count both)
 from __future__ import annotations
 
 from .. import hardware, ir
-from ..limits import GATHER, GATHERED, GEMM_BM, gather_violations
+from ..limits import GATHER, GEMM_BM, gather_violations
 from ..plan import Plan
 from .ring import padded_rows  # the tile is not chosen yet: the largest the engine has
 
