@@ -14,8 +14,10 @@ gradients (zero_grad(set_to_none)).
 Prints per shape the per-layer step ms at each L, the ratio to L = 1, the backward calls
 that replayed (the runtimes' counts) and memory: the step's peak above what was allocated
 before it, the same above what was allocated before the layers were built (weights and their
-gradients out: peers_sonicmoe.py's peak, workspace included) and what the forwards keep per
-layer; writes OUT/replay_cost.json.
+gradients out: peers_sonicmoe.py's peak, workspace included), what the forwards keep per
+layer, the workspace measured and mokgen's own report of it and of the bytes saved per call
+(`layer.memory()`); writes OUT/replay_cost.json. keep_h's memory against the default's:
+`--shapes qwen3-30b-a3b --layers 1,2` (what benchmarks/memprobe_keep_h.py measured).
 """
 from __future__ import annotations
 
@@ -98,6 +100,8 @@ def measure(D, I, E, k, T, L, iters, over):
     step(mark)
     torch.cuda.synchronize()
     top = torch.cuda.max_memory_allocated()
+    # mokgen's own report (CompiledMoE.memory), beside what was measured
+    rep = layers[0].memory() if isinstance(layers[0], mokgen.MoE) else {}
     del layers, calls, built
     return dict(ms_per_layer=ms / L, replayed_per_step=replayed / max(1, bwd_calls) * L,
                 # above the memory before the step (workspace in it), its gradients out
@@ -106,7 +110,9 @@ def measure(D, I, E, k, T, L, iters, over):
                 # peers_sonicmoe.py's peak (workspace included)
                 total_peak_mb=(top - base0 - 2 * params) / 2**20,
                 workspace_mb=(base - base0 - params) / 2**20,  # what stays between steps
-                kept_mb_per_layer=(mark[0] - base) / L / 2**20)
+                kept_mb_per_layer=(mark[0] - base) / L / 2**20,
+                reported_workspace_mb=rep.get("workspace", 0) / 2**20,
+                reported_saved_per_call_mb=rep.get("saved_per_call", 0) / 2**20)
 
 
 def main(argv=None):
@@ -143,7 +149,8 @@ def main(argv=None):
                 ms = sorted(x["ms_per_layer"] for x in r[L])
                 r[f"L{L}_ms_per_layer"] = sum(ms) / len(ms)
                 for key in ("replayed", "peak_mb", "total_peak_mb", "workspace_mb",
-                            "kept_mb_per_layer"):
+                            "kept_mb_per_layer", "reported_workspace_mb",
+                            "reported_saved_per_call_mb"):
                     r[f"L{L}_{key}"] = r[L][0]["replayed_per_step" if key == "replayed" else key]
                 del r[L]
             base = r[f"L{Ls[0]}_ms_per_layer"]
@@ -154,7 +161,9 @@ def main(argv=None):
                 f"x{r[f'L{L}_ms_per_layer'] / base:.3f}, replayed {r[f'L{L}_replayed']:.0f}, "
                 f"peak {r[f'L{L}_peak_mb']:.0f} MB, total peak "
                 f"{r[f'L{L}_total_peak_mb']:.0f} MB, kept {r[f'L{L}_kept_mb_per_layer']:.0f} "
-                f"MB/layer)" for L in Ls]), flush=True)
+                f"MB/layer, workspace {r[f'L{L}_workspace_mb']:.0f} MB, reported "
+                f"{r[f'L{L}_reported_workspace_mb']:.0f} / saved per call "
+                f"{r[f'L{L}_reported_saved_per_call_mb']:.0f})" for L in Ls]), flush=True)
             rows.append(r)
             write(a.out, rows)  # after each row: a call cut short keeps what it measured
     return 0
