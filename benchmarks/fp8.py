@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 
 import mokgen
-from mokgen.bench import TorchSlice, dense_floor, make_slice, save_results, time_ms
+from mokgen.bench import (TorchSlice, dense_floor, make_slice, own_combine_rows, save_results,
+                          time_ms)
 from mokgen.workloads import rel_error
 
 E4M3 = torch.float8_e4m3fn
@@ -152,10 +153,9 @@ def bench(name, ep, n, iters, g, backward=False):
         # the rows rank 0's experts pushed to rank 0: compared with the scaled baseline's
         mine = rt.peers.bufs["routes"][0][0].long() < shape.num_experts // ep
         if dt == "bf16":
-            combine16 = rt.peers.bufs["combine"][0].clone()
+            combine16 = own_combine_rows(rt, mine).clone()
         else:
-            res[f"{dt}_routed_err_vs_bf16"] = rel_error(rt.peers.bufs["combine"][0][mine],
-                                                        combine16[mine])
+            res[f"{dt}_routed_err_vs_bf16"] = rel_error(own_combine_rows(rt, mine), combine16)
         res[f"{dt}_ms"] = time_ms(ours, iters)
         res[f"{dt}_plan"] = dict(comm_sms=layer.plan.comm_sms_fwd, minibatch=layer.plan.minibatch)
         if dt != "bf16":
