@@ -167,8 +167,11 @@ class CompiledMoE:
 class _MoEFunction(torch.autograd.Function):
     """Autograd over the megakernels. Inputs: the layer, the caller's experts per rank (None:
     mokgen routes from logits), R, then the flat leaves xs[R], logits or route weights[R],
-    w1s[R], w2s[R], shared_w1, shared_w2. Saves the inputs and the routes; the activations
-    stay in the layer's ring (see runtime/moe_bwd.py)."""
+    w1s[R], w2s[R], shared_w1, shared_w2. Saves the inputs, the routes and, keep_h plans, the
+    call's kept activations; the other activations stay in the layer's ring (see
+    runtime/moe_bwd.py). The kept tensors are saved tensors, not attributes of ctx, so that
+    activation checkpointing (torch.utils.checkpoint, use_reentrant=False) frees them with
+    the forward and hands the backward those of its re-run forward, as it does the inputs."""
 
     @staticmethod
     def forward(ctx, layer, experts, R, *leaves):
@@ -177,21 +180,33 @@ class _MoEFunction(torch.autograd.Function):
         given = None if experts is None else list(zip(experts, zs))
         ys, routes, gen, kept = layer.forward_raw(xs, None if given else zs, w1s, w2s, sw1,
                                                   sw2, given, save=True)
-        ctx.layer, ctx.R, ctx.routes, ctx.generation, ctx.kept = layer, R, routes, gen, kept
+        ctx.layer, ctx.R, ctx.routes, ctx.generation = layer, R, routes, gen
         ctx.by_logits = experts is None
-        ctx.save_for_backward(*leaves)
+        kept = [k.tensors() for k in kept] if kept is not None else None  # per hosted rank
+        ctx.kept_counts = None if kept is None else [len(k) for k in kept]
+        ctx.save_for_backward(*leaves, *(t for k in kept or () for t in k))
         return tuple(ys)
 
     @staticmethod
     def backward(ctx, *dys):
         from .reference import router_backward
+        from .runtime.workspace import KeptActivations
 
-        R, leaves = ctx.R, ctx.saved_tensors
+        R, saved = ctx.R, list(ctx.saved_tensors)
+        kept = None
+        if ctx.kept_counts is not None:  # the kept tensors follow the leaves, rank by rank
+            kept, at = [], len(saved) - sum(ctx.kept_counts)
+            leaves = saved[:at]
+            for c in ctx.kept_counts:
+                kept.append(KeptActivations.of(saved[at:at + c]))
+                at += c
+        else:
+            leaves = saved
         xs, zs, w1s, w2s = (list(leaves[i * R:(i + 1) * R]) for i in range(4))
         sw1, sw2 = leaves[4 * R:]
         dys = [torch.zeros_like(x) if d is None else d for d, x in zip(dys, xs)]
         dxs, dws, dw1s, dw2s, dsw1, dsw2 = ctx.layer.backward_raw(
-            dys, xs, w1s, w2s, sw1, sw2, ctx.routes, ctx.generation, kept=ctx.kept)
+            dys, xs, w1s, w2s, sw1, sw2, ctx.routes, ctx.generation, kept=kept)
         if ctx.by_logits:  # through the renormalized softmax top-k weights
             dzs = [router_backward(z, e.long(), dw).to(z.dtype)
                    for z, (e, _), dw in zip(zs, ctx.routes, dws)]

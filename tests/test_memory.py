@@ -3,6 +3,7 @@ only where the ring can wrap, the registry releasing layers with their modules."
 import copy
 import gc
 import json
+import weakref
 
 import pytest
 import torch
@@ -234,3 +235,50 @@ def test_rel_error_in_pieces_matches_the_plain_formula():
     assert rel_error(a, a) == 0.0
     assert abs(rel_error(a.float(), a.float()[:1]) - ((a.float() - a.float()[:1]).norm()
                                                        / a.float()[:1].norm()).item()) < 1e-6
+
+
+class _KeepingLayer:
+    """A keep_h layer's forward_raw / backward_raw (mokgen.api.CompiledMoE's) in torch on the
+    CPU: y = 2 x, and each forward keeps a fresh h = x + 1 (KeptActivations, one hosted
+    rank), which the backward records."""
+
+    def __init__(self):
+        from mokgen.runtime.workspace import KeptActivations
+        self.kept_of, self.made, self.seen = KeptActivations.of, [], []
+
+    def forward_raw(self, xs, zs, w1s, w2s, sw1, sw2, given=None, save=False):
+        h = xs[0].detach() + 1
+        self.made.append(weakref.ref(h))
+        return [2 * xs[0]], given, len(self.made), [self.kept_of([h])]
+
+    def backward_raw(self, dys, xs, w1s, w2s, sw1, sw2, routes, generation, kept=None):
+        self.seen.append(kept[0].ring_h)
+        return ([2 * dys[0]], [torch.zeros_like(routes[0][1])], [torch.zeros_like(w1s[0])],
+                [torch.zeros_like(w2s[0])], None, None)
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_compiled_layer_saves_its_kept_activations_as_saved_tensors(checkpointed):
+    """mokgen.compile's autograd Function saves a keep_h call's kept h as a saved tensor, so
+    activation checkpointing frees it with the forward and the backward gets the re-run
+    forward's, as the custom ops of mokgen.MoE do (ops.py): as an attribute of ctx it stayed
+    for every layer until its backward, checkpointed or not."""
+    from torch.utils.checkpoint import checkpoint
+
+    from mokgen.api import _MoEFunction
+
+    layer = _KeepingLayer()
+    x = torch.randn(6, 8, requires_grad=True)
+    experts, weights = torch.zeros(6, 2, dtype=torch.int64), torch.rand(6, 2)
+    w1, w2 = torch.randn(2, 4, 8), torch.randn(2, 8, 2)
+
+    def f(x):
+        return _MoEFunction.apply(layer, [experts], 1, x, weights, w1, w2, None, None)[0]
+
+    y = checkpoint(f, x, use_reentrant=False) if checkpointed else f(x)
+    gc.collect()
+    assert (layer.made[0]() is None) == checkpointed  # freed with a checkpointed forward
+    y.backward(torch.ones_like(y))
+    assert len(layer.made) == 1 + checkpointed  # checkpointing re-ran the forward
+    assert layer.seen[0] is layer.made[-1]() and torch.equal(layer.seen[0], x.detach() + 1)
+    assert torch.equal(x.grad, torch.full_like(x, 2.0))
