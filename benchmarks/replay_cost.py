@@ -16,8 +16,12 @@ that replayed (the runtimes' counts) and memory: the step's peak above what was 
 before it, the same above what was allocated before the layers were built (weights and their
 gradients out: peers_sonicmoe.py's peak, workspace included), what the forwards keep per
 layer, the workspace measured and mokgen's own report of it and of the bytes saved per call
-(`layer.memory()`); writes OUT/replay_cost.json. keep_h's memory against the default's:
-`--shapes qwen3-30b-a3b --layers 1,2` (what benchmarks/memprobe_keep_h.py measured).
+(`layer.memory()`), and per layer the GPU's time alone (the step's launches queued ahead),
+the sum of its kernels' durations (mokgen's own among them) and the time some kernel ran
+(kernel_split): event time less the GPU's alone is the host's share, and the GPU's alone
+less the busy time is the GPU's own idle; writes OUT/replay_cost.json. keep_h's memory
+against the default's: `--shapes qwen3-30b-a3b --layers 1,2` (what
+benchmarks/memprobe_keep_h.py measured).
 """
 from __future__ import annotations
 
@@ -33,7 +37,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import mokgen  # noqa: E402
-from mokgen.bench import results_commit, time_ms  # noqa: E402
+from mokgen.bench import (QUEUE_AHEAD_CYCLES, kernel_times, results_commit,  # noqa: E402
+                          time_ms)
 from gather_ab import prebuild, selected, selection_args  # noqa: E402
 from peers_sonicmoe import sonicmoe_layer  # noqa: E402
 
@@ -92,6 +97,11 @@ def measure(D, I, E, k, T, L, iters, over):
     ms = time_ms(step, iters, warmup=3, setup=fresh)
     replayed = sum(r.stats["replayed"] for r in runtimes()) - before
     bwd_calls = sum(r.stats["backward"] for r in runtimes()) - bwd_before
+    # the GPU's time alone: the step's launches queued behind a sleep longer than its host
+    # work (~5 ms a layer eager: (L + 1) x ~10 ms), so no launch gap is left in it
+    gpu_ms = time_ms(step, iters, warmup=1, setup=fresh, queue_ahead=True,
+                     sleep_cycles=(L + 1) * QUEUE_AHEAD_CYCLES)
+    kernels = kernel_times(fresh, step)  # one step's kernels: (name, start us, duration us)
     fresh()
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
@@ -104,6 +114,7 @@ def measure(D, I, E, k, T, L, iters, over):
     rep = layers[0].memory() if isinstance(layers[0], mokgen.MoE) else {}
     del layers, calls, built
     return dict(ms_per_layer=ms / L, replayed_per_step=replayed / max(1, bwd_calls) * L,
+                **kernel_split(kernels, gpu_ms, L),
                 # above the memory before the step (workspace in it), its gradients out
                 peak_mb=(top - base - params) / 2**20,
                 # above the memory before the layers were built, weights and gradients out:
@@ -113,6 +124,24 @@ def measure(D, I, E, k, T, L, iters, over):
                 kept_mb_per_layer=(mark[0] - base) / L / 2**20,
                 reported_workspace_mb=rep.get("workspace", 0) / 2**20,
                 reported_saved_per_call_mb=rep.get("saved_per_call", 0) / 2**20)
+
+
+def kernel_split(kernels: list, gpu_ms: float, L: int) -> dict:
+    """Where a step's GPU time goes, per layer: the GPU's time alone (launches queued ahead),
+    the sum of its kernels' durations from the profiler, mokgen's own kernels among them
+    (`mokgen_*`) and the time some kernel ran (the union of their intervals; below the sum
+    where kernels overlap). Event time minus the GPU's alone is the host's share: launch
+    gaps a model's other layers may or may not hide."""
+    busy, end = 0.0, float("-inf")
+    for _, t, d in sorted(kernels, key=lambda k: k[1]):
+        busy += max(0.0, t + d - max(t, end))
+        end = max(end, t + d)
+    per = lambda us: us / 1e3 / L  # noqa: E731
+    return dict(gpu_ms_per_layer=gpu_ms / L,
+                kernels_ms_per_layer=per(sum(d for _, _, d in kernels)),
+                mokgen_kernels_ms_per_layer=per(sum(d for n, _, d in kernels
+                                                    if n.startswith("mokgen"))),
+                busy_ms_per_layer=per(busy))
 
 
 def main(argv=None):
@@ -152,6 +181,9 @@ def main(argv=None):
                             "kept_mb_per_layer", "reported_workspace_mb",
                             "reported_saved_per_call_mb"):
                     r[f"L{L}_{key}"] = r[L][0]["replayed_per_step" if key == "replayed" else key]
+                for key in ("gpu_ms_per_layer", "kernels_ms_per_layer",
+                            "mokgen_kernels_ms_per_layer", "busy_ms_per_layer"):
+                    r[f"L{L}_{key}"] = sum(x[key] for x in r[L]) / len(r[L])
                 del r[L]
             base = r[f"L{Ls[0]}_ms_per_layer"]
             flops = 18 * T * k * D * I
@@ -159,6 +191,10 @@ def main(argv=None):
                 f"L{L} {r[f'L{L}_ms_per_layer']:.3f} ms/layer "
                 f"({flops / r[f'L{L}_ms_per_layer'] / 1e9:.0f} TFLOP/s, "
                 f"x{r[f'L{L}_ms_per_layer'] / base:.3f}, replayed {r[f'L{L}_replayed']:.0f}, "
+                f"GPU alone {r[f'L{L}_gpu_ms_per_layer']:.3f}, kernels "
+                f"{r[f'L{L}_kernels_ms_per_layer']:.3f} (mokgen "
+                f"{r[f'L{L}_mokgen_kernels_ms_per_layer']:.3f}), busy "
+                f"{r[f'L{L}_busy_ms_per_layer']:.3f} ms/layer, "
                 f"peak {r[f'L{L}_peak_mb']:.0f} MB, total peak "
                 f"{r[f'L{L}_total_peak_mb']:.0f} MB, kept {r[f'L{L}_kept_mb_per_layer']:.0f} "
                 f"MB/layer, workspace {r[f'L{L}_workspace_mb']:.0f} MB, reported "

@@ -38,12 +38,15 @@ from .workloads import rel_error
 QUEUE_AHEAD_CYCLES = 20_000_000  # ~10 ms of GPU sleep: longer than a call's host work
 
 
-def time_ms(fn, iters: int, warmup: int = 10, setup=None, queue_ahead: bool = False) -> float:
+def time_ms(fn, iters: int, warmup: int = 10, setup=None, queue_ahead: bool = False,
+            sleep_cycles: int = QUEUE_AHEAD_CYCLES) -> float:
     """Median ms of fn() over iters CUDA-event-timed runs; setup() (untimed) before each.
-    queue_ahead: a GPU sleep is queued before each timed run, so the host has queued fn's
-    launches before the GPU reaches them: the GPU's time alone, without the host's launch
-    gaps (which decide small calls' times and vary from run to run; for comparing kernels
-    whose host work is the same)."""
+    queue_ahead: a GPU sleep of `sleep_cycles` is queued before each timed run, so the host
+    has queued fn's launches before the GPU reaches them: the GPU's time alone, without the
+    host's launch gaps (which decide small calls' times and vary from run to run; for
+    comparing kernels whose host work is the same). A run whose host work outlasts the
+    sleep (several layers' steps) needs a longer one; one that waits on the GPU inside
+    (a host sync) gets its gaps back whatever the sleep."""
     for _ in range(warmup):
         if setup:
             setup()
@@ -54,7 +57,7 @@ def time_ms(fn, iters: int, warmup: int = 10, setup=None, queue_ahead: bool = Fa
             setup()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if queue_ahead:
-            torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
+            torch.cuda._sleep(sleep_cycles)
         a.record()
         fn()
         b.record()
