@@ -153,7 +153,7 @@ def bench(name, ep, n, iters, g, backward=False):
         # the rows rank 0's experts pushed to rank 0: compared with the scaled baseline's
         mine = rt.peers.bufs["routes"][0][0].long() < shape.num_experts // ep
         if dt == "bf16":
-            combine16 = own_combine_rows(rt, mine).clone()
+            combine16 = own_combine_rows(rt, mine)  # (a masked copy)
         else:
             res[f"{dt}_routed_err_vs_bf16"] = rel_error(own_combine_rows(rt, mine), combine16)
         res[f"{dt}_ms"] = time_ms(ours, iters)

@@ -182,26 +182,23 @@ class _MoEFunction(torch.autograd.Function):
                                                   sw2, given, save=True)
         ctx.layer, ctx.R, ctx.routes, ctx.generation = layer, R, routes, gen
         ctx.by_logits = experts is None
-        kept = [k.tensors() for k in kept] if kept is not None else None  # per hosted rank
-        ctx.kept_counts = None if kept is None else [len(k) for k in kept]
-        ctx.save_for_backward(*leaves, *(t for k in kept or () for t in k))
+        # after the leaves, each hosted rank's kept tensors in turn (ops._kept_of splits them)
+        kept = [t for k in kept for t in k.tensors()] if kept is not None else []
+        ctx.n_kept = len(kept)
+        ctx.save_for_backward(*leaves, *kept)
         return tuple(ys)
 
     @staticmethod
     def backward(ctx, *dys):
+        from .ops import _kept_of
         from .reference import router_backward
         from .runtime.workspace import KeptActivations
 
-        R, saved = ctx.R, list(ctx.saved_tensors)
-        kept = None
-        if ctx.kept_counts is not None:  # the kept tensors follow the leaves, rank by rank
-            kept, at = [], len(saved) - sum(ctx.kept_counts)
-            leaves = saved[:at]
-            for c in ctx.kept_counts:
-                kept.append(KeptActivations.of(saved[at:at + c]))
-                at += c
-        else:
-            leaves = saved
+        R = ctx.R
+        leaves, kept = _kept_of(ctx, list(ctx.saved_tensors))
+        per = len(kept) // R  # the R hosted ranks keep alike
+        kept = [KeptActivations.of(kept[i * per:(i + 1) * per]) for i in range(R)] \
+            if kept else None
         xs, zs, w1s, w2s = (list(leaves[i * R:(i + 1) * R]) for i in range(4))
         sw1, sw2 = leaves[4 * R:]
         dys = [torch.zeros_like(x) if d is None else d for d, x in zip(dys, xs)]
