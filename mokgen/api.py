@@ -144,6 +144,11 @@ class CompiledMoE:
         routes = given if given is not None else [rt.routes_of(i, n) for i in range(len(xs))]
         return ys, routes, rt.generation, kept
 
+    def router_backward(self, logits, experts, dweights):
+        """The router logits' gradient ([n, E] fp32) of a call mokgen routed, from its
+        routes' experts and the backward's dweights [n, k] (one kernel)."""
+        return self.runtime().router_backward(logits, experts, dweights)
+
     def backward_raw(self, dys, xs, w1s, w2s, shared_w1, shared_w2, routes, generation,
                      accumulate=None, kept=None):
         """(dxs, dweights [n, k] fp32, dw1s, dw2s, dshared_w1, dshared_w2) of a forward_raw
@@ -191,7 +196,6 @@ class _MoEFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *dys):
         from .ops import _kept_of
-        from .reference import router_backward
         from .runtime.workspace import KeptActivations
 
         R = ctx.R
@@ -205,7 +209,7 @@ class _MoEFunction(torch.autograd.Function):
         dxs, dws, dw1s, dw2s, dsw1, dsw2 = ctx.layer.backward_raw(
             dys, xs, w1s, w2s, sw1, sw2, ctx.routes, ctx.generation, kept=kept)
         if ctx.by_logits:  # through the renormalized softmax top-k weights
-            dzs = [router_backward(z, e.long(), dw).to(z.dtype)
+            dzs = [ctx.layer.router_backward(z, e, dw).to(z.dtype)
                    for z, (e, _), dw in zip(zs, ctx.routes, dws)]
         else:
             dzs = [dw.to(z.dtype) for z, dw in zip(zs, dws)]

@@ -126,3 +126,43 @@ def test_segments_match_their_spec(E, k, ep, tokens, kind, rng):
                                             p.plan.ring_slots)
     assert p.bwd.seg_start[: len(starts)].tolist() == starts
     assert [tuple(s) for s in p.bwd.segs[: len(segs)].tolist()] == segs
+
+
+# (E, k): E a multiple of 32 and not (lanes past E), one expert, the most routing takes
+ROUTER_CASES = [(128, 8), (60, 4), (512, 10), (1, 1), (33, 32), (1024, 32)]
+
+
+@pytest.mark.parametrize("E,k", ROUTER_CASES)
+def test_router_backward_kernel_matches_the_reference(E, k, rng):
+    """route.cuh router_backward_tokens (one launch) against mokgen.reference.router_backward
+    on fresh random logits, routes mokgen picks and weight gradients: close (fp32, sums in
+    another order), bitwise repeatable, every element written (poisoned first); a token with
+    a NaN logit gets NaN gradients in its own row only, as the reference's."""
+    from mokgen.reference import route, router_backward
+
+    p = rig(E, k, 1, 64)
+    n = 300
+    z = torch.randn(n, E, generator=rng).cuda() * 3
+    z[7, E // 2] = float("nan")
+    experts, _ = route(z.cpu(), k)
+    dw = torch.randn(n, k, generator=rng).cuda()
+    e32 = experts.int().cuda()
+    out = torch.full((n, E), float("nan"), device="cuda")
+    p.kernels.router_backward(p.stream, z, e32, dw, out)
+    again = torch.full((n, E), -3.0, device="cuda")
+    p.kernels.router_backward(p.stream, z, e32, dw, again)
+    torch.cuda.synchronize()
+    want = router_backward(z.cpu(), experts, dw.cpu())
+    ok = torch.ones(n, dtype=torch.bool)
+    ok[7] = False
+    assert torch.isnan(out[7]).all() and torch.isnan(again[7]).all() and \
+        torch.isnan(want[7]).all()
+    assert torch.equal(out[ok.cuda()], again[ok.cuda()]), "not bitwise repeatable"
+    assert not torch.isnan(out[ok]).any(), "unwritten or NaN outside the NaN token's row"
+    got = out.cpu()[ok]
+    if E == 1:  # one expert: its weight is 1 whatever the logit, so no gradient at all
+        assert not got.any() and not want[ok].any()
+        return
+    err = (got - want[ok]).norm() / want[ok].norm()
+    assert err <= 1e-5, f"rel. error {err:.2e}"
+    assert torch.allclose(got, want[ok], rtol=1e-4, atol=1e-6)

@@ -282,6 +282,22 @@ class ForwardRuntime:
         self.prologue.route(self._stream(), logits, n, self.peers.hosted_ranks[i],
                             self._route_tables())
 
+    def router_backward(self, logits, experts, dweights):
+        """The gradient of one rank's router logits [n, E] (fp32) from the weights' dweights
+        [n, k] of its routes experts [n, k] (one kernel: route.cuh router_backward_tokens;
+        mokgen.reference.router_backward is the math)."""
+        z = logits.float().contiguous()
+        e = experts.int().contiguous()
+        dw = dweights.float().contiguous()
+        if z.shape[1] != self.spec.num_experts or e.shape != dw.shape or \
+                e.shape != (z.shape[0], self.spec.topk):
+            raise ValueError(f"router_backward: logits [n, {self.spec.num_experts}], experts "
+                             f"and dweights [n, {self.spec.topk}]; got {tuple(z.shape)}, "
+                             f"{tuple(e.shape)}, {tuple(dw.shape)}")
+        out = self.output(tuple(z.shape), torch.float32)
+        self.prologue.router_backward(self._stream(), z, e, dw, out)
+        return out
+
     def route_given(self, i, experts, weights, n):
         """The caller's routes of rank i's tokens, written into every rank's tables."""
         self.prologue.route_given(self._stream(), experts, weights, n,

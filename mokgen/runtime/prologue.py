@@ -19,6 +19,7 @@ class Prologue:
         self.L, self.K = local_experts, topk
         self.f_route = module.function("mokgen_route")
         self.f_route_given = module.function("mokgen_route_given")
+        self.f_router_bwd = module.function("mokgen_router_bwd")
         self.count_smem = struct.unpack(
             "<i", cuda.read_global(module, "mokgen_sched_count_smem"))[0]
         self.f_count = module.function("mokgen_sched_count", self.count_smem)
@@ -37,6 +38,14 @@ class Prologue:
         total = n * self.K
         cuda.launch(self.f_route_given, max(1, min(1024, -(-total // 256))), 256, 0, st,
                     [experts, weights, n, rank, tables])
+
+    def router_backward(self, st, logits, experts, dweights, out) -> None:
+        """out [n, E] fp32 = the gradient of fp32 logits [n, E] from the router weights'
+        dweights [n, k] fp32 of the routes experts [n, k] int32 (route.cuh
+        router_backward_tokens)."""
+        n = logits.shape[0]
+        cuda.launch(self.f_router_bwd, max(1, min(1024, -(-n // 8))), 256, 0, st,
+                    [logits, experts, dweights, out, n])
 
     # Algorithm 1 for rank `rank` from its gathered routes (b: RankBuffers), n tokens per rank
     # over `ranks` ranks: count, offsets, place, back to back on the stream.

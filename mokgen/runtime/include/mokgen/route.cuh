@@ -92,6 +92,77 @@ __device__ void route_tokens(const float* __restrict__ logits, int n_tokens, int
   }
 }
 
+// The router logits' gradient from the router weights' (mokgen.reference.router_backward, on
+// the renormalized softmax top-k): s = softmax(z) in fp32, p_k = s[e_k], T = sum p_k,
+// w_k = p_k / T, ds_k = (dw_k - sum_j dw_j w_j) / T (zero off the picked experts), and
+// dz = s (ds - c) with c = sum_k ds_k p_k (the reference sums ds s over every expert: the
+// same terms and zeros). One warp per token as route_tokens, fixed reduction orders: the
+// result is bitwise repeatable. One launch where the reference takes ~15 small ones.
+template <int E, int K>
+__device__ void router_backward_tokens(const float* __restrict__ logits,
+                                       const int* __restrict__ experts,
+                                       const float* __restrict__ dweights,
+                                       float* __restrict__ dlogits, int n_tokens) {
+  constexpr int PER_LANE = (E + 31) / 32;
+  const int lane = threadIdx.x % 32;
+  const int warps = gridDim.x * blockDim.x / 32;
+  for (int t = (blockIdx.x * blockDim.x + threadIdx.x) / 32; t < n_tokens; t += warps) {
+    float s[PER_LANE];
+    float zmax = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+      const int e = lane + 32 * i;
+      s[i] = e < E ? logits[(size_t)t * E + e] : -INFINITY;
+      zmax = fmaxf(zmax, s[i]);  // a NaN logit: fmaxf skips it, expf(NaN - m) keeps it
+    }
+    for (int o = 16; o; o >>= 1) zmax = fmaxf(zmax, __shfl_xor_sync(0xffffffff, zmax, o));
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+      s[i] = lane + 32 * i < E ? expf(s[i] - zmax) : 0.f;
+      sum += s[i];
+    }
+    for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, o);
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) s[i] /= sum;
+    int ek[K];
+    float p[K], dw[K];
+    float total = 0.f;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      ek[k] = experts[(size_t)t * K + k];
+      dw[k] = dweights[(size_t)t * K + k];
+      // s[e_k] from the lane holding it. Tested on the expert id, not on its column i ==
+      // e_k / 32: that form ptxas turned into s[] indexed in local memory (E 512, k 10)
+      float mine = 0.f;
+#pragma unroll
+      for (int i = 0; i < PER_LANE; ++i)
+        if (lane + 32 * i == ek[k]) mine = s[i];
+      p[k] = __shfl_sync(0xffffffff, mine, ek[k] % 32);
+      total += p[k];
+    }
+    float a = 0.f;
+#pragma unroll
+    for (int k = 0; k < K; ++k) a += dw[k] * (p[k] / total);
+    float ds[K], c = 0.f;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      ds[k] = (dw[k] - a) / total;
+      c += ds[k] * p[k];
+    }
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+      const int e = lane + 32 * i;
+      if (e >= E) continue;
+      float d = 0.f;
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+        if (ek[k] == e) d = ds[k];
+      dlogits[(size_t)t * E + e] = s[i] * (d - c);
+    }
+  }
+}
+
 // Routes chosen by the caller (a model's own router): gather them into every rank's tables as
 // route_tokens does. An expert id outside [0, E) would drop a route, so it is sent to expert 0
 // with a NaN weight instead: that token's output turns NaN, nothing else changes.
