@@ -47,6 +47,7 @@ def host_ms(fn, iters: int) -> float:
 
 # (module, attribute path) of the host functions a step runs, outermost first
 BREAKDOWN = [
+    ("mokgen.module", "MoE.forward"), ("mokgen.ops", "_backward_impl"),
     ("mokgen.module", "_LazyKernels.forward"), ("mokgen.module", "_LazyKernels.backward"),
     ("mokgen.api", "CompiledMoE._checked"), ("mokgen.api", "CompiledMoE.backward_raw"),
     ("mokgen.runtime.moe", "ForwardRuntime.forward"), ("mokgen.runtime.moe", "ForwardRuntime.route"),
@@ -56,6 +57,7 @@ BREAKDOWN = [
     ("mokgen.runtime.moe", "ForwardRuntime.combine_sum"),
     ("mokgen.runtime.moe", "ForwardRuntime.routes_of"), ("mokgen.runtime.moe", "ForwardRuntime._map"),
     ("mokgen.runtime.moe", "ForwardRuntime.check"),
+    ("mokgen.runtime.moe", "ForwardRuntime.router_backward"),
     ("mokgen.runtime.moe_bwd", "BackwardPass.backward"), ("mokgen.runtime.moe_bwd", "BackwardPass._launch"),
     ("mokgen.runtime.cuda", "launch"), ("mokgen.runtime.cuda", "make_tensor_map_3d"),
     ("mokgen.runtime.cuda", "_encode_tiled"), ("mokgen.runtime.abi", "pack"),

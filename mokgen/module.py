@@ -128,11 +128,11 @@ class MoE(nn.Module):
         weights = (self.w1, self.w2, self.shared_w1, self.shared_w2)
         if routes is not None:
             experts, wts = self._check_routes(routes, n)
-            y = ops.moe_forward_routed(xw, experts, wts, *weights, self._layer)[0]
+            y = ops.moe_routed(xw, experts, wts, *weights, self._layer)
         else:
             logits = (self.router(x2.to(self.router.weight.dtype)) if self.router is not None
                       else router_logits.reshape(-1, s.num_experts)).float()
-            y = ops.moe_forward(xw, logits, *weights, self._layer)[0]
+            y = ops.moe(xw, logits, *weights, self._layer)
         return y.to(x.dtype).reshape(*lead, s.hidden)
 
     def _check_routes(self, routes, n: int):
@@ -231,6 +231,9 @@ class _LazyKernels:
             [dy], [x], [w1], [w2], sw1, sw2, [routes], generation, accumulate,
             [KeptActivations.of(list(kept))] if kept else None)
         return dxs[0], dws[0], dw1s[0], dw2s[0], dsw1, dsw2
+
+    def router_backward(self, logits, experts, dweights):
+        return self.layer().router_backward(logits, experts, dweights)
 
     def __call__(self, x, logits, w1, w2, sw1, sw2, routes=None):
         return self.forward(x, logits, w1, w2, sw1, sw2, routes)[0]

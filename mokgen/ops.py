@@ -109,11 +109,8 @@ def _kernels(layer: int, x: torch.Tensor, backward: bool = False):
     return compiled if not backward or compiled.has_backward() else None
 
 
-@torch.library.custom_op("mokgen::moe_forward", mutates_args=())
-def moe_forward(x: torch.Tensor, router_logits: torch.Tensor, w1: torch.Tensor,
-                w2: torch.Tensor, shared_w1: torch.Tensor | None,
-                shared_w2: torch.Tensor | None, layer: int) -> list[torch.Tensor]:
-    """-> [y, experts, weights, token, *kept]."""
+def _forward_impl(x, router_logits, w1, w2, shared_w1, shared_w2, layer) -> list:
+    """-> [y, experts, weights, token, *kept] (moe_forward's body)."""
     kernels = _kernels(layer, x)
     if kernels is not None:
         y, (experts, weights), gen, kept = kernels.forward(x, router_logits, w1, w2, shared_w1,
@@ -125,6 +122,14 @@ def moe_forward(x: torch.Tensor, router_logits: torch.Tensor, w1: torch.Tensor,
     y = reference.moe_forward_routed(f[0], experts, weights, *f[2:],
                                      fp8=_entry(layer)[3]).to(x.dtype)
     return [y, experts.int(), weights, _token(_NO_TOKEN)]
+
+
+@torch.library.custom_op("mokgen::moe_forward", mutates_args=())
+def moe_forward(x: torch.Tensor, router_logits: torch.Tensor, w1: torch.Tensor,
+                w2: torch.Tensor, shared_w1: torch.Tensor | None,
+                shared_w2: torch.Tensor | None, layer: int) -> list[torch.Tensor]:
+    """-> [y, experts, weights, token, *kept]."""
+    return _forward_impl(x, router_logits, w1, w2, shared_w1, shared_w2, layer)
 
 
 @moe_forward.register_fake
@@ -148,7 +153,7 @@ def _backward_impl(dy, x, router_logits, experts, weights, token, w1, w2, shared
         acc = _acc(acc_w1, acc_w2)
         dx, dweights, dw1, dw2, dsw1, dsw2 = kernels.backward(
             dy, x, w1, w2, shared_w1, shared_w2, (experts, weights), int(token[0]), acc, kept)
-        dlogits = reference.router_backward(router_logits.float(), experts.long(), dweights)
+        dlogits = kernels.router_backward(router_logits, experts, dweights)
         return _cast((dx, dlogits, *_fused(dw1, dw2, acc), dsw1, dsw2), like)
     grads = reference.moe_backward(*_f32(like), _local_only(layer), dy.float(),
                                    fp8=_entry(layer)[3])
@@ -192,11 +197,8 @@ def _(dy, x, router_logits, experts, weights, token, w1, w2, shared_w1, shared_w
 
 
 # ---------------------------------------------------------------- routes from the caller
-@torch.library.custom_op("mokgen::moe_forward_routed", mutates_args=())
-def moe_forward_routed(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
-                       w1: torch.Tensor, w2: torch.Tensor, shared_w1: torch.Tensor | None,
-                       shared_w2: torch.Tensor | None, layer: int) -> list[torch.Tensor]:
-    """-> [y, token, *kept]."""
+def _forward_routed_impl(x, experts, weights, w1, w2, shared_w1, shared_w2, layer) -> list:
+    """-> [y, token, *kept] (moe_forward_routed's body)."""
     kernels = _kernels(layer, x)
     if kernels is not None:
         y, _, gen, kept = kernels.forward(x, None, w1, w2, shared_w1, shared_w2,
@@ -207,6 +209,14 @@ def moe_forward_routed(x: torch.Tensor, experts: torch.Tensor, weights: torch.Te
     y = reference.moe_forward_routed(f[0], experts, weights.float(), *f[1:],
                                      fp8=_entry(layer)[3]).to(x.dtype)
     return [y, _token(_NO_TOKEN)]
+
+
+@torch.library.custom_op("mokgen::moe_forward_routed", mutates_args=())
+def moe_forward_routed(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
+                       w1: torch.Tensor, w2: torch.Tensor, shared_w1: torch.Tensor | None,
+                       shared_w2: torch.Tensor | None, layer: int) -> list[torch.Tensor]:
+    """-> [y, token, *kept]."""
+    return _forward_routed_impl(x, experts, weights, w1, w2, shared_w1, shared_w2, layer)
 
 
 @moe_forward_routed.register_fake
@@ -367,8 +377,11 @@ def _backward(ctx, *grads):
     experts, weights, token = saved[-3:]
     args = (dy, x, logits, experts, weights, token, w1, w2, *shared)
     acc = _accumulate_into(ctx.layer, x, w1, w2)
-    g = (moe_backward_into(*args, *acc, kept, ctx.layer) if acc else
-         moe_backward(*args, kept, ctx.layer))
+    if getattr(ctx, "eager", False):
+        g = _backward_impl(*args, *(acc or (None, None)), kept, ctx.layer)
+    else:
+        g = (moe_backward_into(*args, *acc, kept, ctx.layer) if acc else
+             moe_backward(*args, kept, ctx.layer))
     return (*_grads_out(g, ctx.has_shared, bool(acc)), None)
 
 
@@ -379,11 +392,71 @@ def _backward_routed(ctx, *grads):
     shared = saved[5:7] if ctx.has_shared else [None, None]
     args = (dy, *saved[:3], saved[-1], *saved[3:5], *shared)
     acc = _accumulate_into(ctx.layer, saved[0], *saved[3:5])
-    g = (moe_backward_routed_into(*args, *acc, kept, ctx.layer) if acc else
-         moe_backward_routed(*args, kept, ctx.layer))
+    if getattr(ctx, "eager", False):
+        g = _backward_routed_impl(*args, *(acc or (None, None)), kept, ctx.layer)
+    else:
+        g = (moe_backward_routed_into(*args, *acc, kept, ctx.layer) if acc else
+             moe_backward_routed(*args, kept, ctx.layer))
     dx, dweights, dw1, dw2, dsw1, dsw2 = _grads_out(g, ctx.has_shared, bool(acc))
     return dx, None, dweights, dw1, dw2, dsw1, dsw2, None
 
 
 moe_forward.register_autograd(_backward, setup_context=_setup_with(3))
 moe_forward_routed.register_autograd(_backward_routed, setup_context=_setup_with(1))
+
+
+# ---------------------------------------------------------------- eager calls
+# A custom op with autograd costs the host ~1 ms a training step in PyTorch's dispatcher and
+# its autograd wrapper (Qwen3-30B, N 8192, on the H200 machine: MoE.forward 2.3 ms of host
+# for 1.1 of our own work), about a fifth of a lone step's GPU time, and in a stack of layers
+# the GPU waits for it. So plain eager calls run the same bodies under an
+# autograd.Function with the same saving and backward (_setup_with, _backward*: bitwise the
+# ops' results); the ops remain what torch.compile, torch-function or dispatch modes, tensor
+# subclasses (FSDP2's DTensors) and functorch transforms see.
+def _plain_eager(tensors) -> bool:
+    """Whether a call with these tensors may skip the dispatcher: eager, no mode, no
+    transform, only plain tensors and parameters."""
+    return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or
+                torch._C._is_torch_function_mode_enabled() or
+                torch._C._functorch.peek_interpreter_stack() is not None) and \
+        all(t is None or type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors)
+
+
+def _eager_function(body, extra: int, backward_of):
+    setup = _setup_with(extra)
+
+    class Eager(torch.autograd.Function):
+        # forward with ctx, no setup_context: apply() then skips binding the arguments to
+        # the signature (inspect, ~25 us a call), which only functorch needs
+        @staticmethod
+        def forward(ctx, *inputs):
+            output = tuple(body(*inputs))
+            setup(ctx, inputs, output)
+            ctx.eager = True  # the backward runs the bodies, not the backward ops
+            ctx.mark_non_differentiable(*output[1:])
+            return output
+
+        backward = staticmethod(backward_of)
+
+    return Eager
+
+
+_EagerForward = _eager_function(_forward_impl, 3, _backward)
+_EagerForwardRouted = _eager_function(_forward_routed_impl, 1, _backward_routed)
+
+
+def moe(x, router_logits, w1, w2, shared_w1, shared_w2, layer: int) -> torch.Tensor:
+    """y of moe_forward: through the op, or for a plain eager call (_plain_eager) the same
+    body and backward without the dispatcher."""
+    args = (x, router_logits, w1, w2, shared_w1, shared_w2)
+    if _plain_eager(args):
+        return _EagerForward.apply(*args, layer)[0]
+    return moe_forward(*args, layer)[0]
+
+
+def moe_routed(x, experts, weights, w1, w2, shared_w1, shared_w2, layer: int) -> torch.Tensor:
+    """y of moe_forward_routed, as `moe`."""
+    args = (x, experts, weights, w1, w2, shared_w1, shared_w2)
+    if _plain_eager(args):
+        return _EagerForwardRouted.apply(*args, layer)[0]
+    return moe_forward_routed(*args, layer)[0]

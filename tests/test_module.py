@@ -177,3 +177,44 @@ def test_overlap_comm_reserves_sms_in_the_layers_plan():
     assert m.plan.overlap_comm and m.plan.reserve_sms == 16 and m.plan.num_sms == 116
     assert mokgen.MoE(SHAPE, tokens_per_rank=256, overlap_comm=True,
                       reserve_sms=8).plan.num_sms == 124
+
+
+@pytest.mark.parametrize("routed", [False, True])
+def test_eager_calls_skip_the_dispatcher_and_equal_the_ops_bitwise(routed, monkeypatch):
+    """A plain eager call runs the custom op's body under an autograd.Function (ops.moe /
+    ops.moe_routed: no dispatcher, ~1 ms of host a GPU step): its output and every gradient
+    (x, router or route weights, experts, shared expert) are bitwise the ops'; the op itself
+    is not reached, unless a torch-function mode is active (then it is)."""
+    def step(eager):
+        torch.manual_seed(0)
+        m = mokgen.MoE(SHAPE, tokens_per_rank=64, router=not routed)
+        x = torch.randn(40, SHAPE.hidden, requires_grad=True)
+        z = torch.randn(40, SHAPE.num_experts, requires_grad=True)
+        with monkeypatch.context() as mp:
+            if not eager:
+                mp.setattr(ops, "_plain_eager", lambda tensors: False)
+            w = z.softmax(-1).topk(SHAPE.topk)
+            y = m(x, routes=(w.indices, w.values)) if routed else m(x)
+            (y * torch.randn_like(y)).sum().backward()
+        return [y, x.grad, z.grad] + [p.grad for p in m.parameters()]
+
+    op = ops.moe_forward_routed if routed else ops.moe_forward
+    reached = []
+    real = type(op).__call__
+    monkeypatch.setattr(type(op), "__call__",
+                        lambda self, *a, **k: reached.append(self) or real(self, *a, **k))
+    got = step(True)
+    assert op not in reached, "a plain eager call went through the custom op"
+    want = step(False)
+    assert op in reached
+    assert len(got) == len(want) and all(
+        (a is None and b is None) or torch.equal(a, b) for a, b in zip(got, want))
+    assert got[0].requires_grad and (got[2] is not None) == routed
+
+    class Mode(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Mode():
+        assert not ops._plain_eager([torch.ones(1)])
+    assert ops._plain_eager([torch.ones(1), torch.nn.Parameter(torch.ones(1)), None])

@@ -94,9 +94,9 @@ class PatchedMoEBlock(nn.Module):
             se = self.shared_experts
             sw1 = torch.cat([se.gate_proj.weight, se.up_proj.weight]).to(w1.dtype)
             sw2 = se.down_proj.weight.to(w1.dtype)
-        y = ops.moe_forward_routed(h.to(w1.dtype), experts.long().contiguous(),
-                                   weights.float().contiguous(), w1, w2, sw1, sw2,
-                                   self._registration.handle)[0]
+        y = ops.moe_routed(h.to(w1.dtype), experts.long().contiguous(),
+                           weights.float().contiguous(), w1, w2, sw1, sw2,
+                           self._registration.handle)
         return y.to(hidden_states.dtype).reshape(*lead, D)
 
 
