@@ -101,7 +101,9 @@ def measure(D, I, E, k, T, L, iters, over):
     # work (~5 ms a layer eager: (L + 1) x ~10 ms), so no launch gap is left in it
     gpu_ms = time_ms(step, iters, warmup=1, setup=fresh, queue_ahead=True,
                      sleep_cycles=(L + 1) * QUEUE_AHEAD_CYCLES)
+    t1 = time.perf_counter()
     kernels = kernel_times(fresh, step)  # one step's kernels: (name, start us, duration us)
+    t2 = time.perf_counter()
     fresh()
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
@@ -112,6 +114,9 @@ def measure(D, I, E, k, T, L, iters, over):
     top = torch.cuda.max_memory_allocated()
     # mokgen's own report (CompiledMoE.memory), beside what was measured
     rep = layers[0].memory() if isinstance(layers[0], mokgen.MoE) else {}
+    # where a measurement's wall time goes (a two-variant row at L 1, 4 took ~6 min)
+    print(f"  L {L}: timed in {t1 - t0:.0f} s, profiled in {t2 - t1:.0f} s, whole "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
     del layers, calls, built
     return dict(ms_per_layer=ms / L, replayed_per_step=replayed / max(1, bwd_calls) * L,
                 **kernel_split(kernels, gpu_ms, L),
