@@ -50,7 +50,7 @@ def variant(spec: str) -> dict:
 
 def layer(D, I, E, k, T, **overrides):
     m = mokgen.MoE(mokgen.MoEShape(E, D, I, k, shared_experts=0), tokens_per_rank=T,
-                   **overrides).to("cuda", torch.bfloat16)
+                   **overrides, device="cuda").to(torch.bfloat16)
     return m, m
 
 

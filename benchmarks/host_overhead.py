@@ -135,7 +135,7 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     shape = mokgen.shapes.get(a.shape)
     layer = mokgen.MoE(shape, tokens_per_rank=a.tokens,
-                       fuse_grad_accumulation=a.fuse).to("cuda", torch.bfloat16)
+                       fuse_grad_accumulation=a.fuse, device="cuda").to(torch.bfloat16)
     lin = torch.nn.Linear(shape.hidden, shape.num_experts, bias=False).to("cuda", torch.bfloat16)
     x = torch.randn(a.tokens, shape.hidden, device="cuda").bfloat16()
     dy = torch.randn_like(x)

@@ -44,7 +44,7 @@ def main(argv=None) -> int:
         bins = build_plans([tuned_plan(shape, 1, "bf16", a.tokens, **over)], jobs=os.cpu_count())
         print(f"prebuild: {len(bins)} kernels, {sum(not b.cached for b in bins)} built")
         return 0
-    layer = mokgen.MoE(shape, tokens_per_rank=a.tokens, **over).to("cuda", torch.bfloat16)
+    layer = mokgen.MoE(shape, tokens_per_rank=a.tokens, **over, device="cuda").to(torch.bfloat16)
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(a.tokens, shape.hidden, device="cuda", generator=g).bfloat16()
     dy = torch.randn(a.tokens, shape.hidden, device="cuda", generator=g).bfloat16()

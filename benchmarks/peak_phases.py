@@ -146,7 +146,7 @@ def main(argv=None):
         def ours(**overrides):  # the planner's dispatch (copied rows), or dispatch="gather"
             def make():
                 layer = mokgen.MoE(mokgen_shape(D, I, E, k), tokens_per_rank=T,
-                                   **overrides).to("cuda", torch.bfloat16)
+                                   **overrides, device="cuda").to(torch.bfloat16)
                 return layer, layer
             return make
         for label, make in (("mokgen copied", ours()), ("mokgen gathered", ours(dispatch="gather")),

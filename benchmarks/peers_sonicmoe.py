@@ -68,7 +68,7 @@ def mokgen_shape(D, I, E, k):
 def mokgen_layer(D, I, E, k, T, fuse=False):
     # .to(bf16) as SonicMoE's layer above (its router included): the user's model dtype
     layer = mokgen.MoE(mokgen_shape(D, I, E, k), tokens_per_rank=T,
-                       fuse_grad_accumulation=fuse).to("cuda", torch.bfloat16)
+                       fuse_grad_accumulation=fuse, device="cuda").to(torch.bfloat16)
     return layer, layer
 
 

@@ -33,7 +33,7 @@ def main(argv=None):
                                 shared_experts=0, name=shape.name)
     # in bf16 as a user's model would be (router included), as benchmarks/peers_sonicmoe.py
     layer = mokgen.MoE(shape, tokens_per_rank=a.tokens,
-                       fuse_grad_accumulation=a.fuse).to("cuda", torch.bfloat16)
+                       fuse_grad_accumulation=a.fuse, device="cuda").to(torch.bfloat16)
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(a.tokens, shape.hidden, device="cuda", generator=g).bfloat16()
     dy = torch.randn_like(x)

@@ -58,7 +58,7 @@ def make_layer(D, I, E, k, T, over):
     # .to(bf16) as SonicMoE's layer (its router included): an fp32 router would keep an fp32
     # copy of x per layer for its weight gradient
     m = mokgen.MoE(mokgen.MoEShape(E, D, I, k, shared_experts=0), tokens_per_rank=T,
-                   **over).to("cuda", torch.bfloat16)
+                   **over, device="cuda").to(torch.bfloat16)
     return m, m
 
 
