@@ -218,3 +218,23 @@ def test_eager_calls_skip_the_dispatcher_and_equal_the_ops_bitwise(routed, monke
     with Mode():
         assert not ops._plain_eager([torch.ones(1)])
     assert ops._plain_eager([torch.ones(1), torch.nn.Parameter(torch.ones(1)), None])
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_eager_calls_under_activation_checkpointing_equal_plain_calls(reentrant):
+    """The eager path (an autograd.Function, not the op) under torch.utils.checkpoint, both
+    kinds: the output and every gradient bitwise those of a plain call."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    m = mokgen.MoE(SHAPE, tokens_per_rank=64)
+    x = torch.randn(40, SHAPE.hidden)
+    dy = torch.randn_like(x)
+    runs = []
+    for ckpt in (False, True):
+        m.zero_grad(set_to_none=True)
+        xg = x.clone().requires_grad_()
+        y = checkpoint(m, xg, use_reentrant=reentrant) if ckpt else m(xg)
+        y.backward(dy)
+        runs.append([y, xg.grad] + [p.grad for p in m.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
