@@ -12,7 +12,10 @@ Two entry points, each with its backward op:
   expert), so models run and test without a GPU and can be compared with the kernels.
 - fake: empty tensors of the right shapes, for tracing.
 The backward ops run the backward megakernel on CUDA, and the reference's explicit backward
-elsewhere (which needs every expert local, ep == 1). A layer registered with an `owner`
+elsewhere (which needs every expert local, ep == 1). `moe` / `moe_routed` are what modules
+call: a plain eager call runs the forward op's body and its backward wiring under an
+autograd.Function, without the dispatcher (end of this file); anything else goes through
+the ops. A layer registered with an `owner`
 (mokgen.MoE's fuse_grad_accumulation) calls the *_into backward ops instead on CUDA, in eager
 mode, once the owner's experts have a .grad: they add into it (their mutated arguments) and
 return no expert weight gradients for autograd to add.
