@@ -371,6 +371,14 @@ def _dy(grads, x):
     return torch.zeros_like(x) if g is None else g
 
 
+def _grads(ctx, args, acc, kept, body, op, op_into) -> list:
+    """A backward's gradients: its body run directly for an eager call (ctx.eager: no
+    dispatcher), else its op, or the op's *_into twin where they are added into `acc`."""
+    if getattr(ctx, "eager", False):
+        return body(*args, *(acc or (None, None)), kept, ctx.layer)
+    return op_into(*args, *acc, kept, ctx.layer) if acc else op(*args, kept, ctx.layer)
+
+
 def _backward(ctx, *grads):
     # x, logits, w1, w2[, sw1, sw2], experts, weights, token[, kept...]
     saved, kept = _kept_of(ctx, list(ctx.saved_tensors))
@@ -380,11 +388,7 @@ def _backward(ctx, *grads):
     experts, weights, token = saved[-3:]
     args = (dy, x, logits, experts, weights, token, w1, w2, *shared)
     acc = _accumulate_into(ctx.layer, x, w1, w2)
-    if getattr(ctx, "eager", False):
-        g = _backward_impl(*args, *(acc or (None, None)), kept, ctx.layer)
-    else:
-        g = (moe_backward_into(*args, *acc, kept, ctx.layer) if acc else
-             moe_backward(*args, kept, ctx.layer))
+    g = _grads(ctx, args, acc, kept, _backward_impl, moe_backward, moe_backward_into)
     return (*_grads_out(g, ctx.has_shared, bool(acc)), None)
 
 
@@ -395,11 +399,8 @@ def _backward_routed(ctx, *grads):
     shared = saved[5:7] if ctx.has_shared else [None, None]
     args = (dy, *saved[:3], saved[-1], *saved[3:5], *shared)
     acc = _accumulate_into(ctx.layer, saved[0], *saved[3:5])
-    if getattr(ctx, "eager", False):
-        g = _backward_routed_impl(*args, *(acc or (None, None)), kept, ctx.layer)
-    else:
-        g = (moe_backward_routed_into(*args, *acc, kept, ctx.layer) if acc else
-             moe_backward_routed(*args, kept, ctx.layer))
+    g = _grads(ctx, args, acc, kept, _backward_routed_impl, moe_backward_routed,
+               moe_backward_routed_into)
     dx, dweights, dw1, dw2, dsw1, dsw2 = _grads_out(g, ctx.has_shared, bool(acc))
     return dx, None, dweights, dw1, dw2, dsw1, dsw2, None
 
