@@ -21,7 +21,7 @@ from . import abi, cuda
 from .abi import padded
 from .checks import check_ctas
 from .peers import PeerSet
-from .prologue import Prologue
+from .prologue import Prologue, warp_per_token_grid
 from .workspace import (KeptActivations, LayerSpec, RankBuffers,  # noqa: F401 - LayerSpec:
                         activation_buffers)  # re-exported
 
@@ -260,7 +260,7 @@ class ForwardRuntime:
         if self.f_quant_x is None:
             return
         n = x.shape[0]
-        cuda.launch(self.f_quant_x, max(1, min(1024, -(-n // 8))), 256, 0, self._stream(),
+        cuda.launch(self.f_quant_x, warp_per_token_grid(n), 256, 0, self._stream(),
                     [x, n, self.peers.local(i)["xq"], cuda.I64(self.xq_scales_at)])
 
     def peer_rows(self, xs) -> list:

@@ -9,6 +9,13 @@ import struct
 from . import abi, cuda
 
 
+def warp_per_token_grid(n: int) -> int:
+    """Blocks of 256 threads for a kernel that gives each token a warp (route.cuh's routing
+    and router backward, fp8.cuh's quantization of x): 8 tokens a block, at most 1,024 blocks
+    (the kernels stride over the rest)."""
+    return max(1, min(1024, -(-n // 8)))
+
+
 class Prologue:
     def __init__(self, module, local_experts: int, topk: int):
         chunk = struct.unpack("<i", cuda.read_global(module, "mokgen_sched_chunk"))[0]
@@ -30,7 +37,7 @@ class Prologue:
     def route(self, st, logits, n, rank, tables) -> None:
         """Softmax top-k of a rank's n tokens, written into every rank's gathered tables
         (`tables`: RouteTables<R> by value)."""
-        cuda.launch(self.f_route, max(1, min(1024, -(-n // 8))), 256, 0, st,
+        cuda.launch(self.f_route, warp_per_token_grid(n), 256, 0, st,
                     [logits, n, rank, tables])
 
     def route_given(self, st, experts, weights, n, rank, tables) -> None:
@@ -44,7 +51,7 @@ class Prologue:
         dweights [n, k] fp32 of the routes experts [n, k] int32 (route.cuh
         router_backward_tokens)."""
         n = logits.shape[0]
-        cuda.launch(self.f_router_bwd, max(1, min(1024, -(-n // 8))), 256, 0, st,
+        cuda.launch(self.f_router_bwd, warp_per_token_grid(n), 256, 0, st,
                     [logits, experts, dweights, out, n])
 
     # Algorithm 1 for rank `rank` from its gathered routes (b: RankBuffers), n tokens per rank
