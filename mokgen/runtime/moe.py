@@ -114,14 +114,35 @@ class ForwardRuntime:
         """TMA map of a row-major [rows, cols] matrix of t's elements, box box_cols x
         box_rows (bf16 operands: 64 columns x 128 or 256 rows for K-major tiles, 64 for MN-major
         ones). Cached by address, geometry and swizzle."""
-        key = (t.data_ptr(), rows, cols, box_rows, box_cols, dtype, swizzle)
+        return self._map_entry(t, rows, cols, box_rows, box_cols, dtype, swizzle)[0]
+
+    def _map_bytes(self, t: torch.Tensor, rows: int, cols: int, box_rows: int,
+                   box_cols: int = 64) -> bytes:
+        """_map's 128 bytes, for a map struct passed by value (read once per map, not once
+        per call: the backward packs ~20 a call)."""
+        return self._map_entry(t, rows, cols, box_rows, box_cols, "bf16", 128)[1]
+
+    def _map_entry(self, t, rows, cols, box_rows, box_cols, dtype, swizzle) -> tuple:
+        return self._cached((t.data_ptr(), rows, cols, box_rows, box_cols, dtype, swizzle),
+                            lambda: cuda.make_tensor_map_2d(
+                                t, rows, cols, cols * t.element_size(), box_rows, box_cols,
+                                dtype=dtype, swizzle=swizzle))
+
+    def _map3d_bytes(self, t: torch.Tensor, box_rows: int, box_cols: int) -> bytes:
+        """The bytes of cuda.make_tensor_map_3d(t, ...) over a contiguous [depth, rows, cols]
+        bf16 tensor, cached by address and geometry as the 2D maps."""
+        return self._cached((t.data_ptr(), *t.shape, box_rows, box_cols, "3d"),
+                            lambda: cuda.make_tensor_map_3d(t, box_rows, box_cols))[1]
+
+    def _cached(self, key, make) -> tuple:
+        """(map, its bytes) under key, made on a miss; least recently used out past
+        MAX_MAPS (many layers' weights and ever new activations)."""
         if key in self._maps:
             self._maps.move_to_end(key)
         else:
-            self._maps[key] = cuda.make_tensor_map_2d(t, rows, cols, cols * t.element_size(),
-                                                      box_rows, box_cols, dtype=dtype,
-                                                      swizzle=swizzle)
-            if len(self._maps) > MAX_MAPS:  # many layers' weights and ever new activations
+            m = make()
+            self._maps[key] = (m, cuda.tensor_map_bytes(m))
+            if len(self._maps) > MAX_MAPS:
                 self._maps.popitem(last=False)
         return self._maps[key]
 

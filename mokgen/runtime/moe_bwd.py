@@ -204,7 +204,7 @@ class BackwardPass(BackwardScratch):
         IS = hs_a.shape[1]
         sw1 = sw1 if sw1 is not None else hs_pre  # placeholders without a shared expert
         sw2 = sw2 if sw2 is not None else hs_a
-        mp = rt._map
+        mp = rt._map_bytes
         maps = {"x_k": mp(x, n, D, 128), "sw1_k": mp(sw1, sw1.shape[0], sw1.shape[1], 128),
                 "dy_k": mp(dy, n, D, 128), "sw2_mn": mp(sw2, sw2.shape[0], sw2.shape[1], 64),
                 "hs_dh_k": mp(hs_pre, n, 2 * IS, 128),  # dh over the pre-activations
@@ -225,10 +225,10 @@ class BackwardPass(BackwardScratch):
         tma = self.wgrad_tma and all(
             t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (dw1, dw2))
         # 3D maps (an expert a matrix): an edge row tile stops at its expert's last row
-        maps["dw1_st"] = cuda.make_tensor_map_3d(dw1.view(L, 2 * I, D), 64, 64) if tma else None
-        maps["dw2_st"] = cuda.make_tensor_map_3d(dw2.view(L, D, I), 64, 64) if tma else None
+        maps["dw1_st"] = rt._map3d_bytes(dw1.view(L, 2 * I, D), 64, 64) if tma else None
+        maps["dw2_st"] = rt._map3d_bytes(dw2.view(L, D, I), 64, 64) if tma else None
         maps_raw = abi.pack_maps(abi.BWD_MAPS, maps, lambda m: bytes(abi.TENSOR_MAP_BYTES)
-                                 if m is None else cuda.tensor_map_bytes(m))
+                                 if m is None else m)
         f8, fp8_fields = self._fp8_operands(b, sc, w1, w2)
         peers = struct.pack(f"<{s.ep}Q", *x_ptrs) + struct.pack(f"<{s.ep}Q", *dy_ptrs) \
             + rt.peers.table("combine") + rt.peers.table("dweight")
