@@ -65,7 +65,9 @@ class CompiledMoE:
                                  f"{codegen.backward_unsupported(self.plan)}")
             rt = self.runtime()
             self._backward = shared(self._pool_key() + ("bwd",),
-                                    lambda: BackwardPass(rt, self.binaries["bwd"].image))
+                                    lambda: BackwardPass(rt, self.binaries["bwd"].image, *(
+                                        [self.binaries["bwdres"].image]
+                                        if "bwdres" in self.binaries else [])))
         self.runtime()  # binds this layer's weight cache
         return self._backward
 

@@ -11,7 +11,7 @@ from . import limits
 from .build import Kernel
 from .config import CONFIG
 from .lower import lower, problem_params
-from .plan import Plan, annotated
+from .plan import Plan, annotated, resident_twin
 from .runtime import abi
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -19,7 +19,10 @@ _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES),
                           undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 # Kernels each plan needs; name -> template. The name is the cache folder's prefix too.
-UNITS = {"prologue": "prologue.cu.j2", "fwd": "fwd.cu.j2", "bwd": "bwd.cu.j2"}
+# "bwdres": keep_h plans' second backward, for calls whose ring holds their own forward
+# (plan.resident_twin: the default plan's backward, run on the call's kept h).
+UNITS = {"prologue": "prologue.cu.j2", "fwd": "fwd.cu.j2", "bwd": "bwd.cu.j2",
+         "bwdres": "bwd.cu.j2"}
 
 
 def constants(plan: Plan) -> dict:
@@ -43,6 +46,7 @@ _ABI = {"fwd": (("FwdBuffers",), ("Fp8Maps",), abi.FWD_PHASES, abi.FWD_OPS),
 # unit -> its non-default directions' peer struct, fields and phases
 _DIR_ABI = {"fwd": ("DirPeers", abi.FWD_DIR_PEERS, abi.FWD_DIR_PHASES),
             "bwd": ("BwdDirPeers", abi.BWD_DIR_PEERS, abi.BWD_DIR_PHASES)}
+_ABI["bwdres"], _DIR_ABI["bwdres"] = _ABI["bwd"], _DIR_ABI["bwd"]  # the same template
 
 
 def abi_checks(unit: str, ranks: int | None = None) -> str:
@@ -100,8 +104,13 @@ def emit(plan: Plan, units=tuple(UNITS)) -> list[Kernel]:
                          f"{plan.gpu} ({plan.arch}); such plans serve mokgen.simulate")
     limits.check(plan)  # a plan built by hand or from JSON gets the planner's rules too
     if backward_unsupported(plan):
-        units = tuple(u for u in units if u != "bwd")
+        units = tuple(u for u in units if u not in ("bwd", "bwdres"))
+    twin = resident_twin(plan)
+    if twin is None:
+        units = tuple(u for u in units if u != "bwdres")
     consts = constants(plan)
+    if twin is not None and "bwdres" in units:
+        consts["bwdres"] = constants(twin)["bwd"]
     flags = ("-DMOKGEN_DEBUG",) if CONFIG.debug else ()
     kernels = [Kernel(f"{u}_{plan.key()}", _ENV.get_template(UNITS[u]).render(
         **consts[u], abi_checks=abi_checks(u, consts[u]["ep"] if consts[u].get("dir_peers")

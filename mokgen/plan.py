@@ -244,6 +244,33 @@ def annotated(plan: Plan):
     return g
 
 
+def resident_twin(plan: Plan) -> Plan | None:
+    """keep_h plans: the plan whose backward kernel serves a call whose ring still holds its
+    own forward (BwdBuffers::resident 2: nothing ran on the layer since, as with one layer or
+    under activation checkpointing, which re-runs each forward right before its backward).
+    Its h is the call's kept h (ring layout, handed in as ring_h), its x the ring's, so the
+    backward pulls dy alone: the plan's own kernel (x pulled, comm CTAs sized for x pulls:
+    sm_partition) would idle the CTAs counted for x. The twin is the plan without keep_h,
+    every other decision forced, its backward's comm CTAs chosen anew unless the caller forced
+    them; so the kernel is the default plan's, and the gradients are bitwise the default's.
+    None for other plans."""
+    if not plan.keep_h:
+        return None
+    d = dict(plan.decisions(), keep_h=False)
+    if not plan.is_forced("comm_sms_bwd"):
+        del d["comm_sms_bwd"]
+    from .passes import run
+
+    g = run(initial_graph(plan.shape, plan.ep, plan.dtype, plan.tokens_per_rank, **d))
+    twin = Plan.of(g)
+    same = ("minibatch", "macrobatch", "x_slots", "gemm_bwd", "reverse_combine",
+            "reverse_dispatch", "max_routed_rows", "num_sms")
+    off = [k for k in same if getattr(twin, k) != getattr(plan, k)]
+    if off:  # the twin's kernel must read the keep_h plan's workspace as it is
+        raise ValueError(f"keep_h plan's resident twin differs in {off}")
+    return twin
+
+
 def initial_plan(shape: MoEShape, ep: int, dtype: str, tokens_per_rank: int,
                  **overrides) -> Plan:
     """The problem before any pass: the view of `initial_graph`."""

@@ -237,6 +237,31 @@ def test_keep_h_backward_compiles_without_spills(name, tokens):
     assert_no_spills_nor_serialized_wgmma(layer)
 
 
+@pytest.mark.parametrize("name,tokens", [("qwen3-30b-a3b", 8192), ("deepseek-v2-lite", 4096)])
+def test_keep_h_plans_add_the_default_backward_for_resident_calls(name, tokens):
+    """A keep_h plan emits a second backward ("bwdres", plan.resident_twin) for calls whose
+    ring still holds their own forward: the default plan's backward source, save the plan key
+    in its first line, with the default plan's (smaller) backward comm CTA count; its own
+    backward pulls x (XPULL) with more. Other plans emit no second backward; a forced
+    comm_sms_bwd stays forced in the twin."""
+    from mokgen.plan import resident_twin
+
+    shape = mokgen.shapes.get(name)
+    kh = mokgen.plan(shape, ep=1, tokens_per_rank=tokens, keep_h=True)
+    default = mokgen.plan(shape, ep=1, tokens_per_rank=tokens)
+    src = {k.name.split("_")[0]: k.source for k in codegen.emit(kh)}
+    assert set(src) == {"prologue", "fwd", "bwd", "bwdres"}
+    want = next(k.source for k in codegen.emit(default, ("bwd",)))
+    assert src["bwdres"].split("\n")[1:] == want.split("\n")[1:]
+    assert src["bwd"] != src["bwdres"]
+    twin = resident_twin(kh)
+    assert not twin.keep_h and twin.comm_sms_bwd == default.comm_sms_bwd < kh.comm_sms_bwd
+    assert resident_twin(default) is None
+    assert {k.name.split("_")[0] for k in codegen.emit(default)} == {"prologue", "fwd", "bwd"}
+    forced = mokgen.plan(shape, ep=1, tokens_per_rank=tokens, keep_h=True, comm_sms_bwd=10)
+    assert resident_twin(forced).comm_sms_bwd == 10
+
+
 def _cuobjdump():
     found = shutil.which("cuobjdump")
     if found:

@@ -234,6 +234,9 @@ def test_keep_h_never_replays_and_equals_the_default_bitwise(shape, skew, tokens
     kw = dict(minibatch=256)
     kept, inputs, dys, ours = run_backward(shape, 1, tokens, skew=skew, keep_h=True, **kw)
     assert kept.plan.keep_h and kept.runtime().ranks[0].ring_h is None
+    # nothing ran between that forward and its backward: the resident twin's kernel
+    # (plan.resident_twin, the default plan's backward on the kept h) ran it
+    assert kept.runtime().stats["resident_kernel"] == 1
     base = mokgen.compile(shape, ep=1, tokens_per_rank=tokens, virtual=True, **kw)
     _equal_grads(ours, grads_of(base, inputs, dys), "differs from the default plan's")
     # two forwards of other inputs (one differentiable, its backward after) in between
@@ -251,6 +254,7 @@ def test_keep_h_never_replays_and_equals_the_default_bitwise(shape, skew, tokens
     other_dys = [torch.randn_like(y) for y in other_ys]
     torch.autograd.backward(other_ys, other_dys)
     assert kept.runtime().stats["replayed"] == replayed
+    assert kept.runtime().stats["resident_kernel"] == 1  # both pulled x: the plan's kernel
     late = {k: [t.grad for t in v] for k, v in leaves.items()}
     late.update({k: None if t is None else t.grad for k, t in shared.items()})
     _equal_grads(ours, late, "differs after other forwards")

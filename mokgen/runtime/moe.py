@@ -78,7 +78,9 @@ class ForwardRuntime:
         # ring's macrobatch 0 is then reusable by that call's backward, and by no other).
         self.generation, self.saved = 0, False
         self.layers = weakref.WeakSet()  # the layers using this runtime (memory reports)
-        self.stats = {"backward": 0, "replayed": 0}  # replayed: backward calls not resident
+        # replayed: backward calls not resident; resident_kernel: keep_h backward calls that
+        # ran the resident twin's kernel (moe_bwd.py BackwardPass)
+        self.stats = {"backward": 0, "replayed": 0, "resident_kernel": 0}
         # The calling layer's fp8 weight cache: each layer owns one (CompiledMoE sets it
         # before a call), so layers sharing this runtime do not evict each other's weights.
         self.weights = WeightCache(spec.scale_block, len(self.ranks))

@@ -18,6 +18,7 @@ by side, each rank with its own scratch.
 from __future__ import annotations
 
 import struct
+from typing import NamedTuple
 
 import torch
 
@@ -27,35 +28,36 @@ from .checks import check_ctas
 from .workspace import BF16, BackwardScratch, activation_buffers, backward_ring_dy, backward_tiles
 
 
+class _Kernel(NamedTuple):
+    """A loaded backward kernel and what its module's globals say of its launch."""
+    module: object
+    function: object
+    smem: int
+    ctas: int
+    wgrad_tma: bool
+
+
 class BackwardPass(BackwardScratch):
     """The backward kernel over its scratch (BackwardScratch) and the forward's runtime."""
 
-    def __init__(self, rt, bwd_cubin: bytes):
+    def __init__(self, rt, bwd_cubin: bytes, resident_cubin: bytes | None = None):
+        """`resident_cubin`: keep_h plans' second kernel (codegen "bwdres",
+        plan.resident_twin), launched where the ring still holds the call's own forward."""
         hosted = range(len(rt.peers.hosted_ranks))
         super().__init__(rt.spec, rt.dev, backward_ring_dy(rt.spec, rt.peers.local(0)))
         self.rt = rt
-        mod = cuda.load_module(bwd_cubin)
-        self.module = mod  # its globals: benchmarks/trace.py sets mokgen_trace
-        rt.adopt_module(mod)
-        self.smem = struct.unpack("<i", cuda.read_global(mod, "mokgen_bwd_smem_bytes"))[0]
-        # the kernel's tile counts (bwd.cu.j2): dgrad tiles across I, weight-gradient tiles
-        # per expert, which BackwardScratch sized dw_part and the counters by
-        tiles = struct.unpack("<2i", cuda.read_global(mod, "mokgen_bwd_tiles"))
-        if tiles != backward_tiles(rt.spec):
-            raise RuntimeError(f"mokgen: the backward kernel's tile counts {tiles} differ "
-                               f"from the workspace's {backward_tiles(rt.spec)}")
-        # and its x ring's rows (a window: passes/x_window.py), which RankBuffers sized
-        x_rows = struct.unpack("<i", cuda.read_global(mod, "mokgen_bwd_x_rows"))[0]
-        if x_rows != rt.spec.x_rows:
-            raise RuntimeError(f"mokgen: the backward kernel's x ring has {x_rows} rows, the "
-                               f"workspace's {rt.spec.x_rows}")
+        self.kernel = self._load(bwd_cubin)
+        # its globals: benchmarks/trace.py sets mokgen_trace (a keep_h call whose ring holds
+        # its forward runs resident_kernel instead: trace that module for it)
+        self.module = self.kernel.module
+        self.resident_kernel = self._load(resident_cubin) if resident_cubin else None
         # whether the kernel stores whole-expert weight-gradient tiles with TMA (moe_bwd.cuh
         # kTmaWgrad): then each call passes maps of its dw1 / dw2 and turns it on
-        self.wgrad_tma = bool(struct.unpack(
-            "<i", cuda.read_global(mod, "mokgen_bwd_wgrad_tma"))[0])
-        self.f_bwd = mod.function("mokgen_bwd", self.smem)
-        self.ctas = check_ctas("backward", struct.unpack(  # the plan's CTAs (after its reserve)
-            "<i", cuda.read_global(mod, "mokgen_bwd_ctas"))[0], rt.num_sms)
+        self.wgrad_tma = self.kernel.wgrad_tma
+        if self.resident_kernel and self.resident_kernel.wgrad_tma != self.wgrad_tma:
+            raise RuntimeError("mokgen: the two backward kernels store weight gradients "
+                               "differently")
+        self.ctas = max(k.ctas for k in (self.kernel, self.resident_kernel) if k)
         s, virtual = rt.spec, rt.peers.virtual
         if virtual and s.bwd_peer_directions and s.ep * self.ctas > rt.num_sms:
             raise ValueError(
@@ -72,6 +74,30 @@ class BackwardPass(BackwardScratch):
                                                  backward_ring_dy(s, rt.peers.local(i)))
                                  for i in hosted[1:]] if self.side_by_side else \
             [self] * len(hosted)
+
+    def _load(self, cubin: bytes) -> "_Kernel":
+        """A backward kernel's module, checked against the workspace it will run on."""
+        rt = self.rt
+        mod = cuda.load_module(cubin)
+        rt.adopt_module(mod)
+        glob = lambda name, fmt="<i": struct.unpack(  # noqa: E731
+            fmt, cuda.read_global(mod, name))
+        smem = glob("mokgen_bwd_smem_bytes")[0]
+        # the kernel's tile counts (bwd.cu.j2): dgrad tiles across I, weight-gradient tiles
+        # per expert, which BackwardScratch sized dw_part and the counters by
+        tiles = glob("mokgen_bwd_tiles", "<2i")
+        if tiles != backward_tiles(rt.spec):
+            raise RuntimeError(f"mokgen: the backward kernel's tile counts {tiles} differ "
+                               f"from the workspace's {backward_tiles(rt.spec)}")
+        # and its x ring's rows (a window: passes/x_window.py), which RankBuffers sized
+        x_rows = glob("mokgen_bwd_x_rows")[0]
+        if x_rows != rt.spec.x_rows:
+            raise RuntimeError(f"mokgen: the backward kernel's x ring has {x_rows} rows, the "
+                               f"workspace's {rt.spec.x_rows}")
+        return _Kernel(mod, mod.function("mokgen_bwd", smem), smem,
+                       # the plan's CTAs (after its reserve)
+                       check_ctas("backward", glob("mokgen_bwd_ctas")[0], rt.num_sms),
+                       bool(glob("mokgen_bwd_wgrad_tma")[0]))
 
     def poison(self) -> None:
         for sc in dict.fromkeys(self.scratch):  # each scratch once
@@ -116,6 +142,7 @@ class BackwardPass(BackwardScratch):
         rt.saved = False
         rt.stats["backward"] += 1
         rt.stats["replayed"] += not resident
+        rt.stats["resident_kernel"] += resident == 2 and self.resident_kernel is not None
         # staged x and dy, and every rank done reading its combine rows (the dx rows reuse
         # them), before any rank's kernel touches a peer
         x_ptrs = rt.peers.x_pointers(xs)
@@ -242,7 +269,8 @@ class BackwardPass(BackwardScratch):
             resident=int(resident), accumulate=int(accumulate),
             wg_by_minibatch=int(s.wg_by_minibatch), wgrad_tma=int(tma))
         dirs = [self.dir_peers()] if s.bwd_peer_directions else []
-        cuda.launch(self.f_bwd, self.ctas, 384, self.smem, st,
+        k = self.resident_kernel if resident == 2 and self.resident_kernel else self.kernel
+        cuda.launch(k.function, k.ctas, 384, k.smem, st,
                     [cuda.Raw(maps_raw), f8, cuda.Raw(peers), cuda.Raw(bufs)] + dirs,
                     cooperative=True)
 
