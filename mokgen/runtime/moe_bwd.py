@@ -256,6 +256,11 @@ class BackwardPass(BackwardScratch):
         maps["dw2_st"] = rt._map3d_bytes(dw2.view(L, D, I), 64, 64) if tma else None
         maps_raw = abi.pack_maps(abi.BWD_MAPS, maps, lambda m: bytes(abi.TENSOR_MAP_BYTES)
                                  if m is None else m)
+        # keep_h: a call whose ring holds its own forward runs the resident twin's kernel
+        # (the default plan's), to which resident 1 says the same (it has no x pull to skip)
+        k = self.resident_kernel if resident == 2 and self.resident_kernel else self.kernel
+        if k is self.resident_kernel:
+            resident = 1
         f8, fp8_fields = self._fp8_operands(b, sc, w1, w2)
         peers = struct.pack(f"<{s.ep}Q", *x_ptrs) + struct.pack(f"<{s.ep}Q", *dy_ptrs) \
             + rt.peers.table("combine") + rt.peers.table("dweight")
@@ -269,7 +274,6 @@ class BackwardPass(BackwardScratch):
             resident=int(resident), accumulate=int(accumulate),
             wg_by_minibatch=int(s.wg_by_minibatch), wgrad_tma=int(tma))
         dirs = [self.dir_peers()] if s.bwd_peer_directions else []
-        k = self.resident_kernel if resident == 2 and self.resident_kernel else self.kernel
         cuda.launch(k.function, k.ctas, 384, k.smem, st,
                     [cuda.Raw(maps_raw), f8, cuda.Raw(peers), cuda.Raw(bufs)] + dirs,
                     cooperative=True)
