@@ -8,8 +8,9 @@ Per configuration, on the same weights and inputs:
 - peak: the most allocated during a step beyond what was allocated before it;
 - step: median time of a training step (forward + backward), CUDA events.
 Steps accumulate into the gradients the first step made (micro-batches of one optimizer
-step); `--keep-h 1` builds them with keep_h (each call keeps its own h: no layer's backward
-replays, for h per layer; README); `--fuse 1` builds mokgen's layers with
+step); `--keep-h 0` / `1` forces mokgen's keep_h off / on (default `d`: the plan's own
+choice, keep_h at one rank in bf16, passes/keep_h.py: each call keeps its own h, no layer's
+backward replays, for h per layer; README); `--fuse 1` builds mokgen's layers with
 fuse_grad_accumulation (the kernel adds the
 expert gradients into .grad: no expert-gradient-sized temporary, which autograd's
 accumulation allocates on both sides otherwise).
@@ -106,19 +107,20 @@ class Stack(nn.Module):
         return h
 
 
-def build(impl, shape, layers, tokens, ckpt, fuse=False, keep_h=False):
+def build(impl, shape, layers, tokens, ckpt, fuse=False, keep_h=None):
     dev = torch.device("cuda")
     torch.manual_seed(0)
     if impl == "torch":
         moes = [GroupedMoE(shape, dev) for _ in range(layers)]
     else:
         moes = [mokgen.MoE(shape, tokens_per_rank=tokens, device=dev,
-                           fuse_grad_accumulation=fuse, **({"keep_h": True} if keep_h else {}))
+                           fuse_grad_accumulation=fuse,
+                           **({} if keep_h is None else {"keep_h": keep_h}))
                 for _ in range(layers)]
     return Stack(moes, ckpt)
 
 
-def measure(impl, shape, layers, tokens, ckpt, iters, fuse=False, keep_h=False):
+def measure(impl, shape, layers, tokens, ckpt, iters, fuse=False, keep_h=None):
     """-> dict of held/peak MB and step ms, or {"oom": True}. The steps accumulate into
     the gradients of the first (as micro-batches do): `fuse` (mokgen.MoE's
     fuse_grad_accumulation) adds the expert gradients in the kernel from the second on."""
@@ -157,6 +159,7 @@ def measure(impl, shape, layers, tokens, ckpt, iters, fuse=False, keep_h=False):
         if impl == "mokgen":
             m = model.blocks[0].moe.memory()
             out["workspace_mb"] = m["workspace"] / 2**20
+            out["keep_h"] = model.blocks[0].moe.plan.keep_h
             rt = mokgen.ops.kernels_of(model.blocks[0].moe._layer).compiled.runtime()
             out["replayed_per_step"] = rt.stats["replayed"] / (iters + 1)
         return out
@@ -168,16 +171,17 @@ def measure(impl, shape, layers, tokens, ckpt, iters, fuse=False, keep_h=False):
         torch.cuda.empty_cache()
 
 
-def rows_of(name, shape, layers, tokens, ckpt, iters, fuses=(False,), keeps=(False,)):
-    """One row per mokgen variant (`fuses` x `keeps`: fused accumulation, keep_h), the
-    PyTorch stack measured once for them."""
+def rows_of(name, shape, layers, tokens, ckpt, iters, fuses=(False,), keeps=(None,)):
+    """One row per mokgen variant (`fuses` x `keeps`: fused accumulation, keep_h forced or
+    None for the plan's own), the PyTorch stack measured once for them."""
     base = measure("torch", shape, layers, tokens, ckpt, iters)
     rows = []
     for fuse, keep_h in ((f, k) for f in fuses for k in keeps):
         res = {"torch": base, "mokgen": measure("mokgen", shape, layers, tokens, ckpt, iters,
                                                 fuse, keep_h)}
         row = {"shape": name, "layers": layers, "tokens": tokens, "checkpointing": ckpt,
-               "fused_grad_accumulation": fuse, "keep_h": keep_h}
+               "fused_grad_accumulation": fuse,
+               "keep_h": res["mokgen"].get("keep_h", keep_h)}  # the plan's
         for impl, r in res.items():
             row[f"{impl}_oom"] = bool(r.get("oom"))
             for k in ("held_mb_per_layer", "peak_mb", "step_ms"):
@@ -188,7 +192,7 @@ def rows_of(name, shape, layers, tokens, ckpt, iters, fuses=(False,), keeps=(Fal
     return rows
 
 
-def rows_for(name, layers, tokens, ckpt, iters, fit, fuses=(False,), keeps=(False,)):
+def rows_for(name, layers, tokens, ckpt, iters, fit, fuses=(False,), keeps=(None,)):
     """The rows at `layers`; with `fit`, where either side ran out of memory, also the rows at
     the most layers (halving) where both fit."""
     rows = rows_of(name, get_shape(name), layers, tokens, ckpt, iters, fuses, keeps)
@@ -212,7 +216,8 @@ def main(argv=None):
     p.add_argument("--ckpt", default="0,1", help="checkpointing off/on: 0, 1 or 0,1")
     p.add_argument("--fit", action="store_true", help="halve the layers until both fit")
     p.add_argument("--fuse", default="0", help="mokgen's fuse_grad_accumulation: 0, 1 or 0,1")
-    p.add_argument("--keep-h", default="0", help="mokgen's keep_h: 0, 1 or 0,1")
+    p.add_argument("--keep-h", default="d",
+                   help="mokgen's keep_h: d (the plan's), 0, 1, or a list such as 0,d")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     rows = []
@@ -220,7 +225,7 @@ def main(argv=None):
         for layers in (int(v) for v in a.layers.split(",")):
             for ckpt in (bool(int(v)) for v in a.ckpt.split(",")):
                 fuses = [bool(int(v)) for v in a.fuse.split(",")]
-                keeps = [bool(int(v)) for v in a.keep_h.split(",")]
+                keeps = [None if v == "d" else bool(int(v)) for v in a.keep_h.split(",")]
                 for row in rows_for(name, layers, a.tokens, ckpt, a.iters, a.fit, fuses, keeps):
                     rows.append(row)
                     print(json.dumps(row), flush=True)
@@ -232,7 +237,7 @@ def main(argv=None):
         ratio = (r["torch_step_ms"] / r["mokgen_step_ms"]
                  if r["torch_step_ms"] and r["mokgen_step_ms"] else None)
         print(f"| {r['shape']} | {r['layers']} | {int(r['checkpointing'])} "
-              f"| {int(r['fused_grad_accumulation'])} | {int(r['keep_h'])} "
+              f"| {int(r['fused_grad_accumulation'])} | {'-' if r['keep_h'] is None else int(r['keep_h'])} "
               f"| {fmt(r['mokgen_held_mb_per_layer'])} | {fmt(r['torch_held_mb_per_layer'])} "
               f"| {fmt(r['mokgen_peak_mb'])} | {fmt(r['torch_peak_mb'])} "
               f"| {fmt(r['mokgen_step_ms'], '{:.1f}')} | {fmt(r['torch_step_ms'], '{:.1f}')} "

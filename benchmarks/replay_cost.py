@@ -2,7 +2,7 @@
 (runtime/workspace.py's pool), so only the backward of the layer whose forward ran last finds
 its activations in the ring; every other layer's backward replays its gate/up (re-pulls x,
 recomputes h and a: moe_bwd.cuh `replayed`), unless the plan has keep_h (each call keeps
-its own h; the backward pulls x). The variant `sonicmoe` stacks SonicMoE's layers instead
+its own h; the backward pulls x: the default at one rank in bf16, passes/keep_h.py). The variant `sonicmoe` stacks SonicMoE's layers instead
 (each keeps its own h; run where it is installed: benchmarks/peers_sonicmoe.sh stack). This
 times a training step of L independent layers on the same x (outputs summed into one backward:
 autograd runs the layers' backwards last layer first) against one layer, per layer, fresh
@@ -153,10 +153,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--layers", default="1,4")
-    selection_args(ap, "pull,pull+keep_h=true",
-                   "gather_ab.py's variants (pull: the default plan; +keep_h=true: each call "
-                   "keeps its h, no backward replays) and sonicmoe (SonicMoE's layers, where "
-                   "it imports)")
+    selection_args(ap, "pull+keep_h=false,pull",
+                   "gather_ab.py's variants (pull: the default plan, keep_h at one rank in "
+                   "bf16: each call keeps its h, no backward replays; +keep_h=false: h in the "
+                   "shared ring, replayed) and sonicmoe (SonicMoE's layers, where it imports)")
     a = ap.parse_args(argv)
     peer = "sonicmoe" in a.variants.split(",")
     a.variants = ",".join(v for v in a.variants.split(",") if v != "sonicmoe")

@@ -98,16 +98,20 @@ def abi_checks(unit: str, ranks: int | None = None) -> str:
 backward_unsupported = limits.backward_unsupported
 
 
+def units_of(plan: Plan) -> tuple:
+    """The units `plan` builds: the prologue and the forward, the backward where it has one,
+    and keep_h plans' resident twin beside it."""
+    return tuple(u for u in UNITS if u in ("prologue", "fwd") or not backward_unsupported(plan)
+                 and (u == "bwd" or plan.keep_h))
+
+
 def emit(plan: Plan, units=tuple(UNITS)) -> list[Kernel]:
     if plan.arch != "sm_90a":
         raise ValueError(f"the kernels are built for sm_90a (Hopper) only, got a plan for "
                          f"{plan.gpu} ({plan.arch}); such plans serve mokgen.simulate")
     limits.check(plan)  # a plan built by hand or from JSON gets the planner's rules too
-    if backward_unsupported(plan):
-        units = tuple(u for u in units if u not in ("bwd", "bwdres"))
+    units = tuple(u for u in units if u in units_of(plan))
     twin = resident_twin(plan)
-    if twin is None:
-        units = tuple(u for u in units if u != "bwdres")
     consts = constants(plan)
     if twin is not None and "bwdres" in units:
         consts["bwdres"] = constants(twin)["bwd"]

@@ -10,6 +10,7 @@ values is a plan it cannot run: ValueError naming both.
 from __future__ import annotations
 
 from . import ir
+from .ir import OpKind
 from .limits import x_window_slots
 
 # annotation -> template parameter it sets
@@ -104,9 +105,9 @@ def _forward_gathers(g) -> bool:
 
 
 def _keeps_h(g) -> bool:
-    """Whether each call keeps its own h (the plan's keep_h, a caller's choice no pass makes):
-    the ring's x rows are then the last call's, not the differentiated one's."""
-    return bool(g.graph["problem"]["overrides"].get("keep_h", False))
+    """Whether each call keeps its own h (passes/keep_h.py): the ring's x rows are then the
+    last call's, not the differentiated one's."""
+    return bool(ir.op_of(g, OpKind.GATE_UP_GEMM).attr("keep_h", False))
 
 
 def problem_params(g) -> dict:

@@ -74,8 +74,9 @@ class Plan:
     expected_replay_rows: int | None = None
     # x_window: the backward's x ring in minibatch slots (None: the ring's own)
     x_slots: int | None = None
-    # each differentiable call keeps its own gate/up pre-activations (h) for its backward, so
-    # that no backward replays gate/up, whatever other layers ran between (limits.keep_h_violations)
+    # keep_h: each differentiable call keeps its own gate/up pre-activations (h) for its
+    # backward, so that no backward replays gate/up, whatever other layers ran between
+    # (the default where limits.keep_h_violations allow it)
     keep_h: bool = False
     # the annotated task graph this plan views (None: read from JSON or `replace`d)
     graph: Any = field(default=None, compare=False, repr=False)
@@ -126,6 +127,7 @@ class Plan:
                              for sig in comm[name].attr("signals", ()))
         gate, shared = ir.op_of(g, OpKind.GATE_UP_GEMM), ir.op_of(g, OpKind.SHARED_FFN)
         put("act_dtype", gate.attr("precision"))
+        put("keep_h", gate.attr("keep_h"))
         put("shared_dtype", shared and shared.attr("precision"))
         put("scale_block", ir.common(ops, "scale_block"))
         put("row_bytes", comm["dispatch"].attr("row_bytes"))

@@ -181,7 +181,8 @@ def test_engine_schedules_compile_without_spills(schedule, name, dtype):
     fwd = (128, 256, 4) if schedule == "sw" and dtype == "mxfp8" else cfg  # limits refuse it
     layer = mokgen.compile(mokgen.shapes.get(name), ep=ep, dtype=dtype, tokens_per_rank=n,
                            gemm_fwd=fwd, gemm_bwd=cfg)
-    assert set(layer.binaries) == {"prologue", "fwd", "bwd"}
+    assert set(layer.binaries) == {"prologue", "fwd", "bwd"} | (
+        {"bwdres"} if layer.plan.keep_h else set())  # keep_h: ep 1, bf16 (passes/keep_h.py)
     assert_no_spills_nor_serialized_wgmma(layer)
 
 
@@ -239,7 +240,8 @@ def test_keep_h_backward_compiles_without_spills(name, tokens):
 
 @pytest.mark.parametrize("name,tokens", [("qwen3-30b-a3b", 8192), ("deepseek-v2-lite", 4096)])
 def test_keep_h_plans_add_the_default_backward_for_resident_calls(name, tokens):
-    """A keep_h plan emits a second backward ("bwdres", plan.resident_twin) for calls whose
+    """keep_h is the default at ep 1 in bf16 (the ring holds every minibatch: passes/keep_h.py).
+    A keep_h plan emits a second backward ("bwdres", plan.resident_twin) for calls whose
     ring still holds their own forward: the default plan's backward source, save the plan key
     in its first line, with the default plan's (smaller) backward comm CTA count; its own
     backward pulls x (XPULL) with more. Other plans emit no second backward; a forced
@@ -247,8 +249,10 @@ def test_keep_h_plans_add_the_default_backward_for_resident_calls(name, tokens):
     from mokgen.plan import resident_twin
 
     shape = mokgen.shapes.get(name)
-    kh = mokgen.plan(shape, ep=1, tokens_per_rank=tokens, keep_h=True)
-    default = mokgen.plan(shape, ep=1, tokens_per_rank=tokens)
+    kh = mokgen.plan(shape, ep=1, tokens_per_rank=tokens)
+    assert kh.keep_h and kh.comm_sms_bwd == mokgen.plan(shape, ep=1, tokens_per_rank=tokens,
+                                                        keep_h=True).comm_sms_bwd
+    default = mokgen.plan(shape, ep=1, tokens_per_rank=tokens, keep_h=False)
     src = {k.name.split("_")[0]: k.source for k in codegen.emit(kh)}
     assert set(src) == {"prologue", "fwd", "bwd", "bwdres"}
     want = next(k.source for k in codegen.emit(default, ("bwd",)))
@@ -258,7 +262,8 @@ def test_keep_h_plans_add_the_default_backward_for_resident_calls(name, tokens):
     assert not twin.keep_h and twin.comm_sms_bwd == default.comm_sms_bwd < kh.comm_sms_bwd
     assert resident_twin(default) is None
     assert {k.name.split("_")[0] for k in codegen.emit(default)} == {"prologue", "fwd", "bwd"}
-    forced = mokgen.plan(shape, ep=1, tokens_per_rank=tokens, keep_h=True, comm_sms_bwd=10)
+    forced = mokgen.plan(shape, ep=1, tokens_per_rank=tokens, comm_sms_bwd=10)
+    assert forced.keep_h and forced.comm_sms_bwd == 10
     assert resident_twin(forced).comm_sms_bwd == 10
 
 

@@ -171,6 +171,7 @@ def test_dx_rows_in_the_dy_ring_equal_the_pushed_ones(shape, skew, ring):
     dx tiles run last and write over their dy rows): right against the reference, bitwise
     repeatable, every gradient bitwise the pushed rows' backward's, a smaller workspace."""
     tokens = 1000
+    ring = dict(ring, keep_h=False)  # h in the ring: the stale call below replays
     layer, inputs, dys, ours = run_backward(shape, 1, tokens, skew=skew, **ring)
     assert layer.plan.reverse_dispatch == "ring"
     _equal_grads(ours, grads_of(layer, inputs, dys), "not repeatable")
@@ -226,19 +227,20 @@ def test_x_window_equals_the_whole_x_ring_bitwise(shape, skew, tokens):
     (mokgen.shapes.get("gpu-small"), "one-soft", 1500),
     (mokgen.MoEShape(20, 2880, 704, 6, shared_experts=1, shared_intermediate=256), None, 700)])
 def test_keep_h_never_replays_and_equals_the_default_bitwise(shape, skew, tokens):
-    """keep_h: each call keeps its own h (and the shared expert's activations), so a backward
-    after other forwards of the same workspace replays nothing; it pulls x. Right against
-    the reference, every gradient bitwise the default plan's (whose ring held the forward),
+    """keep_h (the default at ep 1 in bf16): each call keeps its own h (and the shared
+    expert's activations), so a backward after other forwards of the same workspace replays
+    nothing; it pulls x. Right against the reference, every gradient bitwise the keep_h=False
+    plan's (whose ring held the forward),
     bitwise again with two other forwards between the forward and its backward (the
     replay count unchanged), and the workspace smaller by the plans' reports' difference."""
     kw = dict(minibatch=256)
-    kept, inputs, dys, ours = run_backward(shape, 1, tokens, skew=skew, keep_h=True, **kw)
+    kept, inputs, dys, ours = run_backward(shape, 1, tokens, skew=skew, **kw)  # the default
     assert kept.plan.keep_h and kept.runtime().ranks[0].ring_h is None
     # nothing ran between that forward and its backward: the resident twin's kernel
     # (plan.resident_twin, the default plan's backward on the kept h) ran it
     assert kept.runtime().stats["resident_kernel"] == 1
-    base = mokgen.compile(shape, ep=1, tokens_per_rank=tokens, virtual=True, **kw)
-    _equal_grads(ours, grads_of(base, inputs, dys), "differs from the default plan's")
+    base = mokgen.compile(shape, ep=1, tokens_per_rank=tokens, virtual=True, keep_h=False, **kw)
+    _equal_grads(ours, grads_of(base, inputs, dys), "differs from the h-in-the-ring plan's")
     # two forwards of other inputs (one differentiable, its backward after) in between
     leaves = {k: [t.detach().clone().requires_grad_() for t in inputs[k]] for k in NAMES}
     shared = {k: None if inputs[k] is None else inputs[k].detach().clone().requires_grad_()

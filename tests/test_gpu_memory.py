@@ -82,9 +82,12 @@ def test_layers_share_one_workspace_and_it_goes_with_the_last():
 
 
 def test_checkpointed_stack_replays_nothing_and_matches_bitwise():
+    """keep_h=False (h in the shared ring): without checkpointing the non-last layers replay,
+    checkpointed none does, with bitwise the same gradients. (The default, keep_h, replays
+    nothing either way: test_keep_h_checkpointed_frees_the_kept_h_and_matches_bitwise.)"""
     torch.manual_seed(0)
-    plain = Stack(3).cuda()
-    ckpt = Stack(3, ckpt=True).cuda()
+    plain = Stack(3, keep_h=False).cuda()
+    ckpt = Stack(3, ckpt=True, keep_h=False).cuda()
     ckpt.load_state_dict(plain.state_dict())
     ref = Stack(3, backend="reference").cuda()
     ref.load_state_dict(plain.state_dict())
@@ -123,8 +126,9 @@ def test_keep_h_checkpointed_frees_the_kept_h_and_matches_bitwise():
     from mokgen.runtime.workspace import KeptActivations
 
     torch.manual_seed(0)
-    plain = Stack(3, keep_h=True).cuda()
-    ckpt = Stack(3, ckpt=True, keep_h=True).cuda()
+    plain = Stack(3).cuda()  # keep_h: the default at ep 1 in bf16 (passes/keep_h.py)
+    ckpt = Stack(3, ckpt=True).cuda()
+    assert plain.moes[0].plan.keep_h
     ckpt.load_state_dict(plain.state_dict())
     x = torch.randn(TOKENS, SHAPE.hidden, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn_like(x)
@@ -149,9 +153,14 @@ def test_keep_h_checkpointed_frees_the_kept_h_and_matches_bitwise():
     rt = runtime_of(plain.moes[0])
     before = dict(rt.stats)
     held_plain, g_plain = forward_held(plain)
+    mid = dict(rt.stats)
     held_ckpt, g_ckpt = forward_held(ckpt)
     torch.cuda.synchronize()
     assert rt.stats["replayed"] == before["replayed"], "a keep_h backward replayed"
+    # the last layer alone finds its forward in the ring without checkpointing; checkpointed,
+    # every layer's re-run forward is: the resident twin's kernel (plan.resident_twin)
+    assert mid["resident_kernel"] - before["resident_kernel"] == 1
+    assert rt.stats["resident_kernel"] - mid["resident_kernel"] == 3
     assert held_plain - held_ckpt >= 3 * kept, (held_plain, held_ckpt, kept)
     for k, g in g_plain.items():
         assert torch.equal(g, g_ckpt[k]), f"{k}: checkpointed gradient differs"

@@ -36,7 +36,7 @@ def test_wg_acc_only_where_an_expert_can_span_ring_passes():
 
 
 def test_memory_report_sums_its_parts_and_the_saved_bytes():
-    p = mokgen.plan(QWEN3_30B, ep=1, tokens_per_rank=8192)
+    p = mokgen.plan(QWEN3_30B, ep=1, tokens_per_rank=8192, keep_h=False)  # h in the ring
     r = memory_report(p)
     ws = r["workspace"]
     assert ws["total"] == ws["peer"] + ws["forward"] + ws["backward"]
@@ -117,19 +117,20 @@ def test_keep_h_moves_h_from_the_workspace_to_each_call_and_pulls_x():
     """keep_h (one rank, bf16, a ring holding every minibatch): the workspace has no ring_h,
     each differentiable call keeps its own (saved_per_layer grows by it, and by the shared
     expert's activations where there is one); the backward kernel pulls x (FwdConsts XPULL)
-    and the forward's source is the default's; the key of a plan without it is unchanged.
-    Elsewhere refused, naming the rule."""
+    and the forward's source is the one that leaves h in the ring; the key of a plan without
+    it (ep > 1, fp8) is unchanged. It is the default where its rules hold (passes/keep_h.py);
+    forced elsewhere, refused, naming the rule."""
     n, s = 8192, QWEN3_30B
-    p = mokgen.plan(s, ep=1, tokens_per_rank=n)
-    k = mokgen.plan(s, ep=1, tokens_per_rank=n, keep_h=True)
+    p = mokgen.plan(s, ep=1, tokens_per_rank=n, keep_h=False)
+    k = mokgen.plan(s, ep=1, tokens_per_rank=n)
     assert (k.macrobatch, k.minibatch) == (p.macrobatch, p.minibatch) and k.keep_h
     a, b = memory_report(p), memory_report(k)
     ring_h = p.macrobatch * 2 * s.intermediate * 2
     assert a["workspace"]["total"] - b["workspace"]["total"] == ring_h
     assert b["saved_per_layer"] - a["saved_per_layer"] == ring_h
     sh = mokgen.MoEShape(64, 2048, 1408, 6, shared_experts=1, shared_intermediate=2816)
-    r0 = memory_report(mokgen.plan(sh, ep=1, tokens_per_rank=4096))
-    r1 = memory_report(q := mokgen.plan(sh, ep=1, tokens_per_rank=4096, keep_h=True))
+    r0 = memory_report(mokgen.plan(sh, ep=1, tokens_per_rank=4096, keep_h=False))
+    r1 = memory_report(q := mokgen.plan(sh, ep=1, tokens_per_rank=4096))
     assert r1["saved_per_layer"] - r0["saved_per_layer"] == \
         (q.macrobatch * 2 * sh.intermediate + 4096 * 3 * 2816) * 2
     def units(plan):  # the plan key (named in the sources) taken out
@@ -138,7 +139,8 @@ def test_keep_h_moves_h_from_the_workspace_to_each_call_and_pulls_x():
     src, base = units(k), units(p)
     assert "/*XPULL*/ true" in src["bwd"] and "/*XPULL*/ false" in base["bwd"]
     assert src["fwd"] == base["fwd"]
-    assert "keep_h" not in p.to_json() and json.loads(k.to_json())["keep_h"] is True
+    assert "keep_h" not in json.loads(p.to_json()) and json.loads(k.to_json())["keep_h"] is True
+    assert "keep_h" not in mokgen.plan(s, ep=8, tokens_per_rank=2048).to_json()
     assert Plan.from_json(k.to_json()) == k
     with pytest.raises(ValueError, match="keep_h needs ep == 1 and dtype bf16"):
         mokgen.plan(s, ep=1, tokens_per_rank=n, keep_h=True, dtype="fp8")

@@ -3,6 +3,7 @@ graph and returns a copy whose operators carry its decisions (mokgen.ir.annotate
 from .comm_direction import comm_direction
 from .dx_rows import dx_rows
 from .granularity import granularity
+from .keep_h import keep_h
 from .precision import precision
 from .ring import ring
 from .sm_partition import sm_partition
@@ -14,8 +15,11 @@ from .x_window import x_window
 # granularity sizes minibatches in whole GEMM tiles, the ring in whole minibatches;
 # comm_direction prices each direction with all three (SMs, row bytes, minibatches), and the
 # ring holds pull combine's staging rows; dx_rows puts one rank's dx rows in a ring that
-# holds every minibatch; x_window shrinks the backward's x ring where the forward gathers x.
-PASSES = (precision, sm_partition, tiling, granularity, comm_direction, ring, dx_rows, x_window)
+# holds every minibatch; x_window shrinks the backward's x ring where the forward gathers x;
+# keep_h, where the ring holds every minibatch, keeps each call's h (and re-picks the backward's
+# comm CTAs for it).
+PASSES = (precision, sm_partition, tiling, granularity, comm_direction, ring, dx_rows, x_window,
+          keep_h)
 
 
 def run(g):
@@ -26,4 +30,4 @@ def run(g):
 
 
 __all__ = ["PASSES", "run", "comm_direction", "precision", "sm_partition", "tiling",
-           "granularity", "ring", "dx_rows", "x_window"]
+           "granularity", "ring", "dx_rows", "x_window", "keep_h"]

@@ -108,36 +108,44 @@ def best_comm_sms(moved: float, flops: float, gpu: hardware.GPU, rate: float, ep
     return best[1]
 
 
+def comm_ctas(plan: Plan, direction: str, sms: int) -> int:
+    """The comm CTAs of `direction`'s ("fwd" / "bwd") launch of `sms` CTAs: 0 where its GEMMs
+    gather, the forced count, else the cost model's."""
+    name = f"comm_sms_{direction}"
+    if gathers(plan)[direction == "bwd"]:
+        return 0
+    if plan.is_forced(name):
+        c = getattr(plan, name)
+        if c >= sms:
+            raise ValueError(f"{name} must be < {sms} (the CTAs left after reserving "
+                             f"{hardware.get(plan.gpu).num_sms - sms} SMs), got {c}")
+        return c
+    gpu = hardware.get(plan.gpu)
+    rate = gpu.fp8_flops if plan.scale_block == 128 else gpu.bf16_flops
+    moved, flops = direction_costs(plan, backward=direction == "bwd")
+    c = best_comm_sms(moved, flops, gpu, rate, plan.ep, sms)
+    # forced: their own comm CTAs pull the weighted down rows / the dx rows
+    if (plan.combine if direction == "fwd" else plan.reverse_dispatch) == "pull":
+        c = max(c, 2)
+    return c
+
+
+def role_changes(g, direction: str, comm: int, sms: int) -> dict:
+    """annotate() changes giving `direction`'s megakernel ops their role and CTAs."""
+    return {op.name: dict(sm_role="comm", ctas=comm) if op.comm else
+            dict(sm_role="compute", ctas=sms - comm)
+            for op in ir.ops(g, direction) if op.attr("stage") == "megakernel"}
+
+
 def sm_partition(g):
     """Annotates every op of the megakernels with its `sm_role`, "comm" (the comm ops) or
     "compute", and the `ctas` its launch gives that role."""
     plan = Plan.of(g)
     gpu = hardware.get(plan.gpu)
-    rate = gpu.fp8_flops if plan.scale_block == 128 else gpu.bf16_flops
     reserve = plan.reserve_sms if plan.is_forced("reserve_sms") else \
         collective_sms(gpu) if plan.overlap_comm else 0
     sms = gpu.num_sms - reserve
-    comm = {}
-    gather = dict(zip(("fwd", "bwd"), gathers(plan)))
-    for d, name in (("fwd", "comm_sms_fwd"), ("bwd", "comm_sms_bwd")):
-        if gather[d]:
-            comm[d] = 0
-        elif plan.is_forced(name):
-            comm[d] = getattr(plan, name)
-            if comm[d] >= sms:
-                raise ValueError(f"{name} must be < {sms} (the CTAs left after reserving "
-                                 f"{reserve} SMs), got {comm[d]}")
-        else:
-            moved, flops = direction_costs(plan, backward=d == "bwd")
-            comm[d] = best_comm_sms(moved, flops, gpu, rate, plan.ep, sms)
-            if d == "fwd" and plan.combine == "pull":  # forced: its own comm CTAs pull
-                comm[d] = max(comm[d], 2)
-            if d == "bwd" and plan.reverse_dispatch == "pull":  # likewise, the dx rows
-                comm[d] = max(comm[d], 2)
     changes = {}
-    for op in ir.ops(g):
-        if op.attr("stage") == "megakernel":
-            c = comm[op.direction]
-            changes[op.name] = dict(sm_role="comm", ctas=c) if op.comm else \
-                dict(sm_role="compute", ctas=sms - c)
+    for d in ("fwd", "bwd"):
+        changes.update(role_changes(g, d, comm_ctas(plan, d, sms), sms))
     return ir.annotate(g, changes)

@@ -77,6 +77,7 @@ class ForwardRuntime:
         # runtime; `saved` when that call kept the gate/up pre-activations for a backward (the
         # ring's macrobatch 0 is then reusable by that call's backward, and by no other).
         self.generation, self.saved = 0, False
+        self.slice_kept = None  # keep_h plans: the last forward_rank(save=True)'s kept h
         self.layers = weakref.WeakSet()  # the layers using this runtime (memory reports)
         # replayed: backward calls not resident; resident_kernel: keep_h backward calls that
         # ran the resident twin's kernel (moe_bwd.py BackwardPass)
@@ -258,15 +259,16 @@ class ForwardRuntime:
     def forward_rank(self, i, xs, logits, w1s, w2s, shared_w1, shared_w2, save=False):
         """Hosted rank i's own work alone (route, schedule, experts, sum), reusing the other
         ranks' routes and combine rows from an earlier full call: the per-rank slice of an
-        EP deployment that benchmarks time on one GPU."""
+        EP deployment that benchmarks time on one GPU. keep_h plans with save keep the call's
+        h in `slice_kept` (a new KeptActivations each call, as a differentiable call makes),
+        which backward_rank reads."""
         if self.spec.peer_directions:
             raise ValueError(f"dispatch={self.spec.dispatch!r} combine={self.spec.combine!r}: "
                              f"a rank's megakernel waits on its peers' running at once, so one "
                              f"rank cannot run alone; time the whole call (forward)")
-        if self.spec.keep_h and save:
-            raise ValueError("keep_h: a call keeps its h in its own buffers, which the per-rank "
-                             "slice does not hand on; time the whole call (forward)")
         n = xs[0].shape[0]
+        # keep_h plans: the slice's kept activations, which its backward_rank then reads
+        self.slice_kept = self.new_kept(n)[i] if self.spec.keep_h and save else None
         self.generation += 1
         self.saved = save
         self.ranks[i].counters.zero_()
@@ -274,7 +276,7 @@ class ForwardRuntime:
         self.route(i, logits[i], n)
         self.schedule(i, n)
         self.experts(i, xs[i], self.peer_rows(xs), w1s[i], w2s[i], shared_w1, shared_w2,
-                     save)
+                     save, self.slice_kept)
         return self.combine_sum(i, n)
 
     def quantize_x(self, i, x):

@@ -187,15 +187,18 @@ class BackwardPass(BackwardScratch):
         its forward_rank(save=True), reusing the other ranks' buffers from an earlier full
         call: the per-rank slice that benchmarks time. -> (dx, dw1, dw2, dsw1, dsw2)."""
         rt, n = self.rt, xs[0].shape[0]
-        if rt.spec.keep_h:
-            raise ValueError("keep_h: a call keeps its h in its own buffers, which the per-rank "
-                             "slice does not hand on; time the whole call (backward)")
         if rt.spec.bwd_peer_directions:
             raise ValueError(f"reverse_combine={rt.spec.reverse_combine!r} reverse_dispatch="
                              f"{rt.spec.reverse_dispatch!r}: a rank's backward megakernel "
                              f"waits on its peers' running at once, so one rank cannot run "
                              f"alone; time the whole call (backward)")
-        resident = rt.saved
+        # keep_h plans: the forward_rank's own kept h, with x still in the ring (resident 2)
+        kept = rt.slice_kept if rt.spec.keep_h else None
+        if rt.spec.keep_h and (not rt.saved or kept is None):
+            raise ValueError("keep_h: a per-rank backward reads the kept h of the forward_rank"
+                             " (save=True) right before it")
+        resident = (2 if kept is not None and rt.spec.dispatch != "gather" else 1) \
+            if rt.saved else 0
         rt.generation += 1
         rt.saved = False
         dw1, dw2 = torch.empty_like(w1s[i]), torch.empty_like(w2s[i])
@@ -203,7 +206,7 @@ class BackwardPass(BackwardScratch):
         dsw2 = None if shared_w2 is None else torch.empty_like(shared_w2)
         self._launch(i, n, xs[i], dys[i], rt.peers.x_pointers(xs),
                      rt.peers.x_pointers(dys, "dy"), w1s[i], w2s[i], shared_w1, shared_w2, dw1,
-                     dw2, dsw1, dsw2, resident)
+                     dw2, dsw1, dsw2, resident, kept=kept)
         return self.dx_of(i, n), dw1, dw2, dsw1, dsw2
 
     def dx_of(self, i, n):
