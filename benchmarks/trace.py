@@ -49,17 +49,22 @@ F = {k: i for i, k in enumerate(abi.TRACE_FIELDS)}
 BINS = 20
 
 
-def traced(module, ctas, run):
-    """run() once with the module's mokgen_trace pointing at a zeroed buffer; its records
-    [ctas, TRACE_RECS, TRACE_WORDS] (int64; rows of tasks not run are zero)."""
+def traced(modules, ctas, run):
+    """run() once with the mokgen_trace of the module (or of each of a sequence: a keep_h
+    backward's two kernels, BackwardPass.modules; one of them runs) pointing at a zeroed
+    buffer; its records [ctas, TRACE_RECS, TRACE_WORDS] (int64; rows of tasks not run are
+    zero)."""
+    modules = modules if isinstance(modules, (tuple, list)) else (modules,)
     buf = torch.zeros(ctas * abi.TRACE_RECS * abi.TRACE_WORDS, dtype=torch.int64, device="cuda")
     torch.cuda.synchronize()
-    cuda.set_global(module, "mokgen_trace", struct.pack("<Q", buf.data_ptr()))
+    for m in modules:
+        cuda.set_global(m, "mokgen_trace", struct.pack("<Q", buf.data_ptr()))
     try:
         run()
         torch.cuda.synchronize()
     finally:
-        cuda.set_global(module, "mokgen_trace", struct.pack("<Q", 0))
+        for m in modules:
+            cuda.set_global(m, "mokgen_trace", struct.pack("<Q", 0))
     return buf.view(ctas, abi.TRACE_RECS, abi.TRACE_WORDS).cpu().tolist()
 
 
@@ -282,7 +287,7 @@ def main():
     res["fwd"] = summarize(traced(rt.fwd_module, rt.fwd_ctas, fwd), abi.FWD_OPS, 128,
                            plan.gemm_fwd.bn)
     fwd()
-    res["bwd"] = summarize(traced(bwd.module, bwd.ctas, back), abi.BWD_OPS, 128,
+    res["bwd"] = summarize(traced(bwd.modules, bwd.ctas, back), abi.BWD_OPS, 128,
                            plan.gemm_bwd.bn)
     res["fwd_kernels"] = kernel_times(lambda: None, fwd)
     res["bwd_kernels"] = kernel_times(fwd, back)

@@ -34,7 +34,7 @@ def _step(layer, inputs, dys, trace=None):
                             lambda: box.setdefault("ys", layer(**leaves)))
         ys = box["ys"]
         bwd = layer.backward_runtime()
-        recs["bwd"] = trace(bwd.module, bwd.ctas, lambda: torch.autograd.backward(ys, dys))
+        recs["bwd"] = trace(bwd.modules, bwd.ctas, lambda: torch.autograd.backward(ys, dys))
     else:
         ys = layer(**leaves)
         torch.autograd.backward(ys, dys)

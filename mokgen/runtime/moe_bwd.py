@@ -47,10 +47,10 @@ class BackwardPass(BackwardScratch):
         super().__init__(rt.spec, rt.dev, backward_ring_dy(rt.spec, rt.peers.local(0)))
         self.rt = rt
         self.kernel = self._load(bwd_cubin)
-        # its globals: benchmarks/trace.py sets mokgen_trace (a keep_h call whose ring holds
-        # its forward runs resident_kernel instead: trace that module for it)
-        self.module = self.kernel.module
         self.resident_kernel = self._load(resident_cubin) if resident_cubin else None
+        # the modules whose globals benchmarks/trace.py sets (mokgen_trace): a keep_h call
+        # whose ring holds its forward runs resident_kernel's
+        self.modules = tuple(k.module for k in (self.kernel, self.resident_kernel) if k)
         # whether the kernel stores whole-expert weight-gradient tiles with TMA (moe_bwd.cuh
         # kTmaWgrad): then each call passes maps of its dw1 / dw2 and turns it on
         self.wgrad_tma = self.kernel.wgrad_tma
