@@ -18,8 +18,9 @@ def _common(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{name}", type=int, default=None, help="override the pass")
     p.add_argument("--overlap-comm", action="store_true",
                    help="collectives run beside the layer: leave them SMs")
-    p.add_argument("--keep-h", action="store_true",
-                   help="each call keeps its own h: no backward replays (one rank, bf16)")
+    p.add_argument("--keep-h", action=argparse.BooleanOptionalAction, default=None,
+                   help="each call keeps its own h: no backward replays (one rank, bf16; the "
+                        "default where its rules hold); --no-keep-h: h in the shared ring")
     for d in ("fwd", "bwd"):
         p.add_argument(f"--gemm-{d}", type=_gemm, default=None,
                        metavar="BMxBNxSTAGES[-pp|-sw|-solo]",
@@ -47,9 +48,10 @@ def _plan(args):
     overrides = {k: getattr(args, k) for k in
                  ("minibatch", "macrobatch", "comm_sms_fwd", "comm_sms_bwd", "reserve_sms",
                   "gemm_fwd", "gemm_bwd") if getattr(args, k) is not None}
-    for flag in ("overlap_comm", "keep_h"):
-        if getattr(args, flag):
-            overrides[flag] = True
+    if args.overlap_comm:
+        overrides["overlap_comm"] = True
+    if args.keep_h is not None:
+        overrides["keep_h"] = args.keep_h
     return make_plan(shapes.get(args.shape), ep=args.ep, dtype=args.dtype,
                      tokens_per_rank=args.tokens, **overrides)
 

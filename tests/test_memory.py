@@ -158,6 +158,15 @@ def test_cli_plan_prints_the_memory(capsys):
     assert cli(["plan", "--shape", "kimi-k2.7", "--ep", "64", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["memory"]["workspace"]["total"] > 0 and d["macrobatch"] > 0
+    # keep_h: the default at one rank in bf16; --no-keep-h forces h into the shared ring
+    base = ["plan", "--shape", "qwen3-30b-a3b", "--ep", "1", "--tokens", "8192", "--json"]
+    got = {}
+    for flag in ([], ["--keep-h"], ["--no-keep-h"]):
+        assert cli(base + flag) == 0
+        d = json.loads(capsys.readouterr().out)
+        got[tuple(flag)] = (d.get("keep_h", False), d["memory"]["saved_per_layer"])
+    assert got[()] == got[("--keep-h",)] and got[()][0] and not got[("--no-keep-h",)][0]
+    assert got[()][1] > got[("--no-keep-h",)][1]
 
 
 def test_modules_release_their_registration_and_copies_get_their_own():
