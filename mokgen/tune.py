@@ -52,6 +52,11 @@ def with_tuned(shape, ep: int, dtype: str, tokens: int, overrides: dict) -> dict
     tuned = load_tuned(shape, ep, dtype, tokens)
     if "gather" in (overrides.get("dispatch"), overrides.get("reverse_combine")):
         tuned = {}  # tuned for copied rows: gathered ones run no comm CTAs
+    if "comm_sms_bwd" in tuned:  # not for keep_h plans (tune() says why), e.g. a result
+        rest = {k: v for k, v in tuned.items() if k != "comm_sms_bwd"}  # stored before
+        if make_plan(shape, ep=ep, dtype=dtype, tokens_per_rank=tokens,  # keep_h's default
+                     **{**rest, **overrides}).keep_h:
+            tuned = rest
     return {**tuned, **overrides}
 
 
@@ -117,7 +122,10 @@ def tune(shape, ep: int, dtype: str, tokens: int, iters: int = 20,
         torch.cuda.empty_cache()
     i = min(range(len(rows)), key=lambda j: rows[j]["measured_ms"])
     best, winner, bwd_rows = dict(rows[i]), cands[i], []
-    if backward and limits.backward_unsupported(base) is None:
+    # keep_h plans: the per-rank slice's backward follows its own forward, so it runs the
+    # resident twin (plan.resident_twin), while a stacked layer's backward runs the kernel
+    # that pulls x; one comm_sms_bwd would force both, so their backward is not tuned
+    if backward and limits.backward_unsupported(base) is None and not winner.keep_h:
         dys = [torch.randn(x.shape, device=x.device, generator=g).bfloat16() for x in xs]
         for p in progress(backward_candidates(winner), "tune backward"):
             bwd_rows.append(dict(comm_sms_bwd=p.comm_sms_bwd,
@@ -184,6 +192,10 @@ def main(argv=None) -> int:
         mark = " <- best" if won else (" (cost model)" if r["model_choice"] else "")
         print(f"{r['minibatch']:>9} {r['comm_sms_fwd']:>8} {r['measured_ms']:>11.3f} "
               f"{r['predicted_ms']:>9.3f}{mark}")
+    if not args.no_backward and not result["backward_rows"] and make_plan(
+            shape, ep=args.ep, dtype=args.dtype, tokens_per_rank=args.tokens).keep_h:
+        print("backward comm SMs not tuned: a keep_h plan runs two backward kernels (the "
+              "resident twin after its own forward, the x-pulling one in a stack)")
     if result["backward_rows"]:
         print(f"backward at that minibatch: {'comm SMs':>8} {'measured ms':>11}")
         for r in result["backward_rows"]:

@@ -69,6 +69,11 @@ def test_compile_uses_a_stored_winner_unless_overridden(tmp_path, monkeypatch):
     one = tune.tuned_file(shape, 1, "bf16", 512)
     one.write_text(json.dumps({"best": best}))
     assert tune.tuned_plan(shape, 1, "bf16", 512).comm_sms_fwd == 9
+    # a keep_h plan (one rank, bf16: the default) takes no tuned backward comm SMs: its two
+    # backward kernels (resident twin, x-pulling) want different counts; keep_h=False does
+    kept, plain = (tune.tuned_plan(shape, 1, "bf16", 512, **kw) for kw in ({}, {"keep_h": False}))
+    assert kept.keep_h and kept.comm_sms_bwd != 5 and not kept.is_forced("comm_sms_bwd")
+    assert not plain.keep_h and plain.comm_sms_bwd == 5
     g = tune.tuned_plan(shape, 1, "bf16", 512, dispatch="gather")
     assert (g.dispatch, g.comm_sms_fwd, g.comm_sms_bwd) == ("gather", 0, 0)
     import shutil
