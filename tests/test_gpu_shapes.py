@@ -7,7 +7,7 @@ import torch
 
 import mokgen
 from mokgen.workloads import make_inputs, reference_grads, reference_outputs, rel_error
-from test_gpu_backward import check, grads_of
+from test_gpu_backward import NAMES, _equal_grads, check, grads_of
 
 pytestmark = pytest.mark.gpu
 
@@ -71,3 +71,41 @@ def test_every_model_preset_reduced(name):
     e = max(full.topk, min(full.num_experts, 16))
     e += e % 2 if e < full.num_experts else 0  # even where it can be: 2 ranks
     check_layer(dataclasses.replace(full, num_experts=e), 2 if e % 2 == 0 else 1, 300)
+
+
+@pytest.mark.parametrize("name", mokgen.shapes.PRESETS_MODELS)
+def test_every_model_preset_reduced_keep_h_after_other_forwards(name):
+    """Each public model's reduced layer at one rank, where keep_h is the default: the
+    backward right after its forward runs the resident twin, and after another forward of
+    the same workspace the kernel that pulls x (XPULL) on the call's kept h: both right
+    against the reference, bitwise equal, nothing replayed. (The x-pulling kernel otherwise
+    runs only in a stack of layers: this runs it at every preset's widths and tails.)"""
+    full = mokgen.shapes.get(name)
+    shape = dataclasses.replace(full, num_experts=max(full.topk, min(full.num_experts, 16)))
+    layer = mokgen.compile(shape, ep=1, tokens_per_rank=300, virtual=True)
+    assert layer.plan.keep_h and "bwdres" in layer.binaries, name
+    inputs = make_inputs(shape, 1, 300)
+    dys = [torch.randn_like(x) for x in inputs["x"]]
+    rt = layer.runtime()
+    rt.poison()
+    layer.backward_runtime().poison()
+    resident = grads_of(layer, inputs, dys)
+    torch.cuda.synchronize()
+    ref = reference_grads(shape, inputs, dys)
+    if shape.topk == 1:  # one route's weight is 1 whatever the logits: check_layer's note
+        ref.pop("router_logits")
+    check({k: v for k, v in resident.items() if k in ref}, ref)
+    before = dict(rt.stats)
+    leaves = {k: [t.detach().clone().requires_grad_() for t in inputs[k]] for k in NAMES}
+    shared = {k: None if inputs[k] is None else inputs[k].detach().clone().requires_grad_()
+              for k in ("shared_w1", "shared_w2")}
+    ys = layer(**leaves, **shared)
+    with torch.no_grad():
+        layer(**make_inputs(shape, 1, 300))
+    torch.autograd.backward(ys, dys)
+    torch.cuda.synchronize()
+    assert rt.stats["replayed"] == before["replayed"]
+    assert rt.stats["resident_kernel"] == before["resident_kernel"]  # the x-pulling kernel
+    late = {k: [t.grad for t in v] for k, v in leaves.items()}
+    late.update({k: None if t is None else t.grad for k, t in shared.items()})
+    _equal_grads(resident, late, "the x-pulling backward differs from the resident one")
