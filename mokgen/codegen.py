@@ -101,8 +101,9 @@ backward_unsupported = limits.backward_unsupported
 def units_of(plan: Plan) -> tuple:
     """The units `plan` builds: the prologue and the forward, the backward where it has one,
     and keep_h plans' resident twin beside it."""
-    return tuple(u for u in UNITS if u in ("prologue", "fwd") or not backward_unsupported(plan)
-                 and (u == "bwd" or plan.keep_h))
+    backward = () if backward_unsupported(plan) else ("bwd", "bwdres") if plan.keep_h \
+        else ("bwd",)
+    return ("prologue", "fwd") + backward
 
 
 def emit(plan: Plan, units=tuple(UNITS)) -> list[Kernel]:
@@ -111,10 +112,9 @@ def emit(plan: Plan, units=tuple(UNITS)) -> list[Kernel]:
                          f"{plan.gpu} ({plan.arch}); such plans serve mokgen.simulate")
     limits.check(plan)  # a plan built by hand or from JSON gets the planner's rules too
     units = tuple(u for u in units if u in units_of(plan))
-    twin = resident_twin(plan)
     consts = constants(plan)
-    if twin is not None and "bwdres" in units:
-        consts["bwdres"] = constants(twin)["bwd"]
+    if "bwdres" in units:  # the twin re-runs the passes: only when its unit is asked for
+        consts["bwdres"] = constants(resident_twin(plan))["bwd"]
     flags = ("-DMOKGEN_DEBUG",) if CONFIG.debug else ()
     kernels = [Kernel(f"{u}_{plan.key()}", _ENV.get_template(UNITS[u]).render(
         **consts[u], abi_checks=abi_checks(u, consts[u]["ep"] if consts[u].get("dir_peers")

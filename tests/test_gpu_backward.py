@@ -27,9 +27,10 @@ def grads_of(layer, inputs, dys):
     return out
 
 
-def stale_grads(layer, shape, inputs, dys):
+def stale_grads(layer, shape, inputs, dys, replays: bool = True):
     """grads_of with another forward between the forward and its backward: the ring no
-    longer holds its rows, so the backward re-schedules and replays every minibatch."""
+    longer holds its rows, so the backward re-schedules and replays every minibatch (`replays`;
+    a keep_h layer's backward replays nothing: it pulls x onto its kept h)."""
     leaves = {k: [t.detach().clone().requires_grad_() for t in inputs[k]] for k in NAMES}
     shared = {k: None if inputs[k] is None else inputs[k].detach().clone().requires_grad_()
               for k in ("shared_w1", "shared_w2")}
@@ -38,7 +39,7 @@ def stale_grads(layer, shape, inputs, dys):
         layer(**make_inputs(shape, len(inputs["x"]), inputs["x"][0].shape[0]))
     replayed = layer.runtime().stats["replayed"]
     torch.autograd.backward(ys, dys)
-    assert layer.runtime().stats["replayed"] == replayed + 1
+    assert layer.runtime().stats["replayed"] == replayed + int(replays)
     out = {k: [t.grad for t in v] for k, v in leaves.items()}
     out.update({k: None if t is None else t.grad for k, t in shared.items()})
     return out

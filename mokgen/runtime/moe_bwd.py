@@ -37,6 +37,16 @@ class _Kernel(NamedTuple):
     wgrad_tma: bool
 
 
+def _resident(spec, ring_holds_call: bool, kept) -> int:
+    """The kernel's resident (moe_bwd.cuh BwdBuffers) for a call whose forward the ring still
+    holds (or not), with its kept activations (keep_h) or None: 2 where a keep_h backward's
+    ring also holds this call's x (nothing ran since a forward that copied x), so it pulls
+    only dy; 1 where h is the call's (the ring, or kept); 0 where it replays."""
+    if ring_holds_call:
+        return 2 if spec.keep_h and spec.dispatch != "gather" else 1
+    return int(kept is not None)
+
+
 class BackwardPass(BackwardScratch):
     """The backward kernel over its scratch (BackwardScratch) and the forward's runtime."""
 
@@ -133,11 +143,7 @@ class BackwardPass(BackwardScratch):
             raise ValueError("mokgen: a keep_h layer's backward needs its forward's kept "
                              "activations (CompiledMoE.forward_raw returns them)")
         tables = rt.saved and generation == rt.generation  # the schedule is that forward's
-        # the kernel's resident (moe_bwd.cuh BwdBuffers): 2 where a keep_h backward's ring
-        # also holds this call's x (nothing ran since a forward that copied x), so it pulls
-        # only dy; 1 where h is the call's (the ring, or kept), 0 where it replays
-        resident = (2 if s.keep_h and s.dispatch != "gather" else 1) if tables else \
-            int(kept is not None)
+        resident = _resident(s, tables, kept)
         rt.generation += 1  # the backward's pulls overwrite the rings
         rt.saved = False
         rt.stats["backward"] += 1
@@ -197,8 +203,7 @@ class BackwardPass(BackwardScratch):
         if rt.spec.keep_h and (not rt.saved or kept is None):
             raise ValueError("keep_h: a per-rank backward reads the kept h of the forward_rank"
                              " (save=True) right before it")
-        resident = (2 if kept is not None and rt.spec.dispatch != "gather" else 1) \
-            if rt.saved else 0
+        resident = _resident(rt.spec, rt.saved, kept)
         rt.generation += 1
         rt.saved = False
         dw1, dw2 = torch.empty_like(w1s[i]), torch.empty_like(w2s[i])
