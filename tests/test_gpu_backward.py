@@ -269,6 +269,32 @@ def test_keep_h_never_replays_and_equals_the_default_bitwise(shape, skew, tokens
     assert got[1] - got[0] == want[1] - want[0] > 0
 
 
+@pytest.mark.parametrize("skew", [None, "one-soft"])
+def test_keep_h_call_with_fewer_tokens_keeps_fewer_rows(skew):
+    """A keep_h layer planned for 1500 tokens called with 200: the call keeps only the ring
+    rows 200 tokens can fill (KeptActivations.kept_rows, well under the ring), and its
+    gradients are right against the reference and bitwise the keep_h=False plan's (poisoned
+    outputs, skewed routes: one expert's region spans most of those rows)."""
+    from mokgen.runtime.workspace import KeptActivations
+
+    shape = mokgen.shapes.get("gpu-small")
+    kw = dict(ep=1, tokens_per_rank=1500, virtual=True, minibatch=256)
+    kept, plain = (mokgen.compile(shape, **kw, **o) for o in ({}, {"keep_h": False}))
+    assert kept.plan.keep_h and not plain.plan.keep_h
+    rows = KeptActivations.kept_rows(layer_spec(kept.plan), 200)
+    assert rows < kept.plan.macrobatch // 2
+    inputs = make_inputs(shape, 1, 200, skew=skew)
+    dys = [torch.randn_like(x) for x in inputs["x"]]
+    for m in (kept, plain):
+        m.runtime().poison()
+        m.backward_runtime().poison()
+    ours = grads_of(kept, inputs, dys)
+    torch.cuda.synchronize()
+    check(ours, reference_grads(shape, inputs, dys))
+    _equal_grads(ours, grads_of(plain, inputs, dys), "differs from the h-in-the-ring plan's")
+    assert kept.runtime().stats["replayed"] == 0
+
+
 def test_keep_h_modules_through_the_custom_ops():
     """mokgen.MoE with keep_h, two layers sharing one workspace, both forwards before both
     backwards, routed by mokgen from logits and by the caller's routes (the two forward ops):

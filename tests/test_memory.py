@@ -13,7 +13,7 @@ from mokgen import codegen, ops
 from mokgen.api import layer_spec, memory_report
 from mokgen.cli import main as cli
 from mokgen.plan import Plan
-from mokgen.runtime.workspace import BackwardScratch, live_workspaces, shared
+from mokgen.runtime.workspace import BackwardScratch, KeptActivations, live_workspaces, shared
 
 QWEN3_30B = mokgen.MoEShape(128, 2048, 768, 8, shared_experts=0)
 
@@ -127,12 +127,23 @@ def test_keep_h_moves_h_from_the_workspace_to_each_call_and_pulls_x():
     a, b = memory_report(p), memory_report(k)
     ring_h = p.macrobatch * 2 * s.intermediate * 2
     assert a["workspace"]["total"] - b["workspace"]["total"] == ring_h
-    assert b["saved_per_layer"] - a["saved_per_layer"] == ring_h
+    # a call keeps the rows its n tokens can fill (KeptActivations.kept_rows): n k routes,
+    # each of the E experts' regions padded to the 128-row tile, within the ring
+    def kept_rows(n_tokens, shape, macrobatch):
+        return min(macrobatch, -(-(n_tokens * shape.topk + shape.num_experts * 127) // 128) * 128)
+
+    rows = kept_rows(n, s, k.macrobatch)
+    assert rows == 8192 * 8 + 128 * 127 < k.macrobatch  # the ring rounds up to minibatches
+    assert b["saved_per_layer"] - a["saved_per_layer"] == rows * 2 * s.intermediate * 2
+    spec = layer_spec(k)
+    for m in (1, 100, 2048, 8191, 8192):
+        got = KeptActivations.shapes(spec, m)
+        assert got == [(kept_rows(m, s, k.macrobatch), 2 * s.intermediate)], (m, got)
     sh = mokgen.MoEShape(64, 2048, 1408, 6, shared_experts=1, shared_intermediate=2816)
     r0 = memory_report(mokgen.plan(sh, ep=1, tokens_per_rank=4096, keep_h=False))
     r1 = memory_report(q := mokgen.plan(sh, ep=1, tokens_per_rank=4096))
     assert r1["saved_per_layer"] - r0["saved_per_layer"] == \
-        (q.macrobatch * 2 * sh.intermediate + 4096 * 3 * 2816) * 2
+        (kept_rows(4096, sh, q.macrobatch) * 2 * sh.intermediate + 4096 * 3 * 2816) * 2
     def units(plan):  # the plan key (named in the sources) taken out
         return {u.name.split("_")[0]: u.source.replace(plan.key(), "<key>")
                 for u in codegen.emit(plan, ("fwd", "bwd"))}

@@ -248,8 +248,10 @@ class BackwardPass(BackwardScratch):
                 "x_mn": mp(x, n, D, 64),
                 "w1_k": mp(w1, L * 2 * I, D, 128), "w2_mn": mp(w2, L * D, I, 64),
                 # dh lands over the pre-activations, w * a over a (moe_bwd.cuh, DG)
-                "ring_dh_k": mp(ring_h, M, 2 * I, 128), "w1_mn": mp(w1, L * 2 * I, D, 64),
-                "ring_a_mn": mp(b.ring_a, M, I, 64), "ring_dh_mn": mp(ring_h, M, 2 * I, 64)}
+                # (a call's kept h has its own rows: KeptActivations.kept_rows)
+                "ring_dh_k": mp(ring_h, ring_h.shape[0], 2 * I, 128),
+                "w1_mn": mp(w1, L * 2 * I, D, 64), "ring_a_mn": mp(b.ring_a, M, I, 64),
+                "ring_dh_mn": mp(ring_h, ring_h.shape[0], 2 * I, 64)}
         # gathered rows (no x or dy ring): x's and dy's own maps in their places, unread
         for ring, t, src in (("ring_x", b.ring_x, "x"), ("ring_dy", sc.ring_dy, "dy")):
             maps[f"{ring}_k"] = maps[f"{src}_k"] if t is None else mp(t, t.shape[0], D, 128)

@@ -188,11 +188,22 @@ class KeptActivations:
 
     @staticmethod
     def shapes(spec: LayerSpec, n_tokens: int) -> list:
-        """The bf16 tensors' shapes, in tensors() order: h [macrobatch, 2 I] and, with a
+        """The bf16 tensors' shapes, in tensors() order: h [kept_rows, 2 I] and, with a
         shared expert, its pre-activations [n, 2 I_s] and output [n, I_s]."""
         IS = spec.shared_dim
-        return [(spec.macrobatch, 2 * spec.intermediate)] + \
+        return [(KeptActivations.kept_rows(spec, n_tokens), 2 * spec.intermediate)] + \
             ([(n_tokens, 2 * IS), (n_tokens, IS)] if IS else [])
+
+    @staticmethod
+    def kept_rows(spec: LayerSpec, n_tokens: int) -> int:
+        """Ring rows a call of n tokens can fill: keep_h plans' ring holds every minibatch
+        (one rank), so a row's ring row is its layout row, below the schedule's padded row
+        count (schedule.cuh offsets: each local expert's region rounded up to the tile,
+        BM-aligned, every route local), at most n k + L (BM - 1). So a call with fewer tokens
+        than the plan's keeps as much less (the ring's macrobatch is the plan's worst case)."""
+        bm = spec.block_m
+        bound = n_tokens * spec.topk + spec.local_experts * (bm - 1)
+        return min(spec.macrobatch, -(-bound // bm) * bm)
 
     def tensors(self) -> list:
         return [t for t in (self.ring_h, self.hs_pre, self.h_shared) if t is not None]
