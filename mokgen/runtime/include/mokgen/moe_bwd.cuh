@@ -1146,14 +1146,18 @@ MOKGEN_DEV bool bwd_comm_minibatch(const BwdPeers<C::R>& peers, const BwdBuffers
 // [CD, COMM) pull this rank's dx rows instead; with push reverse-combine the CTAs [0, CD)
 // publish the freed slot to the owners instead of pulling dy, and push this rank's dy rows
 // to every rank, minibatch by minibatch (every rank's: the loop runs to the longest schedule).
+// Returns whether every minibatch was done (false: the watchdog fired, or the dx-pulling role
+// ran): bwd_comm_join's condition.
 template <class C, class Cfg>
-MOKGEN_DEV void bwd_comm(const BwdPeers<C::R>& peers, const BwdBuffers& buf,
+MOKGEN_DEV bool bwd_comm(const BwdPeers<C::R>& peers, const BwdBuffers& buf,
                          const BwdDirPeers<C::R>* dir = nullptr) {
   using S = BwdSchedule<C, Cfg>;
   if constexpr (C::RDPULL) {
-    if (blockIdx.x >= C::CD)
-      return bwd_pull_dx<C, S>(*dir, peers.dx[buf.rank], peers.dweight[buf.rank], buf.rank,
-                               buf.max_minibatches, blockIdx.x - C::CD);
+    if (blockIdx.x >= C::CD) {
+      bwd_pull_dx<C, S>(*dir, peers.dx[buf.rank], peers.dweight[buf.rank], buf.rank,
+                        buf.max_minibatches, blockIdx.x - C::CD);
+      return false;
+    }
   }
   S s;
   s.init(buf.meta[0], buf.n_tokens, buf.resident, buf.seg_start);
@@ -1167,14 +1171,35 @@ MOKGEN_DEV void bwd_comm(const BwdPeers<C::R>& peers, const BwdBuffers& buf,
   for (int m = 0; m < nm; ++m) {
     if (m < s.nm && !bwd_comm_minibatch<C, S>(peers, buf, s, m, worker, workers, fin_done,
                                               ready, wg1_done, dir))
-      return;
+      return false;
     // after this rank's own part: the pushes wait for the slot that part frees here
     if constexpr (C::RCPUSH) {
       if (!push_dy_minibatch<C, S>(*dir, peers.dy[buf.rank], buf.rank, buf.max_minibatches, m,
                                    worker, workers))
-        return;
+        return false;
     }
   }
+  return true;
+}
+
+// Whether a comm CTA of this backward joins the compute CTAs once its pulls are done: the
+// kernel that pulls x beside dy (XPULL without an x window: keep_h's backward in a stack of
+// layers), whose comm CTAs are many (sm_partition counts the x pulls: 18 on Qwen3-30B-A3B,
+// 14% of the SMs) and, the ring holding every minibatch, never wait on the compute; they are
+// done with their pulls long before the last tile. A joined CTA takes tasks from the same
+// atomic list as the others (BwdProblem::next_task), after its last pull: every task it
+// waits on is earlier in the list or a pull, which progress without it. The default
+// directions only. (Session 20 measured the same for the default kernels, 8 comm CTAs
+// pulling dy alone: neutral; benchmarks/NOTES.md.)
+template <class C>
+constexpr bool kCommJoins = C::XPULL && !C::XWIN && !C::BDIRS;
+
+// bwd_comm outlined for the joining kernels: inlined, ptxas kept values of the comm code and
+// of the compute's setup live across both roles and spilled (session 20's forward and
+// backward builds: 12 and 52 B).
+template <class C, class Cfg>
+__device__ __noinline__ bool bwd_comm_join(const BwdPeers<C::R>& peers, const BwdBuffers& buf) {
+  return bwd_comm<C, Cfg>(peers, buf);
 }
 
 }  // namespace mokgen
