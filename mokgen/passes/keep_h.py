@@ -10,7 +10,8 @@ ring keeps no h then: the workspace shrinks by as much once).
 Measured on an H200 (Qwen3-30B-A3B, T 8192, benchmarks/NOTES.md sessions 18-22), ms a layer of
 a training step:
 - 4 stacked layers: 5.35 replaying against 4.51 keeping h (-16%), for 250 MiB a layer held
-  (autograd through torch._grouped_mm saves several times that; SonicMoE keeps 227 MB).
+  (240 since a call keeps only the ring rows its tokens fill; autograd through
+  torch._grouped_mm saves several times that; SonicMoE keeps 227 MB).
 - One layer, or under activation checkpointing (the forward re-runs right before its
   backward, so the ring holds it): the backward runs the default plan's kernel there
   (plan.resident_twin), 4.43 against 4.61, and the peak is lower (1,187 against 1,212 MB).
@@ -18,7 +19,7 @@ a training step:
 So it is the default wherever its rules hold (limits.keep_h_violations: one rank, bf16, a ring
 that holds every minibatch) and the forward copies x (a gathering forward keeps h only when
 asked: that pair is not measured); keep_h=False asks for the replaying backward (a model without
-checkpointing then holds 36 instead of 287 MB a layer, and its non-last layers pay the
+checkpointing then holds 36 instead of 276 MiB a layer, and its non-last layers pay the
 replay). It runs last: the ring's size decides it, and it re-picks the backward's comm CTAs,
 which count x pulls for keep_h plans (passes/sm_partition.py direction_costs)."""
 from __future__ import annotations
