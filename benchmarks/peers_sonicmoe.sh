@@ -7,7 +7,7 @@
 #   peaks [shapes] instead of run: benchmarks/peak_phases.py (where each layer's step peaks,
 #   and what is live there; default qwen3-30b-a3b) on the same install
 #   stack [shapes] instead of run: benchmarks/replay_cost.py, SonicMoE's layers stacked as a
-#   model stacks them (L = 1, 4 on the same x) beside mokgen's default and keep_h layers
+#   model stacks them (L = 1, 4 on the same x) beside mokgen's default (keep_h) and h-in-the-ring layers
 #   (default qwen3-30b-a3b; its mokgen kernels prebuilt with replay_cost.py --prebuild)
 #   two GPUs (nvidia-h200-x2): run2 SHAPES0 SHAPES1 instead of run: each list on its own GPU
 #   at once (the JIT is CPU work: two shapes for the wall time of one), the rows merged with
@@ -43,7 +43,7 @@ case "${1:-}" in
     if [ "$1" = stack ]; then
       timeout "${RUN_TIMEOUT:-500}" python3 benchmarks/replay_cost.py --out "$OUT" \
         --shapes "${2:-qwen3-30b-a3b}" \
-        --variants "${VARIANTS:-pull,pull+keep_h=true,sonicmoe}" 2>&1 \
+        --variants "${VARIANTS:-pull+keep_h=false,pull,sonicmoe}" 2>&1 \
         | tee "$OUT/replay_cost_sonicmoe.log" | tail -12
     elif [ "$1" = peaks ]; then
       timeout "${RUN_TIMEOUT:-500}" python3 benchmarks/peak_phases.py --out "$OUT" \
