@@ -7,7 +7,8 @@ GPU time (CUDA events) with the GPU idle before it, and the step replayed from a
 Last, where the host's time goes inside a step: mokgen's host functions wrapped with wall
 clocks (inclusive ms a step; cProfile does not see time spent in Cython, e.g. cuda.bindings).
 
-    python benchmarks/host_overhead.py [--shape qwen3-30b-a3b] [--tokens 8192] [--fuse]"""
+    python benchmarks/host_overhead.py [--shape qwen3-30b-a3b] [--tokens 8192] [--fuse]
+        [--torch-ops]"""
 from __future__ import annotations
 
 import argparse
@@ -132,6 +133,8 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--fuse", action="store_true", help="fuse_grad_accumulation=True")
+    ap.add_argument("--torch-ops", action="store_true",
+                    help="also torch.profiler's CPU ops by self time a step (torch_op_table)")
     a = ap.parse_args(argv)
     shape = mokgen.shapes.get(a.shape)
     layer = mokgen.MoE(shape, tokens_per_rank=a.tokens,
@@ -182,6 +185,30 @@ def main(argv=None) -> None:
     for k, (ms, n) in rows.items():
         print(f"| {k} | {ms:.3f} | {n:g} |")
     print(json.dumps({"breakdown_ms": {k: round(v[0], 4) for k, v in rows.items()}}), flush=True)
+    if a.torch_ops:
+        print(torch_op_table(step))
+
+
+def torch_op_table(step, steps: int = 5, rows: int = 30) -> str:
+    """torch.profiler's CPU side of `steps` training steps, the GPU busy (launches never
+    wait): PyTorch's own ops (the router's linear, casts, autograd nodes, allocations) by
+    self CPU time a step, which the wall clocks around mokgen's functions see only as the
+    time outside them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(BUSY_CYCLES)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    torch.cuda.synchronize()
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    lines = ["| op | self CPU us a step | total CPU us a step | calls a step |",
+             "|---|---|---|---|"]
+    lines += [f"| {e.key[:60]} | {e.self_cpu_time_total / steps:.1f} "
+              f"| {e.cpu_time_total / steps:.1f} | {e.count / steps:g} |" for e in ops[:rows]]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
