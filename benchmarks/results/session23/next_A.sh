@@ -1,8 +1,8 @@
 # next session, call A (root = main at the head; carry .kc8 if collected there: the plan list
 # of these tests, `python -m pytest -q -p benchmarks.collect_kernels -m gpu FILES
 # --collect-out .kc8/a.pkl`): the GPU tests session 23 did not reach. Outputs: $OUT/a.tgz
-# (at most 8 files come back; the
-# archive is rewritten after every step, so a call killed at its limit still returns it).
+# (at most 8 files come back; the archive is rewritten after every step, so a call killed
+# at its limit still returns it).
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0
 W=/tmp/wA; mkdir -p $W; T0=$(date +%s); export MOKGEN_CACHE=$PWD/.kc
 el() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a $W/steps.log; tar -czf $OUT/a.tgz -C $W .; }
