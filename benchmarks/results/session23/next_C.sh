@@ -7,10 +7,13 @@ export PYTHONUNBUFFERED=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0
 W=/tmp/wC; mkdir -p $W; T0=$(date +%s); ROOT=$PWD; export MOKGEN_CACHE=$ROOT/.kc
 el() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a $W/steps.log; tar -czf $OUT/c.tgz -C $W .; }
 cd $ROOT/.build/ab/own
-PYTHONPATH=$PWD timeout 150 python3 -m pytest -q -m gpu -o faulthandler_timeout=140 \
+# the tests' kernels (.build/ab/own_plans.pkl: collected here with benchmarks.collect_kernels)
+PYTHONPATH=$PWD timeout 90 python3 benchmarks/collect_kernels.py ../own_plans.pkl > $W/build.log 2>&1
+el "built: $(tail -n 1 $W/build.log)"
+PYTHONPATH=$PWD timeout 130 python3 -m pytest -q -m gpu -o faulthandler_timeout=140 \
   tests/test_gpu_prologue.py tests/test_gpu_module.py > $W/pytest_1.log 2>&1
 el "prologue + module: $(tail -n 1 $W/pytest_1.log)"
-PYTHONPATH=$PWD timeout 170 python3 -m pytest -q -m gpu -o faulthandler_timeout=160 \
+PYTHONPATH=$PWD timeout 150 python3 -m pytest -q -m gpu -o faulthandler_timeout=140 \
   tests/test_gpu_memory.py tests/test_gpu_forward.py > $W/pytest_2.log 2>&1
 el "memory + forward: $(tail -n 1 $W/pytest_2.log)"
 grep -hE "FAILED|ERROR" $W/pytest_*.log | head
