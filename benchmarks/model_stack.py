@@ -237,7 +237,8 @@ def main(argv=None):
         ratio = (r["torch_step_ms"] / r["mokgen_step_ms"]
                  if r["torch_step_ms"] and r["mokgen_step_ms"] else None)
         print(f"| {r['shape']} | {r['layers']} | {int(r['checkpointing'])} "
-              f"| {int(r['fused_grad_accumulation'])} | {'-' if r['keep_h'] is None else int(r['keep_h'])} "
+              f"| {int(r['fused_grad_accumulation'])} "
+              f"| {'-' if r['keep_h'] is None else int(r['keep_h'])} "
               f"| {fmt(r['mokgen_held_mb_per_layer'])} | {fmt(r['torch_held_mb_per_layer'])} "
               f"| {fmt(r['mokgen_peak_mb'])} | {fmt(r['torch_peak_mb'])} "
               f"| {fmt(r['mokgen_step_ms'], '{:.1f}')} | {fmt(r['torch_step_ms'], '{:.1f}')} "

@@ -7,8 +7,9 @@
 #   peaks [shapes] instead of run: benchmarks/peak_phases.py (where each layer's step peaks,
 #   and what is live there; default qwen3-30b-a3b) on the same install
 #   stack [shapes] instead of run: benchmarks/replay_cost.py, SonicMoE's layers stacked as a
-#   model stacks them (L = 1, 4 on the same x) beside mokgen's default (keep_h) and h-in-the-ring layers
-#   (default qwen3-30b-a3b; its mokgen kernels prebuilt with replay_cost.py --prebuild)
+#   model stacks them (L = 1, 4 on the same x) beside mokgen's default (keep_h) and
+#   h-in-the-ring layers (default qwen3-30b-a3b; its mokgen kernels prebuilt with
+#   replay_cost.py --prebuild)
 #   two GPUs (nvidia-h200-x2): run2 SHAPES0 SHAPES1 instead of run: each list on its own GPU
 #   at once (the JIT is CPU work: two shapes for the wall time of one), the rows merged with
 #   benchmarks/results/peers_sonicmoe.json's into $OUT/peers_sonicmoe.json

@@ -2,8 +2,9 @@
 (runtime/workspace.py's pool), so only the backward of the layer whose forward ran last finds
 its activations in the ring; every other layer's backward replays its gate/up (re-pulls x,
 recomputes h and a: moe_bwd.cuh `replayed`), unless the plan has keep_h (each call keeps
-its own h; the backward pulls x: the default at one rank in bf16, passes/keep_h.py). The variant `sonicmoe` stacks SonicMoE's layers instead
-(each keeps its own h; run where it is installed: benchmarks/peers_sonicmoe.sh stack). This
+its own h; the backward pulls x: the default at one rank in bf16, passes/keep_h.py). The
+variant `sonicmoe` stacks SonicMoE's layers instead (each keeps its own h; run where it is
+installed: benchmarks/peers_sonicmoe.sh stack). This
 times a training step of L independent layers on the same x (outputs summed into one backward:
 autograd runs the layers' backwards last layer first) against one layer, per layer, fresh
 gradients (zero_grad(set_to_none)).

@@ -140,7 +140,9 @@ def tune(shape, ep: int, dtype: str, tokens: int, iters: int = 20,
     tmp.write_text(json.dumps(dict(best=best, rows=rows, backward_rows=bwd_rows,
                                    gpu=torch.cuda.get_device_name()), indent=1))
     tmp.replace(path)  # atomic: a concurrent reader sees the old file or the new one
-    return dict(best=best, rows=rows, backward_rows=bwd_rows, path=str(path))
+    # keep_h: whether the winner's backward went untuned for keep_h (above)
+    return dict(best=best, rows=rows, backward_rows=bwd_rows, path=str(path),
+                keep_h=winner.keep_h)
 
 
 def _time_rank0(plan, args, iters: int, time_ms) -> float:
@@ -192,8 +194,7 @@ def main(argv=None) -> int:
         mark = " <- best" if won else (" (cost model)" if r["model_choice"] else "")
         print(f"{r['minibatch']:>9} {r['comm_sms_fwd']:>8} {r['measured_ms']:>11.3f} "
               f"{r['predicted_ms']:>9.3f}{mark}")
-    if not args.no_backward and not result["backward_rows"] and make_plan(
-            shape, ep=args.ep, dtype=args.dtype, tokens_per_rank=args.tokens).keep_h:
+    if not args.no_backward and not result["backward_rows"] and result["keep_h"]:
         print("backward comm SMs not tuned: a keep_h plan runs two backward kernels (the "
               "resident twin after its own forward, the x-pulling one in a stack)")
     if result["backward_rows"]:
