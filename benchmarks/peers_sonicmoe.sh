@@ -44,7 +44,7 @@ case "${1:-}" in
     if [ "$1" = stack ]; then
       timeout "${RUN_TIMEOUT:-500}" python3 benchmarks/replay_cost.py --out "$OUT" \
         --shapes "${2:-qwen3-30b-a3b}" \
-        --variants "${VARIANTS:-pull+keep_h=false,pull,sonicmoe}" 2>&1 \
+        --variants "${VARIANTS:-pull+keep_h=false,pull,sonicmoe}" ${STACK_ARGS:-} 2>&1 \
         | tee "$OUT/replay_cost_sonicmoe.log" | tail -12
     elif [ "$1" = peaks ]; then
       timeout "${RUN_TIMEOUT:-500}" python3 benchmarks/peak_phases.py --out "$OUT" \

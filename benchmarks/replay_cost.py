@@ -46,6 +46,9 @@ from peers_sonicmoe import sonicmoe_layer  # noqa: E402
 SONICMOE = {}  # the variant `sonicmoe`, told apart by identity
 
 
+KERNEL_TABLE = 0  # --kernel-table
+
+
 def runtimes():
     from mokgen.runtime.moe import ForwardRuntime
     return [o for o in gc.get_objects() if isinstance(o, ForwardRuntime)]
@@ -119,8 +122,11 @@ def measure(D, I, E, k, T, L, iters, over):
     print(f"  L {L}: timed in {t1 - t0:.0f} s, profiled in {t2 - t1:.0f} s, whole "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
     del layers, calls, built
+    table = kernel_table(kernels, L, KERNEL_TABLE)
+    for name, kms, c in table:
+        print(f"    {kms:7.3f} ms/layer {c:5.1f}x  {name}", flush=True)
     return dict(ms_per_layer=ms / L, replayed_per_step=replayed / max(1, bwd_calls) * L,
-                **kernel_split(kernels, gpu_ms, L),
+                **kernel_split(kernels, gpu_ms, L), kernel_table=table,
                 # above the memory before the step (workspace in it), its gradients out
                 peak_mb=(top - base - params) / 2**20,
                 # above the memory before the layers were built, weights and gradients out:
@@ -130,6 +136,19 @@ def measure(D, I, E, k, T, L, iters, over):
                 kept_mb_per_layer=(mark[0] - base) / L / 2**20,
                 reported_workspace_mb=rep.get("workspace", 0) / 2**20,
                 reported_saved_per_call_mb=rep.get("saved_per_call", 0) / 2**20)
+
+
+def kernel_table(kernels: list, L: int, n: int) -> list:
+    """The step's kernels grouped by name (cut to 70 characters: CuTe DSL's names run to
+    hundreds), per layer: [name, ms, launches], the n largest by time first. It says which
+    kernels a peer runs faster, beyond the totals of kernel_split."""
+    by = {}
+    for name, _, d in kernels:
+        e = by.setdefault(name[:70], [0.0, 0])
+        e[0] += d
+        e[1] += 1
+    top = sorted(by.items(), key=lambda kv: -kv[1][0])[:n]
+    return [[name, us / 1e3 / L, c / L] for name, (us, c) in top]
 
 
 def kernel_split(kernels: list, gpu_ms: float, L: int) -> dict:
@@ -154,11 +173,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--layers", default="1,4")
+    ap.add_argument("--kernel-table", type=int, default=0, metavar="N",
+                    help="print each measurement's N longest kernels (per layer, by name)")
     selection_args(ap, "pull+keep_h=false,pull",
                    "gather_ab.py's variants (pull: the default plan, keep_h at one rank in "
                    "bf16: each call keeps its h, no backward replays; +keep_h=false: h in the "
                    "shared ring, replayed) and sonicmoe (SonicMoE's layers, where it imports)")
     a = ap.parse_args(argv)
+    global KERNEL_TABLE
+    KERNEL_TABLE = a.kernel_table
     peer = "sonicmoe" in a.variants.split(",")
     a.variants = ",".join(v for v in a.variants.split(",") if v != "sonicmoe")
     shapes, variants = selected(a)
@@ -190,6 +213,7 @@ def main(argv=None):
                 for key in ("gpu_ms_per_layer", "kernels_ms_per_layer",
                             "mokgen_kernels_ms_per_layer", "busy_ms_per_layer"):
                     r[f"L{L}_{key}"] = sum(x[key] for x in r[L]) / len(r[L])
+                r[f"L{L}_kernel_table"] = r[L][0]["kernel_table"]
                 del r[L]
             base = r[f"L{Ls[0]}_ms_per_layer"]
             flops = 18 * T * k * D * I
