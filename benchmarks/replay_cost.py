@@ -125,8 +125,12 @@ def measure(D, I, E, k, T, L, iters, over):
     table = kernel_table(kernels, L, KERNEL_TABLE)
     for name, kms, c in table:
         print(f"    {kms:7.3f} ms/layer {c:5.1f}x  {name}", flush=True)
+    sequence = kernel_sequence(kernels) if KERNEL_TABLE and L == 1 else []
+    for name, t, d in sequence:
+        print(f"    at {t:9.1f} us {d:8.1f} us  {name}", flush=True)
     return dict(ms_per_layer=ms / L, replayed_per_step=replayed / max(1, bwd_calls) * L,
                 **kernel_split(kernels, gpu_ms, L), kernel_table=table,
+                kernel_sequence=sequence,
                 # above the memory before the step (workspace in it), its gradients out
                 peak_mb=(top - base - params) / 2**20,
                 # above the memory before the layers were built, weights and gradients out:
@@ -138,17 +142,29 @@ def measure(D, I, E, k, T, L, iters, over):
                 reported_saved_per_call_mb=rep.get("saved_per_call", 0) / 2**20)
 
 
+def short_name(name: str) -> str:
+    """A kernel's name in 72 characters: its head and its tail (a CuTe DSL name's tail says
+    which GEMM it is)."""
+    return name if len(name) <= 72 else f"{name[:33]}..{name[-37:]}"
+
+
 def kernel_table(kernels: list, L: int, n: int) -> list:
-    """The step's kernels grouped by name (cut to 70 characters: CuTe DSL's names run to
-    hundreds), per layer: [name, ms, launches], the n largest by time first. It says which
-    kernels a peer runs faster, beyond the totals of kernel_split."""
+    """The step's kernels grouped by name, per layer: [short name, ms, launches], the n
+    largest by time first. It says which kernels a peer runs faster, beyond the totals of
+    kernel_split."""
     by = {}
     for name, _, d in kernels:
-        e = by.setdefault(name[:70], [0.0, 0])
+        e = by.setdefault(name, [0.0, 0])
         e[0] += d
         e[1] += 1
     top = sorted(by.items(), key=lambda kv: -kv[1][0])[:n]
-    return [[name, us / 1e3 / L, c / L] for name, (us, c) in top]
+    return [[short_name(name), us / 1e3 / L, c / L] for name, (us, c) in top]
+
+
+def kernel_sequence(kernels: list, min_us: float = 20.0) -> list:
+    """The step's kernels of at least min_us in launch order: [short name, start us, us]. At
+    L 1 it maps each of a peer's GEMM launches to the layer's forward or backward GEMM."""
+    return [[short_name(name), t, d] for name, t, d in kernels if d >= min_us]
 
 
 def kernel_split(kernels: list, gpu_ms: float, L: int) -> dict:
@@ -174,7 +190,8 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--layers", default="1,4")
     ap.add_argument("--kernel-table", type=int, default=0, metavar="N",
-                    help="print each measurement's N longest kernels (per layer, by name)")
+                    help="print each measurement's N longest kernels (per layer, by name) and, "
+                    "at L 1, its kernels of 20 us or more in launch order")
     selection_args(ap, "pull+keep_h=false,pull",
                    "gather_ab.py's variants (pull: the default plan, keep_h at one rank in "
                    "bf16: each call keeps its h, no backward replays; +keep_h=false: h in the "
@@ -214,6 +231,7 @@ def main(argv=None):
                             "mokgen_kernels_ms_per_layer", "busy_ms_per_layer"):
                     r[f"L{L}_{key}"] = sum(x[key] for x in r[L]) / len(r[L])
                 r[f"L{L}_kernel_table"] = r[L][0]["kernel_table"]
+                r[f"L{L}_kernel_sequence"] = r[L][0]["kernel_sequence"]
                 del r[L]
             base = r[f"L{Ls[0]}_ms_per_layer"]
             flops = 18 * T * k * D * I

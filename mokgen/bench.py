@@ -70,7 +70,8 @@ def kernel_times(setup, run):
     """The GPU kernels (and memsets / copies) of one run() after setup(), from torch.profiler:
     [(name, start us from the first, duration us)]: what an event time holds besides the
     megakernel (its launch, the prologue's kernels, the combine; benchmarks/trace.py,
-    gaps.py)."""
+    gaps.py). Names are whole: what tells CuTe DSL's GEMMs apart (operand majors, epilogue)
+    sits far into them."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -82,7 +83,7 @@ def kernel_times(setup, run):
     evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA),
                  key=lambda e: e.time_range.start)
     t0 = evs[0].time_range.start if evs else 0
-    return [(e.name[:40], round(e.time_range.start - t0, 1),
+    return [(e.name, round(e.time_range.start - t0, 1),
              round(e.time_range.end - e.time_range.start, 1)) for e in evs]
 
 

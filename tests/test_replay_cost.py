@@ -13,3 +13,17 @@ def test_kernel_split_counts_overlapping_kernels_once_per_layer():
     assert split == pytest.approx(dict(gpu_ms_per_layer=3.0, kernels_ms_per_layer=1.8,
                                        mokgen_kernels_ms_per_layer=1.5, busy_ms_per_layer=1.75))
     assert rc.kernel_split([], gpu_ms=1.0, L=1)["busy_ms_per_layer"] == 0.0
+
+
+def test_kernel_table_groups_by_whole_name_and_keeps_the_tail():
+    rc = load("replay_cost")
+    # two GEMMs whose names differ only past the 40th character (as CuTe DSL's do)
+    a, b = "quackgemm_" + "x" * 80 + "_dgrad", "quackgemm_" + "x" * 80 + "_wgrad"
+    kernels = [(a, 0.0, 300.0), (b, 300.0, 500.0), (a, 900.0, 100.0), ("small", 1000.0, 10.0)]
+    table = rc.kernel_table(kernels, L=2, n=2)
+    assert [t[0][-6:] for t in table] == ["_wgrad", "_dgrad"]
+    assert table[0][1:] == pytest.approx([0.25, 0.5]) and table[1][1:] == pytest.approx([0.2, 1.0])
+    assert all(len(t[0]) <= 72 for t in table)
+    seq = rc.kernel_sequence(kernels)  # launch order, the 10 us kernel left out
+    assert [(s[0][-6:], s[1]) for s in seq] == [("_dgrad", 0.0), ("_wgrad", 300.0),
+                                                ("_dgrad", 900.0)]
