@@ -35,10 +35,14 @@ class MoE(nn.Module):
         roundings of autograd's add); an expert whose rows span several passes of the ring,
         and every expert in kernels without the weight gradients' staging (fp8 plans'), adds
         its fp32 sum rounding once. On such calls autograd sees no
-        gradient for w1 / w2, so hooks on their accumulation (DDP's,
-        register_post_accumulate_grad_hook) do not run: for plain loops (tested), not DDP;
-        FSDP2 reads .grad after the backward, so it should hold there too (not tested).
-        The first backward (grads None) and torch.compile'd code take the ordinary path."""
+        gradient for w1 / w2, so it fuses only in a backward that accumulates into both
+        (not torch.autograd.grad, nor backward(inputs=...) without them) and where no Python
+        hook watches their gradient (Tensor.register_hook,
+        register_post_accumulate_grad_hook): those take the ordinary path
+        (ops.engine_accumulates). DDP's hooks are registered from C++ where this cannot see
+        them: for plain loops (tested), not DDP; FSDP2 reads .grad after the backward, so it
+        should hold there too (not tested). The first backward (grads None) and
+        torch.compile'd code take the ordinary path."""
         super().__init__()
         if overlap_comm:
             overrides = {"overlap_comm": True, **overrides}
@@ -90,6 +94,11 @@ class MoE(nn.Module):
         if self.w1.grad is None or self.w2.grad is None:
             return None
         return self.w1.grad, self.w2.grad
+
+    def expert_params(self) -> tuple:
+        """The parameters whose .grad expert_grads returns (ops.engine_accumulates checks
+        that the running backward accumulates into them)."""
+        return self.w1, self.w2
 
     def reset_parameters(self) -> None:
         """Normal(0, 1/fan_in) expert weights: outputs stay O(1) whatever D and I are."""

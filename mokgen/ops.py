@@ -293,12 +293,41 @@ def _accumulate_into(layer: int, x, w1, w2) -> tuple:
             _kernels(layer, x, backward=True) is None:
         return ()
     targets = module.expert_grads(w1, w2)
-    if targets is None:
-        return ()  # other storage (e.g. a parallel wrapper's copies), no .grad: autograd's path
+    if targets is None or not engine_accumulates(module.expert_params()):
+        return ()  # other storage (e.g. a parallel wrapper's copies), no .grad, or a backward
+        # that does not accumulate into them: autograd's path
     g1, g2 = targets
     ok = all(g is not None and g.dtype == torch.bfloat16 and g.shape == w.shape
              and g.is_contiguous() and not g.requires_grad for g, w in ((g1, w1), (g2, w2)))
     return (g1, g2) if ok else ()
+
+
+def engine_accumulates(params) -> bool:
+    """Whether the running backward accumulates into every one of these leaf parameters'
+    .grad with nothing else to see their gradient; called inside a backward. No where:
+    - the engine will not run their AccumulateGrad nodes: torch.autograd.grad, or
+      backward(inputs=...) without them, asks for other gradients, and adding into .grad
+      there would change what the caller did not ask to change (and return them no
+      gradient);
+    - a hook is registered on their gradient (Tensor.register_hook) or after its
+      accumulation (register_post_accumulate_grad_hook): autograd sees no gradient for them
+      on the fused path, so the hooks would not run.
+    Hooks registered from C++ on the AccumulateGrad node (DDP's reducer) are not visible
+    here: mokgen.MoE's docstring says so."""
+    from torch.autograd.graph import get_gradient_edge
+
+    for p in params:
+        if not (p.is_leaf and p.requires_grad) or p._backward_hooks or \
+                getattr(p, "_post_accumulate_grad_hooks", None):
+            return False
+        try:
+            if not torch._C._will_engine_execute_node(get_gradient_edge(p).node):
+                return False
+        except RuntimeError as e:  # torch refuses leaves inside autograd.grad, which never
+            if "autograd.grad" in str(e):  # touches .grad
+                return False
+            raise
+    return True
 
 
 def _add_into(grads, acc_w1, acc_w2) -> list:

@@ -264,3 +264,37 @@ def test_fused_grad_accumulation(routed, ckpt):
     # micro-batches 2 and 3 add in place: no temporary the size of the expert gradients
     for i in (1, 2):
         assert f_peaks[i] <= p_peaks[i] - 0.9 * expert_bytes, (i, f_peaks, p_peaks)
+
+
+def test_fused_grad_accumulation_leaves_grad_alone_under_autograd_grad():
+    """With .grad already holding gradients, torch.autograd.grad through a layer that fuses
+    accumulation returns the expert gradients (the ordinary path's, bitwise) and leaves
+    .grad as it was; the next backward() fuses again (no expert-sized temporary)."""
+    torch.manual_seed(1)
+    plain = mokgen.MoE(SHAPE, tokens_per_rank=TOKENS, device="cuda")
+    fused = mokgen.MoE(SHAPE, tokens_per_rank=TOKENS, device="cuda",
+                       fuse_grad_accumulation=True)
+    fused.load_state_dict(plain.state_dict())
+    x = torch.randn(TOKENS, SHAPE.hidden, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn_like(x)
+    fused(x).backward(dy)  # .grad now set: later backward() calls may fuse
+    held = {n: p.grad.clone() for n, p in fused.named_parameters()}
+    want = torch.autograd.grad(plain(x), [plain.w1, plain.w2], dy)
+    got = torch.autograd.grad(fused(x), [fused.w1, fused.w2], dy)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    for n, p in fused.named_parameters():
+        assert torch.equal(p.grad, held[n]), f"{n}.grad changed by autograd.grad"
+    plain(x).backward(dy)  # so both hold .grad before the measured backward
+
+    def peak(moe):
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        moe(x).backward(dy)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+
+    expert_bytes = 2 * (fused.w1.numel() + fused.w2.numel())
+    assert peak(fused) <= peak(plain) - 0.9 * expert_bytes  # fused again after autograd.grad
+    assert not torch.equal(fused.w1.grad, held["w1"])  # added into in place

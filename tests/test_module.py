@@ -71,6 +71,51 @@ def test_fused_grad_accumulation_flag_keeps_cpu_gradients():
     assert ops._entry(plain._layer)[4] is None
 
 
+def test_fused_accumulation_only_where_the_backward_accumulates_into_the_experts(monkeypatch):
+    """The fused path adds into .grad only in a backward that accumulates into both expert
+    weights and where no hook watches their gradient: torch.autograd.grad and
+    backward(inputs=...) without them, or a hook on them, take autograd's path (the fused one
+    would change a .grad the caller did not ask to change, return no gradient, skip the
+    hook). _accumulate_into is called from a probe's backward, as the layer's backward calls
+    it, with the CUDA kernels stood in (on CPU there are none)."""
+    m = mokgen.MoE(SHAPE, tokens_per_rank=64, fuse_grad_accumulation=True)
+    monkeypatch.setattr(ops, "_kernels", lambda layer, x, backward=False: object())
+    seen = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w1, w2):
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx, g):
+            acc = ops._accumulate_into(m._layer, g, m.w1, m.w2)
+            seen.append(len(acc) == 2 and acc[0] is m.w1.grad and acc[1] is m.w2.grad)
+            return g * 2.0, torch.zeros_like(m.w1), torch.zeros_like(m.w2)
+
+    def fused(run):
+        x = torch.randn(8, SHAPE.hidden, requires_grad=True)
+        run(Probe.apply(x, m.w1, m.w2).sum(), x)
+        return seen.pop()
+
+    backward = lambda y, x: y.backward()  # noqa: E731
+    assert not fused(backward)  # no .grad yet: nothing to add into
+    m.w1.grad, m.w2.grad = torch.zeros_like(m.w1), torch.zeros_like(m.w2)
+    assert fused(backward)
+    assert not fused(lambda y, x: torch.autograd.grad(y, [x]))
+    assert not fused(lambda y, x: torch.autograd.grad(y, [x, m.w1, m.w2]))
+    assert not fused(lambda y, x: y.backward(inputs=[x, m.w1]))
+    assert fused(lambda y, x: y.backward(inputs=[x, m.w1, m.w2]))
+    h = m.w1.register_hook(lambda g: g)
+    assert not fused(backward)
+    h.remove()
+    assert fused(backward)
+    h = m.w2.register_post_accumulate_grad_hook(lambda p: None)
+    assert not fused(backward)
+    h.remove()
+    assert fused(backward)
+
+
 def test_backward_op_passes_opcheck_with_and_without_accumulation_targets():
     m = mokgen.MoE(SHAPE, tokens_per_rank=64)
     x = torch.randn(12, SHAPE.hidden).bfloat16()

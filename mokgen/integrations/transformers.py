@@ -69,6 +69,10 @@ class PatchedMoEBlock(nn.Module):
         lo = self.rank * self.local
         return p[lo:lo + self.local]
 
+    def expert_params(self) -> tuple:
+        """The parameters whose .grad slices expert_grads returns."""
+        return self.experts.gate_up_proj, self.experts.down_proj
+
     def expert_grads(self, w1: torch.Tensor, w2: torch.Tensor):
         """The slices of gate_up_proj.grad / down_proj.grad of this rank's experts when the
         call's weights are those parameters' slices (forward uses exactly these views), else
