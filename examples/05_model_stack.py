@@ -1,12 +1,14 @@
 """A model, not a layer: N pre-norm residual MoE blocks of one shape share one mokgen
 workspace, so the memory beyond weights and gradients is the workspace once plus what each
-layer keeps for its backward (its input, router logits and routes).
+layer keeps for its backward (its input, router logits, routes and, without checkpointing,
+its h).
 
 Two ways to train it, same gradients bit for bit:
-- plain: each layer's backward replays its gate/up GEMMs (the ring holds only the layer
-  that ran forward last);
+- plain: each layer call keeps its gate/up pre-activations h for its backward (keep_h, the
+  default at one rank in bf16), so no backward replays its gate/up GEMMs;
 - checkpointed (`--ckpt`): torch.utils.checkpoint re-runs each block's forward right before
-  its backward, so the ring is fresh and the backward replays nothing.
+  its backward, so the ring holds it (the backward replays nothing) and no h is held from
+  forward to backward.
 `--micro M` accumulates the gradients of M micro-batches (one optimizer step); with `--fuse`
 the layers add their expert gradients into .grad inside the backward kernel
 (fuse_grad_accumulation): no gradient-sized temporary from the second micro-batch on.
