@@ -46,9 +46,6 @@ from peers_sonicmoe import sonicmoe_layer  # noqa: E402
 SONICMOE = {}  # the variant `sonicmoe`, told apart by identity
 
 
-KERNEL_TABLE = 0  # --kernel-table
-
-
 def runtimes():
     from mokgen.runtime.moe import ForwardRuntime
     return [o for o in gc.get_objects() if isinstance(o, ForwardRuntime)]
@@ -66,7 +63,7 @@ def make_layer(D, I, E, k, T, over):
     return m, m
 
 
-def measure(D, I, E, k, T, L, iters, over):
+def measure(D, I, E, k, T, L, iters, over, table_n=0):
     gc.collect()
     torch.cuda.empty_cache()
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -122,10 +119,10 @@ def measure(D, I, E, k, T, L, iters, over):
     print(f"  L {L}: timed in {t1 - t0:.0f} s, profiled in {t2 - t1:.0f} s, whole "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
     del layers, calls, built
-    table = kernel_table(kernels, L, KERNEL_TABLE)
+    table = kernel_table(kernels, L, table_n)  # --kernel-table
     for name, kms, c in table:
         print(f"    {kms:7.3f} ms/layer {c:5.1f}x  {name}", flush=True)
-    sequence = kernel_sequence(kernels) if KERNEL_TABLE and L == 1 else []
+    sequence = kernel_sequence(kernels) if table_n and L == 1 else []
     for name, t, d in sequence:
         print(f"    at {t:9.1f} us {d:8.1f} us  {name}", flush=True)
     return dict(ms_per_layer=ms / L, replayed_per_step=replayed / max(1, bwd_calls) * L,
@@ -197,8 +194,6 @@ def main(argv=None):
                    "bf16: each call keeps its h, no backward replays; +keep_h=false: h in the "
                    "shared ring, replayed) and sonicmoe (SonicMoE's layers, where it imports)")
     a = ap.parse_args(argv)
-    global KERNEL_TABLE
-    KERNEL_TABLE = a.kernel_table
     peer = "sonicmoe" in a.variants.split(",")
     a.variants = ",".join(v for v in a.variants.split(",") if v != "sonicmoe")
     shapes, variants = selected(a)
@@ -213,7 +208,7 @@ def main(argv=None):
         for vname, over in variants.items():
             r = dict(shape=name, T=T, variant=vname)
             for L in Ls + Ls[::-1]:  # mirrored: each L twice, medians of the two
-                m = measure(D, I, E, k, T, L, a.iters, over)
+                m = measure(D, I, E, k, T, L, a.iters, over, a.kernel_table)
                 if m is None:
                     break
                 r.setdefault(L, []).append(m)

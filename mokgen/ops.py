@@ -304,7 +304,7 @@ def _accumulate_into(layer: int, x, w1, w2) -> tuple:
 
 def engine_accumulates(params) -> bool:
     """Whether the running backward accumulates into every one of these leaf parameters'
-    .grad with nothing else to see their gradient; called inside a backward. No where:
+    .grad with nothing else to see their gradient; called inside a backward. Not where:
     - the engine will not run their AccumulateGrad nodes: torch.autograd.grad, or
       backward(inputs=...) without them, asks for other gradients, and adding into .grad
       there would change what the caller did not ask to change (and return them no

@@ -22,7 +22,8 @@ def test_kernel_table_groups_by_whole_name_and_keeps_the_tail():
     kernels = [(a, 0.0, 300.0), (b, 300.0, 500.0), (a, 900.0, 100.0), ("small", 1000.0, 10.0)]
     table = rc.kernel_table(kernels, L=2, n=2)
     assert [t[0][-6:] for t in table] == ["_wgrad", "_dgrad"]
-    assert table[0][1:] == pytest.approx([0.25, 0.5]) and table[1][1:] == pytest.approx([0.2, 1.0])
+    assert table[0][1:] == pytest.approx([0.25, 0.5])
+    assert table[1][1:] == pytest.approx([0.2, 1.0])
     assert all(len(t[0]) <= 72 for t in table)
     seq = rc.kernel_sequence(kernels)  # launch order, the 10 us kernel left out
     assert [(s[0][-6:], s[1]) for s in seq] == [("_dgrad", 0.0), ("_wgrad", 300.0),
