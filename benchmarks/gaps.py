@@ -21,7 +21,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import mokgen  # noqa: E402
-from mokgen.bench import TorchSlice, kernel_times, make_slice, time_ms  # noqa: E402
+from mokgen.bench import (TorchSlice, kernel_times, make_slice, short_kernel_name,  # noqa: E402
+                          time_ms)
 
 
 def profiled(run, setup, iters):
@@ -38,7 +39,8 @@ def profiled(run, setup, iters):
             run()
             wall.append((time.perf_counter() - t0) * 1e3)
         evs = kernel_times(setup or (lambda: None), timed)  # (name, start us, duration us)
-        gaps = [(b[1] - a[1] - a[2], f"{a[0]} -> {b[0]}") for a, b in zip(evs, evs[1:])]
+        gaps = [(b[1] - a[1] - a[2], f"{short_kernel_name(a[0])} -> {short_kernel_name(b[0])}")
+                for a, b in zip(evs, evs[1:])]
         spans.append((sum(d for _, _, d in evs) / 1e3, (evs[-1][1] + evs[-1][2]) / 1e3,
                       wall[0], max(gaps, default=(0.0, ""))))
     return (*(statistics.median(s[i] for s in spans) for i in range(3)),

@@ -39,7 +39,7 @@ import torch  # noqa: E402
 
 import mokgen  # noqa: E402
 from mokgen.bench import (QUEUE_AHEAD_CYCLES, kernel_times, results_commit,  # noqa: E402
-                          time_ms)
+                          short_kernel_name, time_ms)
 from gather_ab import prebuild, selected, selection_args  # noqa: E402
 from peers_sonicmoe import sonicmoe_layer  # noqa: E402
 
@@ -139,12 +139,6 @@ def measure(D, I, E, k, T, L, iters, over, table_n=0):
                 reported_saved_per_call_mb=rep.get("saved_per_call", 0) / 2**20)
 
 
-def short_name(name: str) -> str:
-    """A kernel's name in 72 characters: its head and its tail (a CuTe DSL name's tail says
-    which GEMM it is)."""
-    return name if len(name) <= 72 else f"{name[:33]}..{name[-37:]}"
-
-
 def kernel_table(kernels: list, L: int, n: int) -> list:
     """The step's kernels grouped by name, per layer: [short name, ms, launches], the n
     largest by time first. It says which kernels a peer runs faster, beyond the totals of
@@ -155,13 +149,13 @@ def kernel_table(kernels: list, L: int, n: int) -> list:
         e[0] += d
         e[1] += 1
     top = sorted(by.items(), key=lambda kv: -kv[1][0])[:n]
-    return [[short_name(name), us / 1e3 / L, c / L] for name, (us, c) in top]
+    return [[short_kernel_name(name), us / 1e3 / L, c / L] for name, (us, c) in top]
 
 
 def kernel_sequence(kernels: list, min_us: float = 20.0) -> list:
     """The step's kernels of at least min_us in launch order: [short name, start us, us]. At
     L 1 it maps each of a peer's GEMM launches to the layer's forward or backward GEMM."""
-    return [[short_name(name), t, d] for name, t, d in kernels if d >= min_us]
+    return [[short_kernel_name(name), t, d] for name, t, d in kernels if d >= min_us]
 
 
 def kernel_split(kernels: list, gpu_ms: float, L: int) -> dict:

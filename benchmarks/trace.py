@@ -41,7 +41,7 @@ import torch  # noqa: E402
 from ncu_step import overrides  # noqa: E402
 
 import mokgen  # noqa: E402
-from mokgen.bench import kernel_times, make_slice, time_ms  # noqa: E402
+from mokgen.bench import kernel_times, make_slice, short_kernel_name, time_ms  # noqa: E402
 from mokgen.cli import _gemm  # noqa: E402
 from mokgen.runtime import abi, cuda  # noqa: E402
 
@@ -306,7 +306,8 @@ def main():
               f"{c['limit_w']:.0f}), power-capped in {100 * c['power_capped']:.0f}% of "
               f"{c['samples']} samples")
     for d in ("fwd", "bwd"):  # name @ start us: duration us
-        print(f"{d} kernels:", ", ".join(f"{n} @{t0}: {dt}" for n, t0, dt in res[f"{d}_kernels"]))
+        print(f"{d} kernels:", ", ".join(f"{short_kernel_name(n)} @{t0}: {dt}"
+                                        for n, t0, dt in res[f"{d}_kernels"]))
 
 
 if __name__ == "__main__":

@@ -66,12 +66,19 @@ def time_ms(fn, iters: int, warmup: int = 10, setup=None, queue_ahead: bool = Fa
     return statistics.median(times)
 
 
+def short_kernel_name(name: str) -> str:
+    """A kernel's name for a table or a log line, in 72 characters: its head and its tail
+    (kernel_times keeps names whole; a CuTe DSL name's tail says which GEMM it is, a
+    templated PyTorch kernel's head says which op)."""
+    return name if len(name) <= 72 else f"{name[:33]}..{name[-37:]}"
+
+
 def kernel_times(setup, run):
     """The GPU kernels (and memsets / copies) of one run() after setup(), from torch.profiler:
     [(name, start us from the first, duration us)]: what an event time holds besides the
     megakernel (its launch, the prologue's kernels, the combine; benchmarks/trace.py,
     gaps.py). Names are whole: what tells CuTe DSL's GEMMs apart (operand majors, epilogue)
-    sits far into them."""
+    sits far into them; short_kernel_name prints them."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 

@@ -89,11 +89,12 @@ class MoE(nn.Module):
         """(w1.grad, w2.grad) when the call's expert weights are this module's (the same
         storage: checkpointing saves detached aliases of them), else None. Read by the fused
         gradient accumulation (ops._accumulate_into), which checks the gradients' layout."""
-        if self.w1.data_ptr() != w1.data_ptr() or self.w2.data_ptr() != w2.data_ptr():
+        p1, p2 = self.expert_params()
+        if p1.data_ptr() != w1.data_ptr() or p2.data_ptr() != w2.data_ptr():
             return None
-        if self.w1.grad is None or self.w2.grad is None:
+        if p1.grad is None or p2.grad is None:
             return None
-        return self.w1.grad, self.w2.grad
+        return p1.grad, p2.grad
 
     def expert_params(self) -> tuple:
         """The parameters whose .grad expert_grads returns (ops.engine_accumulates checks

@@ -77,7 +77,7 @@ class PatchedMoEBlock(nn.Module):
         """The slices of gate_up_proj.grad / down_proj.grad of this rank's experts when the
         call's weights are those parameters' slices (forward uses exactly these views), else
         None. Read by the fused gradient accumulation (mokgen.ops._accumulate_into)."""
-        p1, p2 = self.experts.gate_up_proj, self.experts.down_proj
+        p1, p2 = self.expert_params()
         if self._local(p1).data_ptr() != w1.data_ptr() or \
                 self._local(p2).data_ptr() != w2.data_ptr():
             return None
