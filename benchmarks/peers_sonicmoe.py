@@ -5,9 +5,10 @@ step above what was allocated before the layer was built, its weights and their 
 excluded (workspace included). The step is timed twice: adding into the gradients of the
 steps before (gradient accumulation; the issue's columns), and with them set to None before
 each step, as PyTorch's default `optimizer.zero_grad()` leaves them (the `*_fresh` columns:
-autograd then adds nothing, for either layer). mokgen runs twice: as built by default, and
-with fuse_grad_accumulation=True (adding the expert gradients into .grad inside the
-backward kernel; with no .grad to add into it is the default path, so it has no fresh column).
+autograd then adds nothing, for either layer). mokgen runs twice: with
+fuse_grad_accumulation=False (autograd adds the expert gradients, as it does SonicMoE's: the
+`mokgen_*` columns) and =True (the kernel adds them into .grad: `mokgen_fused_*`; the default
+in one process; with no .grad to add into it is the other's path, so it has no fresh column).
 
 Getting SonicMoE onto the GPU machine (its CuTe DSL wheel is larger than one call carries):
 ../shared/tools/peers/README.md. In the second device call, after installing:

@@ -9,11 +9,12 @@ Two ways to train it, same gradients bit for bit:
 - checkpointed (`--ckpt`): torch.utils.checkpoint re-runs each block's forward right before
   its backward, so the ring holds it (the backward replays nothing) and no h is held from
   forward to backward.
-`--micro M` accumulates the gradients of M micro-batches (one optimizer step); with `--fuse`
-the layers add their expert gradients into .grad inside the backward kernel
-(fuse_grad_accumulation): no gradient-sized temporary from the second micro-batch on.
+`--micro M` accumulates the gradients of M micro-batches (one optimizer step): the layers add
+their expert gradients into .grad inside the backward kernel (fuse_grad_accumulation, the
+default in one process): no gradient-sized temporary from the second micro-batch on;
+`--no-fuse` leaves the adding to autograd.
 
-    python examples/05_model_stack.py --layers 48 --tokens 8192 [--ckpt] [--micro 4 --fuse]
+    python examples/05_model_stack.py --layers 48 --tokens 8192 [--ckpt] [--micro 4 [--no-fuse]]
 
 Without a GPU it prints the plan's memory report only.
 """
@@ -56,14 +57,14 @@ def main():
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--ckpt", action="store_true")
     p.add_argument("--micro", type=int, default=1, help="micro-batches per optimizer step")
-    p.add_argument("--fuse", action="store_true", help="fuse_grad_accumulation=True")
+    p.add_argument("--no-fuse", action="store_true", help="fuse_grad_accumulation=False")
     p.add_argument("--shape", default="qwen3-30b-a3b", help="a preset of mokgen.shapes")
     a = p.parse_args()
     shape = mokgen.shapes.get(a.shape)
     print(format_memory(memory_report(mokgen.plan(shape, ep=1, tokens_per_rank=a.tokens))))
     if not torch.cuda.is_available():
         return
-    model = Model(shape, a.layers, a.tokens, a.ckpt, a.fuse).cuda()
+    model = Model(shape, a.layers, a.tokens, a.ckpt, False if a.no_fuse else None).cuda()
     for _ in range(a.micro):  # the gradients of every micro-batch add up in .grad
         x = torch.randn(a.tokens, shape.hidden, device="cuda", dtype=torch.bfloat16,
                         requires_grad=True)
@@ -71,7 +72,7 @@ def main():
     torch.cuda.synchronize()
     m = model.blocks[0].moe.memory()
     print(f"{a.layers} layers, checkpointing {'on' if a.ckpt else 'off'}, {a.micro} "
-          f"micro-batches{' (fused accumulation)' if a.fuse else ''}: workspace "
+          f"micro-batches{' (autograd adds the gradients)' if a.no_fuse else ''}: workspace "
           f"{m['workspace'] / 2**20:,.0f} MiB shared by {m['layers_sharing']} layers; "
           f"{torch.cuda.max_memory_allocated() / 2**30:,.1f} GiB peak in all")
 

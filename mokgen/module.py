@@ -22,13 +22,14 @@ class MoE(nn.Module):
     def __init__(self, shape: MoEShape, ep_group=None, dtype: str = "bf16",
                  tokens_per_rank: int = 2048, router: bool = True, device=None,
                  backend: str = "kernels", overlap_comm: bool = False,
-                 fuse_grad_accumulation: bool = False, **overrides):
+                 fuse_grad_accumulation: bool | None = None, **overrides):
         """overlap_comm=True: collectives (FSDP gathers, gradient reduce-scatters) run beside
         this layer; its kernels leave them SMs (the plan's reserve_sms, H200: 16; see
         mokgen/passes/sm_partition.py). Cap NCCL to as many CTAs (NCCL_MAX_CTAS).
 
-        fuse_grad_accumulation=True: when w1.grad and w2.grad already hold gradients
-        (accumulation over micro-batches), the backward kernel adds the expert weight
+        fuse_grad_accumulation (fused gradient accumulation): when w1.grad and w2.grad
+        already hold gradients (accumulation over micro-batches), the backward kernel adds
+        the expert weight
         gradients into them instead of returning new tensors for autograd to add: no
         temporary the size of the expert weights, no separate add (also under activation
         checkpointing). A whole expert's bf16 gradient tile is added by a TMA reduction (the
@@ -42,7 +43,10 @@ class MoE(nn.Module):
         (ops.engine_accumulates). DDP's hooks are registered from C++ where this cannot see
         them: for plain loops (tested), not DDP; FSDP2 reads .grad after the backward, so it
         should hold there too (not tested). The first backward (grads None) and
-        torch.compile'd code take the ordinary path."""
+        torch.compile'd code take the ordinary path. None (the default): fused where no
+        torch.distributed process group is initialized when the backward runs (one-process
+        training; DDP needs a process group), ordinary otherwise; True: fused with one too
+        (plain loops, FSDP2; not DDP); False: never."""
         super().__init__()
         if overlap_comm:
             overrides = {"overlap_comm": True, **overrides}
@@ -70,7 +74,9 @@ class MoE(nn.Module):
             self.register_parameter("shared_w2", None)
         self.reset_parameters()
         self._registration = LayerRegistration(
-            self.plan, ep_group, backend, weakref.ref(self) if fuse_grad_accumulation else None)
+            self.plan, ep_group, backend,
+            None if fuse_grad_accumulation is False else weakref.ref(self))
+        self.fuse_grad_accumulation = fuse_grad_accumulation  # read by ops._accumulate_into
 
     @property
     def _layer(self) -> int:

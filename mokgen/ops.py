@@ -16,9 +16,9 @@ elsewhere (which needs every expert local, ep == 1). `moe` / `moe_routed` are wh
 call: a plain eager call runs the forward op's body and its backward wiring under an
 autograd.Function, without the dispatcher (end of this file); anything else goes through
 the ops. A layer registered with an `owner`
-(mokgen.MoE's fuse_grad_accumulation) calls the *_into backward ops instead on CUDA, in eager
-mode, once the owner's experts have a .grad: they add into it (their mutated arguments) and
-return no expert weight gradients for autograd to add.
+(mokgen.MoE's fuse_grad_accumulation, on by default in one process) calls the *_into
+backward ops instead on CUDA, in eager mode, once the owner's experts have a .grad: they add
+into it (their mutated arguments) and return no expert weight gradients for autograd to add.
 """
 from __future__ import annotations
 
@@ -289,8 +289,8 @@ def _accumulate_into(layer: int, x, w1, w2) -> tuple:
     detached aliases of the parameters, whose .grad is not the parameter's."""
     owner = _entry(layer)[4]
     module = owner() if owner is not None else None
-    if module is None or torch.compiler.is_compiling() or \
-            _kernels(layer, x, backward=True) is None:
+    if module is None or not fuses(module.fuse_grad_accumulation) or \
+            torch.compiler.is_compiling() or _kernels(layer, x, backward=True) is None:
         return ()
     targets = module.expert_grads(w1, w2)
     if targets is None or not engine_accumulates(module.expert_params()):
@@ -300,6 +300,15 @@ def _accumulate_into(layer: int, x, w1, w2) -> tuple:
     ok = all(g is not None and g.dtype == torch.bfloat16 and g.shape == w.shape
              and g.is_contiguous() and not g.requires_grad for g, w in ((g1, w1), (g2, w2)))
     return (g1, g2) if ok else ()
+
+
+def fuses(mode) -> bool:
+    """A layer's fuse_grad_accumulation, now: True; None (the default) where no
+    torch.distributed process group is initialized (one process: no DDP, whose hooks on the
+    experts' gradient accumulation engine_accumulates cannot see); False never."""
+    if mode is None:
+        return not (torch.distributed.is_available() and torch.distributed.is_initialized())
+    return bool(mode)
 
 
 def engine_accumulates(params) -> bool:

@@ -210,16 +210,18 @@ def test_ep1_without_process_group():
 @pytest.mark.parametrize("routed,ckpt", [(False, False), (True, False), (False, True)],
                          ids=["router", "caller-routes", "router-checkpointed"])
 def test_fused_grad_accumulation(routed, ckpt):
-    """fuse_grad_accumulation=True: over micro-batches the kernel adds the expert gradients
-    into .grad (TMA reductions of whole experts' tiles, or one rounding from fp32 where an
-    expert's rows span ring passes), autograd adds nothing for them: the same sums as the ordinary
-    path within bf16 rounding and as the reference, bitwise repeatable, the other gradients
-    bitwise unchanged, and no expert-gradient-sized temporary in the step's peak; also under
-    activation checkpointing (whose saved weights are detached aliases)."""
+    """fuse_grad_accumulation (the default, in one process): over micro-batches the kernel
+    adds the expert gradients into .grad (TMA reductions of whole experts' tiles, or one
+    rounding from fp32 where an expert's rows span ring passes), autograd adds nothing for
+    them: the same sums as the ordinary path within bf16 rounding and as the reference,
+    bitwise repeatable, the other gradients bitwise unchanged, and no expert-gradient-sized
+    temporary in the step's peak; also under activation checkpointing (whose saved weights
+    are detached aliases)."""
     torch.manual_seed(0)
-    plain = mokgen.MoE(SHAPE, tokens_per_rank=TOKENS, device="cuda", router=not routed)
-    fused = mokgen.MoE(SHAPE, tokens_per_rank=TOKENS, device="cuda", router=not routed,
-                       fuse_grad_accumulation=True)
+    plain = mokgen.MoE(SHAPE, tokens_per_rank=TOKENS, device="cuda", router=not routed,
+                       fuse_grad_accumulation=False)
+    fused = mokgen.MoE(SHAPE, tokens_per_rank=TOKENS, device="cuda", router=not routed)
+    assert fused.fuse_grad_accumulation is None  # the default: fused in one process
     fused.load_state_dict(plain.state_dict())
     ref = mokgen.MoE(SHAPE, tokens_per_rank=TOKENS, device="cuda", router=not routed,
                      backend="reference")
@@ -271,9 +273,9 @@ def test_fused_grad_accumulation_leaves_grad_alone_under_autograd_grad():
     accumulation returns the expert gradients (the ordinary path's, bitwise) and leaves
     .grad as it was; the next backward() fuses again (no expert-sized temporary)."""
     torch.manual_seed(1)
-    plain = mokgen.MoE(SHAPE, tokens_per_rank=TOKENS, device="cuda")
-    fused = mokgen.MoE(SHAPE, tokens_per_rank=TOKENS, device="cuda",
-                       fuse_grad_accumulation=True)
+    plain = mokgen.MoE(SHAPE, tokens_per_rank=TOKENS, device="cuda",
+                       fuse_grad_accumulation=False)
+    fused = mokgen.MoE(SHAPE, tokens_per_rank=TOKENS, device="cuda")
     fused.load_state_dict(plain.state_dict())
     x = torch.randn(TOKENS, SHAPE.hidden, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn_like(x)

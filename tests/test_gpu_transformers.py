@@ -90,11 +90,12 @@ def test_patched_model_matches_logits_grads_and_losses(family):
 
 @pytest.mark.parametrize("family", ["qwen3", "deepseek-v3"])
 def test_fused_grad_accumulation_in_a_patched_model(family, monkeypatch):
-    """patch(..., fuse_grad_accumulation=True): over micro-batches the backward kernel adds
-    the experts' gradients into gate_up_proj.grad / down_proj.grad (one rounding) instead of
-    autograd: the same sums as the ordinary patched model within bf16 rounding, bitwise
-    repeatable, every other gradient bitwise unchanged (the kernel's dx does not depend on
-    how the weight gradients accumulate; eager attention keeps the rest deterministic).
+    """patch(...) (fuse_grad_accumulation's default, in one process): over micro-batches the
+    backward kernel adds the experts' gradients into gate_up_proj.grad / down_proj.grad (one
+    rounding) instead of autograd: the same sums as the ordinary patched model within bf16
+    rounding, bitwise repeatable, every other gradient bitwise unchanged (the kernel's dx
+    does not depend on how the weight gradients accumulate; eager attention keeps the rest
+    deterministic).
     Whether the fused path ran is asked of ops._accumulate_into, not read off the sums: the
     kernels' TMA-stored tiles round the gradient to bf16 before adding, as autograd does, so
     both paths may agree bitwise."""
@@ -111,8 +112,8 @@ def test_fused_grad_accumulation_in_a_patched_model(family, monkeypatch):
     base = transformers.AutoModelForCausalLM.from_config(
         configs()[family], attn_implementation="eager").cuda().bfloat16()
     plain, fused = copy.deepcopy(base), copy.deepcopy(base)
-    patch(plain)
-    patch(fused, fuse_grad_accumulation=True)
+    patch(plain, fuse_grad_accumulation=False)
+    patch(fused)  # the default: fused in one process
     batches = [torch.randint(0, 256, (4, 64), device="cuda") for _ in range(3)]
 
     def run(model):

@@ -55,8 +55,8 @@ def test_fused_grad_accumulation_flag_keeps_cpu_gradients():
     """fuse_grad_accumulation is a CUDA-kernel path: on CPU (the reference) gradients
     accumulate through autograd exactly as without the flag, over several backward calls."""
     torch.manual_seed(0)
-    plain = mokgen.MoE(SHAPE, tokens_per_rank=64)
-    fused = mokgen.MoE(SHAPE, tokens_per_rank=64, fuse_grad_accumulation=True)
+    plain = mokgen.MoE(SHAPE, tokens_per_rank=64, fuse_grad_accumulation=False)
+    fused = mokgen.MoE(SHAPE, tokens_per_rank=64)  # the default (None): fused in one process
     fused.load_state_dict(plain.state_dict())
     for _ in range(2):
         x = torch.randn(24, SHAPE.hidden)
@@ -114,6 +114,23 @@ def test_fused_accumulation_only_where_the_backward_accumulates_into_the_experts
     assert not fused(backward)
     h.remove()
     assert fused(backward)
+
+
+def test_fused_accumulation_by_default_only_without_a_process_group(tmp_path):
+    """fuse_grad_accumulation=None (the default) fuses where no torch.distributed process
+    group is initialized when the backward runs (DDP, whose hooks on the experts' gradient
+    accumulation the layer cannot see, needs one); True fuses with one too; False never."""
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    assert ops.fuses(None) and ops.fuses(True) and not ops.fuses(False)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
+                            world_size=1)
+    try:
+        assert not ops.fuses(None) and ops.fuses(True) and not ops.fuses(False)
+    finally:
+        dist.destroy_process_group()
+    assert ops.fuses(None)
 
 
 def test_backward_op_passes_opcheck_with_and_without_accumulation_targets():

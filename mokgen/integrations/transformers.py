@@ -35,10 +35,11 @@ FAMILIES = {
 class PatchedMoEBlock(nn.Module):
     def __init__(self, block: nn.Module, ep_group=None, dtype: str = "bf16",
                  tokens_per_rank: int = 8192, backend: str = "kernels",
-                 fuse_grad_accumulation: bool = False):
-        """fuse_grad_accumulation: as mokgen.MoE's (its docstring): once the experts'
-        gate_up_proj / down_proj hold a .grad, the backward kernel adds this rank's experts'
-        gradients into their slice of it instead of returning new tensors."""
+                 fuse_grad_accumulation: bool | None = None):
+        """fuse_grad_accumulation: as mokgen.MoE's (its docstring; None, the default: fused
+        where no process group is initialized): once the experts' gate_up_proj / down_proj
+        hold a .grad, the backward kernel adds this rank's experts' gradients into their
+        slice of it instead of returning new tensors."""
         super().__init__()
         name = type(block).__name__
         if name not in FAMILIES:
@@ -62,7 +63,9 @@ class PatchedMoEBlock(nn.Module):
         self.plan = make_plan(shape, ep=ep, dtype=dtype, tokens_per_rank=tokens_per_rank)
         self.rank, self.local = rank, shape.num_experts // ep
         self._registration = LayerRegistration(
-            self.plan, ep_group, backend, weakref.ref(self) if fuse_grad_accumulation else None)
+            self.plan, ep_group, backend,
+            None if fuse_grad_accumulation is False else weakref.ref(self))
+        self.fuse_grad_accumulation = fuse_grad_accumulation  # read by ops._accumulate_into
 
     def _local(self, p: torch.Tensor) -> torch.Tensor:
         """This rank's experts of a [E, ...] expert tensor (a view)."""
@@ -105,10 +108,11 @@ class PatchedMoEBlock(nn.Module):
 
 
 def patch(model: nn.Module, ep_group=None, dtype: str = "bf16", tokens_per_rank: int = 8192,
-          backend: str = "kernels", fuse_grad_accumulation: bool = False) -> list:
+          backend: str = "kernels", fuse_grad_accumulation: bool | None = None) -> list:
     """Replace every supported MoE block of `model` in place; returns the names replaced.
     Raises ValueError if the model has none (naming the MoE-like blocks it did find).
-    fuse_grad_accumulation: see PatchedMoEBlock (plain training loops; not DDP)."""
+    fuse_grad_accumulation: see PatchedMoEBlock (by default fused in one process; True: plain
+    training loops with a process group too; not DDP)."""
     targets = [(name, mod) for name, mod in model.named_modules()
                if type(mod).__name__ in FAMILIES]
     if not targets:
