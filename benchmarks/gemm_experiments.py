@@ -8,7 +8,8 @@ loading half of B and multicasting it to both, B's L2 reads halve (mokgen/cluste
   pair  gemm_plain_pair: clusters of 2 on a static pair schedule, each CTA loading all of B
   mc    gemm_plain_mc: the same schedule, B halves multicast to both CTAs of the cluster
 pt: does ping-pong on whole tasks hide the epilogue? Each consumer warpgroup runs every other
-128 x 128 task end to end (gemm_plain_pt, gemm_plain_t2_pt), against coop (128 x 256) and the
+128 x 128 task end to end (gemm_plain_pt, gemm_plain_t2_pt), and 128 x 192 ones where N allows
+(pt192: QuACK's sm_90 ping-pong tile, SonicMoE's GEMMs), against coop (128 x 256) and the
 half-task ping-pong (pp, GemmConfig.pingpong), on long-K K-major GEMMs and short-K
 weight-gradient-like ones (both operands MN-major). On the latter also the engine's solo
 tasks (GemmCfg::SOLO, gemm_mixed_t2): every task solo, and half the m-blocks cooperative
@@ -52,8 +53,20 @@ PT_SHAPES = [  # (M, N, K, layout): 0 K-major, 2 both MN-major (a weight gradien
     (7168, 2048, 384, 2),    # kimi ep 8: an expert's ~350 rows
     (4096, 14336, 1024, 2),  # Mixtral-8x7B dW2 (D x I, K = an expert's 1,024 rows)
     (28672, 4096, 1024, 2),  # Mixtral-8x7B dW1 (2I x D)
+    # N a multiple of 192 and of 256 (pt192 runs too)
+    (16384, 6144, 7168, 0),
+    (8192, 1536, 2048, 0),   # Qwen3-30B gate/up rows (N = 2 I, K = D)
+    (2048, 1536, 512, 2),    # Qwen3-30B dW1 (transposed: D x 2I), K = an expert's ~512 rows
+    (2048, 768, 512, 2),     # Qwen3-30B dW2 (D x I)
 ]
-PT_SMEM = 1024 + 6 * (128 + 128) * BK * 2 + 8 * (2 * 6 + 2 * 4) + 32 * 4  # GemmCfg<128, 6>
+
+
+def pt_smem(tn: int, stages: int) -> int:
+    """gemm_test.cu's PtCfg<tn> = GemmCfg<tn, stages>: SMEM_BYTES (4 task slots)."""
+    return 1024 + stages * (128 + tn) * BK * 2 + 8 * (2 * stages + 2 * 4) + 32 * 4
+
+
+PT_SMEM, PT192_SMEM = pt_smem(128, 6), pt_smem(192, 5)
 
 def max_clusters(func, smem: int) -> int:
     """Clusters of 2 that fit on the GPU at once (cuOccupancyMaxActiveClusters)."""
@@ -136,11 +149,12 @@ def pt(f, sms, counters, res, a):
             ta = mc.make_tensor_map_2d(At, K, M, M * 2, 64, 64)
             tb = mc.make_tensor_map_2d(Bt, K, N, N * 2, 64, 64)
             ta_pt, tb_pt = ta, tb
+            tb192 = tb  # 64 x 64 boxes, three a slice
             def coop(fn, grid=min(sms, (M // BM) * (N // BN))):
                 return lambda: mc.launch(f[fn], grid, 384, SMEM, None,
                                          [ta, tb, C, M, N, K, N, counters.next(), 2])
             runs = {"coop": coop("coop_t"), "pp": coop("pp_t")}
-            pt_fn = f["pt_t2"]
+            pt_fn, pt192_fn = f["pt_t2"], f["pt192_t2"]
             for k, m_coop in (("solo", 0), ("mixed", M // 256)):  # the engine's solo tasks
                 runs[k] = (lambda m_coop: lambda: mc.launch(
                     f["mixed"], sms, 384, SMEM, None,
@@ -150,13 +164,17 @@ def pt(f, sms, counters, res, a):
             tb = mc.make_tensor_map_2d(B, N, K, K * 2, BN, BK)
             ta_pt = ta
             tb_pt = mc.make_tensor_map_2d(B, N, K, K * 2, 128, BK)
+            tb192 = mc.make_tensor_map_2d(B, N, K, K * 2, 192, BK) if N % 192 == 0 else None
             def coop(fn, grid=min(sms, (M // BM) * (N // BN))):
                 return lambda: mc.launch(f[fn], grid, 384, SMEM, None,
                                          [ta, tb, C, M, N, K, N, counters.next()])
             runs = {"coop": coop("coop"), "pp": coop("pp")}
-            pt_fn = f["pt"]
+            pt_fn, pt192_fn = f["pt"], f["pt192"]
         runs["pt"] = lambda: mc.launch(pt_fn, min(sms, (M // 128) * (N // 128)), 384, PT_SMEM,
                                        None, [ta_pt, tb_pt, C, M, N, K])
+        if N % 192 == 0:
+            runs["pt192"] = lambda: mc.launch(pt192_fn, min(sms, (M // 128) * (N // 192)), 384,
+                                              PT192_SMEM, None, [ta_pt, tb192, C, M, N, K])
         runs["torch"] = lambda: torch.matmul(A, B.T)
         row = check_and_time(f"t{tr} {M}x{N}x{K}", runs, C, A.float() @ B.float().T, res, a)
         row["flops"] = 2 * M * N * K
@@ -182,7 +200,9 @@ def main():
     f = {k: mod.function(n, SMEM) for k, n in names.items()}
     f.update(mixed=mod.function("gemm_mixed_t2", SMEM),
              pt=mod.function("gemm_plain_pt", PT_SMEM),
-             pt_t2=mod.function("gemm_plain_t2_pt", PT_SMEM))
+             pt_t2=mod.function("gemm_plain_t2_pt", PT_SMEM),
+             pt192=mod.function("gemm_plain_pt192", PT192_SMEM),
+             pt192_t2=mod.function("gemm_plain_t2_pt192", PT192_SMEM))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     clusters = max_clusters(f["mc"], SMEM)
     res = dict(gpu=torch.cuda.get_device_name(0), clusters=clusters, sms=sms,
@@ -221,14 +241,16 @@ def main():
           f"(medians over the run)")
     tf = lambda r, k: f"{r.get(k + '_tflops', float('nan')):.0f}"  # noqa: E731
     if res["pt"]:
-        print("| GEMM | coop TF | pp TF | pt TF | solo TF | mixed TF | torch TF | pt/coop | "
-              "solo/coop | checks |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("| GEMM | coop TF | pp TF | pt TF | pt192 TF | solo TF | mixed TF | torch TF | "
+              "pt/coop | pt192/coop | solo/coop | checks |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        def ratio(r, k):
+            return r["coop_ms"] / r[f"{k}_ms"] if f"{k}_ms" in r else float("nan")
         for r in res["pt"]:
-            solo = r["coop_ms"] / r["solo_ms"] if "solo_ms" in r else float("nan")
             print(f"| {r['shape']} | {tf(r, 'coop')} | {tf(r, 'pp')} | {tf(r, 'pt')} | "
-                  f"{tf(r, 'solo')} | {tf(r, 'mixed')} | {tf(r, 'torch')} | "
-                  f"{r['coop_ms'] / r['pt_ms']:.3f} | {solo:.3f} | {'ok' if r['ok'] else 'FAIL'} |")
+                  f"{tf(r, 'pt192')} | {tf(r, 'solo')} | {tf(r, 'mixed')} | {tf(r, 'torch')} | "
+                  f"{ratio(r, 'pt'):.3f} | {ratio(r, 'pt192'):.3f} | {ratio(r, 'solo'):.3f} | "
+                  f"{'ok' if r['ok'] else 'FAIL'} |")
     if res["pairs"]:
         print("| M x N x K | coop TF | pair TF | mc TF | torch TF | mc/coop | mc/pair | checks |")
         print("|---|---|---|---|---|---|---|---|")

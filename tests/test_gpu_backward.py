@@ -477,11 +477,19 @@ def test_gemm_engine_transposed_operands(tmp_path, trans, n):
     assert rel_error(C, ref) <= 1e-2
 
 
-@pytest.mark.parametrize("kind", ["solo", "mixed", "pt0", "pt2", "pair", "mc"])
+# gemm_test.cu's whole-task ping-pong kernels and their shared memory (PtCfg<TN>::SMEM_BYTES,
+# which gemm_test.cu asserts)
+PT_KERNELS = {"pt0": ("gemm_plain_pt", 197920), "pt2": ("gemm_plain_t2_pt", 197920),
+              "pt192_0": ("gemm_plain_pt192", 206096), "pt192_2": ("gemm_plain_t2_pt192", 206096)}
+
+
+@pytest.mark.parametrize("kind", ["solo", "mixed", "pt0", "pt2", "pt192_0", "pt192_2", "pair",
+                                  "mc"])
 def test_gemm_engine_experiments_equal_the_cooperative_tiles(tmp_path, kind):
     """The engine's solo tasks (GemmCfg::SOLO: every task solo, or solo beside cooperative
     ones, gemm_mixed_t2) and the experiments of gemm_test.cu (benchmarks/gemm_experiments.py):
-    whole-task ping-pong (128 x 128 tasks, K-major or both operands MN-major) and cluster pairs
+    whole-task ping-pong (128 x 128 and 128 x 192 tasks, K-major or both operands MN-major)
+    and cluster pairs
     with and without B multicast give the cooperative tiles' output bit for bit, on fresh
     inputs into a NaN-poisoned output, with the CTAs taking several tasks each (odd and even
     counts)."""
@@ -496,7 +504,7 @@ def test_gemm_engine_experiments_equal_the_cooperative_tiles(tmp_path, kind):
     outs = []
     for exp in (False, True):
         C = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-        if kind in ("pt2", "solo", "mixed"):
+        if kind in ("pt2", "pt192_2", "solo", "mixed"):
             At, Bt = A.T.contiguous(), B.T.contiguous()
             ta = mc.make_tensor_map_2d(At, K, M, M * 2, 64, 64)
             tb = mc.make_tensor_map_2d(Bt, K, N, N * 2, 64, 64)
@@ -505,8 +513,8 @@ def test_gemm_engine_experiments_equal_the_cooperative_tiles(tmp_path, kind):
                 mc.launch(mod.function("gemm_mixed_t2", smem), 5, 384, smem, None,
                           [ta, tb, C, M, N, K, 0 if kind == "solo" else 2, counter])
             elif exp:
-                pt_smem = 1024 + 6 * (128 + 128) * 64 * 2 + 8 * 20 + 32 * 4  # GemmCfg<128, 6>
-                mc.launch(mod.function("gemm_plain_t2_pt", pt_smem), 5, 384, pt_smem, None,
+                name, pt_smem = PT_KERNELS[kind]
+                mc.launch(mod.function(name, pt_smem), 5, 384, pt_smem, None,
                           [ta, tb, C, M, N, K])
             else:
                 counter.zero_()
@@ -514,15 +522,15 @@ def test_gemm_engine_experiments_equal_the_cooperative_tiles(tmp_path, kind):
                           [ta, tb, C, M, N, K, N, counter, 2])
         else:
             ta = mc.make_tensor_map_2d(A, M, K, K * 2, 128, 64)
-            box = {"pt0": 128, "mc": 128}.get(kind, 256) if exp else 256
+            box = {"pt0": 128, "pt192_0": 192, "mc": 128}.get(kind, 256) if exp else 256
             tb = mc.make_tensor_map_2d(B, N, K, K * 2, box, 64)
             if not exp:
                 counter.zero_()
                 mc.launch(mod.function("gemm_plain", smem), 5, 384, smem, None,
                           [ta, tb, C, M, N, K, N, counter])
-            elif kind == "pt0":
-                pt_smem = 1024 + 6 * (128 + 128) * 64 * 2 + 8 * 20 + 32 * 4
-                mc.launch(mod.function("gemm_plain_pt", pt_smem), 5, 384, pt_smem, None,
+            elif kind in PT_KERNELS:
+                name, pt_smem = PT_KERNELS[kind]
+                mc.launch(mod.function(name, pt_smem), 5, 384, pt_smem, None,
                           [ta, tb, C, M, N, K])
             else:  # 2 clusters of 2 on a static pair schedule
                 name = "gemm_plain_mc" if kind == "mc" else "gemm_plain_pair"

@@ -127,7 +127,8 @@ struct GemmCfg {
   // Problem's schedule state: 40 spilled the backward with a shared expert (nvcc 13.0), 56
   // leaves the consumers 224, where none of their code spills
   static constexpr int kGatherProducerRegs = 56, kGatherConsumerRegs = 224;
-  static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for N = 128, 256");
+  static_assert(BN == 128 || BN == 192 || BN == 256, "wgmma wrappers exist for N = 128, 192, "
+                "256 (192: gemm_test.cu's whole-task ping-pong experiment only)");
   static_assert(STAGE_BYTES % 1024 == 0, "stages keep 1024 B alignment");
   static_assert(Q == 0 || ((Q == 128 || Q == 32) && BN == 256 && BM * BK8 == A_BYTES),
                 "fp8 tiles: Q = 128 or 32, two 128-column halves, slices as large as bf16's");

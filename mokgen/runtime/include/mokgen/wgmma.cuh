@@ -99,6 +99,26 @@ struct Wgmma<128> {
 };
 
 template <>
+struct Wgmma<192> {  // the whole-task ping-pong experiment's 128 x 192 tiles (gemm_test.cu)
+  static constexpr int kRegs = 96;
+  template <int TA = 0, int TB = 0>
+  static MOKGEN_DEV void mma(float (&d)[96], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %98, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+      "}, %96, %97, p, 1, 1, %99, %100;\n}"
+      : MOKGEN_F32(d, 0), MOKGEN_F32(d, 32), MOKGEN_F32(d, 64)
+      : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
+  }
+};
+
+template <>
 struct Wgmma<256> {
   static constexpr int kRegs = 128;
   template <int TA = 0, int TB = 0>

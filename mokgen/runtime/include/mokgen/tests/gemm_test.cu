@@ -306,24 +306,31 @@ MOKGEN_PLAIN_PAIR(gemm_plain_mc, true)
 // ------------------------------------------------------------- whole-task ping-pong (experiment)
 // Whether an epilogue can hide behind the other warpgroup's MMA without the half-task
 // ping-pong's cost (gemm_tile.cuh: each 64-row half streamed its slices on its own, B twice
-// a task). Each consumer warpgroup runs every other task of its CTA end to end: a 128 x 128
-// task, two m64n128 chains a k16 step into 2 x 64 accumulators (the cooperative tile's 128 a
-// thread), its slices streamed once (a stage is 16 KB of A and 16 KB of B, 6 stages), the
-// mainloop turns handed over by named barriers as consumer_pingpong does, so warpgroup h's
-// epilogue of task i runs under warpgroup h ^ 1's mainloop of task i + 1. A static schedule
-// (task blockIdx.x + i gridDim.x, grouped raster), M and N multiples of 128, K of 64.
-// TR 0: K-major A [M, K] (box 64 x 128) and B [N, K] (box 64 x 128); TR 2: A as [K, M] and B
-// as [K, N], both MN-major (the weight gradients' layout; boxes 64 x 64, two a slice each).
-using PtCfg = GemmCfg<128, 6>;
+// a task). Each consumer warpgroup runs every other task of its CTA end to end: a 128 x TN
+// task, two m64nTN chains a k16 step into 2 x TN/2 accumulators (TN = 128: the cooperative
+// tile's 128 a thread; 192: 192), its slices streamed once (a stage is 16 KB of A and TN x
+// 128 B of B, 6 or 5 stages), the mainloop turns handed over by named barriers as
+// consumer_pingpong does, so warpgroup h's epilogue of task i runs under warpgroup h ^ 1's
+// mainloop of task i + 1. A static schedule (task blockIdx.x + i gridDim.x, grouped raster),
+// M a multiple of 128, N of TN, K of 64.
+// TR 0: K-major A [M, K] (box 64 x 128) and B [N, K] (box 64 x TN); TR 2: A as [K, M] and B
+// as [K, N], both MN-major (the weight gradients' layout; boxes 64 x 64, 2 and TN / 64 a
+// slice). TN = 192 (5 stages of 40 KB) is QuACK's sm_90 ping-pong tile (quack gemm_sm90.py:
+// a warpgroup owns a whole 128 x 192 tile, 192 accumulators a thread): operand bytes a MAC
+// 11% above the cooperative 128 x 256 tile's, where 128 x 128 is 33% above.
+template <int TN>
+using PtCfg = GemmCfg<TN, TN == 128 ? 6 : 5>;
+static_assert(PtCfg<128>::SMEM_BYTES == 197920 && PtCfg<192>::SMEM_BYTES == 206096,
+              "benchmarks/gemm_experiments.py pt_smem() sizes the launches alike");
 
-template <int TR>
+template <int TR, int TN>
 __device__ void plain_pt(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMap* tb,
                          __nv_bfloat16* C, int M, int N, int K) {
-  using Cfg = PtCfg;
-  using Mma = Wgmma<128>;
+  using Cfg = PtCfg<TN>;
+  using Mma = Wgmma<TN>;
   constexpr int TA = TR == 2, TB = TR == 2, kBox = 64 * 64 * 2;
   const GemmSmem<Cfg> sm = GemmSmem<Cfg>::carve(dyn);
-  const int m_blocks = M / 128, n_blocks = N / 128, kbn = K / 64, tiles = m_blocks * n_blocks;
+  const int m_blocks = M / 128, n_blocks = N / TN, kbn = K / 64, tiles = m_blocks * n_blocks;
   const int mine = (int)blockIdx.x < tiles ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1
                                            : 0;
   if (threadIdx.x == 0) {
@@ -346,13 +353,13 @@ __device__ void plain_pt(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMap*
           uint64_t* bar = &sm.full()[ps.idx()];
           mbar_arrive_expect_tx(bar, Cfg::STAGE_BYTES);
           if constexpr (TR == 2) {
-            for (int j = 0; j < 2; ++j) {
+            for (int j = 0; j < 2; ++j)
               tma_load_2d(sm.a_stage(ps.idx()) + j * kBox, ta, bar, mb * 128 + 64 * j, kb * 64);
-              tma_load_2d(sm.b_stage(ps.idx()) + j * kBox, tb, bar, nb * 128 + 64 * j, kb * 64);
-            }
+            for (int j = 0; j < TN / 64; ++j)
+              tma_load_2d(sm.b_stage(ps.idx()) + j * kBox, tb, bar, nb * TN + 64 * j, kb * 64);
           } else {
             tma_load_2d(sm.a_stage(ps.idx()), ta, bar, kb * 64, mb * 128);
-            tma_load_2d(sm.b_stage(ps.idx()), tb, bar, kb * 64, nb * 128);
+            tma_load_2d(sm.b_stage(ps.idx()), tb, bar, kb * 64, nb * TN);
           }
           ps.template advance<Cfg::STAGES>();
         }
@@ -369,20 +376,20 @@ __device__ void plain_pt(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMap*
     for (int i = h; i < mine; i += 2) {
       int mb, nb;
       raster_grouped((int)blockIdx.x + i * (int)gridDim.x, m_blocks, n_blocks, kGroupM, mb, nb);
-      float acc[2][64];
+      float acc[2][TN / 2];
 #pragma unroll
       for (int c = 0; c < 2; ++c)
 #pragma unroll
-        for (int r = 0; r < 64; ++r) acc[c][r] = 0.f;
+        for (int r = 0; r < TN / 2; ++r) acc[c][r] = 0.f;
       named_bar_sync(kBarTurn + h, 256);
       // the other's mainloop queues behind ours (hand-over once our last wgmma is issued)
       consume_two_chains<Cfg, Mma, TA, TB, 1>(sm, ps, kbn, acc[0], acc[1],
                                               kBarTurn + (h ^ 1));
       ps.template advance_by<Cfg::STAGES>(kbn);  // past the other's next task
-      __nv_bfloat16* base = C + (size_t)mb * 128 * N + nb * 128;
+      __nv_bfloat16* base = C + (size_t)mb * 128 * N + nb * TN;
 #pragma unroll
       for (int c = 0; c < 2; ++c)
-        for_each_acc_pair<128>(acc[c], c, 128, [&](int r, int col, float v0, float v1) {
+        for_each_acc_pair<TN>(acc[c], c, 128, [&](int r, int col, float v0, float v1) {
           store_bf16x2(base + (size_t)r * N + col, v0, v1);
         });
     }
@@ -393,15 +400,17 @@ __device__ void plain_pt(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMap*
   }
 }
 
-#define MOKGEN_PLAIN_PT(name, TR)                                                              \
+#define MOKGEN_PLAIN_PT(name, TR, TN)                                                          \
   extern "C" __global__ void __launch_bounds__(384, 1)                                        \
   name(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,     \
        __nv_bfloat16* C, int M, int N, int K) {                                              \
     extern __shared__ __align__(1024) uint8_t smem[];                                         \
-    plain_pt<TR>(smem, &tmA, &tmB, C, M, N, K);                                               \
+    plain_pt<TR, TN>(smem, &tmA, &tmB, C, M, N, K);                                           \
   }
-MOKGEN_PLAIN_PT(gemm_plain_pt, 0)
-MOKGEN_PLAIN_PT(gemm_plain_t2_pt, 2)
+MOKGEN_PLAIN_PT(gemm_plain_pt, 0, 128)
+MOKGEN_PLAIN_PT(gemm_plain_t2_pt, 2, 128)
+MOKGEN_PLAIN_PT(gemm_plain_pt192, 0, 192)
+MOKGEN_PLAIN_PT(gemm_plain_t2_pt192, 2, 192)
 
 // ------------------------------------------------------------- solo tasks beside cooperative ones
 // The engine's solo tasks (gemm_tile.cuh consume_tile_solo, GemmCfg::SOLO) in one persistent
