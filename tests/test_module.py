@@ -116,6 +116,21 @@ def test_fused_accumulation_only_where_the_backward_accumulates_into_the_experts
     assert fused(backward)
 
 
+def test_fused_accumulation_not_while_traced(monkeypatch):
+    """torch.compile's AOT autograd traces the layer's backward on functional tensors: the
+    fused path (whose ops mutate .grad, and whose owner check reads data pointers) must step
+    aside there, not raise (it did, on the GPU, once fusing became the default)."""
+    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+    m = mokgen.MoE(SHAPE, tokens_per_rank=64, fuse_grad_accumulation=True)
+    monkeypatch.setattr(ops, "_kernels", lambda layer, x, backward=False: object())
+    m.w1.grad, m.w2.grad = torch.zeros_like(m.w1), torch.zeros_like(m.w2)
+    with FunctionalTensorMode():  # what AOT autograd's trace hands the backward
+        x, w1, w2 = (FunctionalTensor.to_functional(t) for t in
+                     (torch.randn(8, SHAPE.hidden), m.w1.detach(), m.w2.detach()))
+        assert ops._accumulate_into(m._layer, x, w1, w2) == ()
+
+
 def test_fused_accumulation_by_default_only_without_a_process_group(tmp_path):
     """fuse_grad_accumulation=None (the default) fuses where no torch.distributed process
     group is initialized when the backward runs (DDP, whose hooks on the experts' gradient
