@@ -455,7 +455,13 @@ struct FwdProblem {
       signal_add(gu_done() + (t.c_row0 / C::B) * S::RT_FULL + (t.c_row0 % C::B) / BM);
     else if (op == kDown) {
       if constexpr (C::DIRS) signal_add_sys(dn_done() + t.c_row0 / C::B);  // peers poll it
-      else signal_add(dn_done() + t.c_row0 / C::B);
+      else if (C::COMM > 0 && buf->max_minibatches > C::SLOTS)
+        signal_add(dn_done() + t.c_row0 / C::B);
+      // else nothing waits for it: only a comm CTA refilling the minibatch's ring slot reads
+      // dn_done (fwd_comm), and a ring that holds every minibatch is never refilled (nor is
+      // there one with gathered rows, COMM = 0). Its
+      // fence would hold the consumer warp until the tile's scattered stores reach L2 (the
+      // kernel's end publishes them to the combine that follows).
     }
   }
 
