@@ -988,7 +988,10 @@ struct BwdProblem {
       case kReplay: signal_add(r_done() + m * S::RT_FULL + rt); break;
       case kDgrad: signal_add(dg_done() + m * S::RT_FULL + rt); break;
       case kDx:
-        signal_add(fin_done() + m);
+        // fin_done frees the minibatch's ring slot for a comm CTA's refill
+        // (bwd_comm_minibatch), the only reader: where the ring holds every minibatch none
+        // comes, and the fence would hold the consumer warp for the dx stores' drain
+        if (buf->max_minibatches > C::SLOTS) signal_add(fin_done() + m);
         if constexpr (C::RDPULL)  // the owners poll it
           signal_add_sys(bxflag(dir->xflags[buf->rank], buf->max_minibatches, kXDxDone, m));
         break;
