@@ -8,7 +8,9 @@ loading half of B and multicasting it to both, B's L2 reads halve (mokgen/cluste
   pair  gemm_plain_pair: clusters of 2 on a static pair schedule, each CTA loading all of B
   mc    gemm_plain_mc: the same schedule, B halves multicast to both CTAs of the cluster
 pt: does ping-pong on whole tasks hide the epilogue? Each consumer warpgroup runs every other
-128 x 128 task end to end (gemm_plain_pt, gemm_plain_t2_pt), and 128 x 192 ones where N allows
+128 x 128 task end to end (gemm_plain_pt, gemm_plain_t2_pt; pt4 the same with the megakernels'
+4 stages in place of 6: does ring depth hold one warpgroup's chains below the tensor rate?),
+and 128 x 192 ones where N allows
 (pt192: QuACK's sm_90 ping-pong tile, SonicMoE's GEMMs), against coop (128 x 256) and the
 half-task ping-pong (pp, GemmConfig.pingpong), on long-K K-major GEMMs and short-K
 weight-gradient-like ones (both operands MN-major). On the latter also the engine's solo
@@ -58,6 +60,7 @@ PT_SHAPES = [  # (M, N, K, layout): 0 K-major, 2 both MN-major (a weight gradien
     (8192, 1536, 2048, 0),   # Qwen3-30B gate/up rows (N = 2 I, K = D)
     (2048, 1536, 512, 2),    # Qwen3-30B dW1 (transposed: D x 2I), K = an expert's ~512 rows
     (2048, 768, 512, 2),     # Qwen3-30B dW2 (D x I)
+    (8192, 2048, 768, 0),    # Qwen3-30B down rows (N = D, K = I): the forward's down tiles
 ]
 
 
@@ -66,7 +69,7 @@ def pt_smem(tn: int, stages: int) -> int:
     return 1024 + stages * (128 + tn) * BK * 2 + 8 * (2 * stages + 2 * 4) + 32 * 4
 
 
-PT_SMEM, PT192_SMEM = pt_smem(128, 6), pt_smem(192, 5)
+PT_SMEM, PT4_SMEM, PT192_SMEM = pt_smem(128, 6), pt_smem(128, 4), pt_smem(192, 5)
 
 def max_clusters(func, smem: int) -> int:
     """Clusters of 2 that fit on the GPU at once (cuOccupancyMaxActiveClusters)."""
@@ -154,7 +157,7 @@ def pt(f, sms, counters, res, a):
                 return lambda: mc.launch(f[fn], grid, 384, SMEM, None,
                                          [ta, tb, C, M, N, K, N, counters.next(), 2])
             runs = {"coop": coop("coop_t"), "pp": coop("pp_t")}
-            pt_fn, pt192_fn = f["pt_t2"], f["pt192_t2"]
+            pt_fn, pt4_fn, pt192_fn = f["pt_t2"], f["pt4_t2"], f["pt192_t2"]
             for k, m_coop in (("solo", 0), ("mixed", M // 256)):  # the engine's solo tasks
                 runs[k] = (lambda m_coop: lambda: mc.launch(
                     f["mixed"], sms, 384, SMEM, None,
@@ -169,9 +172,11 @@ def pt(f, sms, counters, res, a):
                 return lambda: mc.launch(f[fn], grid, 384, SMEM, None,
                                          [ta, tb, C, M, N, K, N, counters.next()])
             runs = {"coop": coop("coop"), "pp": coop("pp")}
-            pt_fn, pt192_fn = f["pt"], f["pt192"]
+            pt_fn, pt4_fn, pt192_fn = f["pt"], f["pt4"], f["pt192"]
         runs["pt"] = lambda: mc.launch(pt_fn, min(sms, (M // 128) * (N // 128)), 384, PT_SMEM,
                                        None, [ta_pt, tb_pt, C, M, N, K])
+        runs["pt4"] = lambda: mc.launch(pt4_fn, min(sms, (M // 128) * (N // 128)), 384,
+                                        PT4_SMEM, None, [ta_pt, tb_pt, C, M, N, K])
         if N % 192 == 0:
             runs["pt192"] = lambda: mc.launch(pt192_fn, min(sms, (M // 128) * (N // 192)), 384,
                                               PT192_SMEM, None, [ta_pt, tb192, C, M, N, K])
@@ -201,6 +206,8 @@ def main():
     f.update(mixed=mod.function("gemm_mixed_t2", SMEM),
              pt=mod.function("gemm_plain_pt", PT_SMEM),
              pt_t2=mod.function("gemm_plain_t2_pt", PT_SMEM),
+             pt4=mod.function("gemm_plain_pt4", PT4_SMEM),
+             pt4_t2=mod.function("gemm_plain_t2_pt4", PT4_SMEM),
              pt192=mod.function("gemm_plain_pt192", PT192_SMEM),
              pt192_t2=mod.function("gemm_plain_t2_pt192", PT192_SMEM))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -241,16 +248,17 @@ def main():
           f"(medians over the run)")
     tf = lambda r, k: f"{r.get(k + '_tflops', float('nan')):.0f}"  # noqa: E731
     if res["pt"]:
-        print("| GEMM | coop TF | pp TF | pt TF | pt192 TF | solo TF | mixed TF | torch TF | "
-              "pt/coop | pt192/coop | solo/coop | checks |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print("| GEMM | coop TF | pp TF | pt TF | pt4 TF | pt192 TF | solo TF | mixed TF | "
+              "torch TF | pt/coop | pt4/pt | pt192/coop | solo/coop | checks |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         def ratio(r, k):
             return r["coop_ms"] / r[f"{k}_ms"] if f"{k}_ms" in r else float("nan")
         for r in res["pt"]:
             print(f"| {r['shape']} | {tf(r, 'coop')} | {tf(r, 'pp')} | {tf(r, 'pt')} | "
-                  f"{tf(r, 'pt192')} | {tf(r, 'solo')} | {tf(r, 'mixed')} | {tf(r, 'torch')} | "
-                  f"{ratio(r, 'pt'):.3f} | {ratio(r, 'pt192'):.3f} | {ratio(r, 'solo'):.3f} | "
-                  f"{'ok' if r['ok'] else 'FAIL'} |")
+                  f"{tf(r, 'pt4')} | {tf(r, 'pt192')} | {tf(r, 'solo')} | {tf(r, 'mixed')} | "
+                  f"{tf(r, 'torch')} | {ratio(r, 'pt'):.3f} | "
+                  f"{r['pt_ms'] / r['pt4_ms']:.3f} | {ratio(r, 'pt192'):.3f} | "
+                  f"{ratio(r, 'solo'):.3f} | {'ok' if r['ok'] else 'FAIL'} |")
     if res["pairs"]:
         print("| M x N x K | coop TF | pair TF | mc TF | torch TF | mc/coop | mc/pair | checks |")
         print("|---|---|---|---|---|---|---|---|")

@@ -480,11 +480,12 @@ def test_gemm_engine_transposed_operands(tmp_path, trans, n):
 # gemm_test.cu's whole-task ping-pong kernels and their shared memory (PtCfg<TN>::SMEM_BYTES,
 # which gemm_test.cu asserts)
 PT_KERNELS = {"pt0": ("gemm_plain_pt", 197920), "pt2": ("gemm_plain_t2_pt", 197920),
+              "pt4_0": ("gemm_plain_pt4", 132352), "pt4_2": ("gemm_plain_t2_pt4", 132352),
               "pt192_0": ("gemm_plain_pt192", 206096), "pt192_2": ("gemm_plain_t2_pt192", 206096)}
 
 
-@pytest.mark.parametrize("kind", ["solo", "mixed", "pt0", "pt2", "pt192_0", "pt192_2", "pair",
-                                  "mc"])
+@pytest.mark.parametrize("kind", ["solo", "mixed", "pt0", "pt2", "pt4_0", "pt4_2", "pt192_0",
+                                  "pt192_2", "pair", "mc"])
 def test_gemm_engine_experiments_equal_the_cooperative_tiles(tmp_path, kind):
     """The engine's solo tasks (GemmCfg::SOLO: every task solo, or solo beside cooperative
     ones, gemm_mixed_t2) and the experiments of gemm_test.cu (benchmarks/gemm_experiments.py):
@@ -504,11 +505,11 @@ def test_gemm_engine_experiments_equal_the_cooperative_tiles(tmp_path, kind):
     outs = []
     for exp in (False, True):
         C = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-        if kind in ("pt2", "pt192_2", "solo", "mixed"):
+        if kind in ("pt2", "pt4_2", "pt192_2", "solo", "mixed"):
             At, Bt = A.T.contiguous(), B.T.contiguous()
             ta = mc.make_tensor_map_2d(At, K, M, M * 2, 64, 64)
             tb = mc.make_tensor_map_2d(Bt, K, N, N * 2, 64, 64)
-            if exp and kind != "pt2":
+            if exp and kind in ("solo", "mixed"):
                 counter.zero_()
                 mc.launch(mod.function("gemm_mixed_t2", smem), 5, 384, smem, None,
                           [ta, tb, C, M, N, K, 0 if kind == "solo" else 2, counter])
@@ -522,7 +523,8 @@ def test_gemm_engine_experiments_equal_the_cooperative_tiles(tmp_path, kind):
                           [ta, tb, C, M, N, K, N, counter, 2])
         else:
             ta = mc.make_tensor_map_2d(A, M, K, K * 2, 128, 64)
-            box = {"pt0": 128, "pt192_0": 192, "mc": 128}.get(kind, 256) if exp else 256
+            box = {"pt0": 128, "pt4_0": 128, "pt192_0": 192, "mc": 128}.get(kind, 256) \
+                if exp else 256
             tb = mc.make_tensor_map_2d(B, N, K, K * 2, box, 64)
             if not exp:
                 counter.zero_()

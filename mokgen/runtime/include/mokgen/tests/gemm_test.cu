@@ -318,15 +318,19 @@ MOKGEN_PLAIN_PAIR(gemm_plain_mc, true)
 // slice). TN = 192 (5 stages of 40 KB) is QuACK's sm_90 ping-pong tile (quack gemm_sm90.py:
 // a warpgroup owns a whole 128 x 192 tile, 192 accumulators a thread): operand bytes a MAC
 // 11% above the cooperative 128 x 256 tile's, where 128 x 128 is 33% above.
-template <int TN>
-using PtCfg = GemmCfg<TN, TN == 128 ? 6 : 5>;
-static_assert(PtCfg<128>::SMEM_BYTES == 197920 && PtCfg<192>::SMEM_BYTES == 206096,
+// ST = 4 (pt4): the megakernels' ring depth (4 stages) at the 128 x 128 task, as a solo task
+// of the engine (GemmCfg::SOLO) sees it: whether that depth is what held the megakernel's solo
+// weight-gradient tiles to about half the tensor rate (benchmarks/NOTES.md, session 8).
+template <int TN, int ST = TN == 128 ? 6 : 5>
+using PtCfg = GemmCfg<TN, ST>;
+static_assert(PtCfg<128>::SMEM_BYTES == 197920 && PtCfg<192>::SMEM_BYTES == 206096 &&
+                  PtCfg<128, 4>::SMEM_BYTES == 132352,
               "benchmarks/gemm_experiments.py pt_smem() sizes the launches alike");
 
-template <int TR, int TN>
+template <int TR, int TN, int ST>
 __device__ void plain_pt(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMap* tb,
                          __nv_bfloat16* C, int M, int N, int K) {
-  using Cfg = PtCfg<TN>;
+  using Cfg = PtCfg<TN, ST>;
   using Mma = Wgmma<TN>;
   constexpr int TA = TR == 2, TB = TR == 2, kBox = 64 * 64 * 2;
   const GemmSmem<Cfg> sm = GemmSmem<Cfg>::carve(dyn);
@@ -400,17 +404,19 @@ __device__ void plain_pt(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMap*
   }
 }
 
-#define MOKGEN_PLAIN_PT(name, TR, TN)                                                          \
+#define MOKGEN_PLAIN_PT(name, TR, TN, ST)                                                      \
   extern "C" __global__ void __launch_bounds__(384, 1)                                        \
   name(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,     \
        __nv_bfloat16* C, int M, int N, int K) {                                              \
     extern __shared__ __align__(1024) uint8_t smem[];                                         \
-    plain_pt<TR, TN>(smem, &tmA, &tmB, C, M, N, K);                                           \
+    plain_pt<TR, TN, ST>(smem, &tmA, &tmB, C, M, N, K);                                       \
   }
-MOKGEN_PLAIN_PT(gemm_plain_pt, 0, 128)
-MOKGEN_PLAIN_PT(gemm_plain_t2_pt, 2, 128)
-MOKGEN_PLAIN_PT(gemm_plain_pt192, 0, 192)
-MOKGEN_PLAIN_PT(gemm_plain_t2_pt192, 2, 192)
+MOKGEN_PLAIN_PT(gemm_plain_pt, 0, 128, 6)
+MOKGEN_PLAIN_PT(gemm_plain_t2_pt, 2, 128, 6)
+MOKGEN_PLAIN_PT(gemm_plain_pt4, 0, 128, 4)
+MOKGEN_PLAIN_PT(gemm_plain_t2_pt4, 2, 128, 4)
+MOKGEN_PLAIN_PT(gemm_plain_pt192, 0, 192, 5)
+MOKGEN_PLAIN_PT(gemm_plain_t2_pt192, 2, 192, 5)
 
 // ------------------------------------------------------------- solo tasks beside cooperative ones
 // The engine's solo tasks (gemm_tile.cuh consume_tile_solo, GemmCfg::SOLO) in one persistent
