@@ -29,14 +29,13 @@ class MoE(nn.Module):
 
         fuse_grad_accumulation (fused gradient accumulation): when w1.grad and w2.grad
         already hold gradients (accumulation over micro-batches), the backward kernel adds
-        the expert weight
-        gradients into them instead of returning new tensors for autograd to add: no
-        temporary the size of the expert weights, no separate add (also under activation
-        checkpointing). A whole expert's bf16 gradient tile is added by a TMA reduction (the
-        roundings of autograd's add); an expert whose rows span several passes of the ring,
-        and every expert in kernels without the weight gradients' staging (fp8 plans'), adds
-        its fp32 sum rounding once. On such calls autograd sees no
-        gradient for w1 / w2, so it fuses only in a backward that accumulates into both
+        the expert weight gradients into them instead of returning new tensors for autograd
+        to add: no temporary the size of the expert weights, no separate add (also under
+        activation checkpointing). A whole expert's bf16 gradient tile is added by a TMA
+        reduction (the roundings of autograd's add); an expert whose rows span several passes
+        of the ring, and every expert in kernels without the weight gradients' staging (fp8
+        plans'), adds its fp32 sum rounding once. On such calls autograd sees no gradient
+        for w1 / w2, so it fuses only in a backward that accumulates into both
         (not torch.autograd.grad, nor backward(inputs=...) without them) and where no Python
         hook watches their gradient (Tensor.register_hook,
         register_post_accumulate_grad_hook): those take the ordinary path

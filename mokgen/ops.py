@@ -291,8 +291,8 @@ def _accumulate_into(layer: int, x, w1, w2) -> tuple:
     module = owner() if owner is not None else None
     if module is None or not fuses(module.fuse_grad_accumulation) or \
             not _plain_eager((x, w1, w2)) or _kernels(layer, x, backward=True) is None:
-        return ()  # traced (torch.compile's AOT backward runs here on fake tensors), or
-        # no CUDA kernels
+        return ()  # traced (torch.compile's AOT backward runs here on functional / fake
+        # tensors), or no CUDA kernels
     targets = module.expert_grads(w1, w2)
     if targets is None or not engine_accumulates(module.expert_params()):
         return ()  # other storage (e.g. a parallel wrapper's copies), no .grad, or a backward

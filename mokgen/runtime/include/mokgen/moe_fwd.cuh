@@ -459,9 +459,9 @@ struct FwdProblem {
         signal_add(dn_done() + t.c_row0 / C::B);
       // else nothing waits for it: only a comm CTA refilling the minibatch's ring slot reads
       // dn_done (fwd_comm), and a ring that holds every minibatch is never refilled (nor is
-      // there one with gathered rows, COMM = 0). Its
-      // fence would hold the consumer warp until the tile's scattered stores reach L2 (the
-      // kernel's end publishes them to the combine that follows).
+      // there one with gathered rows, COMM = 0). Its fence would hold the consumer warp until
+      // the tile's scattered stores reach L2 (the kernel's end publishes them to the combine
+      // that follows).
     }
   }
 
