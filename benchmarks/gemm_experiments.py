@@ -10,8 +10,8 @@ loading half of B and multicasting it to both, B's L2 reads halve (mokgen/cluste
 pt: does ping-pong on whole tasks hide the epilogue? Each consumer warpgroup runs every other
 128 x 128 task end to end (gemm_plain_pt, gemm_plain_t2_pt; pt4 the same with the megakernels'
 4 stages in place of 6: does ring depth hold one warpgroup's chains below the tensor rate?),
-and 128 x 192 ones where N allows
-(pt192: QuACK's sm_90 ping-pong tile, SonicMoE's GEMMs), against coop (128 x 256) and the
+and 128 x 192 ones where N allows (pt192: QuACK's sm_90 ping-pong tile, SonicMoE's GEMMs),
+against coop (128 x 256) and the
 half-task ping-pong (pp, GemmConfig.pingpong), on long-K K-major GEMMs and short-K
 weight-gradient-like ones (both operands MN-major). On the latter also the engine's solo
 tasks (GemmCfg::SOLO, gemm_mixed_t2): every task solo, and half the m-blocks cooperative
