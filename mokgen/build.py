@@ -95,7 +95,9 @@ def cache_key(kernel: Kernel, arch: str) -> str:
     return h.hexdigest()[:20]
 
 
-_FUNC = re.compile(r"Compiling entry function '(\w+)'")
+# an entry function's report, and after it one per device function ptxas kept as a call
+# ("Function properties for NAME"): each report's stack and spill line is its own function's
+_FUNC = re.compile(r"Compiling entry function '(\w+)'|Function properties for (\w+)")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGS = re.compile(r"Used (\d+) registers.*?(?:(\d+) bytes smem)?")
 # ptxas's C751x notes, whatever their reason (C7511: too few registers for the wgmma
@@ -115,7 +117,7 @@ def parse_ptxas(text: str) -> dict:
         if m := _SERIAL.search(line):
             out.setdefault(m.group(1), fresh())["wgmma_serialized"] = 1
         elif m := _FUNC.search(line):
-            fn = m.group(1)
+            fn = m.group(1) or m.group(2)
             out.setdefault(fn, fresh())
         elif fn and (m := _SPILL.search(line)):
             out[fn].update(stack=int(m[1]), spill_stores=int(m[2]), spill_loads=int(m[3]))
@@ -144,10 +146,10 @@ def build(kernels: list[Kernel], arch: str = "sm_90a", jobs: int | None = None) 
             raise RuntimeError(f"mokgen: the cached build of {k.name} in "
                                f"{_folder(k, key)} is unreadable right after building it")
         meta, image = loaded
-        res = meta["resources"]
         report = _folder(k, key) / "ptxas.txt"
-        if any("wgmma_serialized" not in r for r in res.values()) and report.exists():
-            res = parse_ptxas(report.read_text())  # cached before the field existed
+        # the report, parsed now: a cached meta.json holds the parse of its build's day (one
+        # before a device function's report stopped overwriting its kernel's spills)
+        res = parse_ptxas(report.read_text()) if report.exists() else meta["resources"]
         out.append(Binary(k.name, _folder(k, key) / "kernel.cubin", key, res,
                           meta["build_seconds"], cached=(k, key) not in missing, image=image))
         if out[-1].serialized:  # correct but slow: say so where the user compiles

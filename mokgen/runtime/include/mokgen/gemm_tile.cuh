@@ -559,7 +559,7 @@ MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState&
 // Problem must provide (device):
 //   static constexpr bool kMNOperands;         // tasks may set kAMN / kBMN
 //   static constexpr bool kNarrowTiles;        // tasks may set kHalfN (half_bit)
-//   void prefetch() const;                     // producer thread: tma_prefetch_desc(...)
+//   void prefetch() const;                     // thread 0 at the start: tma_prefetch_desc(...)
 //   static constexpr int kQ;                   // 0, or Cfg::Q: tasks may set kF8
 //   Task next_task();                          // producer thread: next task or stop_task()
 //   const CUtensorMap* map_a(const Task&) const; const CUtensorMap* map_b(const Task&) const;
@@ -806,7 +806,12 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
                 "gathered operands: bf16 tiles, cooperative consumers, no signal warp (every "
                 "producer warp gathers)");
   const GemmSmem<Cfg> sm = GemmSmem<Cfg>::carve(dyn_smem);
-  if (threadIdx.x == 0) sm.init(kGather ? 1 + 32 * kGatherWarps : 1);
+  if (threadIdx.x == 0) {
+    sm.init(kGather ? 1 + 32 * kGatherWarps : 1);
+    // the maps' descriptor prefetches, here at the launch's 168 registers: issued by the
+    // producer after its setmaxnreg.dec they made ptxas spill its schedule state around them
+    if constexpr (!kGather) prob.prefetch();
+  }
   if constexpr (Cfg::TRACE)  // trace.cuh's sums start at 0
     if (threadIdx.x == 0)
       for (int k = 0; k < kTraceSums; ++k) trace_sums()[k] = 0;
@@ -819,7 +824,6 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
     if constexpr (kGather) {
       produce_gathering<Cfg>(prob, sm);  // the whole warpgroup
     } else if (threadIdx.x < 32 && elect_one()) {
-      prob.prefetch();
       PipeState ps, ts;
       bool solo_odd = false;  // Cfg::SOLO: an odd count of solo tasks pushed so far
       for (int i = 0;; ++i) {

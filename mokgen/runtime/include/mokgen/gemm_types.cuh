@@ -122,7 +122,14 @@ struct GemmCfg {
                                       32 * TASK_SLOTS + (SIGNAL_WARP ? 16 : 0);
   static constexpr int EPI_AT = (ENGINE_BYTES + 1023) / 1024 * 1024;  // 1024-aligned
   static constexpr int SMEM_BYTES = 1024 + (EPI_BYTES ? EPI_AT + EPI_BYTES : ENGINE_BYTES);
-  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  // The producer thread runs the Problem's schedule (next_task: its waits, the task's
+  // expert and rows) beside the slices' TMA issue: at 40 registers the bf16 backwards
+  // spilled it (72-120 B on the keep_h, ping-pong and solo backwards, nvcc 13.0; unseen until
+  // build.parse_ptxas stopped letting a called device function's report overwrite its
+  // kernel's); 56 leaves the consumers 224, where no bf16 consumer code spills. fp8
+  // consumers keep 232 (their scratch beside the accumulators), their producers 40 (none
+  // spills there).
+  static constexpr int kProducerRegs = Q == 0 ? 56 : 40, kConsumerRegs = Q == 0 ? 224 : 232;
   // producer warps that gather rows (produce_tile_gather) compute their addresses beside the
   // Problem's schedule state: 40 spilled the backward with a shared expert (nvcc 13.0), 56
   // leaves the consumers 224, where none of their code spills
