@@ -1,4 +1,4 @@
-# next session, one call (~5 min; tree = main + results/session25/prefetch_epi.patch; the
+# next session, one call (~5 min; tree = main + `git apply results/session25/prefetch_epi.patch`; the
 # tree before it exported to .build/ab/old: `git archive main | tar -x -C .build/ab/old`;
 # kernels of both prebuilt here, carry .build):
 #   MOKGEN_CACHE=$PWD/.build/kc python benchmarks/trace.py qwen3-30b-a3b 1 8192 --prebuild
