@@ -773,7 +773,6 @@ MOKGEN_DEV void consumer_pingpong(Problem& prob, const GemmSmem<Cfg>& sm, int h)
 template <class Cfg, class Problem>
 MOKGEN_DEV void produce_gathering(Problem& prob, const GemmSmem<Cfg>& sm) {
   const bool lead = threadIdx.x == 0;
-  if (lead) prob.prefetch();
   PipeState ps, ts, tp;  // ring, task channel as read, task channel as written (thread 0)
   for (int i = 0;; ++i) {
     if (lead) {
@@ -810,7 +809,7 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
     sm.init(kGather ? 1 + 32 * kGatherWarps : 1);
     // the maps' descriptor prefetches, here at the launch's 168 registers: issued by the
     // producer after its setmaxnreg.dec they made ptxas spill its schedule state around them
-    if constexpr (!kGather) prob.prefetch();
+    prob.prefetch();
   }
   if constexpr (Cfg::TRACE)  // trace.cuh's sums start at 0
     if (threadIdx.x == 0)
