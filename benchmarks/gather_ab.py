@@ -40,12 +40,16 @@ VARIANTS = {"gather": dict(dispatch="gather"),
 
 def variant(spec: str) -> dict:
     """A variant's overrides: NAME, or NAME+field=value[+...] (NAME's with plan fields forced,
-    ints as ints, true / false as bools), e.g. fwd-gather+comm_sms_bwd=8, pull+keep_h=true."""
+    ints as ints, true / false as bools, a:b:c as a tuple), e.g. fwd-gather+comm_sms_bwd=8,
+    pull+keep_h=true, pull+gemm_fwd=128:256:3."""
     name, *extra = spec.split("+")
     kv = dict(e.split("=", 1) for e in extra)
     bools = {"true": True, "false": False}
-    return dict(VARIANTS[name], **{k: int(v) if v.lstrip("-").isdigit() else bools.get(v, v)
-                                   for k, v in kv.items()})
+    def value(v: str):  # 128:256:3 is a tuple (gemm_fwd, gemm_bwd)
+        if ":" in v:
+            return tuple(value(e) for e in v.split(":"))
+        return int(v) if v.lstrip("-").isdigit() else bools.get(v, v)
+    return dict(VARIANTS[name], **{k: value(v) for k, v in kv.items()})
 
 
 def layer(D, I, E, k, T, **overrides):
