@@ -45,6 +45,7 @@ def variant(spec: str) -> dict:
     name, *extra = spec.split("+")
     kv = dict(e.split("=", 1) for e in extra)
     bools = {"true": True, "false": False}
+
     def value(v: str):  # 128:256:3 is a tuple (gemm_fwd, gemm_bwd)
         if ":" in v:
             return tuple(value(e) for e in v.split(":"))

@@ -72,10 +72,7 @@ class MoE(nn.Module):
             self.register_parameter("shared_w1", None)
             self.register_parameter("shared_w2", None)
         self.reset_parameters()
-        self._registration = LayerRegistration(
-            self.plan, ep_group, backend,
-            None if fuse_grad_accumulation is False else weakref.ref(self))
-        self.fuse_grad_accumulation = fuse_grad_accumulation  # read by ops._accumulate_into
+        LayerRegistration.attach(self, self.plan, ep_group, backend, fuse_grad_accumulation)
 
     @property
     def _layer(self) -> int:
@@ -193,6 +190,15 @@ class LayerRegistration:
         kernels = _LazyKernels(plan, ep_group) if backend == "kernels" else None
         self.handle = ops.register(kernels, plan.shape.topk, plan.ep,
                                    None if plan.dtype == "bf16" else plan.dtype, owner)
+
+    @classmethod
+    def attach(cls, module, plan, ep_group, backend: str, fuse_grad_accumulation) -> None:
+        """Registers `module`'s layer as its `_registration` and keeps its
+        fuse_grad_accumulation (read by ops._accumulate_into): the module owns the entry (its
+        weight gradients may be accumulated into by the kernels) unless that is False."""
+        module._registration = cls(plan, ep_group, backend, None if fuse_grad_accumulation
+                                   is False else weakref.ref(module))
+        module.fuse_grad_accumulation = fuse_grad_accumulation
 
     def __deepcopy__(self, memo):
         # the copy of the owning module (deepcopy made it first) owns the new registration

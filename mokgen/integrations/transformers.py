@@ -14,7 +14,6 @@ model's state dict and checkpoints stay as they are.
 """
 from __future__ import annotations
 
-import weakref
 
 import torch
 from torch import nn
@@ -62,10 +61,7 @@ class PatchedMoEBlock(nn.Module):
         ep, rank = group_size_rank(ep_group)
         self.plan = make_plan(shape, ep=ep, dtype=dtype, tokens_per_rank=tokens_per_rank)
         self.rank, self.local = rank, shape.num_experts // ep
-        self._registration = LayerRegistration(
-            self.plan, ep_group, backend,
-            None if fuse_grad_accumulation is False else weakref.ref(self))
-        self.fuse_grad_accumulation = fuse_grad_accumulation  # read by ops._accumulate_into
+        LayerRegistration.attach(self, self.plan, ep_group, backend, fuse_grad_accumulation)
 
     def _local(self, p: torch.Tensor) -> torch.Tensor:
         """This rank's experts of a [E, ...] expert tensor (a view)."""
