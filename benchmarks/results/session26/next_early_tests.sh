@@ -1,6 +1,7 @@
 # next session, call 2 of 2 (carry .build/kt alone, 47 MB: test_gpu_backward's collected
-# plans built from the early_epi.patch tree at session 26's end), after next_early.sh:
-# the backward GPU tests on the patched tree, then what time is left of the fp8 tests.
+# plans, built at session 26's end from the tree of both patches, early_epi.patch and
+# tma_gateup.patch), after next_early.sh: the backward GPU tests on that tree, then what
+# time is left of the fp8 tests. (A tree of one patch only finds no kernel here: JIT.)
 export PYTHONUNBUFFERED=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0
 ROOT=$PWD; T0=$(date +%s)
 el() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a $OUT/steps.log; }
