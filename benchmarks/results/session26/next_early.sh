@@ -1,13 +1,13 @@
 # next session, call 1 of 2 (~6 min; carry .build/kc and .build/ab: 52 MB with the tree).
 # Two prepared changes (session 26, NOT GPU-run), measured against the trees before them:
-# - early_epi.patch: the epilogues' table entries and router weights loaded when the
-#   consumers take a task (gemm_tile.cuh EpiArgsTrait, moe_fwd.cuh RowRoutes; the forward's
-#   routed down tiles, the backward's dgrad and dx tiles, bf16). Its tree with its kernels:
-#   .build/ab/early. Hypothesis: a down tile's epilogue (2.5-2.7 us whether its rows leave by
-#   register stores or async bulk copies) waits on those loads, which after the mainloop
-#   queue behind the next tile's operands (the producer refills the ring, 192 KB, then).
-#   Prediction: Down epilogue 11.6 -> <= 5 SM-ms, Dx 11.4 -> <= 5; forward +2..5%, backward
-#   +1..3%. Refuted if Down's and Dx's epilogue SM-ms stay within 10%.
+# - early_epi.patch: a routed down tile's table entries and router weights loaded when the
+#   consumers take the task (gemm_tile.cuh EpiArgsTrait, moe_fwd.cuh RowRoutes; forward,
+#   bf16). Its tree with its kernels: .build/ab/early. Hypothesis: a down tile's epilogue
+#   (2.5-2.7 us whether its rows leave by register stores or async bulk copies) waits on
+#   those loads, which after the mainloop queue behind the next tile's operands (the
+#   producer refills the ring, 192 KB, then). Prediction: Down epilogue 11.6 -> <= 5 SM-ms,
+#   Dx (the backward's like tile, unchanged: the control) within noise; forward +2..5%.
+#   Refuted if Down's epilogue SM-ms stay within 10%.
 # - tma_gateup.patch (on top): the routed gate/up tiles' act, g and u through shared memory
 #   and TMA stores (gemm_epilogue.cuh store_gate_up_tma; 32 KB of staging beside the 4
 #   stages: two 8 KB boxes a warpgroup), instead of 16-byte register stores after quad
