@@ -14,7 +14,6 @@ model's state dict and checkpoints stay as they are.
 """
 from __future__ import annotations
 
-
 import torch
 from torch import nn
 
