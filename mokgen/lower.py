@@ -44,13 +44,17 @@ _VARIANT = {"dispatch": ("dispatch_push", "push"), "combine": ("combine_pull", "
             "reverse_dispatch": ("reverse_dispatch_pull", "pull")}
 
 
-def wgrad_stage_bytes(gemm: ir.GemmConfig, smem: int = 227 * 1024) -> int:
-    """Shared memory for the weight gradients' staged boxes (gemm_epilogue.cuh store_rows_tma:
-    8 KB each, half of them a consumer warpgroup's): a row block's every chunk (BN / 64
-    boxes a warpgroup, so a tile never waits on its own stores) where the stages leave room
-    for it, else two a warpgroup (4 stages of 128 x 256: each chunk waits for the one before
-    it to be read), else none (0: register stores). GemmCfg's bytes (bf16, 4 task slots, the
-    cooperative schedule), which its SMEM_BYTES static_assert checks."""
+FWD_STAGE_BYTES = 8 * 4096  # the forward's staging: 4 KB for each of 8 consumer warps
+
+
+def stage_bytes(gemm: ir.GemmConfig, smem: int = 227 * 1024) -> int:
+    """Shared memory the stages leave for the epilogues' staging: the backward's weight
+    gradients' boxes (gemm_epilogue.cuh store_rows_tma: 8 KB each, half of them a consumer
+    warpgroup's): a row block's every chunk (BN / 64 boxes a warpgroup, so a tile never
+    waits on its own stores) where the stages leave room for it, else two a warpgroup (4
+    stages of 128 x 256: each chunk waits for the one before it to be read), else none (0:
+    register stores). GemmCfg's bytes (bf16, 4 task slots, the cooperative schedule), which
+    its SMEM_BYTES static_assert checks. The forward takes 32 KB of it (FWD_STAGE_BYTES)."""
     slots = 4
     engine = gemm.stages * (gemm.bm + gemm.bn) * 64 * 2 + 8 * (2 * gemm.stages + 2 * slots) \
         + 32 * slots + (16 if gemm.signal_warp else 0)
@@ -74,10 +78,13 @@ def lower(g, direction: str) -> dict:
     return dict(comm_sms=got["comm_sms"], num_sms=got["comm_sms"] + got["compute_ctas"],
                 gemm_bn=gemm.bn, gemm_stages=gemm.stages, gemm_pingpong=gemm.pingpong,
                 gemm_signal_warp=gemm.signal_warp, gemm_solo=gemm.solo,
-                # the backward's whole-expert weight-gradient tiles leave through shared
-                # memory and TMA stores (moe_bwd.cuh kTmaWgrad)
-                wgrad_stage_bytes=wgrad_stage_bytes(gemm) if direction == "bwd"
-                and not got.get("scale_block") else 0,
+                # bf16 kernels' epilogue staging: the backward's whole-expert weight-gradient
+                # tiles leave through shared memory and TMA stores (moe_bwd.cuh kTmaWgrad),
+                # the forward's routed down rows through shared memory (moe_fwd.cuh
+                # kStagedRows: 4 KB a consumer warp)
+                epi_stage_bytes=0 if got.get("scale_block") else (
+                    stage_bytes(gemm) if direction == "bwd"
+                    else FWD_STAGE_BYTES if stage_bytes(gemm) >= FWD_STAGE_BYTES else 0),
                 block_m=got["block_m"], minibatch=got["minibatch"],
                 ring_slots=got["ring_rows"] // got["minibatch"],
                 scale_block=got.get("scale_block", 0),

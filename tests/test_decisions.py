@@ -118,9 +118,9 @@ def test_pingpong_is_a_decision_that_reaches_the_gemm_engine():
     assert (pp.gemm_fwd.pingpong, pp.gemm_bwd.pingpong) == (False, True)
     assert "ping-pong" in str(pp) and "ping-pong" not in str(plain)
     base, new = sources(plain), sources(pp)
-    # the backward spells every engine parameter (it stages weight gradients: EPI_BYTES)
+    # bf16 kernels spell every engine parameter (they stage epilogues: EPI_BYTES)
     assert "/*PINGPONG*/ true," in new["bwd"] and "/*PINGPONG*/ false," in base["bwd"]
-    assert "PINGPONG" not in base["fwd"]
+    assert "/*PINGPONG*/ false," in base["fwd"]
     assert new["fwd"].split("\n")[1:] == base["fwd"].split("\n")[1:]  # past the key line
     assert '"gemm_fwd": [\n    128,\n    256,\n    4\n  ]' in plain.to_json()
     back = Plan.from_json(pp.to_json())
@@ -200,8 +200,8 @@ def test_signal_warp_is_a_decision_that_reaches_the_gemm_engine():
     assert (sw.gemm_fwd.signal_warp, sw.gemm_bwd.signal_warp) == (True, False)
     assert "signal warp" in str(sw) and "signal warp" not in str(plain)
     base, new = sources(plain), sources(sw)
-    assert "/*SIGNAL_WARP*/ true, /*EPI_BYTES*/ 0>" in new["fwd"]
-    assert "SIGNAL_WARP" not in base["fwd"]
+    assert "/*SIGNAL_WARP*/ true, /*EPI_BYTES*/ 32768>" in new["fwd"]
+    assert "/*SIGNAL_WARP*/ false, /*EPI_BYTES*/ 32768>" in base["fwd"]
     assert new["bwd"].split("\n")[1:] == base["bwd"].split("\n")[1:]  # past the key line
     assert Plan.from_json(sw.to_json()).gemm_fwd == sw.gemm_fwd
     with pytest.raises(ValueError, match="signal_warp needs gemm_bwd.pingpong False"):
@@ -241,28 +241,29 @@ def test_solo_weight_gradients_are_a_decision_that_reaches_the_backward():
             mokgen.plan(SHAPE, **ARGS, **kw)
 
 
-def test_weight_gradient_staging_follows_the_precision():
-    """The backward stages whole-expert weight-gradient tiles for TMA stores (shared memory
-    beside the 4 bf16 stages); fp8 plans, whose stages hold scales too, do not; the forward
-    never."""
+def test_epilogue_staging_follows_the_precision():
+    """bf16 kernels stage epilogues in the shared memory beside the 4 stages: the backward's
+    whole-expert weight-gradient tiles (for TMA stores), the forward's routed down rows;
+    fp8 plans, whose stages hold scales too, do not."""
     bf16 = sources(mokgen.plan(SHAPE, **ARGS))
     fp8 = sources(mokgen.plan(SHAPE, **ARGS, dtype="fp8"))
-    assert "/*EPI_BYTES*/ 32768>" in bf16["bwd"] and "EPI_BYTES" not in bf16["fwd"]
-    assert "EPI_BYTES" not in fp8["bwd"]
+    assert "/*EPI_BYTES*/ 32768>" in bf16["bwd"] and "/*EPI_BYTES*/ 32768>" in bf16["fwd"]
+    assert "EPI_BYTES" not in fp8["bwd"] and "EPI_BYTES" not in fp8["fwd"]
 
 
-def test_weight_gradient_staging_takes_the_room_the_stages_leave():
+def test_epilogue_staging_takes_the_room_the_stages_leave():
     """4 stages of 128 x 256 leave room for two 8 KB boxes a consumer warpgroup; 3 or 2
     stages for a row block's every chunk (BN / 64 boxes a warpgroup: no wait on its own
-    stores); the kernel's GemmCfg checks the total against 227 KB when it compiles."""
+    stores); the kernel's GemmCfg checks the total against 227 KB when it compiles. The
+    forward takes 32 KB of it (4 KB a consumer warp: its staged down rows), none in fp8."""
     from mokgen.ir import GemmConfig
-    from mokgen.lower import wgrad_stage_bytes
+    from mokgen.lower import stage_bytes
 
-    assert [wgrad_stage_bytes(GemmConfig(bm=128, bn=256, stages=st)) for st in (4, 3, 2)] \
+    assert [stage_bytes(GemmConfig(bm=128, bn=256, stages=st)) for st in (4, 3, 2)] \
         == [32768, 65536, 65536]
-    assert wgrad_stage_bytes(GemmConfig(bm=128, bn=256, stages=4, signal_warp=True)) == 32768
-    three = sources(mokgen.plan(SHAPE, **ARGS, gemm_bwd=(128, 256, 3)))
-    assert "/*EPI_BYTES*/ 65536>" in three["bwd"]
+    assert stage_bytes(GemmConfig(bm=128, bn=256, stages=4, signal_warp=True)) == 32768
+    three = sources(mokgen.plan(SHAPE, **ARGS, gemm_bwd=(128, 256, 3), gemm_fwd=(128, 256, 3)))
+    assert "/*EPI_BYTES*/ 65536>" in three["bwd"] and "/*EPI_BYTES*/ 32768>" in three["fwd"]
 
 
 def test_default_tile_is_a_supported_one():

@@ -145,7 +145,12 @@ PROFILES = {"no_routed_wgrad": ("kProfNoRoutedWgrad", 1), "no_dh_quant": ("kProf
             "gather_one_waiter": ("kProfGatherOneWaiter", 8192),
             # bf16 mainloops without their wgmma: the ring's fill rate in the megakernel, the
             # tensor core not reading shared memory (benchmarks/fill_probe.sh)
-            "no_mma": ("kProfNoMma", 16384)}
+            "no_mma": ("kProfNoMma", 16384),
+            # the forward's routed gate/up and down epilogues without their stores (values
+            # still computed) / the down rows in order, without their table and weight loads
+            # (benchmarks/trace.py --also; results wrong)
+            "fwd_sink_stores": ("kProfFwdSinkStores", 32768),
+            "down_in_order": ("kProfDownInOrder", 65536)}
 
 
 # The megakernels' task opcodes (moe_fwd.cuh FwdOp, moe_bwd.cuh BwdOp), by value: what a

@@ -81,7 +81,13 @@ enum Profile : unsigned {
   kProfGatherOneWaiter = 8192u,
   // the bf16 mainloops issue no wgmma (stages still wait full, then free): how fast the ring
   // fills when no tensor core reads shared memory (results wrong)
-  kProfNoMma = 16384u
+  kProfNoMma = 16384u,
+  // the forward's routed gate/up and down epilogues (bf16): every value computed, converted
+  // and shuffled, but not stored (gemm_epilogue.cuh store_kept): what the stores cost of them
+  kProfFwdSinkStores = 32768u,
+  // the forward's routed down rows: in order to combine row p, router weight 1, without
+  // their table entry and weight loads: what those loads and the scatter cost (results wrong)
+  kProfDownInOrder = 65536u
 };
 
 template <int BN_, int STAGES_, int Q_ = 0, unsigned PROF_ = 0, int TASK_SLOTS_ = 4,

@@ -273,8 +273,20 @@ struct FwdProblem {
     return gu_done() + buf->max_minibatches * S::RT_FULL;
   }
 
+  // The routed down rows leave through shared memory (store_rows_staged: stmatrix, no quad
+  // transposes) in bf16 kernels whose plan gave the epilogue staging (lower.py stage_bytes),
+  // 4 KB a consumer warp; from registers (store_rows_to) otherwise. Measured on Qwen3-30B
+  // (session 27, traced against the register path in one call, twice): the down tile's
+  // epilogue 3,850 -> 3,570 and 3,860 -> 3,510 cycles.
+  static constexpr bool kStagedRows = C::Q == 0 && Cfg::EPI_BYTES >= 8 * 4096;
+  uint8_t* stage = nullptr;  // Cfg::EPI_BYTES of shared memory (kStagedRows)
+  MOKGEN_DEV uint8_t* warp_stage(int cwg) const {
+    return stage + (4 * cwg + ((threadIdx.x >> 5) & 3)) * 4096;
+  }
+
   MOKGEN_DEV void setup() {
     s.init(buf->meta[0], buf->n_tokens);
+    if constexpr (kStagedRows) stage = GemmSmem<Cfg>::carve(dyn_smem()).epi();
   }
 
   MOKGEN_DEV void prefetch() const {
@@ -418,7 +430,10 @@ struct FwdProblem {
           : (buf->ring_h ? buf->ring_h + (size_t)t.a_row0 * 2 * C::I + t.c_col0 : nullptr);
       const int n_valid = shared ? cols_valid<C::IS, BN / 2>(t.c_col0)
                                  : cols_valid<C::I, BN / 2>(t.c_col0);
-      store_gate_up<BN, C::Q == 0>(acc, cwg, t.m_valid, pre, out, ld, n_valid);
+      // (through shared memory like the down rows, store_gate_up_staged, it ran slower:
+      // 6,084 -> 6,860 cycles a tile, session 27; its three outputs take six chunk rounds)
+      store_gate_up<BN, C::Q == 0, (Cfg::PROF & kProfFwdSinkStores) != 0>(
+          acc, cwg, t.m_valid, pre, out, ld, n_valid);
       fence_proxy_async_global();  // the down GEMM reads these rows through TMA
     } else if (op == kSharedDown) {
       store_f32<BN, C::Q == 0>(acc, cwg, t.m_valid,
@@ -431,6 +446,12 @@ struct FwdProblem {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int p = t.c_row0 + 64 * cwg + acc_row(2 * h);
+        if constexpr ((Cfg::PROF & kProfDownInOrder) != 0) {  // profiling: no table, no weight
+          dst[h] = peers->combine[buf->rank] +
+                   (size_t)(p % (buf->n_tokens * C::K)) * C::D + t.c_col0;
+          w[h] = 1.f;
+          continue;
+        }
         const int2 src = buf->table[p];
         const bool ok = src.x >= 0 &&  // padding rows go nowhere
             MOKGEN_OK(src.x < C::R && src.y < buf->n_tokens * C::K && p < s.rows, 5, src.x, p);
@@ -443,7 +464,12 @@ struct FwdProblem {
         w[h] = buf->row_weight[p];
       }
       // an edge tile: its columns inside D
-      store_rows_to<BN, C::Q == 0>(acc, dst, w, cols_valid<C::D, BN>(t.c_col0));
+      if constexpr (kStagedRows)
+        store_rows_staged<BN, (Cfg::PROF & kProfFwdSinkStores) != 0>(
+            acc, dst, w, cols_valid<C::D, BN>(t.c_col0), warp_stage(cwg));
+      else
+        store_rows_to<BN, C::Q == 0, (Cfg::PROF & kProfFwdSinkStores) != 0>(
+            acc, dst, w, cols_valid<C::D, BN>(t.c_col0));
     }
   }
 

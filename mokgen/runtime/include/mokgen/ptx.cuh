@@ -210,6 +210,21 @@ MOKGEN_DEV void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
 }
 
+// ---------------------------------------------------------------- shared-memory matrices
+// stmatrix (no CUDA C++ form): four 8 x 8 bf16 matrices of a warp, each lane's register i
+// holding matrix i's row l / 4, columns 2 (l % 4), +1 (the mma accumulator layout), to the
+// rows whose addresses lanes 8 i .. 8 i + 7 give (16 bytes each).
+MOKGEN_DEV void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};"
+               ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+}
+MOKGEN_DEV uint4 lds_128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+  return v;
+}
+
 MOKGEN_DEV int warpgroup_idx() { return __shfl_sync(0xffffffff, (int)threadIdx.x / 128, 0); }
 
 }  // namespace mokgen
