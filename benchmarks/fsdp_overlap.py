@@ -49,8 +49,9 @@ def parse(argv=None):
                     help="comma list of reserve_sms (0: none; the default: overlap_comm's)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--trace", action="store_true",
-                    help="also print rank 0's kernels (stream, start, duration) of one "
-                         "overlapped call per reserve and mode, from torch.profiler")
+                    help="also print both ranks' kernels and long host calls (start, "
+                         "duration) of one overlapped call per reserve and mode, from "
+                         "torch.profiler (timeline)")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     return ap.parse_args(argv)
 

@@ -274,10 +274,10 @@ struct FwdProblem {
   }
 
   // The routed down rows leave through shared memory (store_rows_staged: stmatrix, no quad
-  // transposes) in bf16 kernels whose plan gave the epilogue staging (lower.py stage_bytes),
-  // 4 KB a consumer warp; from registers (store_rows_to) otherwise. Measured on Qwen3-30B
-  // (session 27, traced against the register path in one call, twice): the down tile's
-  // epilogue 3,850 -> 3,570 and 3,860 -> 3,510 cycles.
+  // transposes) in bf16 kernels whose plan gave the epilogue staging (lower.py
+  // FWD_STAGE_BYTES: 4 KB a consumer warp); from registers (store_rows_to) otherwise.
+  // Measured on Qwen3-30B (session 27, traced against the register path in one call,
+  // twice): the down tile's epilogue 3,850 -> 3,570 and 3,860 -> 3,510 cycles.
   static constexpr bool kStagedRows = C::Q == 0 && Cfg::EPI_BYTES >= 8 * 4096;
   uint8_t* stage = nullptr;  // Cfg::EPI_BYTES of shared memory (kStagedRows)
   MOKGEN_DEV uint8_t* warp_stage(int cwg) const {
