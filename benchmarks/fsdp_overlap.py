@@ -117,7 +117,8 @@ def timeline(title: str, fn) -> None:
         torch.cuda.synchronize()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
-        evs = json.load(open(f.name))["traceEvents"]
+        with open(f.name) as g:
+            evs = json.load(g)["traceEvents"]
     start = [e["ts"] for e in evs if e.get("name") == "overlapped_call"]
     rows = [(e["ts"], dist.get_rank(), e.get("cat"), e.get("args", {}).get("stream", ""),
              e["dur"], e["name"]) for e in evs

@@ -44,7 +44,9 @@ _VARIANT = {"dispatch": ("dispatch_push", "push"), "combine": ("combine_pull", "
             "reverse_dispatch": ("reverse_dispatch_pull", "pull")}
 
 
-FWD_STAGE_BYTES = 8 * 4096  # the forward's staging: 4 KB for each of 8 consumer warps
+# the forward's staging: 4 KB for each of 8 consumer warps (moe_fwd.cuh kWarpStage, which
+# asserts this total)
+FWD_STAGE_BYTES = 8 * 4096
 
 
 def stage_bytes(gemm: ir.GemmConfig, smem: int = 227 * 1024) -> int:
@@ -60,6 +62,15 @@ def stage_bytes(gemm: ir.GemmConfig, smem: int = 227 * 1024) -> int:
         + 32 * slots + (16 if gemm.signal_warp else 0)
     room = smem - 1024 - -(-engine // 1024) * 1024
     return next((b for b in (2 * gemm.bn // 64 * 8192, 2 * 2 * 8192) if b <= room), 0)
+
+
+def _epi_stage_bytes(gemm: ir.GemmConfig, direction: str, scale_block) -> int:
+    """GemmCfg's EPI_BYTES: none in fp8 kernels (their stages hold scales), the room the
+    stages leave in the backward's, FWD_STAGE_BYTES in the forward's where it fits."""
+    if scale_block:
+        return 0
+    room = stage_bytes(gemm)
+    return room if direction == "bwd" else FWD_STAGE_BYTES if room >= FWD_STAGE_BYTES else 0
 
 
 def lower(g, direction: str) -> dict:
@@ -82,9 +93,7 @@ def lower(g, direction: str) -> dict:
                 # tiles leave through shared memory and TMA stores (moe_bwd.cuh kTmaWgrad),
                 # the forward's routed down rows through shared memory (moe_fwd.cuh
                 # kStagedRows: 4 KB a consumer warp)
-                epi_stage_bytes=0 if got.get("scale_block") else (
-                    stage_bytes(gemm) if direction == "bwd"
-                    else FWD_STAGE_BYTES if stage_bytes(gemm) >= FWD_STAGE_BYTES else 0),
+                epi_stage_bytes=_epi_stage_bytes(gemm, direction, got.get("scale_block")),
                 block_m=got["block_m"], minibatch=got["minibatch"],
                 ring_slots=got["ring_rows"] // got["minibatch"],
                 scale_block=got.get("scale_block", 0),

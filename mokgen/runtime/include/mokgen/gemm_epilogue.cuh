@@ -162,15 +162,17 @@ MOKGEN_DEV void for_each_dual_oct(const float (&acc)[BN / 2], int cwg, int m_val
     }
   }
 }
-// 8 floats as 8 bf16 (one 16-byte vector), and back.
+// 2 floats as 2 bf16 in one 32-bit word (a first, in the low half); 8 as one 16-byte vector,
+// and back.
+MOKGEN_DEV uint32_t bf16x2_bits(float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
 MOKGEN_DEV uint4 bf16x8(const float (&v)[8]) {
   uint4 o;
   uint32_t* w = reinterpret_cast<uint32_t*>(&o);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-    w[i] = *reinterpret_cast<const uint32_t*>(&b);
-  }
+  for (int i = 0; i < 4; ++i) w[i] = bf16x2_bits(v[2 * i], v[2 * i + 1]);
   return o;
 }
 MOKGEN_DEV void floats_of_bf16x8(uint4 raw, float (&v)[8]) {
@@ -217,10 +219,9 @@ MOKGEN_DEV void store_rows_tma(const float (&acc)[BN / 2], int cwg, uint8_t* sta
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {  // accumulator pair 4 j + 2 hh: row + 8 hh, group j
         const int r = 16 * w + (l >> 2) + 8 * hh, a = 4 * (8 * q + g) + 2 * hh;
-        const __nv_bfloat162 v = __floats2bfloat162_rn(acc[a], acc[a + 1]);
         const uint32_t off = r * 128 + ((g ^ (r & 7)) << 4) + (l & 3) * 4;
         asm volatile("st.shared.b32 [%0], %1;" ::"r"(smem_u32(box + off)),
-                     "r"(*reinterpret_cast<const uint32_t*>(&v)) : "memory");
+                     "r"(bf16x2_bits(acc[a], acc[a + 1])) : "memory");
       }
     }
     fence_proxy_async_shared();  // this thread's writes, before the async proxy reads them
@@ -375,10 +376,6 @@ MOKGEN_DEV void staged_pieces(uint32_t buf, int c, int n_valid, F&& put) {
       if (col < n_valid) put(h, col, v);
     }
   }
-}
-MOKGEN_DEV uint32_t bf16x2_bits(float a, float b) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // store_rows_to through shared memory (see above).

@@ -278,10 +278,13 @@ struct FwdProblem {
   // FWD_STAGE_BYTES: 4 KB a consumer warp); from registers (store_rows_to) otherwise.
   // Measured on Qwen3-30B (session 27, traced against the register path in one call,
   // twice): the down tile's epilogue 3,850 -> 3,570 and 3,860 -> 3,510 cycles.
-  static constexpr bool kStagedRows = C::Q == 0 && Cfg::EPI_BYTES >= 8 * 4096;
+  static constexpr int kWarpStage = 4096;  // two 2 KB chunk buffers (store_rows_staged)
+  static constexpr bool kStagedRows = C::Q == 0 && Cfg::EPI_BYTES > 0;
+  static_assert(!kStagedRows || Cfg::EPI_BYTES == 8 * kWarpStage,
+                "forward staging: lower.py FWD_STAGE_BYTES, a stage for each consumer warp");
   uint8_t* stage = nullptr;  // Cfg::EPI_BYTES of shared memory (kStagedRows)
   MOKGEN_DEV uint8_t* warp_stage(int cwg) const {
-    return stage + (4 * cwg + ((threadIdx.x >> 5) & 3)) * 4096;
+    return stage + (4 * cwg + ((threadIdx.x >> 5) & 3)) * kWarpStage;
   }
 
   MOKGEN_DEV void setup() {
