@@ -242,17 +242,18 @@ constexpr int kGatherWarps = 4;
 static_assert(kGatherWarps * 32 == 128 && kGatherWarps * 16 == 64,
               "a warp's share: 32 rows of a K-major A tile, 16 of an MN-major slice");
 
-// K-major A slice: tile rows 0..127 (ring-layout rows p0 ..) at columns k0 .. k0 + 63; warp w
-// the rows 32 w .. 32 w + 31. Lane l reads the token of row 32 w + l (the table, each slice:
-// L1 holds it after the first); lanes 8 s .. 8 s + 7 bring one row's 128 contiguous bytes
-// (an instruction: four rows), the row's token shuffled from the lane that read it.
+// K-major A slice: tile rows 0..127 at columns k0 .. k0 + 63; warp w the rows 32 w .. 32 w +
+// 31. tok: the token of row 32 w + l for lane l, read once a task by produce_tile_gather (read
+// here every slice, the table load sat at the head of each slice's copies: Qwen3-235B's
+// gathered forward 491 -> 521 TFLOP/s, session 28); lanes 8 s .. 8 s + 7 bring one row's 128
+// contiguous bytes (an instruction: four rows), the row's token shuffled from the lane that
+// holds it.
 template <int LD, int K>
-MOKGEN_DEV void gather_k_major(uint8_t* stage, const GatherSrc& g, int p0, int k0, int w) {
+MOKGEN_DEV void gather_k_major(uint8_t* stage, const GatherSrc& g, int tok, int k0, int w) {
   const int lane = threadIdx.x & 31, c = lane & 7, sub = lane >> 3;
   const int col = k0 + 8 * c;
   const bool col_ok = col < LD;  // a K tail: zeros, as TMA's
   const uint32_t base = smem_u32(stage) + (32 * w + sub) * 128;
-  const int tok = gather_token<K>(g, p0 + 32 * w + lane);
 #pragma unroll 4
   for (int il = 0; il < 8; ++il) {
     const int row = 32 * w + 4 * il + sub;
@@ -285,10 +286,11 @@ MOKGEN_DEV void gather_mn_major(uint8_t* stage, const GatherSrc& g, int p0, int 
   }
 }
 
-// Nothing is held across the slices but the slice count and the ring state: the task is read
-// again from its shared-memory slot (the producer rewrites that slot only after this task:
-// task_push), the GatherSrc asked of the Problem (its pointers are kernel parameters), so
-// the producer warps fit their 56 registers beside the Problem's schedule state.
+// Nothing is held across the slices but the slice count, the ring state and a K-major
+// gathered A's token (one register a lane): the task is read again from its shared-memory
+// slot (the producer rewrites that slot only after this task: task_push), the GatherSrc asked
+// of the Problem (its pointers are kernel parameters), so the producer warps fit their 56
+// registers beside the Problem's schedule state.
 template <class Cfg, class Problem>
 MOKGEN_DEV void produce_tile_gather(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState& ps,
                                     const volatile Task* slot) {
@@ -296,6 +298,13 @@ MOKGEN_DEV void produce_tile_gather(const Problem& prob, const GemmSmem<Cfg>& sm
   const bool lead = threadIdx.x == 0;
   const int w = threadIdx.x >> 5;  // this warp's share of the gathered rows
   const int k_blocks = slot->k_blocks;
+  int tok_a = -1;  // a K-major gathered A: this lane's row's token, the same every slice
+  {
+    const Task t{slot->op, slot->a_row0, slot->b_row0, slot->b_row1, slot->c_row0,
+                 slot->c_col0, slot->m_valid, k_blocks};
+    if (prob.gathers(t) && !prob.gather(t).b && !(t.op & kAMN))
+      tok_a = gather_token<K>(prob.gather(t), t.c_row0 + 32 * w + (threadIdx.x & 31));
+  }
   for (int kb = 0; kb < k_blocks; ++kb) {
     const Task t{slot->op, slot->a_row0, slot->b_row0, slot->b_row1, slot->c_row0,
                  slot->c_col0, slot->m_valid, k_blocks};
@@ -326,7 +335,7 @@ MOKGEN_DEV void produce_tile_gather(const Problem& prob, const GemmSmem<Cfg>& sm
         gather_mn_major<LD, K>(sm.a_stage(ps.idx()), prob.gather(t), t.b_row1 + k0, t.a_row0,
                                Cfg::BM / 64, w);
       else
-        gather_k_major<LD, K>(sm.a_stage(ps.idx()), prob.gather(t), t.c_row0, k0, w);
+        gather_k_major<LD, K>(sm.a_stage(ps.idx()), prob.gather(t), tok_a, k0, w);
     }
     if (gat_b)
       gather_mn_major<LD, K>(sm.b_stage(ps.idx()), prob.gather(t), t.b_row1 + k0, t.b_row0,
