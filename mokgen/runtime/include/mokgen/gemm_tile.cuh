@@ -243,11 +243,11 @@ static_assert(kGatherWarps * 32 == 128 && kGatherWarps * 16 == 64,
               "a warp's share: 32 rows of a K-major A tile, 16 of an MN-major slice");
 
 // K-major A slice: tile rows 0..127 at columns k0 .. k0 + 63; warp w the rows 32 w .. 32 w +
-// 31. tok: the token of row 32 w + l for lane l, read once a task by produce_tile_gather (read
-// here every slice, the table load sat at the head of each slice's copies: Qwen3-235B's
-// gathered forward 491 -> 521 TFLOP/s, session 28); lanes 8 s .. 8 s + 7 bring one row's 128
-// contiguous bytes (an instruction: four rows), the row's token shuffled from the lane that
-// holds it.
+// 31. tok: the token of row 32 w + l for lane l, read once a task by produce_tile_gather
+// (read here every slice, the table load sat at the head of each slice's copies; measured on
+// Qwen3-235B's gathered forward: +6% in one A/B, level in the next: within noise, kept as one
+// load less a slice); lanes 8 s .. 8 s + 7 bring one row's 128 contiguous bytes (an
+// instruction: four rows), the row's token shuffled from the lane that holds it.
 template <int LD, int K>
 MOKGEN_DEV void gather_k_major(uint8_t* stage, const GatherSrc& g, int tok, int k0, int w) {
   const int lane = threadIdx.x & 31, c = lane & 7, sub = lane >> 3;
