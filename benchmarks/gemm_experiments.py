@@ -23,7 +23,10 @@ bitwise repeat; whether each is bitwise equal to coop is reported (each output e
 warpgroup's wgmma chain in the same K order: equal unless the MMA shape changes the sums).
 Timing: rounds taking turns, the median of `iters` launches, the best round per kernel; the
 SM clock and power over the run (nvidia-smi): the GPU is power-capped under sustained GEMMs
-(trace.py --clocks).
+(trace.py --clocks). A few dozen launches can end before the cap bites, so `--sustained S`
+also runs each pair kernel back to back for S seconds and reports its settled time a call,
+clock and power (trace.clocks): whether multicast's halved L2 reads buy clock under the cap
+(#16), which the short loops cannot show.
 
     python benchmarks/gemm_experiments.py [--cubin .build/gemm_test.cubin] [--iters 30]
 Writes $OUT/gemm_experiments.json, the tables last."""
@@ -136,6 +139,15 @@ def pairs(f, sms, clusters, counters, res, a):
         }
         row = check_and_time(f"{M}x{N}x{K}", runs, C, A.float() @ B.float().T, res, a)
         row["flops"] = 2 * M * N * K
+        if a.sustained > 0:  # under the power cap: each kernel back to back for a while
+            from benchmarks.trace import clocks
+            order = ("coop", "pair", "mc")  # then mirrored (ABBA: the board warms as it runs)
+            got = clocks([(k, runs[k]) for k in order] +
+                         [(k + "'", runs[k]) for k in reversed(order)], a.sustained)
+            print(f"[sustained] {got}", flush=True)
+            row["sustained"] = {k: {f: (got[k][f] + got[k + "'"][f]) / 2
+                                    for f in ("ms", "mhz", "watts") if f in got.get(k, {})
+                                    and f in got.get(k + "'", {})} for k in order}
         res["pairs"].append(row)
         del A, B, C
         torch.cuda.empty_cache()
@@ -194,6 +206,9 @@ def main():
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default="pairs,pt")
+    ap.add_argument("--sustained", type=float, default=0.0,
+                    help="seconds each pair kernel runs back to back for its settled rate, "
+                         "clock and power (0: not)")
     a = ap.parse_args()
     out_dir = os.environ.get("OUT", os.path.join(ROOT, "benchmarks/results"))
     os.makedirs(out_dir, exist_ok=True)
@@ -266,6 +281,21 @@ def main():
             print(f"| {r['shape']} | {tf(r, 'coop')} | {tf(r, 'pair')} | {tf(r, 'mc')} | "
                   f"{tf(r, 'torch')} | {r['coop_ms'] / r['mc_ms']:.3f} | "
                   f"{r['pair_ms'] / r['mc_ms']:.3f} | {'ok' if r['ok'] else 'FAIL'} |")
+        if any("sustained" in r for r in res["pairs"]):
+            print("\nsustained (back to back, settled, mean of two mirrored runs): TF / MHz / W")
+            print("| M x N x K | coop | pair | mc | mc/coop | mc/pair |")
+            print("|---|---|---|---|---|---|")
+            for r in res["pairs"]:
+                s = r.get("sustained", {})
+                def cell(k):
+                    v = s.get(k, {})
+                    return (f"{r['flops'] / v['ms'] / 1e9:.0f} / {v.get('mhz', 0):.0f} / "
+                            f"{v.get('watts', 0):.0f}") if "ms" in v else "-"
+                def rat(k):
+                    return (f"{s[k]['ms'] / s['mc']['ms']:.3f}"
+                            if "ms" in s.get(k, {}) and "ms" in s.get("mc", {}) else "-")
+                print(f"| {r['shape']} | {cell('coop')} | {cell('pair')} | {cell('mc')} | "
+                      f"{rat('coop')} | {rat('pair')} |")
 
 
 if __name__ == "__main__":

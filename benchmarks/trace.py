@@ -160,23 +160,33 @@ def summarize(recs, ops, bm, bn):
 def clocks(phases, seconds=1.0):
     """Median SM clock (MHz), board power and its enforced limit (W), and the share of
     samples under the software power cap (nvidia-smi's throttle reasons, bit 0x4) while each
-    phase's callable runs back to back for `seconds`: {name: dict(mhz, watts, limit_w,
-    power_capped, samples)}."""
+    phase's callable runs back to back for `seconds`, and its sustained time a call there
+    (ms: calls after the first 0.2 s over their span, the clock having settled under the cap;
+    short timing loops can end before the power limit bites): {name: dict(mhz, watts,
+    limit_w, power_capped, samples, ms)}."""
     q = "timestamp,clocks.sm,power.draw,enforced.power.limit,clocks_throttle_reasons.active"
     smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits",
                             "-lms", "20", "-i", str(torch.cuda.current_device())],
                            stdout=subprocess.PIPE, text=True)
-    spans = {}
+    spans, sustained = {}, {}
     try:
         time.sleep(0.3)
         for name, fn in phases:
             torch.cuda.synchronize()
             t0 = time.time()
+            t_settled, calls = None, 0  # calls completed since t_settled
             while time.time() - t0 < seconds:
                 for _ in range(5):
                     fn()
                 torch.cuda.synchronize()
+                if t_settled is None:
+                    if time.time() - t0 >= 0.2:
+                        t_settled = time.time()
+                else:
+                    calls += 5
             spans[name] = (t0 + 0.2, time.time())  # the first 0.2 s: the clocks settle
+            if calls:
+                sustained[name] = (time.time() - t_settled) * 1e3 / calls
     finally:
         smi.terminate()
     out = {}
@@ -196,6 +206,8 @@ def clocks(phases, seconds=1.0):
             out[name] = dict(mhz=med([x[1] for x in r]), watts=med([x[2] for x in r]),
                              limit_w=med([x[3] for x in r]),
                              power_capped=sum(x[4] for x in r) / len(r), samples=len(r))
+        if name in sustained:
+            out.setdefault(name, {})["ms"] = sustained[name]
     return out
 
 

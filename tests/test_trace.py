@@ -52,3 +52,40 @@ def test_plan_overrides_are_typed_as_the_plan_takes_them():
     assert t.overrides(["dispatch=gather", "comm_sms_bwd=4", "minibatch=-1"]) == \
         {"dispatch": "gather", "comm_sms_bwd": 4, "minibatch": -1}
     assert t.overrides([]) == {}
+
+
+def test_clocks_reports_the_settled_time_a_call(monkeypatch):
+    """trace.clocks with a fake nvidia-smi and a fake wall clock: each call takes 10 ms, so the
+    sustained time a call is 10 ms whatever the samples; the samples inside each phase's
+    settled span give its clock and power."""
+    import datetime
+    t = load("trace")
+    now = [1_000_000.0]
+
+    class Smi:  # what nvidia-smi -lms printed over the run: a 600 MHz / 650 W sample every 0.1 s
+        def __init__(self, *a, **k):
+            pass
+
+        def terminate(self):
+            pass
+
+        def communicate(self):
+            lines = []
+            for i in range(int((now[0] - 1_000_000.0) / 0.1) + 1):
+                ts = datetime.datetime.fromtimestamp(1_000_000.0 + 0.1 * i)
+                lines.append(f"{ts:%Y/%m/%d %H:%M:%S.%f}, 600, 650.5, 700.00, 0x4")
+            return "\n".join(lines), ""
+
+    def call():
+        now[0] += 0.010
+
+    monkeypatch.setattr(t.subprocess, "Popen", Smi)
+    monkeypatch.setattr(t.time, "time", lambda: now[0])
+    monkeypatch.setattr(t.time, "sleep", lambda s: now.__setitem__(0, now[0] + s))
+    monkeypatch.setattr(t.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(t.torch.cuda, "current_device", lambda: 0)
+    out = t.clocks([("a", call), ("b", call)], seconds=1.0)
+    for name in ("a", "b"):
+        assert abs(out[name]["ms"] - 10.0) < 1e-6
+        assert out[name]["mhz"] == 600 and out[name]["watts"] == 650.5
+        assert out[name]["power_capped"] == 1.0 and out[name]["samples"] >= 7
