@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import mokgen  # noqa: E402
-from mokgen.bench import results_commit, time_ms  # noqa: E402
+from mokgen.bench import results_commit, sustained_ms, time_ms  # noqa: E402
 
 SHAPES = [  # (name, T, D, I, E, k): issue #17's table
     ("qwen3-30b-a3b", 8192, 2048, 768, 128, 8),
@@ -82,9 +82,13 @@ def prebuild(shapes) -> None:
     print(f"prebuild: {len(bins)} kernels, {sum(not b.cached for b in bins)} built")
 
 
-def measure(make, T, D, iters):
+def measure(make, T, D, iters, sustained=0.0, extra=None):
     """-> (forward ms, training step ms, peak MB, and the step's ms and peak MB again with
-    the gradients set to None before it) of the layer `make()` builds, or Nones."""
+    the gradients set to None before it) of the layer `make()` builds, or Nones. With
+    `sustained` seconds and an `extra` dict: also the forward's and the (accumulating) step's
+    ms a call run back to back that long, once the power cap has set the clock
+    (mokgen.bench.sustained_ms; the synced calls above leave the GPU idle between them),
+    as extra["fwd_sustained_ms"] and extra["train_sustained_ms"]."""
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.synchronize()
@@ -112,6 +116,10 @@ def measure(make, T, D, iters):
     print(f"  first training step in {time.perf_counter() - t0:.0f} s", flush=True)
     train = time_ms(step, iters, warmup=3)  # gradients exist from here on: counted as the weights' own
     peak = peak_mb(step, base, params)
+    if sustained > 0 and extra is not None:
+        with torch.no_grad():
+            extra["fwd_sustained_ms"] = sustained_ms(lambda: call(x), sustained)
+        extra["train_sustained_ms"] = sustained_ms(step, sustained)
 
     def fresh():  # optimizer.zero_grad()'s default: no gradient to add into
         layer.zero_grad(set_to_none=True)
@@ -140,6 +148,10 @@ def main(argv=None):
                     help="comma-separated names from SHAPES")
     ap.add_argument("--prebuild", action="store_true",
                     help="only compile mokgen's kernels for the shapes (no GPU needed)")
+    ap.add_argument("--sustained", type=float, default=0.0, metavar="S",
+                    help="also time the forward and the training step back to back for S "
+                         "seconds each, at the power cap (mokgen with fused accumulation, "
+                         "its default in one process, and SonicMoE): the *_sustained_* columns")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
                     help="only merge these result files' rows (a later file's row of a shape "
                          "replaces an earlier one's) into OUT/peers_sonicmoe.json")
@@ -168,9 +180,11 @@ def main(argv=None):
         print(f"{name}: mokgen", flush=True)
         m = measure(lambda: mokgen_layer(D, I, E, k, T), T, D, a.iters)
         print(f"{name}: mokgen fused", flush=True)
-        mf = measure(lambda: mokgen_layer(D, I, E, k, T, fuse=True), T, D, a.iters)
+        xm, xs = {}, {}
+        mf = measure(lambda: mokgen_layer(D, I, E, k, T, fuse=True), T, D, a.iters,
+                     a.sustained, xm)
         print(f"{name}: SonicMoE", flush=True)
-        s = measure(lambda: sonicmoe_layer(D, I, E, k), T, D, a.iters)
+        s = measure(lambda: sonicmoe_layer(D, I, E, k), T, D, a.iters, a.sustained, xs)
         tf = lambda ms, f: None if ms is None else f / ms / 1e9  # noqa: E731
         rows.append(dict(shape=name, T=T, D=D, I=I, E=E, k=k,
                          mokgen_fwd_tflops=tf(m[0], flops), sonicmoe_fwd_tflops=tf(s[0], flops),
@@ -183,6 +197,13 @@ def main(argv=None):
                          sonicmoe_train_fresh_tflops=tf(s[3], 3 * flops),
                          mokgen_peak_fresh_mb=m[4], sonicmoe_peak_fresh_mb=s[4], commit=commit,
                          gpu=torch.cuda.get_device_name(), torch=torch.__version__))
+        if a.sustained > 0:
+            rows[-1].update(
+                sustained_s=a.sustained,
+                mokgen_fwd_sustained_tflops=tf(xm.get("fwd_sustained_ms"), flops),
+                sonicmoe_fwd_sustained_tflops=tf(xs.get("fwd_sustained_ms"), flops),
+                mokgen_fused_train_sustained_tflops=tf(xm.get("train_sustained_ms"), 3 * flops),
+                sonicmoe_train_sustained_tflops=tf(xs.get("train_sustained_ms"), 3 * flops))
         print(json.dumps(rows[-1]), flush=True)
         write(a.out, rows)
 
@@ -214,6 +235,16 @@ def write(out: str, rows: list) -> None:
               f"| {fmt(r.get('mokgen_train_fresh_tflops'))} "
               f"| {fmt(r.get('sonicmoe_train_fresh_tflops'))} "
               f"| {fmt(r.get('mokgen_peak_fresh_mb'))} | {fmt(r.get('sonicmoe_peak_fresh_mb'))} |")
+    if any("sustained_s" in r for r in rows):
+        print("\nback to back at the power cap (sustained): fwd mokgen | SonicMoE | train mokgen "
+              "fused | SonicMoE")
+        print("| shape | fwd mokgen | SonicMoE | train mokgen fused | SonicMoE |")
+        print("|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['shape']} | {fmt(r.get('mokgen_fwd_sustained_tflops'))} "
+                  f"| {fmt(r.get('sonicmoe_fwd_sustained_tflops'))} "
+                  f"| {fmt(r.get('mokgen_fused_train_sustained_tflops'))} "
+                  f"| {fmt(r.get('sonicmoe_train_sustained_tflops'))} |")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 # of ../shared/tools/peers/README.md (its CuTe DSL wheel is larger than one call carries):
 #   call 1, carry [".peersA"]:                         bash benchmarks/peers_sonicmoe.sh stage
 #   call 2, carry [".peersB", ".kcache"] (and .peersC: below): bash benchmarks/peers_sonicmoe.sh run [shapes]
+#   (PEERS_ARGS="--sustained 2": also each layer back to back at the power cap, the
+#   *_sustained_* columns)
 #   more calls while the machine is warm (within ~30 s): run [other shapes] reuses the install
 #   peaks [shapes] instead of run: benchmarks/peak_phases.py (where each layer's step peaks,
 #   and what is live there; default qwen3-30b-a3b) on the same install
@@ -51,7 +53,7 @@ case "${1:-}" in
         ${2:+--shapes "$2"} 2>&1 | tee "$OUT/peak_phases.log" | tail -60
     elif [ "$1" = run ]; then
       timeout "${RUN_TIMEOUT:-500}" python3 benchmarks/peers_sonicmoe.py --out "$OUT" \
-        ${2:+--shapes "$2"} 2>&1 | tee "$OUT/peers_sonicmoe.log" | tail -12
+        ${2:+--shapes "$2"} ${PEERS_ARGS:-} 2>&1 | tee "$OUT/peers_sonicmoe.log" | tail -20
     else
       for g in 0 1; do
         s=$([ $g = 0 ] && echo "${2:?run2 SHAPES0 SHAPES1}" || echo "${3:?run2 SHAPES0 SHAPES1}")

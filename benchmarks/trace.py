@@ -41,7 +41,8 @@ import torch  # noqa: E402
 from ncu_step import overrides  # noqa: E402
 
 import mokgen  # noqa: E402
-from mokgen.bench import kernel_times, make_slice, short_kernel_name, time_ms  # noqa: E402
+from mokgen.bench import (kernel_times, make_slice, short_kernel_name, sustained_ms,  # noqa: E402
+                          time_ms)
 from mokgen.cli import _gemm  # noqa: E402
 from mokgen.runtime import abi, cuda  # noqa: E402
 
@@ -172,21 +173,9 @@ def clocks(phases, seconds=1.0):
     try:
         time.sleep(0.3)
         for name, fn in phases:
-            torch.cuda.synchronize()
             t0 = time.time()
-            t_settled, calls = None, 0  # calls completed since t_settled
-            while time.time() - t0 < seconds:
-                for _ in range(5):
-                    fn()
-                torch.cuda.synchronize()
-                if t_settled is None:
-                    if time.time() - t0 >= 0.2:
-                        t_settled = time.time()
-                else:
-                    calls += 5
+            sustained[name] = sustained_ms(fn, seconds, settle=0.2)
             spans[name] = (t0 + 0.2, time.time())  # the first 0.2 s: the clocks settle
-            if calls:
-                sustained[name] = (time.time() - t_settled) * 1e3 / calls
     finally:
         smi.terminate()
     out = {}
@@ -206,8 +195,7 @@ def clocks(phases, seconds=1.0):
             out[name] = dict(mhz=med([x[1] for x in r]), watts=med([x[2] for x in r]),
                              limit_w=med([x[3] for x in r]),
                              power_capped=sum(x[4] for x in r) / len(r), samples=len(r))
-        if name in sustained:
-            out.setdefault(name, {})["ms"] = sustained[name]
+        out.setdefault(name, {})["ms"] = sustained[name]
     return out
 
 

@@ -66,6 +66,28 @@ def time_ms(fn, iters: int, warmup: int = 10, setup=None, queue_ahead: bool = Fa
     return statistics.median(times)
 
 
+def sustained_ms(fn, seconds: float, settle: float = 0.2, batch: int = 5) -> float:
+    """ms a call of fn() run back to back for `seconds` (a sync every `batch` calls), over the
+    calls after the first `settle` seconds: the rate a training loop holds once the board's
+    power cap has set the clock. time_ms's synced calls leave the GPU idle between them, and
+    a few dozen of them can end before the cap bites (an H200: a standalone GEMM 20% faster
+    that way, benchmarks/NOTES.md session 28)."""
+    torch.cuda.synchronize()
+    t0 = time.time()
+    settled, calls = None, 0  # calls completed since `settled`
+    while time.time() - t0 < seconds:
+        for _ in range(batch):
+            fn()
+        torch.cuda.synchronize()
+        if settled is not None:
+            calls += batch
+        elif time.time() - t0 >= settle:
+            settled = time.time()
+    if not calls:
+        raise ValueError(f"no call completed in the {seconds - settle:.2f} s after settling")
+    return (time.time() - settled) * 1e3 / calls
+
+
 def short_kernel_name(name: str) -> str:
     """A kernel's name for a table or a log line, in 72 characters: its head and its tail
     (kernel_times keeps names whole; a CuTe DSL name's tail says which GEMM it is, a
