@@ -8,7 +8,8 @@ mokgen/passes/dx_rows.py; "pull-push" pushes them into the combine rows instead)
 SonicMoE's five shapes (peers_sonicmoe.SHAPES). Same inputs, same
 process, each variant measured twice in mirrored order (ABBA), medians of medians: forward and
 training-step TFLOP/s, peak MB (as peers_sonicmoe.measure: workspace included), and the step
-with fresh gradients. Prints a table; writes OUT/gather_ab.json.
+with fresh gradients; with --sustained S also both back to back for S seconds, at the power
+cap (the short synced loops run partly before it). Prints a table; writes OUT/gather_ab.json.
 
     python3 benchmarks/gather_ab.py --out $OUT [--shapes qwen3-30b-a3b,...]
         [--variants gather,fwd-gather,fwd-gather-whole,pull,pull-push] [--prebuild]
@@ -88,6 +89,9 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     selection_args(ap, ",".join(VARIANTS),
                    "of " + ", ".join(VARIANTS) + " (each run in a mirrored order)")
+    ap.add_argument("--sustained", type=float, default=0.0, metavar="S",
+                    help="also the forward and the training step back to back for S seconds "
+                         "each (at the power cap: peers_sonicmoe.measure)")
     a = ap.parse_args(argv)
     shapes, variants = selected(a)
     if a.prebuild:
@@ -98,8 +102,12 @@ def main(argv=None):
     for name, T, D, I, E, k in shapes:
         flops = 6 * T * k * D * I
         got = {v: [] for v in variants}
+        capped = {v: [] for v in variants}
         for v in [*variants, *reversed(variants)]:  # ABBA: drift hits all alike
-            got[v].append(measure(lambda: layer(D, I, E, k, T, **variants[v]), T, D, a.iters))
+            extra = {}
+            got[v].append(measure(lambda: layer(D, I, E, k, T, **variants[v]), T, D, a.iters,
+                                  a.sustained, extra))
+            capped[v].append(extra)
         med = {v: [statistics.median(r[i] for r in runs) for i in range(5)]
                for v, runs in got.items()}
         row = dict(shape=name, T=T, D=D, I=I, E=E, k=k)
@@ -108,6 +116,10 @@ def main(argv=None):
                         f"{v}_train_tflops": 3 * flops / train / 1e9,
                         f"{v}_fresh_tflops": 3 * flops / fresh / 1e9,
                         f"{v}_peak_mb": peak, f"{v}_peak_fresh_mb": peak_fresh})
+            if a.sustained > 0:  # the two runs' mean: each is already a long average
+                for key, f in (("fwd", flops), ("train", 3 * flops)):
+                    ms = [e[f"{key}_sustained_ms"] for e in capped[v]]
+                    row[f"{v}_{key}_sustained_tflops"] = f / statistics.mean(ms) / 1e9
         rows.append(row)
         print(json.dumps(row), flush=True)
     os.makedirs(a.out, exist_ok=True)
@@ -122,6 +134,13 @@ def main(argv=None):
         cell = lambda k, f="{:.0f}": " / ".join(f.format(r[f"{v}_{k}"]) for v in variants)  # noqa
         print(f"| {r['shape']} | {cell('fwd_tflops')} | {cell('train_tflops')} "
               f"| {cell('fresh_tflops')} | {cell('peak_mb')} | {cell('peak_fresh_mb')} |")
+    if a.sustained > 0:
+        print(f"\nback to back for {a.sustained:g} s (power-capped): fwd {names} | train {names}")
+        print("|---|---|---|")
+        for r in rows:
+            cell = lambda k: " / ".join(f"{r[f'{v}_{k}']:.0f}" for v in variants)  # noqa
+            print(f"| {r['shape']} | {cell('fwd_sustained_tflops')} "
+                  f"| {cell('train_sustained_tflops')} |")
     return 0
 
 

@@ -17,3 +17,33 @@ def test_variant_specs_force_plan_fields():
         (128, 256, 4, False, False, True)
     with pytest.raises(KeyError):
         v("nonesuch")
+
+
+def test_sustained_columns_average_the_two_runs(monkeypatch, tmp_path):
+    """--sustained: each variant's back-to-back forward and step times (measure's extra) from
+    its two mirrored runs become one TFLOP/s column each: the mean of the two runs' ms."""
+    import json
+    g = load("gather_ab")
+    runs = {"pull": iter([2.0, 4.0]), "gather": iter([3.0, 3.0])}
+
+    def fake_measure(make, T, D, iters, sustained=0.0, extra=None):
+        v = make()
+        ms = next(runs[v])
+        assert sustained == 1.5 and extra is not None
+        extra.update(fwd_sustained_ms=ms, train_sustained_ms=2 * ms)
+        return 1.0, 2.0, 10.0, 2.0, 10.0
+
+    def fake_layer(D, I, E, k, T, **over):
+        return "gather" if over.get("dispatch") == "gather" and "reverse_combine" not in over \
+            else "pull"
+
+    monkeypatch.setattr(g, "measure", fake_measure)
+    monkeypatch.setattr(g, "layer", fake_layer)
+    monkeypatch.setattr(g.torch.cuda, "get_device_name", lambda *a: "fake")
+    assert g.main(["--out", str(tmp_path), "--shapes", "qwen3-30b-a3b", "--variants",
+                   "pull,gather", "--sustained", "1.5"]) == 0
+    row = json.load(open(tmp_path / "gather_ab.json"))["rows"][0]
+    flops = 6 * row["T"] * row["k"] * row["D"] * row["I"]
+    assert abs(row["pull_fwd_sustained_tflops"] - flops / 3.0 / 1e9) < 1e-6  # mean(2, 4)
+    assert abs(row["pull_train_sustained_tflops"] - 3 * flops / 6.0 / 1e9) < 1e-6
+    assert abs(row["gather_fwd_sustained_tflops"] - flops / 3.0 / 1e9) < 1e-6
