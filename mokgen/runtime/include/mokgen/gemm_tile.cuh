@@ -248,7 +248,7 @@ static_assert(kGatherWarps * 32 == 128 && kGatherWarps * 16 == 64,
 // Qwen3-235B's gathered forward: +6% in one A/B, level in the next: within noise, kept as one
 // load less a slice); lanes 8 s .. 8 s + 7 bring one row's 128 contiguous bytes (an
 // instruction: four rows), the row's token shuffled from the lane that holds it.
-template <int LD, int K>
+template <int LD>
 MOKGEN_DEV void gather_k_major(uint8_t* stage, const GatherSrc& g, int tok, int k0, int w) {
   const int lane = threadIdx.x & 31, c = lane & 7, sub = lane >> 3;
   const int col = k0 + 8 * c;
@@ -335,7 +335,7 @@ MOKGEN_DEV void produce_tile_gather(const Problem& prob, const GemmSmem<Cfg>& sm
         gather_mn_major<LD, K>(sm.a_stage(ps.idx()), prob.gather(t), t.b_row1 + k0, t.a_row0,
                                Cfg::BM / 64, w);
       else
-        gather_k_major<LD, K>(sm.a_stage(ps.idx()), prob.gather(t), tok_a, k0, w);
+        gather_k_major<LD>(sm.a_stage(ps.idx()), prob.gather(t), tok_a, k0, w);
     }
     if (gat_b)
       gather_mn_major<LD, K>(sm.b_stage(ps.idx()), prob.gather(t), t.b_row1 + k0, t.b_row0,
