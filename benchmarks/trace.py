@@ -169,13 +169,13 @@ def clocks(phases, seconds=1.0):
     smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits",
                             "-lms", "20", "-i", str(torch.cuda.current_device())],
                            stdout=subprocess.PIPE, text=True)
-    spans, sustained = {}, {}
+    spans, sustained, settle = {}, {}, 0.2  # the first 0.2 s of a phase: the clocks settle
     try:
         time.sleep(0.3)
         for name, fn in phases:
             t0 = time.time()
-            sustained[name] = sustained_ms(fn, seconds, settle=0.2)
-            spans[name] = (t0 + 0.2, time.time())  # the first 0.2 s: the clocks settle
+            sustained[name] = sustained_ms(fn, seconds, settle=settle)
+            spans[name] = (t0 + settle, time.time())
     finally:
         smi.terminate()
     out = {}

@@ -298,16 +298,18 @@ MOKGEN_DEV void produce_tile_gather(const Problem& prob, const GemmSmem<Cfg>& sm
   const bool lead = threadIdx.x == 0;
   const int w = threadIdx.x >> 5;  // this warp's share of the gathered rows
   const int k_blocks = slot->k_blocks;
+  const auto read_task = [&] {
+    return Task{slot->op, slot->a_row0, slot->b_row0, slot->b_row1, slot->c_row0,
+                slot->c_col0, slot->m_valid, k_blocks};
+  };
   int tok_a = -1;  // a K-major gathered A: this lane's row's token, the same every slice
   {
-    const Task t{slot->op, slot->a_row0, slot->b_row0, slot->b_row1, slot->c_row0,
-                 slot->c_col0, slot->m_valid, k_blocks};
+    const Task t = read_task();
     if (prob.gathers(t) && !prob.gather(t).b && !(t.op & kAMN))
       tok_a = gather_token<K>(prob.gather(t), t.c_row0 + 32 * w + (threadIdx.x & 31));
   }
   for (int kb = 0; kb < k_blocks; ++kb) {
-    const Task t{slot->op, slot->a_row0, slot->b_row0, slot->b_row1, slot->c_row0,
-                 slot->c_col0, slot->m_valid, k_blocks};
+    const Task t = read_task();
     const bool amn = t.op & kAMN, bmn = t.op & kBMN;
     const bool narrow = Problem::kNarrowTiles && bmn && (t.op & kHalfN);
     const int b_boxes = narrow ? Cfg::BN / 128 : Cfg::BN / 64;
