@@ -31,16 +31,17 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _gemm(text: str) -> tuple:
-    """BMxBNxSTAGES[-pp|-sw|-solo]: a GemmConfig's fields (ping-pong, the signal warp, solo
-    weight gradients)."""
-    flags = {"": (), "pp": (True,), "sw": (False, True), "solo": (False, False, True)}
+    """BMxBNxSTAGES[-pp|-sw|-solo|-pair]: a GemmConfig's fields (ping-pong, the signal warp,
+    solo weight gradients, multicast pairs)."""
+    flags = {"": (), "pp": (True,), "sw": (False, True), "solo": (False, False, True),
+             "pair": (False, False, False, True)}
     tile, _, flag = text.partition("-")
     try:
         if flag not in flags:
             raise ValueError(flag)
         return tuple(int(v) for v in tile.split("x")) + flags[flag]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected BMxBNxSTAGES[-pp|-sw|-solo], got "
+        raise argparse.ArgumentTypeError(f"expected BMxBNxSTAGES[-pp|-sw|-solo|-pair], got "
                                          f"{text!r}") from None
 
 

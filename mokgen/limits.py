@@ -66,6 +66,11 @@ GEMM_SIGNAL_WARP = (False, True)
 # backward only (the forward has no weight gradients), bf16 (its tiles' static_assert: the
 # fp8 consumers' registers), the cooperative schedule whose consumers signal.
 GEMM_SOLO = (False, True)
+# Multicast pairs (GemmConfig.pair): the forward in 2-CTA clusters (gemm_tile.cuh
+# produce_pairs). The forward only, bf16, the cooperative schedule whose consumers signal,
+# both operands by TMA (not gathered rows), and CTAs in whole pairs: an even launch and an
+# even count of comm CTAs (a pair's two CTAs take the same role).
+GEMM_PAIR = (False, True)
 DEFAULT_GEMM = GemmConfig(bm=128, bn=256, stages=4)
 
 
@@ -146,12 +151,35 @@ def violations(plan: "Plan") -> list[str]:
     if plan.gemm_fwd is not None and plan.gemm_fwd.signal_warp and plan.dtype == "mxfp8":
         out.append("gemm_fwd.signal_warp needs dtype other than mxfp8 (its forward kernel, "
                    "the most register-bound, spills with it)")
+    out += pair_violations(plan)
     broken = set()  # one sentence per field: its first rule broken
     for field, v, m, why in forward_width_rules(plan):
         if v % m and field not in broken:
             broken.add(field)
             out.append(f"{field} must be a multiple of {m} for the sm_90a kernels ({why}), "
                        f"got {v}")
+    return out
+
+
+def pair_violations(plan: "Plan") -> list[str]:
+    """The rules of multicast pairs (GEMM_PAIR above); a field not decided yet (None) breaks
+    none."""
+    if plan.gemm_bwd is not None and plan.gemm_bwd.pair:
+        return ["gemm_bwd.pair must be False (the pairs are the forward's: gemm_fwd.pair)"]
+    if plan.gemm_fwd is None or not plan.gemm_fwd.pair:
+        return []
+    out = []
+    if plan.scale_block:
+        out.append(f"gemm_fwd.pair needs dtype bf16 (the fp8 tiles stream their own slices: "
+                   f"gemm_tile.cuh), got {plan.dtype}")
+    if plan.dispatch == GATHER:
+        out.append(f"gemm_fwd.pair needs dispatch other than {GATHER!r} (a pair's slices come "
+                   f"by TMA)")
+    for name in ("comm_sms_fwd", "num_sms"):
+        v = getattr(plan, name)
+        if v is not None and v % 2:
+            out.append(f"gemm_fwd.pair needs an even {name} (2-CTA clusters, both CTAs in one "
+                       f"role), got {v}")
     return out
 
 
@@ -278,13 +306,16 @@ def _gemm_violations(name: str, cfg: GemmConfig | None) -> list[str]:
             f"mokgen/limits.py), got {getattr(cfg, f)}"
             for f, ok in (("bm", GEMM_BM), ("bn", GEMM_BN), ("stages", GEMM_STAGES),
                           ("pingpong", GEMM_PINGPONG), ("signal_warp", GEMM_SIGNAL_WARP),
-                          ("solo", GEMM_SOLO))
+                          ("solo", GEMM_SOLO), ("pair", GEMM_PAIR))
             if getattr(cfg, f) not in ok] + \
         ([f"{name}.signal_warp needs {name}.pingpong False (the signal warp serves the "
           f"cooperative schedule: gemm_tile.cuh)"] if cfg.signal_warp and cfg.pingpong else []) \
         + ([f"{name}.solo needs {name}.pingpong and .signal_warp False (solo tasks run beside "
             f"cooperative ones whose consumers signal: gemm_tile.cuh)"]
-           if cfg.solo and (cfg.pingpong or cfg.signal_warp) else [])
+           if cfg.solo and (cfg.pingpong or cfg.signal_warp) else []) \
+        + ([f"{name}.pair needs {name}.pingpong, .signal_warp and .solo False (the pairs' "
+            f"consumers are cooperative and signal: gemm_tile.cuh produce_pairs)"]
+           if cfg.pair and (cfg.pingpong or cfg.signal_warp or cfg.solo) else [])
 
 
 def check(plan: "Plan") -> None:

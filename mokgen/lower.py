@@ -57,9 +57,10 @@ def stage_bytes(gemm: ir.GemmConfig, smem: int = 227 * 1024) -> int:
     stages of 128 x 256: each chunk waits for the one before it to be read), else none (0:
     register stores). GemmCfg's bytes (bf16, 4 task slots, the cooperative schedule), which
     its SMEM_BYTES static_assert checks. The forward takes 32 KB of it (FWD_STAGE_BYTES)."""
-    slots = 4
+    slots, mail_slots = 4, 4
     engine = gemm.stages * (gemm.bm + gemm.bn) * 64 * 2 + 8 * (2 * gemm.stages + 2 * slots) \
-        + 32 * slots + (16 if gemm.signal_warp else 0)
+        + 32 * slots + (16 if gemm.signal_warp and not gemm.pair else 0) \
+        + (16 + mail_slots * 20 if gemm.pair else 0)
     room = smem - 1024 - -(-engine // 1024) * 1024
     return next((b for b in (2 * gemm.bn // 64 * 8192, 2 * 2 * 8192) if b <= room), 0)
 
@@ -88,7 +89,7 @@ def lower(g, direction: str) -> dict:
     variants = {param: got.get(param, False) for param, _ in _VARIANT.values()}
     return dict(comm_sms=got["comm_sms"], num_sms=got["comm_sms"] + got["compute_ctas"],
                 gemm_bn=gemm.bn, gemm_stages=gemm.stages, gemm_pingpong=gemm.pingpong,
-                gemm_signal_warp=gemm.signal_warp, gemm_solo=gemm.solo,
+                gemm_signal_warp=gemm.signal_warp, gemm_solo=gemm.solo, gemm_pair=gemm.pair,
                 # bf16 kernels' epilogue staging: the backward's whole-expert weight-gradient
                 # tiles leave through shared memory and TMA stores (moe_bwd.cuh kTmaWgrad),
                 # the forward's routed down rows through shared memory (moe_fwd.cuh

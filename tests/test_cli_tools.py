@@ -87,3 +87,18 @@ def test_compile_uses_a_stored_winner_unless_overridden(tmp_path, monkeypatch):
     assert layer.plan.minibatch == 128 and layer.plan.comm_sms_fwd != 9
     path.write_text("{broken")
     assert tune.load_tuned(shape, 2, "bf16", 512) == {}
+
+
+def test_gemm_flags_name_the_config_fields():
+    """--gemm / --gemm-bwd's BMxBNxSTAGES[-flag]: each flag sets its GemmConfig field alone."""
+    import argparse
+
+    from mokgen.cli import _gemm
+    from mokgen.ir.ops import GemmConfig
+    assert GemmConfig(*_gemm("128x256x4")) == GemmConfig(128, 256, 4)
+    for flag, field in (("pp", "pingpong"), ("sw", "signal_warp"), ("solo", "solo"),
+                        ("pair", "pair")):
+        cfg = GemmConfig(*_gemm(f"128x256x3-{flag}"))
+        assert cfg.stages == 3 and [f for f in cfg._fields[3:] if getattr(cfg, f)] == [field]
+    with pytest.raises(argparse.ArgumentTypeError, match="pair"):
+        _gemm("128x256x4-twin")

@@ -220,6 +220,30 @@ def test_solo_weight_gradients_compile_without_spills(name):
         assert "HGMMA.64x256x16.F32.BF16" in sass
 
 
+# Multicast pairs (GemmConfig.pair, the forward's): a whole layer at ep 1 (Qwen3-30B-A3B), a
+# slice with a shared expert (kimi ep 8: its gate/up and down pairs), widths ending in edge
+# tiles and a K tail (gpt-oss-20b, 2880).
+PAIRS = {"qwen3-30b-a3b": (1, 8192), "kimi-k2.7": (8, 2048), "gpt-oss-20b": (1, 4096)}
+
+
+@needs_nvcc
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", PAIRS)
+def test_pair_forward_compiles_without_spills(name):
+    """The forward in multicast pairs: no spill, no stack, no serialized wgmma; its SASS has
+    the multicast weight loads, the mailbox's st.async and the cluster barrier."""
+    ep, n = PAIRS[name]
+    layer = mokgen.compile(mokgen.shapes.get(name), ep=ep, tokens_per_rank=n,
+                           gemm_fwd=(128, 256, 4, False, False, False, True))
+    assert_no_spills_nor_serialized_wgmma(layer)
+    cuobjdump = _cuobjdump()
+    if cuobjdump:
+        sass = subprocess.run([cuobjdump, "-sass", str(layer.binaries["fwd"].path)],
+                              capture_output=True, text=True).stdout
+        for op in ("UTMALDG.2D.MULTICAST", "STAS", "UCGABAR_WAIT", "HGMMA.64x256x16.F32.BF16"):
+            assert op in sass, op
+
+
 # The backward with an x window (passes/x_window.py: the forward gathers x, the backward's x
 # ring is a few minibatch slots, dW1's x rows wrap in it): Qwen3-30B (5 slots of 23),
 # Mixtral-8x7B (few large experts, a wide window), gpt-oss-20b (2880: K and edge tails).

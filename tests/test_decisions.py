@@ -241,6 +241,34 @@ def test_solo_weight_gradients_are_a_decision_that_reaches_the_backward():
             mokgen.plan(SHAPE, **ARGS, **kw)
 
 
+def test_multicast_pairs_are_a_decision_that_reaches_the_forward():
+    """GemmConfig.pair: the forward's source only (its GemmCfg's PAIR and the cluster the host
+    launches it in), kept through JSON, comm CTAs rounded up to whole pairs by the planner;
+    refused for the backward, fp8, the other schedules, gathered rows and odd CTA counts, at
+    plan time."""
+    pair_cfg = (128, 256, 4, False, False, False, True)
+    plain = mokgen.plan(SHAPE, **ARGS)
+    pair = mokgen.plan(SHAPE, **ARGS, gemm_fwd=pair_cfg)
+    assert pair.gemm_fwd.pair and not pair.gemm_bwd.pair and not plain.gemm_fwd.pair
+    assert "multicast pairs" in str(pair) and "multicast" not in str(plain)
+    base, new = sources(plain), sources(pair)
+    assert "/*SOLO*/ false, /*PAIR*/ true>" in new["fwd"] and "PAIR*/" not in base["fwd"]
+    assert "mokgen_fwd_cluster = 2;" in new["fwd"] and "mokgen_fwd_cluster = 1;" in base["fwd"]
+    assert new["bwd"].split("\n")[1:] == base["bwd"].split("\n")[1:]  # past the key line
+    assert Plan.from_json(pair.to_json()) == pair
+    assert pair.comm_sms_fwd % 2 == 0 and pair.comm_sms_fwd - plain.comm_sms_fwd in (0, 1)
+    for kw, match in ((dict(gemm_bwd=pair_cfg), "gemm_bwd.pair must be False"),
+                      (dict(dtype="fp8", gemm_fwd=pair_cfg), "gemm_fwd.pair needs dtype bf16"),
+                      (dict(gemm_fwd=(128, 256, 4, True, False, False, True)),
+                       "gemm_fwd.pair needs gemm_fwd.pingpong"),
+                      (dict(gemm_fwd=pair_cfg, comm_sms_fwd=3), "even comm_sms_fwd"),
+                      (dict(gemm_fwd=pair_cfg, reserve_sms=1), "even num_sms"),
+                      (dict(ep=1, gemm_fwd=pair_cfg, dispatch="gather"),
+                       "gemm_fwd.pair needs dispatch other than 'gather'")):
+        with pytest.raises(ValueError, match=match):
+            mokgen.plan(SHAPE, **dict(ARGS, **kw))
+
+
 def test_epilogue_staging_follows_the_precision():
     """bf16 kernels stage epilogues in the shared memory beside the 4 stages: the backward's
     whole-expert weight-gradient tiles (for TMA stores), the forward's routed down rows;

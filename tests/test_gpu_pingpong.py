@@ -23,21 +23,23 @@ def flat(grads):
             for i, t in enumerate(v if isinstance(v, list) else [v])]
 
 
-def run_both(shape, ep, tokens, dtype="bf16", skew=None, gemm=PP, fwd=True, **overrides):
-    """The layer of GEMM config `gemm` (ping-pong, or the signal warp) in both kernels (fwd
-    False: the backward's only): forward and backward, twice (bitwise), against the reference
-    (bf16: its tolerances); then the default layer on the same inputs: bitwise the same."""
+def run_both(shape, ep, tokens, dtype="bf16", skew=None, gemm=PP, fwd=True, bwd=True,
+             **overrides):
+    """The layer of GEMM config `gemm` (ping-pong, the signal warp, multicast pairs) in both
+    kernels (fwd False: the backward's only; bwd False: the forward's only): forward and
+    backward, twice (bitwise), against the reference (bf16: its tolerances); then the default
+    layer on the same inputs: bitwise the same."""
     inputs = make_inputs(shape, ep, tokens, skew=skew)
     dys = [torch.randn_like(x) for x in inputs["x"]]
     want = GemmConfig(*gemm)
+    want_fwd, want_bwd = want if fwd else DEFAULT_GEMM, want if bwd else DEFAULT_GEMM
     out = {}
-    for name, cfg in (("variant", dict(gemm_fwd=gemm if fwd else DEFAULT_GEMM, gemm_bwd=gemm)),
+    for name, cfg in (("variant", dict(gemm_fwd=tuple(want_fwd), gemm_bwd=tuple(want_bwd))),
                       ("coop", {})):
         layer = mokgen.compile(shape, ep=ep, tokens_per_rank=tokens, dtype=dtype, virtual=True,
                                **cfg, **overrides)
         assert (layer.plan.gemm_fwd, layer.plan.gemm_bwd) == \
-            ((want if fwd else DEFAULT_GEMM, want) if name == "variant"
-             else (DEFAULT_GEMM, DEFAULT_GEMM))
+            ((want_fwd, want_bwd) if name == "variant" else (DEFAULT_GEMM, DEFAULT_GEMM))
         layer.runtime().poison()
         with torch.no_grad():
             ys = [y.clone() for y in layer(**inputs)]

@@ -84,7 +84,10 @@ class GemmConfig(NamedTuple):
     for the tile's stores to drain, so the consumers start the next tile's MMA meanwhile.
     `solo` (the backward's, bf16, cooperative): the routed weight gradients run as bm x bn/2
     tasks of one consumer warpgroup each, beside the other's (gemm_tile.cuh
-    consume_tile_solo), the other GEMMs cooperative as before."""
+    consume_tile_solo), the other GEMMs cooperative as before. `pair` (the forward's, bf16,
+    cooperative): the kernel runs in 2-CTA clusters whose CTAs take tasks two at a time, and
+    vertically adjacent gate/up tiles of one expert load half of their weight slices each,
+    multicast to both (gemm_tile.cuh produce_pairs)."""
 
     bm: int
     bn: int
@@ -92,12 +95,14 @@ class GemmConfig(NamedTuple):
     pingpong: bool = False
     signal_warp: bool = False
     solo: bool = False
+    pair: bool = False
 
     def __str__(self) -> str:
         pp = ", ping-pong" if self.pingpong else ""
         sw = ", signal warp" if self.signal_warp else ""
         so = ", solo weight gradients" if self.solo else ""
-        return f"{self.bm}x{self.bn}, {self.stages} stages{pp}{sw}{so}"
+        pa = ", multicast pairs" if self.pair else ""
+        return f"{self.bm}x{self.bn}, {self.stages} stages{pp}{sw}{so}{pa}"
 
     def fields(self) -> list:
         """As JSON: (bm, bn, stages), + the schedule flags up to the last one set, so plans

@@ -127,6 +127,9 @@ def comm_ctas(plan: Plan, direction: str, sms: int) -> int:
     # forced: their own comm CTAs pull the weighted down rows / the dx rows
     if (plan.combine if direction == "fwd" else plan.reverse_dispatch) == "pull":
         c = max(c, 2)
+    # multicast pairs: a 2-CTA cluster's CTAs take one role (limits.pair_violations)
+    if direction == "fwd" and plan.gemm_fwd is not None and plan.gemm_fwd.pair:
+        c += c % 2
     return c
 
 

@@ -50,6 +50,15 @@ class ForwardRuntime:
         # the plan's CTA count (SMs less its reserve for collectives), compiled into the cubin
         self.fwd_ctas = check_ctas("forward", struct.unpack(
             "<i", cuda.read_global(fwd, "mokgen_fwd_ctas"))[0], self.num_sms)
+        # multicast pairs (GemmConfig.pair): the launch in 2-CTA clusters, every one resident
+        self.fwd_cluster = struct.unpack("<i", cuda.read_global(fwd, "mokgen_fwd_cluster"))[0]
+        if self.fwd_cluster > 1:
+            fit = self.fwd_cluster * cuda.max_active_clusters(self.f_fwd, 384, self.fwd_smem,
+                                                              self.fwd_cluster)
+            if fit < self.fwd_ctas:
+                raise ValueError(f"mokgen: the forward kernel runs {self.fwd_ctas} CTAs in "
+                                 f"clusters of {self.fwd_cluster}, this GPU holds {fit} at "
+                                 f"once: plan it with gemm_fwd.pair False")
         self.modules = []
         self.watch = cuda.HostMapped(4 * abi.WATCH_WORDS)
         self.watchdog_s = watchdog_s
@@ -342,14 +351,17 @@ class ForwardRuntime:
         IS = h_shared.shape[1]
         sw1 = shared_w1 if shared_w1 is not None else h_shared  # unused placeholders
         sw2 = shared_w2 if shared_w2 is not None else h_shared
+        down_box = 128 if self.fwd_cluster > 1 else 256
         maps = {"x": self._map(x, n, D, 128), "hs": self._map(h_shared, n, IS, 128),
                 # gathered rows: no ring_x, a map of x in its place (unread)
                 "ring_x": self._map(x, n, D, 128) if b.ring_x is None else
                 self._map(b.ring_x, b.ring_x.shape[0], D, 128),
                 "ring_a": self._map(b.ring_a, s.macrobatch, I, 128),
                 "sw1": self._map(sw1, sw1.shape[0], sw1.shape[1], 128),
-                "sw2": self._map(sw2, sw2.shape[0], sw2.shape[1], 256),
-                "w1": self._map(w1, L * 2 * I, D, 128), "w2": self._map(w2, L * D, I, 256)}
+                # multicast pairs load a down tile's weight rows as two halves (moe_fwd.cuh
+                # down_b_row1)
+                "sw2": self._map(sw2, sw2.shape[0], sw2.shape[1], down_box),
+                "w1": self._map(w1, L * 2 * I, D, 128), "w2": self._map(w2, L * D, I, down_box)}
         f8, fp8_fields = self._fp8_operands(b, w1, w2)
         peer_table = cuda.Raw(struct.pack(f"<{s.ep}Q", *x_ptrs) + self.peers.table("combine"))
         bufs = abi.pack(abi.FWD_BUFFERS, table=b.table, row_weight=b.row_weight, meta=b.meta,
@@ -363,7 +375,7 @@ class ForwardRuntime:
         dirs = [self.dir_peers()] if s.peer_directions else []
         cuda.launch(self.f_fwd, self.fwd_ctas, 384, self.fwd_smem, self._stream(),
                     [maps[k] for k in abi.FWD_MAPS] + [f8, peer_table, cuda.Raw(bufs)] + dirs,
-                    cooperative=True)
+                    cooperative=True, cluster=self.fwd_cluster)
 
     def dir_peers(self) -> cuda.Raw:
         """The non-default directions' DirPeers<R> (by value): every rank's buffers they

@@ -50,6 +50,20 @@ MOKGEN_DEV void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
       : "memory");
 }
 
+// Store `v` at `slot`'s shared-memory offset in cluster CTA `cta`, completing 4 bytes on the
+// mbarrier at `bar`'s offset there: the pair's mailbox (gemm_tile.cuh pair_post), the value
+// visible to whoever sees that barrier's phase complete.
+MOKGEN_DEV void st_async_cluster(int* slot, uint64_t* bar, uint32_t cta, int v) {
+  asm volatile(
+      "{\n .reg .b32 rs, rb;\n"
+      " mapa.shared::cluster.u32 rs, %0, %2;\n"
+      " mapa.shared::cluster.u32 rb, %1, %2;\n"
+      " st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [rs], %3, [rb];\n}" ::"r"(
+          smem_u32(slot)),
+      "r"(smem_u32(bar)), "r"(cta), "r"(v)
+      : "memory");
+}
+
 // 2D tile load into the same shared-memory offset of every CTA in `mask` (bit i: cluster CTA
 // i), each CTA's mbarrier at `bar`'s offset completing the box's bytes.
 MOKGEN_DEV void tma_load_2d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int c0,

@@ -61,6 +61,7 @@
 #pragma once
 #include <cuda_bf16.h>
 
+#include "mokgen/cluster.cuh"
 #include "mokgen/gemm_epilogue.cuh"
 #include "mokgen/gemm_fp8.cuh"
 #include "mokgen/gemm_types.cuh"
@@ -349,6 +350,15 @@ MOKGEN_DEV void produce_tile_gather(const Problem& prob, const GemmSmem<Cfg>& sm
 }
 
 // ---------------------------------------------------------------- consumer mainloop
+// One consumer warp (its lane 0) is done reading ring stage `stage`. PAIR: it frees the
+// stage in both CTAs of the pair, so neither producer fills a stage (its own, or the peer's
+// half by multicast) that a consumer of either CTA still reads (produce_pairs).
+template <class Cfg>
+MOKGEN_DEV void free_stage(const GemmSmem<Cfg>& sm, int stage) {
+  mbar_arrive(&sm.empty()[stage]);
+  if constexpr (Cfg::PAIR) mbar_arrive_cluster(&sm.empty()[stage], cluster_ctarank() ^ 1);
+}
+
 // One consumer warpgroup (cwg = 0/1 -> tile rows 64*cwg ..) accumulates its 64 x BN block.
 // One wgmma group stays in flight: after committing K-slice kb we wait for slice kb-1 and
 // only then hand its stage back, so the tensor core never idles on the release handshake.
@@ -399,7 +409,7 @@ MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task&
     wgmma_wait<1>();
     if (prev >= 0) {
       __syncwarp();
-      if (lane0) mbar_arrive(&sm.empty()[prev]);
+      if (lane0) free_stage<Cfg>(sm, prev);
     }
     prev = (int)ps.idx();
     ps.template advance<Cfg::STAGES>();
@@ -408,7 +418,20 @@ MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task&
   wgmma_wait<0>();
   wgmma_fence_regs(acc);
   __syncwarp();
-  if (lane0) mbar_arrive(&sm.empty()[prev]);
+  if (lane0) free_stage<Cfg>(sm, prev);
+  return ok;
+}
+
+// A pad task's slices (GemmCfg::PAIR, kPairPad): each waited for and freed, nothing read.
+template <class Cfg>
+MOKGEN_DEV bool consume_pad(const GemmSmem<Cfg>& sm, PipeState& ps, int k_blocks) {
+  bool ok = true;
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    ok &= mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) free_stage<Cfg>(sm, ps.idx());
+    ps.template advance<Cfg::STAGES>();
+  }
   return ok;
 }
 
@@ -635,6 +658,16 @@ MOKGEN_DEV void consumer_cooperative(Problem& prob, const GemmSmem<Cfg>& sm, int
     const Task* slot = task_pop<Cfg>(sm, ts);
     if (slot == nullptr || slot->op < 0) break;
     const Task& t = *slot;
+    if constexpr (Cfg::PAIR) {
+      if (t.op & kPairPad) {  // the peer's task is longer: step past its extra slices
+        if (!consume_pad<Cfg>(sm, ps, t.k_blocks)) {
+          record_timeout(103, ps.phase());
+          break;
+        }
+        task_release<Cfg>(sm, ts);
+        continue;
+      }
+    }
     if constexpr (Cfg::SOLO) {
       if (t.op & kSolo) {
         if (((t.op & kHalfN) != 0) != (cwg != 0)) {  // the other warpgroup's
@@ -776,6 +809,143 @@ MOKGEN_DEV void consumer_pingpong(Problem& prob, const GemmSmem<Cfg>& sm, int h)
   }
 }
 
+// The producing thread (trace builds): its i-th task, asked for at `ask`, got now (the
+// consumers' thread 128 adds the rest of the record: consumer_cooperative; ping-pong
+// records none of it).
+MOKGEN_DEV void trace_task_got(int i, const Task& t, uint64_t ask) {
+  if (unsigned long long* rec = t.op < 0 ? nullptr : trace_rec(i)) {
+    rec[kTrOp] = (unsigned)t.op | ((unsigned long long)t.k_blocks << 32);
+    rec[kTrAsk] = ask;
+    rec[kTrGot] = trace_clock();
+  }
+}
+
+// ---------------------------------------------------------------- CTA pairs (GemmCfg::PAIR)
+// The two CTAs of a 2-CTA cluster take their tasks two at a time: rank 0 claims tasks
+// base, base + 1 from the Problem's counter and posts base to rank 1 (a mailbox in rank 1's
+// shared memory, st.async), rank r runs task base + r. Their rings stay in step: each CTA
+// runs as many slices a pair as the longer of the two tasks has (the shorter one's CTA runs
+// the rest as a pad task: its stages filled with nothing and freed), and every consumer warp
+// frees each stage in both CTAs (free_stage). So stage s holds slice j in both at once, and
+// where the two tasks read the same B (Problem::shares_b: the same weight rows and K, as
+// vertically adjacent tiles of one expert are) each CTA loads its A and half of B (a dual B:
+// rank 0 the rows at b_row0, rank 1 those at b_row1), multicast into both CTAs' stage: B's
+// reads from L2 halve. Why: at the board's power limit the tensor cores' clock is what
+// bounds the long GEMMs, and the L2 -> SM traffic is energy (benchmarks/NOTES.md session
+// 28: multicast pairs of a standalone GEMM 2.5-3.7% faster at the cap than the same pairs
+// without it). The decisions that must agree in both CTAs (how many slices, multicast or
+// not, stop) are pure functions of base (Problem::task_at<false>, which waits for nothing);
+// each CTA waits only for its own task's inputs (task_at<true>).
+template <class Cfg>
+MOKGEN_DEV void pair_post(const GemmSmem<Cfg>& sm, PipeState& ms, int base) {  // rank 0
+  mbar_wait(&sm.mail_empty()[ms.idx()], ms.phase() ^ 1, 105);
+  st_async_cluster(&sm.mail()[ms.idx()], &sm.mail_full()[ms.idx()], 1, base);
+  ms.template advance<Cfg::kMailSlots>();
+}
+template <class Cfg>
+MOKGEN_DEV int pair_take(const GemmSmem<Cfg>& sm, PipeState& ms) {  // rank 1
+  uint64_t* full = &sm.mail_full()[ms.idx()];
+  mbar_arrive_expect_tx(full, 4);
+  mbar_wait(full, ms.phase(), 104);
+  const int base = sm.mail()[ms.idx()];
+  mbar_arrive_cluster(&sm.mail_empty()[ms.idx()], 0);
+  ms.template advance<Cfg::kMailSlots>();
+  return base;
+}
+
+// k_blocks slices of a multicast task: A (with_a; a pad of a task whose own CTA stopped
+// early brings none) and this rank's half of the dual B into both CTAs' stage, each stage
+// expecting A and all of B (the other half is the peer's multicast).
+template <class Cfg>
+MOKGEN_DEV void produce_tile_mc(const GemmSmem<Cfg>& sm, PipeState& ps, const CUtensorMap* ta,
+                                const CUtensorMap* tb, const Task& t, uint32_t rank, int k_blocks,
+                                bool with_a) {
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    uint64_t t0 = 0;
+    if constexpr (Cfg::TRACE) t0 = trace_clock();
+    mbar_wait(&sm.empty()[ps.idx()], ps.phase() ^ 1, 102);
+    if constexpr (Cfg::TRACE) trace_fill(t0, true);
+    uint64_t* bar = &sm.full()[ps.idx()];
+    mbar_arrive_expect_tx(bar, (with_a ? Cfg::A_BYTES : 0) + Cfg::B_BYTES);
+    const int k0 = kb * Cfg::BK;
+    if (with_a) tma_load_2d(sm.a_stage(ps.idx()), ta, bar, k0, t.a_row0);
+    tma_load_2d_multicast(sm.b_stage(ps.idx()) + rank * (Cfg::BN / 2) * 128, tb, bar, k0,
+                          rank ? t.b_row1 : t.b_row0, 0x3);
+    if constexpr (Cfg::TRACE) trace_issued(t0, true);
+    ps.template advance<Cfg::STAGES>();
+  }
+}
+
+template <class Cfg, class Problem>
+MOKGEN_DEV void produce_pairs(Problem& prob, const GemmSmem<Cfg>& sm) {
+  const uint32_t rank = cluster_ctarank();
+  PipeState ps, ts, ms;  // ring, task channel, mailbox
+  // Rank 0 claims and posts each pair one pair ahead: the claim's atomic runs under this
+  // pair's decoding and waits, and rank 1 finds the pair in its mailbox when it gets there
+  // (a producer's ask for a task is on the consumers' path between two tasks; claimed when
+  // needed, pairs added 1.6-1.9 us to it: benchmarks/NOTES.md session 29).
+  int next = 0;
+  if (rank == 0) {
+    next = prob.claim(2);
+    pair_post<Cfg>(sm, ms, next);
+  }
+  for (int i = 0;;) {
+    uint64_t ask = 0;
+    if constexpr (Cfg::TRACE) ask = trace_clock();
+    const int base = rank == 0 ? next : pair_take<Cfg>(sm, ms);
+    if (base >= prob.task_count()) {  // past the end (both CTAs see it at the same base)
+      task_push<Cfg>(sm, ts, stop_task());
+      break;
+    }
+    if (rank == 0) next = prob.claim(2);  // posted below, once its atomic has returned
+    // this CTA's task, having waited for its inputs (stop: aborted, then a pad), and the
+    // peer's coordinates; the slice count and multicast from both, as the peer has them
+    // (this task's own coordinates again where the wait stopped it)
+    Task t = prob.template task_at<true>(base + (int)rank);
+    const Task o = prob.template task_at<false>(base + (int)(rank ^ 1));
+    const Task mine = t.op >= 0 ? t : prob.template task_at<false>(base + (int)rank);
+    if (rank == 0) pair_post<Cfg>(sm, ms, next);
+    const int k = max(mine.op < 0 ? 0 : mine.k_blocks, o.op < 0 ? 0 : o.k_blocks);
+    const bool mc = mine.op >= 0 && o.op >= 0 && prob.shares_b(mine, o);
+    const int own = t.op < 0 ? 0 : t.k_blocks;
+    if (own > 0) {
+      if (mc) t.op |= kMcast;
+      if constexpr (Cfg::TRACE) trace_task_got(i, t, ask);
+      task_push<Cfg>(sm, ts, t);
+      if (mc)
+        produce_tile_mc<Cfg>(sm, ps, prob.map_a(t), prob.map_b(t), t, rank, own, true);
+      else
+        produce_tile<Cfg, Problem::kNarrowTiles>(sm, ps, prob.map_a(t), prob.map_b(t), t);
+      if constexpr (Cfg::TRACE) trace_fill_record(i);
+      ++i;
+    }
+    if (k > own) {  // the peer's task is longer, or this one stopped: its slices, empty
+      task_push<Cfg>(sm, ts, Task{kPairPad, 0, 0, -1, 0, 0, 0, k - own});
+      if (mc) {  // the peer still expects this rank's half of B (own is 0: aborted)
+        produce_tile_mc<Cfg>(sm, ps, prob.map_a(mine), prob.map_b(mine), mine, rank, k, false);
+      } else {
+        for (int kb = own; kb < k; ++kb) {
+          mbar_wait(&sm.empty()[ps.idx()], ps.phase() ^ 1, 102);
+          mbar_arrive(&sm.full()[ps.idx()]);
+          ps.template advance<Cfg::STAGES>();
+        }
+      }
+    }
+  }
+  // Stay until every arrive the peer makes here has landed: its consumers' frees of the last
+  // STAGES slices, and (rank 0) rank 1's reads of the mailbox.
+  for (int s = 0; s < Cfg::STAGES; ++s) {
+    mbar_wait(&sm.empty()[ps.idx()], ps.phase() ^ 1, 106);
+    ps.template advance<Cfg::STAGES>();
+  }
+  if (rank == 0) {
+    for (int s = 0; s < Cfg::kMailSlots; ++s) {
+      mbar_wait(&sm.mail_empty()[ms.idx()], ms.phase() ^ 1, 105);
+      ms.template advance<Cfg::kMailSlots>();
+    }
+  }
+}
+
 // The producer of a Problem that gathers: the whole producer warpgroup (kGatherWarps).
 // Thread 0 takes each task (and waits for what it reads) and publishes it on the task
 // channel; every gathering warp follows the channel as the consumers do and streams its share
@@ -790,13 +960,7 @@ MOKGEN_DEV void produce_gathering(Problem& prob, const GemmSmem<Cfg>& sm) {
       uint64_t ask = 0;
       if constexpr (Cfg::TRACE) ask = trace_clock();
       const Task t = prob.next_task();
-      if constexpr (Cfg::TRACE) {
-        if (unsigned long long* rec = t.op < 0 ? nullptr : trace_rec(i)) {
-          rec[kTrOp] = (unsigned)t.op | ((unsigned long long)t.k_blocks << 32);
-          rec[kTrAsk] = ask;
-          rec[kTrGot] = trace_clock();
-        }
-      }
+      if constexpr (Cfg::TRACE) trace_task_got(i, t, ask);
       task_push<Cfg>(sm, tp, t);
     }
     __syncwarp();
@@ -815,6 +979,7 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
   static_assert(!kGather || (Problem::kQ == 0 && !Cfg::PINGPONG && !Cfg::SIGNAL_WARP),
                 "gathered operands: bf16 tiles, cooperative consumers, no signal warp (every "
                 "producer warp gathers)");
+  static_assert(!(kGather && Cfg::PAIR), "CTA pairs: both operands by TMA (produce_pairs)");
   const GemmSmem<Cfg> sm = GemmSmem<Cfg>::carve(dyn_smem);
   if (threadIdx.x == 0) {
     sm.init(kGather ? 1 + 32 * kGatherWarps : 1);
@@ -825,7 +990,9 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
   if constexpr (Cfg::TRACE)  // trace.cuh's sums start at 0
     if (threadIdx.x == 0)
       for (int k = 0; k < kTraceSums; ++k) trace_sums()[k] = 0;
-  __syncthreads();
+  // PAIR: the peer's barriers exist before anything lands in or arrives on them
+  if constexpr (Cfg::PAIR) cluster_sync();
+  else __syncthreads();
   const int wg = warpgroup_idx();
   if (wg == 0) {
     setmaxnreg_dec<kGather ? Cfg::kGatherProducerRegs : Cfg::kProducerRegs>();
@@ -833,6 +1000,8 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
       if (threadIdx.x >= 32 && threadIdx.x < 64) signal_tasks<Cfg>(prob, sm);
     if constexpr (kGather) {
       produce_gathering<Cfg>(prob, sm);  // the whole warpgroup
+    } else if constexpr (Cfg::PAIR) {
+      if (threadIdx.x < 32 && elect_one()) produce_pairs<Cfg>(prob, sm);
     } else if (threadIdx.x < 32 && elect_one()) {
       PipeState ps, ts;
       bool solo_odd = false;  // Cfg::SOLO: an odd count of solo tasks pushed so far
@@ -846,14 +1015,7 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
             solo_odd = !solo_odd;
           }
         }
-        if constexpr (Cfg::TRACE) {  // the consumers' thread 128 adds
-          // the rest of the record (consumer_cooperative; ping-pong records none of it)
-          if (unsigned long long* rec = t.op < 0 ? nullptr : trace_rec(i)) {
-            rec[kTrOp] = (unsigned)t.op | ((unsigned long long)t.k_blocks << 32);
-            rec[kTrAsk] = ask;
-            rec[kTrGot] = trace_clock();
-          }
-        }
+        if constexpr (Cfg::TRACE) trace_task_got(i, t, ask);
         task_push<Cfg>(sm, ts, t);
         if (t.op < 0) break;
 #pragma unroll 1

@@ -27,14 +27,18 @@ static_assert(sizeof(Task) == 32, "Task is 32 bytes");
 MOKGEN_DEV Task stop_task() { return Task{-1, 0, 0, -1, 0, 0, 0, 0}; }
 
 // Operand layout bits of Task::op; the low byte is the Problem's own opcode, and bits
-// kOpUserShift .. 28 are the Problem's to carry what its epilogue needs (op stays >= 0).
+// kOpUserShift .. 26 are the Problem's to carry what its epilogue needs (op stays >= 0).
 // kHalfN: a narrow edge tile (gemm_epilogue.cuh half_bit). kSolo (GemmCfg::SOLO kernels
 // only): a BM x BN/2 task that one consumer warpgroup runs alone, all BM rows (gemm_tile.cuh
 // consumer_cooperative), its B MN-major; on a solo task the engine's producer sets kHalfN
-// on every other one (the warpgroup that runs it).
+// on every other one (the warpgroup that runs it). kPairPad, kMcast (GemmCfg::PAIR kernels
+// only, set by the engine's producer: gemm_tile.cuh produce_pairs): a task of k_blocks
+// slices that only keep the pair's rings in step (no MMA, no epilogue, no signal); a task
+// whose B the two CTAs of the pair load half each, multicast to both. The Problem's bits end
+// below kPairPad.
 enum : int {
   kOpcodeMask = 0xff, kBMN = 1 << 8, kAMN = 1 << 9, kF8 = 1 << 10, kOpUserShift = 11,
-  kSolo = 1 << 29, kHalfN = 1 << 30
+  kPairPad = 1 << 27, kMcast = 1 << 28, kSolo = 1 << 29, kHalfN = 1 << 30
 };
 MOKGEN_DEV int opcode(const Task& t) { return t.op & kOpcodeMask; }
 
@@ -92,7 +96,7 @@ enum Profile : unsigned {
 
 template <int BN_, int STAGES_, int Q_ = 0, unsigned PROF_ = 0, int TASK_SLOTS_ = 4,
           bool PINGPONG_ = false, bool SIGNAL_WARP_ = false, int EPI_BYTES_ = 0,
-          bool SOLO_ = false>
+          bool SOLO_ = false, bool PAIR_ = false>
 struct GemmCfg {
   static constexpr int BM = 128, BK = 64, BN = BN_, Q = Q_;
   static constexpr unsigned PROF = PROF_;
@@ -105,11 +109,19 @@ struct GemmCfg {
   static constexpr int EPI_BYTES = EPI_BYTES_;
   // the Problem may issue kSolo tasks beside cooperative ones (consumer_cooperative)
   static constexpr bool SOLO = SOLO_;
+  // CTA pairs (2-CTA clusters, gemm_tile.cuh produce_pairs): the two CTAs take their tasks two
+  // at a time and keep their rings in step, so where both tasks read the same B (adjacent row
+  // tiles of one expert's gate/up columns) each loads half of it, multicast to both
+  static constexpr bool PAIR = PAIR_;
+  static constexpr int kMailSlots = 4;  // PAIR: pairs rank 0 may claim ahead of rank 1
   static constexpr int kThreads = 384;
   static constexpr int kConsumerWarps = 8;
   // warps that read (and free) each ring stage: both consumer warpgroups, or in ping-pong the
   // one whose half-tile the stage holds
   static constexpr int kStageReaders = PINGPONG ? 4 : 8;
+  // arrivals that free a stage: PAIR, every consumer warp of both CTAs frees each stage of
+  // both (the peer's producer may multicast into it next)
+  static constexpr int kStageFrees = kStageReaders * (PAIR ? 2 : 1);
   static constexpr int kAccRegs = BN / 2;  // fp32 accumulators per consumer thread
   static constexpr int A_BYTES = BM * BK * 2;
   static constexpr int B_BYTES = BN * BK * 2;
@@ -124,8 +136,11 @@ struct GemmCfg {
   static constexpr int BAR_BYTES = 8 * (2 * STAGES + 2 * TASK_SLOTS);
   // 1024 B of slack: the 128B-swizzle atom must be 1024-aligned and the dynamic smem base is
   // not guaranteed to be.
+  // PAIR's mailbox after the 16 bytes of `stopped`: full and empty barriers and an int a slot
+  static constexpr int MAIL_BYTES = PAIR ? 16 + kMailSlots * (8 + 8 + 4) : 0;
   static constexpr int ENGINE_BYTES = STAGES * (STAGE_BYTES + SC_BYTES) + BAR_BYTES +
-                                      32 * TASK_SLOTS + (SIGNAL_WARP ? 16 : 0);
+                                      32 * TASK_SLOTS + (SIGNAL_WARP && !PAIR ? 16 : 0) +
+                                      MAIL_BYTES;
   static constexpr int EPI_AT = (ENGINE_BYTES + 1023) / 1024 * 1024;  // 1024-aligned
   static constexpr int SMEM_BYTES = 1024 + (EPI_BYTES ? EPI_AT + EPI_BYTES : ENGINE_BYTES);
   // The producer thread runs the Problem's schedule (next_task: its waits, the task's
@@ -153,6 +168,8 @@ struct GemmCfg {
   static_assert(!(PINGPONG && SIGNAL_WARP), "the signal warp serves the cooperative schedule");
   static_assert(!SOLO || (!PINGPONG && !SIGNAL_WARP && Q == 0 && BN == 256),
                 "solo tasks: bf16, beside cooperative tasks whose consumers signal");
+  static_assert(!PAIR || (!PINGPONG && !SIGNAL_WARP && !SOLO && Q == 0),
+                "CTA pairs: bf16 tiles, cooperative consumers that signal (produce_pairs)");
   static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block (sm_90)");
 };
 
@@ -183,6 +200,16 @@ struct GemmSmem {
   MOKGEN_DEV int* stopped() const {
     return reinterpret_cast<int*>(scales() + Cfg::STAGES * (Cfg::SC_BYTES / 4));
   }
+  // PAIR's mailbox (gemm_tile.cuh pair_post / pair_take): [kMailSlots] a pair's first task
+  // landed in rank 1 (count 1 + 4 tx bytes) / read by rank 1 (count 1, arrived from there),
+  // then the slots' task indices
+  MOKGEN_DEV uint64_t* mail_full() const {
+    return reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(stopped()) + 16);
+  }
+  MOKGEN_DEV uint64_t* mail_empty() const { return mail_full() + Cfg::kMailSlots; }
+  MOKGEN_DEV int* mail() const {
+    return reinterpret_cast<int*>(mail_empty() + Cfg::kMailSlots);
+  }
 
   MOKGEN_DEV uint8_t* a_stage(int s) const { return ring + s * Cfg::STAGE_BYTES; }
   MOKGEN_DEV uint8_t* b_stage(int s) const { return ring + s * Cfg::STAGE_BYTES + Cfg::A_BYTES; }
@@ -208,7 +235,13 @@ struct GemmSmem {
   // producer's arrive with the TMA bytes, plus one per lane of the warps that gather rows
   // (produce_tile_gather).
   MOKGEN_DEV void init(uint32_t full_count = 1) const {
-    init_stages(full_count, Cfg::kStageReaders);
+    init_stages(full_count, Cfg::kStageFrees);
+    if constexpr (Cfg::PAIR) {
+      for (int s = 0; s < Cfg::kMailSlots; ++s) {
+        mbar_init(&mail_full()[s], 1);
+        mbar_init(&mail_empty()[s], 1);
+      }
+    }
     for (int s = 0; s < Cfg::TASK_SLOTS; ++s) {
       mbar_init(&task_full()[s], 1);
       // the signal warp frees a slot once it has signalled the task (signal_warp)

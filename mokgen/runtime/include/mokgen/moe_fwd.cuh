@@ -336,9 +336,17 @@ struct FwdProblem {
   }
 
   // Producer thread only: take the next task and wait for what it reads.
-  MOKGEN_DEV Task next_task() {
-    const int t = (int)atomicAdd(buf->counters, 1u);
-    if (t >= s.total_tasks() || aborted()) return stop_task();
+  MOKGEN_DEV Task next_task() { return task_at<true>(claim(1)); }
+  // The first of n tasks taken from the list (GemmCfg::PAIR: rank 0 takes two at a time), and
+  // the list's length.
+  MOKGEN_DEV int claim(int n) const { return (int)atomicAdd(buf->counters, (unsigned)n); }
+  MOKGEN_DEV int task_count() const { return s.total_tasks(); }
+  // Task t; WAIT: having waited for what it reads (stop where the kernel was aborted, or a
+  // wait timed out), else its coordinates alone, waiting for nothing (the pair's peer task:
+  // gemm_tile.cuh produce_pairs).
+  template <bool WAIT>
+  MOKGEN_DEV Task task_at(int t) const {
+    if (t >= s.total_tasks() || (WAIT && aborted())) return stop_task();
     // GATHER: a ring row must be its layout row (the ring holds every minibatch)
     if (C::GATHER && !MOKGEN_OK(s.nm <= C::SLOTS, 3, s.nm, C::SLOTS)) return stop_task();
     const int lo = last_at_most(0, s.units(), t, [&](int b) { return s.block_start(b); });
@@ -348,9 +356,24 @@ struct FwdProblem {
     if (!gu && lo < s.units()) off -= s.gu_size(lo);
     if (!MOKGEN_OK(u >= 0 && u <= s.nm && off < (gu ? s.gu_size(u) : s.dn_size(u)), 1, u, off))
       return stop_task();
-    return u == 0 ? shared_task(gu, off) : routed_task(u - 1, gu, off);
+    return u == 0 ? shared_task<WAIT>(gu, off) : routed_task<WAIT>(u - 1, gu, off);
+  }
+  // GemmCfg::PAIR: tasks a and b (their coordinates) read the same B, so the pair multicasts
+  // it, half each: tiles of one kind and the same weight rows (b_row0: the expert's and the
+  // columns'), as row tiles next to each other in the list are (routed_task, shared_task:
+  // row tiles innermost). Gate/up tiles are dual-B already (gate and up halves); PAIR
+  // kernels load the down tiles' B as two halves too (down_b_row1; the host's maps of W2
+  // have 128-row boxes there: runtime/moe.py). bf16 only (PAIR kernels are).
+  MOKGEN_DEV bool shares_b(const Task& a, const Task& b) const {
+    return opcode(a) == opcode(b) && a.b_row0 == b.b_row0 && a.b_row1 >= 0 &&
+           a.b_row1 == b.b_row1 && a.k_blocks == b.k_blocks;
+  }
+  // A down tile's second B half (PAIR: rows BN/2 below its first), or -1: one box of BN rows
+  static MOKGEN_DEV int down_b_row1(int b_row0) {
+    return Cfg::PAIR ? b_row0 + Cfg::BN / 2 : -1;
   }
 
+  template <bool WAIT>
   MOKGEN_DEV Task shared_task(bool gu, int i) const {
     const int BM = Cfg::BM, BN = Cfg::BN;
     const int rt = i % s.shared_rt, nt = i / s.shared_rt, r0 = rt * BM;
@@ -359,13 +382,16 @@ struct FwdProblem {
       const int n0 = nt * (BN / 2);
       return Task{kSharedGateUp, r0, n0, C::IS + n0, r0, n0, valid, k_d};
     }
-    if (!wait_at_least(sgu_done() + rt, S::SGU_N, buf->rank, kPhaseSharedDown, rt))
-      return stop_task();
-    fence_proxy_async_global();  // h_shared was written by generic stores; TMA reads it
-    return Task{kSharedDown | half_bit<C::D, BN>(nt * BN), r0, nt * BN, -1, r0, nt * BN, valid,
-                k_is};
+    if constexpr (WAIT) {
+      if (!wait_at_least(sgu_done() + rt, S::SGU_N, buf->rank, kPhaseSharedDown, rt))
+        return stop_task();
+      fence_proxy_async_global();  // h_shared was written by generic stores; TMA reads it
+    }
+    return Task{kSharedDown | half_bit<C::D, BN>(nt * BN), r0, nt * BN, down_b_row1(nt * BN), r0,
+                nt * BN, valid, k_is};
   }
 
+  template <bool WAIT>
   MOKGEN_DEV Task routed_task(int q, bool gu, int i) const {
     const int BM = Cfg::BM, BN = Cfg::BN;
     const int m = s.minibatch_at(q);
@@ -377,7 +403,7 @@ struct FwdProblem {
       return stop_task();
     if (gu) {  // gate/up + SwiGLU of one row tile, BN/2 output columns
       const int n0 = nt * (BN / 2);
-      if constexpr (!C::GATHER) {  // gathered: x is there from the start
+      if constexpr (WAIT && !C::GATHER) {  // gathered: x is there from the start
         if constexpr (C::DPUSH) {  // every source rank's dispatch CTAs pushed their rows
           if (!wait_at_least<true>(xflag(dir->xflags[buf->rank], buf->max_minibatches,
                                          kXLanded, m), C::R * C::CD, buf->rank, kPhaseGateUp, m))
@@ -392,6 +418,13 @@ struct FwdProblem {
       return Task{kGateUp | kRouted, slot_row, e * 2 * C::PI + n0, e * 2 * C::PI + C::PI + n0,
                   p0, n0, BM, k_rd};
     }
+    // an edge tile whose second 128-column half is past D is narrow: fp8 tiles then never
+    // read B rows there (the next expert's, or past the last one's and its scales')
+    const auto down = [&] {
+      return Task{kDown | kRouted | half_bit<C::D, BN>(nt * BN), slot_row, e * C::PD + nt * BN,
+                  down_b_row1(e * C::PD + nt * BN), p0, nt * BN, BM, k_ri};
+    };
+    if constexpr (!WAIT) return down();
     if (!wait_at_least(gu_done() + m * S::RT_FULL + rt, S::GU_N, buf->rank, kPhaseDown,
                        m * S::RT_FULL + rt))
       return stop_task();
@@ -404,10 +437,7 @@ struct FwdProblem {
       }
     }
     fence_proxy_async_global();
-    // an edge tile whose second 128-column half is past D is narrow: fp8 tiles then never
-    // read B rows there (the next expert's, or past the last one's and its scales')
-    return Task{kDown | kRouted | half_bit<C::D, BN>(nt * BN), slot_row, e * C::PD + nt * BN,
-                -1, p0, nt * BN, BM, k_ri};
+    return down();
   }
 
   // Consumer threads: rows 64 cwg .. of the tile, stored from registers (signal() then
