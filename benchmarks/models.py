@@ -3,6 +3,9 @@ of a virtual ep = 8 deployment (the largest ep <= 8 dividing E where 8 does not)
 training step, against torch._grouped_mm (autograd for the backward), same inputs, one run.
 
     python benchmarks/models.py [--tokens 4096] [--iters 20] [--out DIR] [--gemm-bwd TILE]
+        [--gemm TILE] (the forward's)
+        [--sustained S] (also both training steps back to back for S seconds each, at the
+        power cap: the short synced loops run partly before it)
 
 The training step is the forward without autograd plus the backward after a forward that
 kept what it needs (mokgen: its ring; PyTorch: autograd's saved tensors), both sides alike.
@@ -39,17 +42,23 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--gemm-bwd", type=_gemm, default=None, metavar="BMxBNxSTAGES[-...]",
                     help="the backward's GEMM tile and schedule (mokgen.compile gemm_bwd)")
+    ap.add_argument("--gemm", type=_gemm, default=None, metavar="BMxBNxSTAGES[-...]",
+                    help="the forward's (mokgen.compile gemm_fwd), e.g. 128x256x4-pair")
     ap.add_argument("--minibatch", type=int, default=None,
                     help="force the minibatch rows (mokgen.compile minibatch; default: the pass)")
+    ap.add_argument("--sustained", type=float, default=0.0, metavar="S")
     a = ap.parse_args(argv)
     over = dict(gemm_bwd=a.gemm_bwd) if a.gemm_bwd else {}
+    if a.gemm:
+        over["gemm_fwd"] = a.gemm
     if a.minibatch:
         over["minibatch"] = a.minibatch
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for name in a.models.split(","):
         for ep in ([int(e) for e in a.ep.split(",")] if a.ep else eps(mokgen.shapes.get(name))):
-            r = bench_one(name, ep, a.tokens, a.iters, g, backward=True, naive=False, **over)
+            r = bench_one(name, ep, a.tokens, a.iters, g, backward=True, naive=False,
+                          sustained=a.sustained, **over)
             b = r["backward"]
             r["train_mokgen_ms"] = r["mokgen_ms"] + b["mokgen_ms"]
             r["train_grouped_ms"] = r["grouped_ms"] + b["grouped_ms"]
@@ -66,6 +75,14 @@ def main(argv=None):
               f"{r['grouped_tflops']:.0f} | {r['grouped_ms'] / r['mokgen_ms']:.2f} | "
               f"{f3 / r['train_mokgen_ms']:.0f} | {f3 / r['train_grouped_ms']:.0f} | "
               f"{r['train_grouped_ms'] / r['train_mokgen_ms']:.2f} |")
+    if a.sustained > 0:
+        print(f"\nback to back for {a.sustained:g} s (power-capped), training step:")
+        print("| model | ep | mokgen TFLOP/s | grouped | x |")
+        print("|---|---|---|---|---|")
+        for r in rows:
+            b, f3 = r["backward"], 3 * r["flops"] / 1e9
+            m, gr = b["mokgen_train_sustained_ms"], b["grouped_train_sustained_ms"]
+            print(f"| {r['shape']} | {r['ep']} | {f3 / m:.0f} | {f3 / gr:.0f} | {gr / m:.2f} |")
 
 
 if __name__ == "__main__":

@@ -237,10 +237,13 @@ def dense_floor(shape, n, dev, g):
 
 
 def bench_one(name, ep, n, iters, g, backward=False, naive=True, queue_ahead=False,
-              **overrides):
+              sustained=0.0, **overrides):
     """`name`: a preset's name, or a MoEShape (reported by its name). naive=False skips the
     per-expert loop baseline (slow at hundreds of local experts; its columns are then NaN).
-    queue_ahead: every timing is the GPU's alone (time_ms)."""
+    queue_ahead: every timing is the GPU's alone (time_ms). sustained > 0 (with backward):
+    also both training steps (forward + backward) back to back for that many seconds each,
+    at the power cap (sustained_ms): the backward's `mokgen_train_sustained_ms` and
+    `grouped_train_sustained_ms`."""
     timed = functools.partial(time_ms, queue_ahead=queue_ahead)
     shape = name if isinstance(name, mokgen.MoEShape) else mokgen.shapes.get(name)
     name = shape.name or str(shape) if isinstance(name, mokgen.MoEShape) else name
@@ -280,12 +283,13 @@ def bench_one(name, ep, n, iters, g, backward=False, naive=True, queue_ahead=Fal
                        comm_sms=layer.plan.comm_sms_fwd)
     if backward:
         res["backward"] = bench_backward(layer, ts, shape, args, all_routes, all_weights,
-                                         res["floor_ms"], iters, g, naive, queue_ahead)
+                                         res["floor_ms"], iters, g, naive, queue_ahead,
+                                         sustained)
     return res  # the slice's tensors die with this frame; main() frees the cache
 
 
 def bench_backward(layer, ts, shape, args, all_routes, all_weights, fwd_floor_ms, iters, g,
-                   naive=True, queue_ahead=False):
+                   naive=True, queue_ahead=False, sustained=0.0):
     """Rank 0's backward slice: ours (its forward, untimed, leaves macrobatch 0 in the ring)
     against autograd through both pipelines; the floor is twice the forward's dense GEMMs.
     Effective TFLOP/s = 12 N (k+1) D I / t."""
@@ -310,6 +314,9 @@ def bench_backward(layer, ts, shape, args, all_routes, all_weights, fwd_floor_ms
              err_dw2_vs_grouped=rel_error(dw2, tg.w2.grad))
     r["mokgen_ms"] = timed(ours, iters, setup=fwd)
     r["grouped_ms"] = timed(back, iters, setup=setup)
+    if sustained > 0:  # each training step (the forward its backward needs, then it)
+        r["mokgen_train_sustained_ms"] = sustained_ms(lambda: (fwd(), ours()), sustained)
+        r["grouped_train_sustained_ms"] = sustained_ms(lambda: (setup(), back()), sustained)
     r["naive_ms"] = float("nan")
     if naive:
         setup_n, back_n = tg.train_step("naive", all_routes, all_weights, dY)
