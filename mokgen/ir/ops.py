@@ -86,8 +86,9 @@ class GemmConfig(NamedTuple):
     tasks of one consumer warpgroup each, beside the other's (gemm_tile.cuh
     consume_tile_solo), the other GEMMs cooperative as before. `pair` (the forward's, bf16,
     cooperative): the kernel runs in 2-CTA clusters whose CTAs take tasks two at a time, and
-    vertically adjacent gate/up tiles of one expert load half of their weight slices each,
-    multicast to both (gemm_tile.cuh produce_pairs)."""
+    vertically adjacent tiles under the same weight rows (gate/up, down) load half of their
+    weight slices each, multicast to both (gemm_tile.cuh produce_pairs). Measured level with
+    the default (benchmarks/NOTES.md session 29): an option, off by default."""
 
     bm: int
     bn: int

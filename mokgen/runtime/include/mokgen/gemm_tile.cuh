@@ -612,6 +612,10 @@ MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState&
 //   void epilogue_solo(const Task&, float (&acc)[Cfg::kAccRegs], int wg): all BM rows of the
 //   BM x BN/2 tile, rows 0..63 in acc[0 .. kAccRegs/2) and 64..127 in the rest (each half as
 //   a m64n(BN/2) accumulator), by consumer warpgroup wg alone (its staging and barriers).
+//   GemmCfg::PAIR kernels (launched in 2-CTA clusters; produce_pairs): int claim(int n) (the
+//   first of n tasks taken), int task_count(), template <bool WAIT> Task task_at(int t)
+//   (WAIT: next_task's waits for task t; else its coordinates alone, the same in both CTAs)
+//   and bool shares_b(a, b) (the two tasks read the same B: a dual B, b_row1 >= 0).
 // Must be called by all 384 threads with the kernel's dynamic smem (>= Cfg::SMEM_BYTES) and
 // the kernel declared __launch_bounds__(384, 1) so setmaxnreg takes effect.
 
@@ -881,9 +885,10 @@ MOKGEN_DEV void produce_pairs(Problem& prob, const GemmSmem<Cfg>& sm) {
   const uint32_t rank = cluster_ctarank();
   PipeState ps, ts, ms;  // ring, task channel, mailbox
   // Rank 0 claims and posts each pair one pair ahead: the claim's atomic runs under this
-  // pair's decoding and waits, and rank 1 finds the pair in its mailbox when it gets there
-  // (a producer's ask for a task is on the consumers' path between two tasks; claimed when
-  // needed, pairs added 1.6-1.9 us to it: benchmarks/NOTES.md session 29).
+  // pair's decoding and waits, and rank 1 finds the pair in its mailbox when it gets there.
+  // (Measured against claiming when needed, benchmarks/NOTES.md session 29: the producer's
+  // ask per task no shorter, 5.5-5.6 us against the default's 3.6-4.0: its two decodes, not
+  // the atomic, are what pairs add.)
   int next = 0;
   if (rank == 0) {
     next = prob.claim(2);

@@ -111,7 +111,7 @@ struct GemmCfg {
   static constexpr bool SOLO = SOLO_;
   // CTA pairs (2-CTA clusters, gemm_tile.cuh produce_pairs): the two CTAs take their tasks two
   // at a time and keep their rings in step, so where both tasks read the same B (adjacent row
-  // tiles of one expert's gate/up columns) each loads half of it, multicast to both
+  // tiles under one expert's weight rows) each loads half of it, multicast to both
   static constexpr bool PAIR = PAIR_;
   static constexpr int kMailSlots = 4;  // PAIR: pairs rank 0 may claim ahead of rank 1
   static constexpr int kThreads = 384;
