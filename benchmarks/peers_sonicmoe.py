@@ -236,8 +236,7 @@ def write(out: str, rows: list) -> None:
               f"| {fmt(r.get('sonicmoe_train_fresh_tflops'))} "
               f"| {fmt(r.get('mokgen_peak_fresh_mb'))} | {fmt(r.get('sonicmoe_peak_fresh_mb'))} |")
     if any("sustained_s" in r for r in rows):
-        print("\nback to back at the power cap (sustained): fwd mokgen | SonicMoE | train mokgen "
-              "fused | SonicMoE")
+        print("\nback to back at the power cap (sustained), TFLOP/s:")
         print("| shape | fwd mokgen | SonicMoE | train mokgen fused | SonicMoE |")
         print("|---|---|---|---|---|")
         for r in rows:
