@@ -12,6 +12,8 @@
 # then, carrying .build:  bash benchmarks/ab_models.sh NAME MODEL,MODEL... [EP] [TOKENS]
 # OTHER_ARGS="--gemm-bwd 128x256x4-solo": models.py arguments of the NAME side only (a plan
 # option against the default: NAME then holds the same tree, prebuilt with the same args).
+# ARGS="--sustained 2": models.py arguments of both sides (the summary then adds the
+# training step back to back at the power cap).
 # Per side and model: the medians of its two runs; last, NAME / base per model, of mokgen's
 # TFLOP/s and of its ratio to grouped_mm in the same process (session 10: the middle two
 # processes ran ~20% faster on a small layer, baseline included; only the second saw it).
@@ -29,8 +31,8 @@ OTHER=$ROOT/.build/ab/$NAME
 i=0
 for side in base "$NAME" "$NAME" base; do
   i=$((i + 1))
-  dir=$ROOT; cache=$ROOT/.build/kc; args=
-  [ "$side" = base ] || { dir=$OTHER; cache=$OTHER/kc; args=${OTHER_ARGS:-}; }
+  dir=$ROOT; cache=$ROOT/.build/kc; args=${ARGS:-}
+  [ "$side" = base ] || { dir=$OTHER; cache=$OTHER/kc; args="${ARGS:-} ${OTHER_ARGS:-}"; }
   mkdir -p "$OUT/models_${side}_$i"
   (cd "$dir" && PYTHONPATH=$dir MOKGEN_CACHE=$cache timeout ${RUN_TIMEOUT:-240} \
     python3 benchmarks/models.py --models "$MODELS" --ep "$EP" --tokens "$TOKENS" \
@@ -54,11 +56,18 @@ for side in ("base", name):
                               x_fwd=m("grouped_ms") / m("mokgen_ms"),
                               x_train=m("train_grouped_ms") / m("train_mokgen_ms"),
                               err=max(r["err_vs_grouped"] for r in rs), runs=len(rs))
+        if "mokgen_train_sustained_ms" in rs[0]["backward"]:  # ARGS=--sustained
+            ms = lambda k: statistics.median(r["backward"][k] for r in rs)  # noqa: E731
+            med[side, key].update(capped=f3 / ms("mokgen_train_sustained_ms"),
+                                  x_capped=ms("grouped_train_sustained_ms")
+                                  / ms("mokgen_train_sustained_ms"))
 print(f"| model | ep | side | fwd TFLOP/s | x grouped_mm | train TFLOP/s | x grouped_mm | err |")
 print("|---|---|---|---|---|---|---|---|")
 for (side, key), v in sorted(med.items(), key=lambda kv: (kv[0][1], kv[0][0] != "base")):
     print(f"| {key[0]} | {key[1]} | {side} | {v['fwd']:.0f} | {v['x_fwd']:.3f} | "
-          f"{v['train']:.0f} | {v['x_train']:.3f} | {v['err']:.1e} |")
+          f"{v['train']:.0f} | {v['x_train']:.3f} | {v['err']:.1e} |"
+          + (f" capped train {v['capped']:.0f}, x grouped_mm {v['x_capped']:.3f}"
+             if "capped" in v else ""))
 for (side, key), v in med.items():
     if side == name and ("base", key) in med:
         b = med["base", key]
@@ -66,7 +75,9 @@ for (side, key), v in med.items():
         # as the change), the x grouped_mm ratio with the baseline's noise; trust agreement
         print(f"{key[0]} ep {key[1]}: {name}/base fwd {v['fwd'] / b['fwd']:.3f} "
               f"train {v['train'] / b['train']:.3f}; x grouped_mm {name}/base fwd "
-              f"{v['x_fwd'] / b['x_fwd']:.3f} train {v['x_train'] / b['x_train']:.3f}")
+              f"{v['x_fwd'] / b['x_fwd']:.3f} train {v['x_train'] / b['x_train']:.3f}"
+              + (f"; capped train {v['capped'] / b['capped']:.3f}"
+                 if "capped" in v and "capped" in b else ""))
 json.dump({f"{s}|{k[0]}|{k[1]}": v for (s, k), v in med.items()},
           open(os.path.join(out, f"ab_models_{name}.json"), "w"), indent=1)
 PY

@@ -68,8 +68,9 @@ PT_SHAPES = [  # (M, N, K, layout): 0 K-major, 2 both MN-major (a weight gradien
 
 
 def pt_smem(tn: int, stages: int) -> int:
-    """gemm_test.cu's PtCfg<tn> = GemmCfg<tn, stages>: SMEM_BYTES (4 task slots)."""
-    return 1024 + stages * (128 + tn) * BK * 2 + 8 * (2 * stages + 2 * 4) + 32 * 4
+    """gemm_test.cu's PtCfg<tn> = GemmCfg<tn, stages>: SMEM_BYTES (4 task slots, the
+    scheduler's `taken` barrier)."""
+    return 1024 + stages * (128 + tn) * BK * 2 + 8 * (2 * stages + 2 * 4) + 32 * 4 + 8
 
 
 PT_SMEM, PT4_SMEM, PT192_SMEM = pt_smem(128, 6), pt_smem(128, 4), pt_smem(192, 5)

@@ -2,7 +2,9 @@
 the `trace` profile (runtime/include/mokgen/trace.cuh: per-task clocks, results unchanged),
 run once each after warm-up, and summed per task kind and over time.
 
-Per task: ask -> got is the producer's next_task (the atomic and the dependency waits),
+Per task: ask -> got is the producer's wait for the task: with a scheduling thread
+(GemmCfg::SCHEDULER, bf16) what of the scheduler's next_task (the atomic, the decode and the
+dependency waits) did not finish under the previous task's slices; else its own next_task;
 pop -> main the consumers' mainloop (TMA data waits included), main -> epi the epilogue,
 epi -> done the consumers' barrier and the signal; a consumer's idle time is the gap between
 one task's done and the next one's pop, charged to the task it waited for. Cooperative

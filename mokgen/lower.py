@@ -60,7 +60,7 @@ def stage_bytes(gemm: ir.GemmConfig, smem: int = 227 * 1024) -> int:
     slots, mail_slots = 4, 4
     engine = gemm.stages * (gemm.bm + gemm.bn) * 64 * 2 + 8 * (2 * gemm.stages + 2 * slots) \
         + 32 * slots + (16 if gemm.signal_warp and not gemm.pair else 0) \
-        + (16 + mail_slots * 20 if gemm.pair else 0)
+        + (16 + mail_slots * 20 if gemm.pair else 0) + 8  # + the scheduler's `taken` barrier
     room = smem - 1024 - -(-engine // 1024) * 1024
     return next((b for b in (2 * gemm.bn // 64 * 8192, 2 * 2 * 8192) if b <= room), 0)
 

@@ -1,11 +1,15 @@
 """The GEMM engine's channel protocol with solo tasks (gemm_tile.cuh, GemmCfg::SOLO), as a
-model run on the CPU: a producer, the task channel (TASK_SLOTS slots, each freed by 8 warp
-arrivals), the ring (STAGES stages; full: the producer's load, empty: 8 warp arrivals) and
-two consumer warpgroups taking cooperative tasks together (kBarTile) and solo tasks in turns
-(the producer's kHalfN on every other one), interleaved at random. What it checks: no
-interleaving deadlocks, and every ring position is read by the warpgroups that own it (both
-for a cooperative task, the solo task's one otherwise), in order. The device code is what
-runs; this is the protocol it implements, for the orders a GPU test may never hit."""
+model run on the CPU: a scheduler that takes the tasks (schedule_tasks), a producer that
+streams them, the task channel (TASK_SLOTS slots, each freed by 8 warp arrivals), the ring
+(STAGES stages; full: the producer's load, empty: 8 warp arrivals) and two consumer
+warpgroups taking cooperative tasks together (kBarTile) and solo tasks in turns (the
+scheduler's kHalfN on every other one), interleaved at random. The scheduler pushes task
+i + 1 once the producer has taken task i (the `taken` barrier: GemmCfg::SCHEDULER), or, in
+kernels without one, the producer takes each task itself after streaming the one before.
+What it checks: no interleaving deadlocks, the scheduler never more than one task ahead of
+the producer, and every ring position is read by the warpgroups that own it (both for a
+cooperative task, the solo task's one otherwise), in order. The device code is what runs;
+this is the protocol it implements, for the orders a GPU test may never hit."""
 import random
 
 import pytest
@@ -13,7 +17,7 @@ import pytest
 STAGES, SLOTS = 4, 4
 
 
-def simulate(tasks, rng):
+def simulate(tasks, rng, scheduler=True):
     """tasks: [(solo, k_blocks)]. Returns each warpgroup's reads [(position, task index)]."""
     full = [0] * STAGES        # completed phases of each stage's full barrier
     empty_arr = [0] * STAGES   # arrivals in the current phase of each empty barrier
@@ -21,7 +25,8 @@ def simulate(tasks, rng):
     slot_arr = [0] * SLOTS     # arrivals freeing each task slot (8 warps)
     slot_free = [0] * SLOTS    # completed frees of each slot
     channel = []               # pushed tasks: (solo, k, parity)
-    prod = dict(task=0, pos=0, left=None, odd=False)
+    sched = dict(task=0, odd=False)
+    prod = dict(task=0, pos=0, left=None, taken=0)
     wgs = [dict(t=0, pos=0, state="pop", left=0, reads=[]) for _ in range(2)]
     tile_bar = {}              # cooperative task index -> warpgroups arrived at kBarTile
 
@@ -36,17 +41,29 @@ def simulate(tasks, rng):
         if slot_arr[s] == 8:
             slot_arr[s], slot_free[s] = 0, slot_free[s] + 1
 
+    def step_scheduler():  # push the next task (its slot must be free)
+        i = sched["task"]
+        if i == len(tasks) or slot_free[i % SLOTS] < i // SLOTS:
+            return False
+        if scheduler and i > 0 and prod["taken"] < i:  # the producer took task i - 1
+            return False
+        if not scheduler and (prod["task"] < i or prod["left"] is not None):
+            return False  # the producer's own next_task: after streaming task i - 1
+        solo, k = tasks[i]
+        parity = sched["odd"] if solo else None
+        if solo:
+            sched["odd"] = not sched["odd"]
+        channel.append((solo, k, parity))
+        sched["task"] += 1
+        assert len(channel) <= prod["taken"] + 1, "the scheduler ran more than a task ahead"
+        return True
+
     def step_producer():
-        if prod["left"] is None:  # push the next task (its slot must be free)
+        if prod["left"] is None:  # take the next task from the channel
             i = prod["task"]
-            if i == len(tasks) or slot_free[i % SLOTS] < i // SLOTS:
+            if i == len(tasks) or i >= len(channel):
                 return False
-            solo, k = tasks[i]
-            parity = prod["odd"] if solo else None
-            if solo:
-                prod["odd"] = not prod["odd"]
-            channel.append((solo, k, parity))
-            prod["left"] = k
+            prod["left"], prod["taken"] = channel[i][1], prod["taken"] + 1
             return True
         if prod["left"] == 0:
             prod["left"], prod["task"] = None, prod["task"] + 1
@@ -105,7 +122,7 @@ def simulate(tasks, rng):
             return True
         raise AssertionError(w["state"])
 
-    agents = [step_producer, lambda: step_wg(0), lambda: step_wg(1)]
+    agents = [step_scheduler, step_producer, lambda: step_wg(0), lambda: step_wg(1)]
     while True:
         order = rng.sample(agents, len(agents))
         if not any(a() for a in order):
@@ -115,11 +132,12 @@ def simulate(tasks, rng):
     return [w["reads"] for w in wgs], channel
 
 
+@pytest.mark.parametrize("scheduler", [True, False])
 @pytest.mark.parametrize("seed", range(40))
-def test_solo_and_cooperative_tasks_never_deadlock_and_read_their_own_slices(seed):
+def test_solo_and_cooperative_tasks_never_deadlock_and_read_their_own_slices(seed, scheduler):
     rng = random.Random(seed)
     tasks = [(rng.random() < 0.6, rng.choice([0, 1, 2, 3, 5, 9, 17])) for _ in range(40)]
-    reads, channel = simulate(tasks, rng)
+    reads, channel = simulate(tasks, rng, scheduler)
     starts = [0]
     for _, k in tasks:
         starts.append(starts[-1] + k)

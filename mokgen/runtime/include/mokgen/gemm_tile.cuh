@@ -73,8 +73,9 @@
 namespace mokgen {
 
 // ---------------------------------------------------------------- task channel
-// Single producer thread -> all consumer threads. The producer may run TASK_SLOTS - 1 tasks
-// ahead (consumers keep the current one's slot until its epilogue is done). Slot writes are
+// The thread that takes tasks (the scheduler, or the producer) -> the producer (with a
+// scheduler) and all consumer threads. The consumers keep the current task's slot until its
+// epilogue is done: the next TASK_SLOTS - 1 may be pushed meanwhile. Slot writes are
 // plain smem stores ordered by the arrive's release semantics.
 template <class Cfg>
 MOKGEN_DEV void task_push(const GemmSmem<Cfg>& sm, PipeState& ts, const Task& t) {
@@ -595,7 +596,8 @@ MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState&
 //   static constexpr bool kNarrowTiles;        // tasks may set kHalfN (half_bit)
 //   void prefetch() const;                     // thread 0 at the start: tma_prefetch_desc(...)
 //   static constexpr int kQ;                   // 0, or Cfg::Q: tasks may set kF8
-//   Task next_task();                          // producer thread: next task or stop_task()
+//   Task next_task();                          // the thread that takes tasks (schedule_tasks,
+//                                              // else the producer): next or stop_task()
 //   const CUtensorMap* map_a(const Task&) const; const CUtensorMap* map_b(const Task&) const;
 //   void epilogue(const Task&, float (&acc)[Cfg::kAccRegs], int cwg);   // consumer threads:
 //                                              // rows 64 cwg .. of the task
@@ -978,6 +980,87 @@ MOKGEN_DEV void produce_gathering(Problem& prob, const GemmSmem<Cfg>& sm) {
   }
 }
 
+// The scheduling thread (warp 2 of the producer warpgroup, beside the producing thread of
+// warp 0): takes each task from the Problem (next_task: the list's atomic, the task's decode,
+// its dependency waits) and publishes it on the task channel, one task ahead of the
+// producer. It asks for task i + 1 once the producer has started streaming task i
+// (sm.taken()), so the ask runs under task i's slices. When one thread did both, the ask
+// (3.6-4.0 us a task in the forward, up to 6.9 in the backward: benchmarks/NOTES.md session
+// 29) ran between task i's last slice and task i + 1's first, and where it outlasted the
+// ring's last slices and the epilogue the consumers idled (4% of the forward's SM time, 6%
+// of the backward's). One ahead, not TASK_SLOTS - 1: a claimed task is one other CTAs may
+// wait on, so claims stay as close to their runs as the ask allows. Deadlock-free as
+// before: a task waits only on tasks earlier in the list, and the earliest unfinished one
+// is running (its CTA's task before it, if any, is finished).
+template <class Cfg, class Problem>
+MOKGEN_DEV void schedule_tasks(Problem& prob, const GemmSmem<Cfg>& sm) {
+  PipeState ts;
+  bool solo_odd = false;  // Cfg::SOLO: an odd count of solo tasks pushed so far
+  for (;;) {
+    // Task i waits for the taken barrier's phase i: the producer completes phase 0 up front
+    // and phase i by taking task i - 1. i's parity is its slot's (TASK_SLOTS is even), so
+    // the loop holds no count: the registers (56) hold the Problem's schedule state, which
+    // spilled with one more. Unbounded (no watchdog): the producer takes every task it is
+    // given unless one of its own bounded waits trapped.
+    while (!mbar_try_wait(sm.taken(), ts.idx() & 1)) {
+    }
+    Task t = prob.next_task();
+    if constexpr (Cfg::SOLO) {  // which consumer warpgroup runs it: kHalfN (see above)
+      if (t.op >= 0 && (t.op & kSolo)) {
+        t.op = (t.op & ~kHalfN) | (solo_odd ? kHalfN : 0);
+        solo_odd = !solo_odd;
+      }
+    }
+    task_push<Cfg>(sm, ts, t);
+    if (t.op < 0) break;
+  }
+}
+
+// The producing thread: streams each task's slices. Cfg::SCHEDULER: it follows the task
+// channel as the consumers do (the consumers free each slot) and trace builds record its
+// wait for the task as the ask (the scheduler's next_task, where that did not finish under
+// the previous task); else it takes each task itself and publishes it.
+template <class Cfg, class Problem>
+MOKGEN_DEV void produce_tasks(Problem& prob, const GemmSmem<Cfg>& sm) {
+  static_assert(Cfg::TASK_SLOTS % 2 == 0, "schedule_tasks reads a task's parity off its slot");
+  PipeState ps, ts;
+  if constexpr (Cfg::SCHEDULER) mbar_arrive(sm.taken());  // task 0 may be taken at once
+  for (int i = 0;; ++i) {
+    uint64_t ask = 0;
+    if constexpr (Cfg::TRACE) ask = trace_clock();
+    Task t;
+    if constexpr (Cfg::SCHEDULER) {
+      mbar_wait(&sm.task_full()[ts.idx()], ts.phase(), 101);  // traps: the scheduler waits
+      t = sm.tasks()[ts.idx()];
+      if (t.op < 0) break;
+      mbar_arrive(sm.taken());
+      ts.template advance<Cfg::TASK_SLOTS>();
+    } else {
+      t = prob.next_task();  // (no solo tasks: SOLO kernels have the scheduler)
+      task_push<Cfg>(sm, ts, t);
+      if (t.op < 0) break;
+    }
+    if constexpr (Cfg::TRACE) trace_task_got(i, t, ask);
+#pragma unroll 1
+    for (int h = 0; h < (Cfg::PINGPONG ? 2 : 1); ++h) {  // ping-pong: each half in turn
+      if constexpr (Problem::kQ > 0) {
+        if (t.op & kF8) {
+          produce_tile_fp8<Cfg, Problem::kNarrowTiles>(sm, ps, prob.map_a(t), prob.map_b(t),
+                                                       prob.map_sa(t), prob.map_sb(t), t);
+          continue;
+        }
+      }
+      // solo kernels load a solo task's B as a narrow tile's: BN/2 columns
+      constexpr bool kWrap = WrapTrait<Problem>::value;
+      int wrap = 0;
+      if constexpr (kWrap) wrap = prob.b_wrap(t);
+      produce_tile<Cfg, Problem::kNarrowTiles || Cfg::SOLO, kWrap>(
+          sm, ps, prob.map_a(t), prob.map_b(t), t, Cfg::PINGPONG ? h : -1, wrap);
+    }
+    if constexpr (Cfg::TRACE) trace_fill_record(i);
+  }
+}
+
 template <class Cfg, class Problem>
 MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
   constexpr bool kGather = gathers_rows<Problem>();
@@ -1007,40 +1090,10 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
       produce_gathering<Cfg>(prob, sm);  // the whole warpgroup
     } else if constexpr (Cfg::PAIR) {
       if (threadIdx.x < 32 && elect_one()) produce_pairs<Cfg>(prob, sm);
+    } else if (Cfg::SCHEDULER && threadIdx.x >= 64 && threadIdx.x < 96) {
+      if (elect_one()) schedule_tasks<Cfg>(prob, sm);
     } else if (threadIdx.x < 32 && elect_one()) {
-      PipeState ps, ts;
-      bool solo_odd = false;  // Cfg::SOLO: an odd count of solo tasks pushed so far
-      for (int i = 0;; ++i) {
-        uint64_t ask = 0;
-        if constexpr (Cfg::TRACE) ask = trace_clock();
-        Task t = prob.next_task();
-        if constexpr (Cfg::SOLO) {  // which consumer warpgroup runs it: kHalfN (see above)
-          if (t.op >= 0 && (t.op & kSolo)) {
-            t.op = (t.op & ~kHalfN) | (solo_odd ? kHalfN : 0);
-            solo_odd = !solo_odd;
-          }
-        }
-        if constexpr (Cfg::TRACE) trace_task_got(i, t, ask);
-        task_push<Cfg>(sm, ts, t);
-        if (t.op < 0) break;
-#pragma unroll 1
-        for (int h = 0; h < (Cfg::PINGPONG ? 2 : 1); ++h) {  // ping-pong: each half in turn
-          if constexpr (Problem::kQ > 0) {
-            if (t.op & kF8) {
-              produce_tile_fp8<Cfg, Problem::kNarrowTiles>(sm, ps, prob.map_a(t), prob.map_b(t),
-                                                           prob.map_sa(t), prob.map_sb(t), t);
-              continue;
-            }
-          }
-          // solo kernels load a solo task's B as a narrow tile's: BN/2 columns
-          constexpr bool kWrap = WrapTrait<Problem>::value;
-          int wrap = 0;
-          if constexpr (kWrap) wrap = prob.b_wrap(t);
-          produce_tile<Cfg, Problem::kNarrowTiles || Cfg::SOLO, kWrap>(
-              sm, ps, prob.map_a(t), prob.map_b(t), t, Cfg::PINGPONG ? h : -1, wrap);
-        }
-        if constexpr (Cfg::TRACE) trace_fill_record(i);
-      }
+      produce_tasks<Cfg>(prob, sm);
     }
   } else {
     setmaxnreg_inc<kGather ? Cfg::kGatherConsumerRegs : Cfg::kConsumerRegs>();

@@ -138,12 +138,14 @@ struct GemmCfg {
   // not guaranteed to be.
   // PAIR's mailbox after the 16 bytes of `stopped`: full and empty barriers and an int a slot
   static constexpr int MAIL_BYTES = PAIR ? 16 + kMailSlots * (8 + 8 + 4) : 0;
-  static constexpr int ENGINE_BYTES = STAGES * (STAGE_BYTES + SC_BYTES) + BAR_BYTES +
-                                      32 * TASK_SLOTS + (SIGNAL_WARP && !PAIR ? 16 : 0) +
-                                      MAIL_BYTES;
+  // the scheduler's `taken` barrier (gemm_tile.cuh schedule_tasks) last, 8 bytes: before
+  // the task slots it moved the fp8 scales' TMA boxes off their 128-byte alignment
+  static constexpr int TAKEN_AT = STAGES * (STAGE_BYTES + SC_BYTES) + BAR_BYTES +
+                                  32 * TASK_SLOTS + (SIGNAL_WARP && !PAIR ? 16 : 0) + MAIL_BYTES;
+  static constexpr int ENGINE_BYTES = TAKEN_AT + 8;
   static constexpr int EPI_AT = (ENGINE_BYTES + 1023) / 1024 * 1024;  // 1024-aligned
   static constexpr int SMEM_BYTES = 1024 + (EPI_BYTES ? EPI_AT + EPI_BYTES : ENGINE_BYTES);
-  // The producer thread runs the Problem's schedule (next_task: its waits, the task's
+  // The producer warpgroup runs the Problem's schedule (next_task: its waits, the task's
   // expert and rows) beside the slices' TMA issue: at 40 registers the bf16 backwards
   // spilled it (72-120 B on the keep_h, ping-pong and solo backwards, nvcc 13.0; unseen until
   // build.parse_ptxas stopped letting a called device function's report overwrite its
@@ -151,6 +153,11 @@ struct GemmCfg {
   // consumers keep 232 (their scratch beside the accumulators), their producers 40 (none
   // spills there).
   static constexpr int kProducerRegs = Q == 0 ? 56 : 40, kConsumerRegs = Q == 0 ? 224 : 232;
+  // A scheduling thread takes the tasks one ahead of the producing thread (gemm_tile.cuh
+  // schedule_tasks) where the producer warpgroup's registers hold the Problem's schedule
+  // state: at the fp8 kernels' 40 its loop spilled 16-44 B (nvcc 13.0; the producer's
+  // loop that takes its own tasks does not), so they keep that one
+  static constexpr bool SCHEDULER = Q == 0;
   // producer warps that gather rows (produce_tile_gather) compute their addresses beside the
   // Problem's schedule state: 40 spilled the backward with a shared expert (nvcc 13.0), 56
   // leaves the consumers 224, where none of their code spills
@@ -211,6 +218,10 @@ struct GemmSmem {
     return reinterpret_cast<int*>(mail_empty() + Cfg::kMailSlots);
   }
 
+  // the producer has started streaming a task (count 1): the scheduler's pace
+  // (gemm_tile.cuh schedule_tasks)
+  MOKGEN_DEV uint64_t* taken() const { return reinterpret_cast<uint64_t*>(ring + Cfg::TAKEN_AT); }
+
   MOKGEN_DEV uint8_t* a_stage(int s) const { return ring + s * Cfg::STAGE_BYTES; }
   MOKGEN_DEV uint8_t* b_stage(int s) const { return ring + s * Cfg::STAGE_BYTES + Cfg::A_BYTES; }
   MOKGEN_DEV float* sa_stage(int s) const { return scales() + s * (Cfg::SC_BYTES / 4); }
@@ -242,6 +253,7 @@ struct GemmSmem {
         mbar_init(&mail_empty()[s], 1);
       }
     }
+    mbar_init(taken(), 1);
     for (int s = 0; s < Cfg::TASK_SLOTS; ++s) {
       mbar_init(&task_full()[s], 1);
       // the signal warp frees a slot once it has signalled the task (signal_warp)

@@ -187,6 +187,13 @@ struct BwdSchedule {
     first_slot = max(0, nm - C::SLOTS) % C::SLOTS;  // where the forward left minibatch 0
     seg_start = starts;
   }
+  // Called at each task's decode (BwdProblem::next_task): an empty asm that may change the
+  // fields, so what the decode derives from them is derived again per task, not hoisted out
+  // of the scheduling thread's loop into registers it lacks (56: it spilled 8-24 B there)
+  MOKGEN_DEV void launder() {
+    asm volatile("" : "+r"(rows), "+r"(nm), "+r"(rt_last), "+r"(shared_rt), "+r"(resident),
+                 "+r"(first_slot));
+  }
   MOKGEN_DEV int slot_row(int m) const { return ((first_slot + m) % C::SLOTS) * C::B; }
   // a ring row's x row: XWIN (the ring holds every minibatch, so ring rows are layout rows)
   // keeps x in a window of XSLOTS slots (FwdConsts XSLOTS)
@@ -425,8 +432,9 @@ struct BwdProblem {
                      (Cfg::PROF & kProfGatherInOrder) != 0};
   }
 
-  // Producer thread only.
+  // The thread that takes tasks (gemm_tile.cuh schedule_tasks) only.
   MOKGEN_DEV Task next_task() {
+    s.launder();
     const int t = (int)atomicAdd(buf->counters, 1u);
     if (t >= s.total_tasks() || aborted()) return stop_task();
     // GATHER: a ring row must be its layout row; DXRING: no minibatch may reuse a slot whose
