@@ -3,7 +3,8 @@ model run on the CPU: a scheduler that takes the tasks (schedule_tasks), a produ
 streams them, the task channel (TASK_SLOTS slots, each freed by 8 warp arrivals), the ring
 (STAGES stages; full: the producer's load, empty: 8 warp arrivals) and two consumer
 warpgroups taking cooperative tasks together (kBarTile) and solo tasks in turns (the
-scheduler's kHalfN on every other one), interleaved at random. The scheduler pushes task
+scheduler's kHalfN on every other one), interleaved at random, with the TMA loads landing in any order and the mbarriers' waits as the
+hardware's (a parity, so a waiter two phases ahead passes). The scheduler pushes task
 i + 1 once the producer has taken task i (the `taken` barrier: GemmCfg::SCHEDULER), or, in
 kernels without one, the producer takes each task itself after streaming the one before.
 What it checks: no interleaving deadlocks, the scheduler never more than one task ahead of
@@ -19,7 +20,8 @@ STAGES, SLOTS = 4, 4
 
 def simulate(tasks, rng, scheduler=True):
     """tasks: [(solo, k_blocks)]. Returns each warpgroup's reads [(position, task index)]."""
-    full = [0] * STAGES        # completed phases of each stage's full barrier
+    full = [0] * STAGES        # completed phases of each stage's full barrier (data landed)
+    flight = []                # stages whose TMA load is issued and not yet landed
     empty_arr = [0] * STAGES   # arrivals in the current phase of each empty barrier
     empty = [0] * STAGES       # completed phases of each empty barrier
     slot_arr = [0] * SLOTS     # arrivals freeing each task slot (8 warps)
@@ -70,9 +72,12 @@ def simulate(tasks, rng, scheduler=True):
             return True
         p = prod["pos"]
         s, r = p % STAGES, p // STAGES
-        if empty[s] < r:  # the stage's previous round not yet freed by its readers
+        # mbarrier parity waits: a wait for phase n passes while the barrier's count of
+        # completed phases has the other parity, so a waiter two phases ahead passes too
+        if empty[s] % 2 != r % 2:  # round r - 1 of the stage not yet freed by its readers
             return False
-        full[s] += 1
+        assert empty[s] >= r, ("the producer refilled a stage still being read", p)
+        flight.append(s)
         prod["pos"], prod["left"] = p + 1, prod["left"] - 1
         return True
 
@@ -99,8 +104,9 @@ def simulate(tasks, rng, scheduler=True):
                 return True
             p = w["pos"]
             s, r = p % STAGES, p // STAGES
-            if full[s] <= r:
+            if full[s] % 2 == r % 2:
                 return False
+            assert full[s] > r, ("a warpgroup read a stage before its slice landed", h, p, i)
             w["reads"].append((p, i))
             empty_arrive(s, 8 if solo else 4)  # 4 warps, 2 arrivals each on a solo task
             w["pos"], w["left"] = p + 1, w["left"] - 1
@@ -122,7 +128,14 @@ def simulate(tasks, rng, scheduler=True):
             return True
         raise AssertionError(w["state"])
 
-    agents = [step_scheduler, step_producer, lambda: step_wg(0), lambda: step_wg(1)]
+    def step_tma():  # one issued load lands (a stage is reissued only once freed)
+        if not flight:
+            return False
+        s = flight.pop(rng.randrange(len(flight)))
+        full[s] += 1
+        return True
+
+    agents = [step_scheduler, step_producer, step_tma, lambda: step_wg(0), lambda: step_wg(1)]
     while True:
         order = rng.sample(agents, len(agents))
         if not any(a() for a in order):
@@ -132,12 +145,8 @@ def simulate(tasks, rng, scheduler=True):
     return [w["reads"] for w in wgs], channel
 
 
-@pytest.mark.parametrize("scheduler", [True, False])
-@pytest.mark.parametrize("seed", range(40))
-def test_solo_and_cooperative_tasks_never_deadlock_and_read_their_own_slices(seed, scheduler):
-    rng = random.Random(seed)
-    tasks = [(rng.random() < 0.6, rng.choice([0, 1, 2, 3, 5, 9, 17])) for _ in range(40)]
-    reads, channel = simulate(tasks, rng, scheduler)
+def check_reads(tasks, reads, channel):
+    """Each warpgroup read the ring positions its tasks own, in order."""
     starts = [0]
     for _, k in tasks:
         starts.append(starts[-1] + k)
@@ -145,6 +154,29 @@ def test_solo_and_cooperative_tasks_never_deadlock_and_read_their_own_slices(see
         want = [(p, i) for i, (solo, k, parity) in enumerate(channel)
                 if not solo or parity == (h == 1) for p in range(starts[i], starts[i] + k)]
         assert reads[h] == want, h
-    # solo tasks alternate between the warpgroups in channel order
-    parities = [par for solo, _, par in channel if solo]
-    assert parities == [j % 2 == 1 for j in range(len(parities))]
+
+
+@pytest.mark.parametrize("scheduler", [True, False])
+@pytest.mark.parametrize("seed", range(40))
+def test_cooperative_tasks_never_deadlock_and_read_their_own_slices(seed, scheduler):
+    rng = random.Random(seed)
+    tasks = [(False, rng.choice([0, 1, 2, 3, 5, 9, 17])) for _ in range(40)]
+    reads, channel = simulate(tasks, rng, scheduler)
+    check_reads(tasks, reads, channel)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "known race of solo tasks (GemmConfig.solo, opt-in): the warpgroup that steps past the "
+    "other's solo task waits on its own task's first stages while the skipped slices may not "
+    "have landed, and an mbarrier parity wait one phase early passes (NOTES session 30)"))
+def test_solo_and_cooperative_tasks_read_their_own_slices():
+    """Solo kernels take their tasks without the scheduler (GemmCfg::SCHEDULER), as before it;
+    strict: once the race is fixed this passes, and the marker must go."""
+    for seed in range(40):
+        rng = random.Random(seed)
+        tasks = [(rng.random() < 0.6, rng.choice([0, 1, 2, 3, 5, 9, 17])) for _ in range(40)]
+        reads, channel = simulate(tasks, rng, scheduler=False)
+        check_reads(tasks, reads, channel)
+        # solo tasks alternate between the warpgroups in channel order
+        parities = [par for solo, _, par in channel if solo]
+        assert parities == [j % 2 == 1 for j in range(len(parities))]

@@ -994,23 +994,17 @@ MOKGEN_DEV void produce_gathering(Problem& prob, const GemmSmem<Cfg>& sm) {
 // is running (its CTA's task before it, if any, is finished).
 template <class Cfg, class Problem>
 MOKGEN_DEV void schedule_tasks(Problem& prob, const GemmSmem<Cfg>& sm) {
+  static_assert(!Cfg::SOLO, "solo kernels take their tasks in the producer (GemmCfg::SCHEDULER)");
   PipeState ts;
-  bool solo_odd = false;  // Cfg::SOLO: an odd count of solo tasks pushed so far
   for (;;) {
     // Task i waits for the taken barrier's phase i: the producer completes phase 0 up front
     // and phase i by taking task i - 1. i's parity is its slot's (TASK_SLOTS is even), so
-    // the loop holds no count: the registers (56) hold the Problem's schedule state, which
-    // spilled with one more. Unbounded (no watchdog): the producer takes every task it is
-    // given unless one of its own bounded waits trapped.
+    // the loop holds no count of its own (its 56 registers hold the Problem's schedule
+    // state). Unbounded (no watchdog): the producer takes every task it is given unless
+    // one of its own bounded waits trapped, and the watchdog's path here spilled.
     while (!mbar_try_wait(sm.taken(), ts.idx() & 1)) {
     }
-    Task t = prob.next_task();
-    if constexpr (Cfg::SOLO) {  // which consumer warpgroup runs it: kHalfN (see above)
-      if (t.op >= 0 && (t.op & kSolo)) {
-        t.op = (t.op & ~kHalfN) | (solo_odd ? kHalfN : 0);
-        solo_odd = !solo_odd;
-      }
-    }
+    const Task t = prob.next_task();
     task_push<Cfg>(sm, ts, t);
     if (t.op < 0) break;
   }
@@ -1024,6 +1018,7 @@ template <class Cfg, class Problem>
 MOKGEN_DEV void produce_tasks(Problem& prob, const GemmSmem<Cfg>& sm) {
   static_assert(Cfg::TASK_SLOTS % 2 == 0, "schedule_tasks reads a task's parity off its slot");
   PipeState ps, ts;
+  bool solo_odd = false;  // Cfg::SOLO: an odd count of solo tasks pushed so far
   if constexpr (Cfg::SCHEDULER) mbar_arrive(sm.taken());  // task 0 may be taken at once
   for (int i = 0;; ++i) {
     uint64_t ask = 0;
@@ -1036,7 +1031,13 @@ MOKGEN_DEV void produce_tasks(Problem& prob, const GemmSmem<Cfg>& sm) {
       mbar_arrive(sm.taken());
       ts.template advance<Cfg::TASK_SLOTS>();
     } else {
-      t = prob.next_task();  // (no solo tasks: SOLO kernels have the scheduler)
+      t = prob.next_task();
+      if constexpr (Cfg::SOLO) {  // which consumer warpgroup runs it: kHalfN (see above)
+        if (t.op >= 0 && (t.op & kSolo)) {
+          t.op = (t.op & ~kHalfN) | (solo_odd ? kHalfN : 0);
+          solo_odd = !solo_odd;
+        }
+      }
       task_push<Cfg>(sm, ts, t);
       if (t.op < 0) break;
     }
@@ -1090,8 +1091,12 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
       produce_gathering<Cfg>(prob, sm);  // the whole warpgroup
     } else if constexpr (Cfg::PAIR) {
       if (threadIdx.x < 32 && elect_one()) produce_pairs<Cfg>(prob, sm);
-    } else if (Cfg::SCHEDULER && threadIdx.x >= 64 && threadIdx.x < 96) {
-      if (elect_one()) schedule_tasks<Cfg>(prob, sm);
+    } else if constexpr (Cfg::SCHEDULER) {
+      if (threadIdx.x >= 64 && threadIdx.x < 96) {
+        if (elect_one()) schedule_tasks<Cfg>(prob, sm);
+      } else if (threadIdx.x < 32 && elect_one()) {
+        produce_tasks<Cfg>(prob, sm);
+      }
     } else if (threadIdx.x < 32 && elect_one()) {
       produce_tasks<Cfg>(prob, sm);
     }

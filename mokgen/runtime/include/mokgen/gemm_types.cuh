@@ -156,8 +156,12 @@ struct GemmCfg {
   // A scheduling thread takes the tasks one ahead of the producing thread (gemm_tile.cuh
   // schedule_tasks) where the producer warpgroup's registers hold the Problem's schedule
   // state: at the fp8 kernels' 40 its loop spilled 16-44 B (nvcc 13.0; the producer's
-  // loop that takes its own tasks does not), so they keep that one
-  static constexpr bool SCHEDULER = Q == 0;
+  // loop that takes its own tasks does not), so they keep that one. Not with SOLO either:
+  // a warpgroup that steps past the other's solo task waits on its own task's stages, and
+  // a task pushed before the one it steps past has landed lets a parity wait pass a phase
+  // early (a race the solo schedule has in any case, far wider with tasks pushed a task
+  // ahead: tests/test_engine_protocol.py)
+  static constexpr bool SCHEDULER = Q == 0 && !SOLO;
   // producer warps that gather rows (produce_tile_gather) compute their addresses beside the
   // Problem's schedule state: 40 spilled the backward with a shared expert (nvcc 13.0), 56
   // leaves the consumers 224, where none of their code spills

@@ -189,7 +189,9 @@ struct BwdSchedule {
   }
   // Called at each task's decode (BwdProblem::next_task): an empty asm that may change the
   // fields, so what the decode derives from them is derived again per task, not hoisted out
-  // of the scheduling thread's loop into registers it lacks (56: it spilled 8-24 B there)
+  // of the task-taking thread's loop into registers it lacks (56 in bf16: the scheduling
+  // thread spilled 8-24 B, and three backwards' producers had spilled 8-16 B since session
+  // 25: tests/conftest.py KNOWN_SPILLS)
   MOKGEN_DEV void launder() {
     asm volatile("" : "+r"(rows), "+r"(nm), "+r"(rt_last), "+r"(shared_rt), "+r"(resident),
                  "+r"(first_slot));
