@@ -1,16 +1,17 @@
-"""The GEMM engine's channel protocol with solo tasks (gemm_tile.cuh, GemmCfg::SOLO), as a
-model run on the CPU: a scheduler that takes the tasks (schedule_tasks), a producer that
-streams them, the task channel (TASK_SLOTS slots, each freed by 8 warp arrivals), the ring
-(STAGES stages; full: the producer's load, empty: 8 warp arrivals) and two consumer
-warpgroups taking cooperative tasks together (kBarTile) and solo tasks in turns (the
-scheduler's kHalfN on every other one), interleaved at random, with the TMA loads landing in any order and the mbarriers' waits as the
-hardware's (a parity, so a waiter two phases ahead passes). The scheduler pushes task
-i + 1 once the producer has taken task i (the `taken` barrier: GemmCfg::SCHEDULER), or, in
-kernels without one, the producer takes each task itself after streaming the one before.
-What it checks: no interleaving deadlocks, the scheduler never more than one task ahead of
-the producer, and every ring position is read by the warpgroups that own it (both for a
-cooperative task, the solo task's one otherwise), in order. The device code is what runs;
-this is the protocol it implements, for the orders a GPU test may never hit."""
+"""The GEMM engine's channel protocol, as a model run on the CPU (gemm_tile.cuh): a thread
+that takes the tasks (the scheduler, schedule_tasks, or the producer itself), a producer
+that streams them, the task channel (TASK_SLOTS slots, each freed by 8 warp arrivals), the
+ring (STAGES stages; full: the producer's load landing, empty: 8 warp arrivals) and two
+consumer warpgroups taking cooperative tasks together (kBarTile) and solo tasks
+(GemmCfg::SOLO) in turns (kHalfN on every other one), interleaved at random. TMA loads land
+in any order, and the mbarrier waits test a parity as the hardware's do, so a waiter two
+phases ahead passes. The scheduler pushes task i + 1 once the producer has taken task i
+(the `taken` barrier: GemmCfg::SCHEDULER); without one, the producer takes each task itself
+after streaming the one before. What it checks: no interleaving deadlocks, the scheduler
+never more than one task ahead of the producer, no stage read before its slice landed, and
+every ring position read by the warpgroups that own it (both for a cooperative task, the
+solo task's one otherwise), in order. The device code is what runs; this is the protocol
+it implements, for the orders a GPU test may never hit."""
 import random
 
 import pytest

@@ -985,13 +985,14 @@ MOKGEN_DEV void produce_gathering(Problem& prob, const GemmSmem<Cfg>& sm) {
 // its dependency waits) and publishes it on the task channel, one task ahead of the
 // producer. It asks for task i + 1 once the producer has started streaming task i
 // (sm.taken()), so the ask runs under task i's slices. When one thread did both, the ask
-// (3.6-4.0 us a task in the forward, up to 6.9 in the backward: benchmarks/NOTES.md session
-// 29) ran between task i's last slice and task i + 1's first, and where it outlasted the
-// ring's last slices and the epilogue the consumers idled (4% of the forward's SM time, 6%
-// of the backward's). One ahead, not TASK_SLOTS - 1: a claimed task is one other CTAs may
-// wait on, so claims stay as close to their runs as the ask allows. Deadlock-free as
-// before: a task waits only on tasks earlier in the list, and the earliest unfinished one
-// is running (its CTA's task before it, if any, is finished).
+// (3.6-4.0 us a task in the forward, up to 6.9 in the backward) ran between task i's last
+// slice and task i + 1's first. Measured (benchmarks/NOTES.md session 30, Qwen3-30B): the
+// producer's wait for a forward task 0.3-0.8 us, the backward's 8-slice weight-gradient
+// tasks at 12-15% more FLOP a clock (their first slices no longer wait behind the ask),
+// the traced backward 2% shorter. One ahead, not TASK_SLOTS - 1: a claimed task is one
+// other CTAs may wait on, so claims stay as close to their runs as the ask allows.
+// Deadlock-free as before: a task waits only on tasks earlier in the list, and the earliest
+// unfinished one is running (its CTA's task before it, if any, is finished).
 template <class Cfg, class Problem>
 MOKGEN_DEV void schedule_tasks(Problem& prob, const GemmSmem<Cfg>& sm) {
   static_assert(!Cfg::SOLO, "solo kernels take their tasks in the producer (GemmCfg::SCHEDULER)");
@@ -1025,7 +1026,7 @@ MOKGEN_DEV void produce_tasks(Problem& prob, const GemmSmem<Cfg>& sm) {
     if constexpr (Cfg::TRACE) ask = trace_clock();
     Task t;
     if constexpr (Cfg::SCHEDULER) {
-      mbar_wait(&sm.task_full()[ts.idx()], ts.phase(), 101);  // traps: the scheduler waits
+      mbar_wait(&sm.task_full()[ts.idx()], ts.phase(), 101);  // bounded: the scheduler's are not
       t = sm.tasks()[ts.idx()];
       if (t.op < 0) break;
       mbar_arrive(sm.taken());

@@ -434,7 +434,8 @@ struct BwdProblem {
                      (Cfg::PROF & kProfGatherInOrder) != 0};
   }
 
-  // The thread that takes tasks (gemm_tile.cuh schedule_tasks) only.
+  // The thread that takes tasks (the scheduler, gemm_tile.cuh schedule_tasks, or the
+  // producer) only.
   MOKGEN_DEV Task next_task() {
     s.launder();
     const int t = (int)atomicAdd(buf->counters, 1u);

@@ -335,8 +335,8 @@ struct FwdProblem {
                      (Cfg::PROF & kProfGatherInOrder) != 0};
   }
 
-  // The thread that takes tasks (gemm_tile.cuh schedule_tasks) only: take the next task and
-  // wait for what it reads.
+  // The thread that takes tasks (the scheduler, gemm_tile.cuh schedule_tasks, or the
+  // producer) only: take the next task and wait for what it reads.
   MOKGEN_DEV Task next_task() { return task_at<true>(claim(1)); }
   // The first of n tasks taken from the list (GemmCfg::PAIR: rank 0 takes two at a time), and
   // the list's length.
