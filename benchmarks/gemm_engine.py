@@ -32,12 +32,14 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from mokgen.ir import GemmConfig  # noqa: E402
+from mokgen.lower import smem_bytes  # noqa: E402
 from mokgen.runtime import cuda as mc  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 SRC = os.path.join(ROOT, "mokgen/runtime/include/mokgen/tests/gemm_test.cu")
-BM, BN, BK, STAGES, TASK_SLOTS = 128, 256, 64, 4, 4  # must match GemmCfg<256, 4> in gemm_test.cu
-SMEM = 1024 + STAGES * (BM + BN) * BK * 2 + 8 * (2 * STAGES + 2 * TASK_SLOTS) + 32 * TASK_SLOTS
+BM, BN, BK, STAGES = 128, 256, 64, 4  # must match GemmCfg<256, 4> in gemm_test.cu
+SMEM = smem_bytes(GemmConfig(BM, BN, STAGES))
 TOL = 1e-2
 SCHEDULES = {"coop": "", "pp": "_pp"}  # kernel name suffix of each consumer schedule
 

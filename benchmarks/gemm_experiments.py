@@ -44,6 +44,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from benchmarks.gemm_engine import (BK, BM, BN, SMEM, ROOT, Counters, build,  # noqa: E402
                                     poisoned_twice, rel_err, time_ms)
+from mokgen.ir import GemmConfig  # noqa: E402
+from mokgen.lower import smem_bytes  # noqa: E402
 from mokgen.runtime import cuda as mc  # noqa: E402
 
 PAIR_SHAPES = [  # (M, N, K): a plain GEMM and the few-large-expert models' GEMMs of one expert
@@ -67,13 +69,10 @@ PT_SHAPES = [  # (M, N, K, layout): 0 K-major, 2 both MN-major (a weight gradien
 ]
 
 
-def pt_smem(tn: int, stages: int) -> int:
-    """gemm_test.cu's PtCfg<tn> = GemmCfg<tn, stages>: SMEM_BYTES (4 task slots, the
-    scheduler's `taken` barrier)."""
-    return 1024 + stages * (128 + tn) * BK * 2 + 8 * (2 * stages + 2 * 4) + 32 * 4 + 8
+# gemm_test.cu's PtCfg<tn, stages> = GemmCfg<tn, stages>
+PT_SMEM, PT4_SMEM, PT192_SMEM = (smem_bytes(GemmConfig(128, tn, st))
+                                 for tn, st in ((128, 6), (128, 4), (192, 5)))
 
-
-PT_SMEM, PT4_SMEM, PT192_SMEM = pt_smem(128, 6), pt_smem(128, 4), pt_smem(192, 5)
 
 def max_clusters(func, smem: int) -> int:
     """Clusters of 2 that fit on the GPU at once (cuOccupancyMaxActiveClusters)."""

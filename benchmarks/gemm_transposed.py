@@ -11,6 +11,8 @@ import torch
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 from mokgen.bench import time_ms  # noqa: E402
+from mokgen.ir import GemmConfig  # noqa: E402
+from mokgen.lower import smem_bytes  # noqa: E402
 from mokgen.runtime import cuda as mc  # noqa: E402
 
 cubin = os.path.join(tempfile.mkdtemp(), "g.cubin")
@@ -18,7 +20,7 @@ subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c+
                 "-I", os.path.join(ROOT, "mokgen/runtime/include"),
                 os.path.join(ROOT, "mokgen/runtime/include/mokgen/tests/gemm_test.cu"), "-o",
                 cubin], check=True)
-SMEM = 1024 + 4 * (128 + 256) * 64 * 2 + 8 * 16 + 32 * 4
+SMEM = smem_bytes(GemmConfig(128, 256, 4))  # gemm_test.cu's CoopCfg
 f = mc.load_module(cubin).function("gemm_plain_t", SMEM)
 sms = torch.cuda.get_device_properties(0).multi_processor_count
 counters = torch.zeros(1 << 16, dtype=torch.int32, device="cuda")

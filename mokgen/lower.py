@@ -49,19 +49,32 @@ _VARIANT = {"dispatch": ("dispatch_push", "push"), "combine": ("combine_pull", "
 FWD_STAGE_BYTES = 8 * 4096
 
 
+def engine_bytes(gemm: ir.GemmConfig) -> int:
+    """GemmCfg's ENGINE_BYTES (gemm_types.cuh; bf16, 4 task slots): the stages, their and the
+    task slots' barriers, the slots, the signal warp's 16 bytes, PAIR's mailbox and the
+    scheduler's `taken` barrier. The one mirror of that layout on the host."""
+    slots, mail_slots = 4, 4
+    return gemm.stages * (gemm.bm + gemm.bn) * 64 * 2 + 8 * (2 * gemm.stages + 2 * slots) \
+        + 32 * slots + (16 if gemm.signal_warp and not gemm.pair else 0) \
+        + (16 + mail_slots * 20 if gemm.pair else 0) + 8
+
+
+def smem_bytes(gemm: ir.GemmConfig) -> int:
+    """GemmCfg's SMEM_BYTES with no epilogue staging (EPI_BYTES 0): the dynamic shared memory
+    the engine's standalone kernels are launched with (gemm_test.cu, which asserts its
+    configurations' sizes)."""
+    return 1024 + engine_bytes(gemm)
+
+
 def stage_bytes(gemm: ir.GemmConfig, smem: int = 227 * 1024) -> int:
     """Shared memory the stages leave for the epilogues' staging: the backward's weight
     gradients' boxes (gemm_epilogue.cuh store_rows_tma: 8 KB each, half of them a consumer
     warpgroup's): a row block's every chunk (BN / 64 boxes a warpgroup, so a tile never
     waits on its own stores) where the stages leave room for it, else two a warpgroup (4
     stages of 128 x 256: each chunk waits for the one before it to be read), else none (0:
-    register stores). GemmCfg's bytes (bf16, 4 task slots, the cooperative schedule), which
-    its SMEM_BYTES static_assert checks. The forward takes 32 KB of it (FWD_STAGE_BYTES)."""
-    slots, mail_slots = 4, 4
-    engine = gemm.stages * (gemm.bm + gemm.bn) * 64 * 2 + 8 * (2 * gemm.stages + 2 * slots) \
-        + 32 * slots + (16 if gemm.signal_warp and not gemm.pair else 0) \
-        + (16 + mail_slots * 20 if gemm.pair else 0) + 8  # + the scheduler's `taken` barrier
-    room = smem - 1024 - -(-engine // 1024) * 1024
+    register stores). GemmCfg's bytes (engine_bytes), which its SMEM_BYTES static_assert
+    checks. The forward takes 32 KB of it (FWD_STAGE_BYTES)."""
+    room = smem - 1024 - -(-engine_bytes(gemm) // 1024) * 1024
     return next((b for b in (2 * gemm.bn // 64 * 8192, 2 * 2 * 8192) if b <= room), 0)
 
 

@@ -294,6 +294,25 @@ def test_epilogue_staging_takes_the_room_the_stages_leave():
     assert "/*EPI_BYTES*/ 65536>" in three["bwd"] and "/*EPI_BYTES*/ 32768>" in three["fwd"]
 
 
+def test_the_hosts_engine_bytes_are_gemm_test_cus():
+    """lower.smem_bytes, the host's one mirror of GemmCfg's layout, gives the sizes gemm_test.cu
+    asserts for its whole-task ping-pong configurations (PtCfg<TN, ST>), read from its
+    static_assert: the standalone kernels' launches and the planner's staging room
+    (stage_bytes) cannot drift from the engine's bytes unseen."""
+    import os
+    import re
+
+    from mokgen.lower import smem_bytes
+
+    src = open(os.path.join(os.path.dirname(mokgen.__file__),
+                            "runtime/include/mokgen/tests/gemm_test.cu")).read()
+    asserted = re.findall(r"PtCfg<(\d+)(?:, (\d+))?>::SMEM_BYTES == (\d+)", src)
+    assert len(asserted) == 3, asserted
+    for tn, st, size in asserted:  # PtCfg<TN>: 6 stages at 128 columns, else 5
+        stages = int(st) if st else 6 if tn == "128" else 5
+        assert smem_bytes(GemmConfig(128, int(tn), stages)) == int(size), (tn, st)
+
+
 def test_default_tile_is_a_supported_one():
     t = limits.DEFAULT_GEMM
     assert t.bm in limits.GEMM_BM and t.bn in limits.GEMM_BN and t.stages in limits.GEMM_STAGES

@@ -8,6 +8,8 @@ import torch
 
 import mokgen
 from mokgen.api import layer_spec, memory_report
+from mokgen.ir import GemmConfig
+from mokgen.lower import smem_bytes
 from mokgen.workloads import cosine, make_inputs, reference_grads, rel_error
 
 pytestmark = pytest.mark.gpu
@@ -445,7 +447,7 @@ def gemm_test_module(tmp_path):
                     "-cubin", "-I", os.path.join(ROOT, "mokgen/runtime/include"),
                     os.path.join(ROOT, "mokgen/runtime/include/mokgen/tests/gemm_test.cu"),
                     "-o", cubin], check=True, capture_output=True)
-    return mc.load_module(cubin), 1024 + 4 * (128 + 256) * 64 * 2 + 8 * 16 + 32 * 4
+    return mc.load_module(cubin), smem_bytes(GemmConfig(128, 256, 4))  # its CoopCfg
 
 
 @pytest.mark.parametrize("n", [512, 384])
@@ -477,11 +479,12 @@ def test_gemm_engine_transposed_operands(tmp_path, trans, n):
     assert rel_error(C, ref) <= 1e-2
 
 
-# gemm_test.cu's whole-task ping-pong kernels and their shared memory (PtCfg<TN>::SMEM_BYTES,
-# which gemm_test.cu asserts)
-PT_KERNELS = {"pt0": ("gemm_plain_pt", 197920), "pt2": ("gemm_plain_t2_pt", 197920),
-              "pt4_0": ("gemm_plain_pt4", 132352), "pt4_2": ("gemm_plain_t2_pt4", 132352),
-              "pt192_0": ("gemm_plain_pt192", 206096), "pt192_2": ("gemm_plain_t2_pt192", 206096)}
+# gemm_test.cu's whole-task ping-pong kernels and their shared memory (PtCfg<TN, ST>::
+# SMEM_BYTES, which gemm_test.cu asserts)
+PT_KERNELS = {kind: (name, smem_bytes(GemmConfig(128, tn, st))) for kind, name, tn, st in (
+    ("pt0", "gemm_plain_pt", 128, 6), ("pt2", "gemm_plain_t2_pt", 128, 6),
+    ("pt4_0", "gemm_plain_pt4", 128, 4), ("pt4_2", "gemm_plain_t2_pt4", 128, 4),
+    ("pt192_0", "gemm_plain_pt192", 192, 5), ("pt192_2", "gemm_plain_t2_pt192", 192, 5))}
 
 
 @pytest.mark.parametrize("kind", ["solo", "mixed", "pt0", "pt2", "pt4_0", "pt4_2", "pt192_0",
