@@ -4,6 +4,10 @@
 # halves over the GPUs present (one GPU: one after the other); a command given as arguments
 # runs after the second half, on its GPU. Logs and results under $OUT.
 #   KERNELS=.kcache/collected.pkl MOKGEN_COMMIT=<sha> bash benchmarks/device_suite.sh [cmd ...]
+# Collect the list afresh each session, from the halves' files (here, ~6 min; carry the pkl):
+#   python -m pytest -p benchmarks.collect_kernels -m gpu $A $B --collect-out .kcache/X.pkl
+# (a list made for a few files leaves the rest to build one by one inside the tests, which
+# then outrun the call: session 31 lost a call that way.)
 # BENCH_ARGS="--backward ..." also builds the layers `python -m mokgen bench $BENCH_ARGS` runs.
 # EXTRA_CACHE=$PWD/.build/kc: the command's kernel cache (prebuilt here and carried as .build).
 # HALVES="a" or "b": one half only (on one GPU both halves take longer than a call may run).
