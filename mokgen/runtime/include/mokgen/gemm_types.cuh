@@ -156,9 +156,11 @@ struct GemmCfg {
   // A scheduling thread takes the tasks one ahead of the producing thread (gemm_tile.cuh
   // schedule_tasks) where the producer warpgroup's registers hold the Problem's schedule
   // state: at the fp8 kernels' 40 its loop spilled 16-44 B (nvcc 13.0; the producer's
-  // loop that takes its own tasks does not), so they keep that one. (Since the decode
-  // launders its schedule state, BwdSchedule::launder, kimi's fp8 and MXFP8 kernels at ep 64
-  // compile with the scheduler without spills; not yet run on a GPU.) Not with SOLO either:
+  // loop that takes its own tasks does not), so they keep that one. (Though the decode
+  // launders its schedule state, BwdSchedule::launder, 25 of the 29 fp8 compile checks
+  // fail with it, backwards spilling 12-28 B: session 31.)
+  // More producer registers are not free: setmaxnreg shares the launch's 168 a thread, so
+  // 48 would leave the fp8 consumers 224, where they spill. Not with SOLO either:
   // a warpgroup that steps past the other's solo task waits on its own task's stages, and
   // a task pushed before the one it steps past has landed lets a parity wait pass a phase
   // early (a race the solo schedule has in any case, far wider with tasks pushed a task

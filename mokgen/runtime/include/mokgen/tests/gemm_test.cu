@@ -325,7 +325,7 @@ template <int TN, int ST = TN == 128 ? 6 : 5>
 using PtCfg = GemmCfg<TN, ST>;
 static_assert(PtCfg<128>::SMEM_BYTES == 197928 && PtCfg<192>::SMEM_BYTES == 206104 &&
                   PtCfg<128, 4>::SMEM_BYTES == 132360,
-              "benchmarks/gemm_experiments.py pt_smem() sizes the launches alike");
+              "mokgen/lower.py smem_bytes() sizes the launches alike (tests/test_decisions.py)");
 
 template <int TR, int TN, int ST>
 __device__ void plain_pt(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMap* tb,
