@@ -170,14 +170,30 @@ struct BwdSchedule {
   // the 50 MB L2) once per 256-column block of D: 24 times (ncu: 28.5 GB of DRAM reads in
   // the backward, against ~6 GB of operands).
   static constexpr bool kW2WalkM = C::D <= C::I, kW1WalkM = 2 * C::I < C::D;
-  // tile index (inside dW2's or dW1's tiles) <-> (row tile mt, column tile nt)
+  // tile index (inside dW2's or dW1's tiles) <-> (row tile mt, column tile nt): the decode
+  // (BwdProblem::wgrad) and the completion signal (its wg_seq slot) must agree
   template <int MT, int NT, bool WALK_M>
-  static MOKGEN_DEV int wg_index(int mt, int nt) { return WALK_M ? nt * MT + mt : mt * NT + nt; }
-  template <int MT, int NT, bool WALK_M>
-  static MOKGEN_DEV void wg_tile(int i, int& mt, int& nt) {
-    mt = WALK_M ? i % MT : i / NT;
-    nt = WALK_M ? i / MT : i % NT;
+  static __host__ __device__ constexpr int wg_index(int mt, int nt) {
+    return WALK_M ? nt * MT + mt : mt * NT + nt;
   }
+  template <int MT, int NT, bool WALK_M>
+  static __host__ __device__ constexpr int wg_mt(int i) { return WALK_M ? i % MT : i / NT; }
+  template <int MT, int NT, bool WALK_M>
+  static __host__ __device__ constexpr int wg_nt(int i) { return WALK_M ? i / MT : i % NT; }
+  // (checked at the ends of the range: a constexpr loop over a whole large shape's tiles
+  // would near the compilers' evaluation limits)
+  template <int MT, int NT, bool WALK_M>
+  static constexpr bool wg_order_round_trips() {
+    constexpr int n = MT * NT, ends = 4096;
+    for (int i = 0; i < n; i = i + 1 == ends && n > 2 * ends ? n - ends : i + 1)
+      if (wg_index<MT, NT, WALK_M>(wg_mt<MT, NT, WALK_M>(i), wg_nt<MT, NT, WALK_M>(i)) != i ||
+          wg_mt<MT, NT, WALK_M>(i) >= MT || wg_nt<MT, NT, WALK_M>(i) >= NT)
+        return false;
+    return true;
+  }
+  static_assert(wg_order_round_trips<MT_D, WN_I, kW2WalkM>() &&
+                    wg_order_round_trips<MT_2I, WN_D, kW1WalkM>(),
+                "weight-gradient tile order: index and decode disagree");
   static constexpr int SW2T = MT_D * SDG_N, SW1T = MT_2IS * DX_N;
   static_assert(C::B % BM == 0 && C::SLOTS >= 2, "minibatch of whole tiles, >= 2 ring slots");
   static constexpr bool kRoutedWgrad = (Cfg::PROF & kProfNoRoutedWgrad) == 0;
@@ -639,14 +655,15 @@ struct BwdProblem {
       c_col0 = u > 0 ? u - 1 : 0;  // (seg.z - 1) / B, checked above
     }
     constexpr int W = S::WBN;
-    int mt, nt;
     if (tt < S::W2T) {  // dW2_e [D, I] = (w dy)^T a
-      S::template wg_tile<S::MT_D, S::WN_I, S::kW2WalkM>(tt, mt, nt);
+      const int mt = S::template wg_mt<S::MT_D, S::WN_I, S::kW2WalkM>(tt);
+      const int nt = S::template wg_nt<S::MT_D, S::WN_I, S::kW2WalkM>(tt);
       return Task{kWgrad2 | bits | wgrad_width_bit<C::I>(nt * W), mt * BM, nt * W, k0, mt * BM,
                   c_col0, sid, kb};
     }
     // dW1_e [2I, D] = dh^T x
-    S::template wg_tile<S::MT_2I, S::WN_D, S::kW1WalkM>(tt - S::W2T, mt, nt);
+    const int mt = S::template wg_mt<S::MT_2I, S::WN_D, S::kW1WalkM>(tt - S::W2T);
+    const int nt = S::template wg_nt<S::MT_2I, S::WN_D, S::kW1WalkM>(tt - S::W2T);
     return Task{kWgrad1 | bits | wgrad_width_bit<C::D>(nt * W), mt * BM, nt * W, k0, mt * BM,
                 c_col0, sid, kb};
   }
