@@ -5,9 +5,11 @@ models.py baseline), one GPU, ep = 1, the same inputs (mokgen.bench's slice):
         each side's step back to back for SECONDS, twice, alternated (ours, grouped, ours,
         grouped): NVML's energy counter over the run -> J a step, W, and the SM clock
         sampled between batches. At the power cap time a step ~ energy a step / cap, so the
-        J-a-step ratio is the capped speed ratio's bound.
+        J-a-step ratio is the capped speed ratio's bound. A third side, "floor": the dense
+        GEMMs of the same FLOPs (mokgen.bench.dense_floor, three times a step: the forward's
+        FLOPs each), the energy a step of bf16 GEMM alone would cost.
     ncu --profile-from-start off ... python3 benchmarks/energy_step.py MODEL TOKENS --profile ours
-        one step of that side (ours | grouped) between cudaProfilerStart / Stop, after two
+        one step of that side (ours | grouped | floor) between cudaProfilerStart / Stop, after two
         unprofiled ones: what ncu's metrics (DRAM and L2 bytes) see of exactly one step.
 
 Why: the big layers' mainloops run at the tensor peak per clock, and the clock is set by the
@@ -27,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import mokgen  # noqa: E402
-from mokgen.bench import TorchSlice, make_slice  # noqa: E402
+from mokgen.bench import TorchSlice, dense_floor, make_slice  # noqa: E402
 
 
 class Nvml:
@@ -59,8 +61,8 @@ class Nvml:
 
 
 def steps(model: str, tokens: int):
-    """(ours, grouped): each a callable running one training step (forward, then backward),
-    as mokgen.bench.bench_backward times them."""
+    """(ours, grouped, floor, shape): callables running one training step (forward, then
+    backward) as mokgen.bench.bench_backward times them, and its FLOPs in dense GEMMs."""
     shape = mokgen.shapes.get(model)
     g = torch.Generator(device="cuda").manual_seed(0)
     xs, zs, w1, w2, sw1, sw2 = make_slice(shape, 1, tokens, g)
@@ -81,7 +83,13 @@ def steps(model: str, tokens: int):
     def grouped():
         setup()
         back()
-    return ours, grouped, shape
+
+    gemms = dense_floor(shape, tokens, "cuda", g)
+
+    def floor():
+        for _ in range(3):
+            gemms()
+    return ours, grouped, floor, shape
 
 
 def energy_run(nv: Nvml, fn, seconds: float, batch: int = 5) -> dict:
@@ -106,12 +114,13 @@ def main(argv=None) -> int:
     ap.add_argument("model")
     ap.add_argument("tokens", type=int)
     ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--profile", choices=("ours", "grouped"))
+    ap.add_argument("--profile", choices=("ours", "grouped", "floor"))
     ap.add_argument("--out")
     a = ap.parse_args(argv)
-    ours, grouped, shape = steps(a.model, a.tokens)
+    ours, grouped, floor, shape = steps(a.model, a.tokens)
+    fns = dict(ours=ours, grouped=grouped, floor=floor)
     if a.profile:
-        fn = ours if a.profile == "ours" else grouped
+        fn = fns[a.profile]
         fn()
         fn()
         torch.cuda.synchronize()
@@ -122,9 +131,9 @@ def main(argv=None) -> int:
         print(f"{a.model} T {a.tokens}: one {a.profile} step profiled")
         return 0
     nv = Nvml()
-    runs = {"ours": [], "grouped": []}
-    for side in ("ours", "grouped", "ours", "grouped"):
-        runs[side].append(energy_run(nv, ours if side == "ours" else grouped, a.seconds))
+    runs = {side: [] for side in fns}
+    for side in ("ours", "grouped", "floor", "ours", "grouped", "floor"):
+        runs[side].append(energy_run(nv, fns[side], a.seconds))
     flops = 3 * shape.forward_flops(a.tokens)
     med = {s: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for s, rs in runs.items()}
     for s, m in med.items():
@@ -132,9 +141,10 @@ def main(argv=None) -> int:
               f"{flops / m['ms'] / 1e9:.0f} TFLOP/s, {m['j_per_step']:.3f} J a step, "
               f"{m['watts']:.0f} W, SM {m['sm_mhz']:.0f} MHz, "
               f"{flops / m['j_per_step'] / 1e12:.2f} TFLOP/J")
-    o, g = med["ours"], med["grouped"]
+    o, g, fl = med["ours"], med["grouped"], med["floor"]
     print(f"{a.model} T {a.tokens}: grouped/ours time {g['ms'] / o['ms']:.3f}, "
-          f"energy {g['j_per_step'] / o['j_per_step']:.3f}")
+          f"energy {g['j_per_step'] / o['j_per_step']:.3f}; floor/ours time "
+          f"{fl['ms'] / o['ms']:.3f}, energy {fl['j_per_step'] / o['j_per_step']:.3f}")
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, f"energy_{a.model}_{a.tokens}.json"), "w") as f:
