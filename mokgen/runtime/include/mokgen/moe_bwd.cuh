@@ -143,6 +143,26 @@ struct Fp8BwdMaps {
       w1ts;
 };
 
+// One weight gradient's MT x NT tiles of an expert in list order (BwdSchedule::kW1WalkM):
+// tile index <-> (row tile mt, column tile nt), M innermost where WALK_M. The decode
+// (BwdProblem::wgrad) and the completion signal (its wg_seq slot) must agree: round_trips()
+// checks it at compile time, at the ends of the range (a constexpr loop over a whole large
+// shape's tiles would near the compilers' evaluation limits).
+template <int MT, int NT, bool WALK_M>
+struct WgradOrder {
+  static __host__ __device__ constexpr int index(int mt, int nt) {
+    return WALK_M ? nt * MT + mt : mt * NT + nt;
+  }
+  static __host__ __device__ constexpr int mt(int i) { return WALK_M ? i % MT : i / NT; }
+  static __host__ __device__ constexpr int nt(int i) { return WALK_M ? i / MT : i % NT; }
+  static constexpr bool round_trips() {
+    constexpr int n = MT * NT, ends = 4096;
+    for (int i = 0; i < n; i = i + 1 == ends && n > 2 * ends ? n - ends : i + 1)
+      if (index(mt(i), nt(i)) != i || mt(i) >= MT || nt(i) >= NT) return false;
+    return true;
+  }
+};
+
 // Widths that are not multiples of the tile end in an edge tile (cols_valid / rows_valid,
 // gemm_epilogue.cuh): gate/up across I (IS), dgrad and dW2 across I, dx and dW1 across D, the
 // shared expert's across IS and D; the weight gradients' M (D, 2I, 2IS) likewise.
@@ -170,29 +190,9 @@ struct BwdSchedule {
   // the 50 MB L2) once per 256-column block of D: 24 times (ncu: 28.5 GB of DRAM reads in
   // the backward, against ~6 GB of operands).
   static constexpr bool kW2WalkM = C::D <= C::I, kW1WalkM = 2 * C::I < C::D;
-  // tile index (inside dW2's or dW1's tiles) <-> (row tile mt, column tile nt): the decode
-  // (BwdProblem::wgrad) and the completion signal (its wg_seq slot) must agree
-  template <int MT, int NT, bool WALK_M>
-  static __host__ __device__ constexpr int wg_index(int mt, int nt) {
-    return WALK_M ? nt * MT + mt : mt * NT + nt;
-  }
-  template <int MT, int NT, bool WALK_M>
-  static __host__ __device__ constexpr int wg_mt(int i) { return WALK_M ? i % MT : i / NT; }
-  template <int MT, int NT, bool WALK_M>
-  static __host__ __device__ constexpr int wg_nt(int i) { return WALK_M ? i / MT : i % NT; }
-  // (checked at the ends of the range: a constexpr loop over a whole large shape's tiles
-  // would near the compilers' evaluation limits)
-  template <int MT, int NT, bool WALK_M>
-  static constexpr bool wg_order_round_trips() {
-    constexpr int n = MT * NT, ends = 4096;
-    for (int i = 0; i < n; i = i + 1 == ends && n > 2 * ends ? n - ends : i + 1)
-      if (wg_index<MT, NT, WALK_M>(wg_mt<MT, NT, WALK_M>(i), wg_nt<MT, NT, WALK_M>(i)) != i ||
-          wg_mt<MT, NT, WALK_M>(i) >= MT || wg_nt<MT, NT, WALK_M>(i) >= NT)
-        return false;
-    return true;
-  }
-  static_assert(wg_order_round_trips<MT_D, WN_I, kW2WalkM>() &&
-                    wg_order_round_trips<MT_2I, WN_D, kW1WalkM>(),
+  using W2Order = WgradOrder<MT_D, WN_I, kW2WalkM>;
+  using W1Order = WgradOrder<MT_2I, WN_D, kW1WalkM>;
+  static_assert(W2Order::round_trips() && W1Order::round_trips(),
                 "weight-gradient tile order: index and decode disagree");
   static constexpr int SW2T = MT_D * SDG_N, SW1T = MT_2IS * DX_N;
   static_assert(C::B % BM == 0 && C::SLOTS >= 2, "minibatch of whole tiles, >= 2 ring slots");
@@ -656,14 +656,12 @@ struct BwdProblem {
     }
     constexpr int W = S::WBN;
     if (tt < S::W2T) {  // dW2_e [D, I] = (w dy)^T a
-      const int mt = S::template wg_mt<S::MT_D, S::WN_I, S::kW2WalkM>(tt);
-      const int nt = S::template wg_nt<S::MT_D, S::WN_I, S::kW2WalkM>(tt);
+      const int mt = S::W2Order::mt(tt), nt = S::W2Order::nt(tt);
       return Task{kWgrad2 | bits | wgrad_width_bit<C::I>(nt * W), mt * BM, nt * W, k0, mt * BM,
                   c_col0, sid, kb};
     }
     // dW1_e [2I, D] = dh^T x
-    const int mt = S::template wg_mt<S::MT_2I, S::WN_D, S::kW1WalkM>(tt - S::W2T);
-    const int nt = S::template wg_nt<S::MT_2I, S::WN_D, S::kW1WalkM>(tt - S::W2T);
+    const int mt = S::W1Order::mt(tt - S::W2T), nt = S::W1Order::nt(tt - S::W2T);
     return Task{kWgrad1 | bits | wgrad_width_bit<C::D>(nt * W), mt * BM, nt * W, k0, mt * BM,
                 c_col0, sid, kb};
   }
@@ -1043,10 +1041,8 @@ struct BwdProblem {
         break;
       case kWgrad2: case kWgrad1: {
         const int tt = op == kWgrad2
-            ? S::template wg_index<S::MT_D, S::WN_I, S::kW2WalkM>(t.a_row0 / BM,
-                                                                 t.b_row0 / S::WBN)
-            : S::W2T + S::template wg_index<S::MT_2I, S::WN_D, S::kW1WalkM>(
-                           t.a_row0 / BM, t.b_row0 / S::WBN);
+            ? S::W2Order::index(t.a_row0 / BM, t.b_row0 / S::WBN)
+            : S::W2T + S::W1Order::index(t.a_row0 / BM, t.b_row0 / S::WBN);
         int e, unit;
         bool more = false;  // a later segment of the expert reads this one's fp32 sum
         if (kTmaWgrad && (t.op & kWgradWhole)) {
