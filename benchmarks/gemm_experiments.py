@@ -70,6 +70,7 @@ PT_SHAPES = [  # (M, N, K, layout): 0 K-major, 2 both MN-major (a weight gradien
 
 
 # gemm_test.cu's PtCfg<tn, stages> = GemmCfg<tn, stages>
+SOLO_SMEM = smem_bytes(GemmConfig(128, BN, 4, solo=True))  # gemm_test.cu SoloCfg
 PT_SMEM, PT4_SMEM, PT192_SMEM = (smem_bytes(GemmConfig(128, tn, st))
                                  for tn, st in ((128, 6), (128, 4), (192, 5)))
 
@@ -172,7 +173,7 @@ def pt(f, sms, counters, res, a):
             pt_fn, pt4_fn, pt192_fn = f["pt_t2"], f["pt4_t2"], f["pt192_t2"]
             for k, m_coop in (("solo", 0), ("mixed", M // 256)):  # the engine's solo tasks
                 runs[k] = (lambda m_coop: lambda: mc.launch(
-                    f["mixed"], sms, 384, SMEM, None,
+                    f["mixed"], sms, 384, SOLO_SMEM, None,
                     [ta, tb, C, M, N, K, m_coop, counters.next()]))(m_coop)
         else:
             ta = mc.make_tensor_map_2d(A, M, K, K * 2, BM, BK)
@@ -218,7 +219,7 @@ def main():
     names = dict(coop="gemm_plain", pp="gemm_plain_pp", coop_t="gemm_plain_t",
                  pp_t="gemm_plain_t_pp", pair="gemm_plain_pair", mc="gemm_plain_mc")
     f = {k: mod.function(n, SMEM) for k, n in names.items()}
-    f.update(mixed=mod.function("gemm_mixed_t2", SMEM),
+    f.update(mixed=mod.function("gemm_mixed_t2", SOLO_SMEM),
              pt=mod.function("gemm_plain_pt", PT_SMEM),
              pt_t2=mod.function("gemm_plain_t2_pt", PT_SMEM),
              pt4=mod.function("gemm_plain_pt4", PT4_SMEM),

@@ -51,12 +51,13 @@ FWD_STAGE_BYTES = 8 * 4096
 
 def engine_bytes(gemm: ir.GemmConfig) -> int:
     """GemmCfg's ENGINE_BYTES (gemm_types.cuh; bf16, 4 task slots): the stages, their and the
-    task slots' barriers, the slots, the signal warp's 16 bytes, PAIR's mailbox and the
-    scheduler's `taken` barrier. The one mirror of that layout on the host."""
+    task slots' barriers, the slots, the signal warp's 16 bytes, PAIR's mailbox, the
+    scheduler's `taken` barrier and SOLO's two hand barriers. The one mirror of that layout
+    on the host."""
     slots, mail_slots = 4, 4
     return gemm.stages * (gemm.bm + gemm.bn) * 64 * 2 + 8 * (2 * gemm.stages + 2 * slots) \
         + 32 * slots + (16 if gemm.signal_warp and not gemm.pair else 0) \
-        + (16 + mail_slots * 20 if gemm.pair else 0) + 8
+        + (16 + mail_slots * 20 if gemm.pair else 0) + 8 + (16 if gemm.solo else 0)
 
 
 def smem_bytes(gemm: ir.GemmConfig) -> int:

@@ -311,6 +311,8 @@ def test_the_hosts_engine_bytes_are_gemm_test_cus():
     for tn, st, size in asserted:  # PtCfg<TN>: 6 stages at 128 columns, else 5
         stages = int(st) if st else 6 if tn == "128" else 5
         assert smem_bytes(GemmConfig(128, int(tn), stages)) == int(size), (tn, st)
+    solo = re.findall(r"SoloCfg::SMEM_BYTES == (\d+)", src)  # its solo tasks' (hand barriers)
+    assert solo and smem_bytes(GemmConfig(128, 256, 4, solo=True)) == int(solo[0]), solo
 
 
 def test_default_tile_is_a_supported_one():

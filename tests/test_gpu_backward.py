@@ -514,7 +514,8 @@ def test_gemm_engine_experiments_equal_the_cooperative_tiles(tmp_path, kind):
             tb = mc.make_tensor_map_2d(Bt, K, N, N * 2, 64, 64)
             if exp and kind in ("solo", "mixed"):
                 counter.zero_()
-                mc.launch(mod.function("gemm_mixed_t2", smem), 5, 384, smem, None,
+                solo_smem = smem_bytes(GemmConfig(128, 256, 4, solo=True))  # its SoloCfg
+                mc.launch(mod.function("gemm_mixed_t2", solo_smem), 5, 384, solo_smem, None,
                           [ta, tb, C, M, N, K, 0 if kind == "solo" else 2, counter])
             elif exp:
                 name, pt_smem = PT_KERNELS[kind]

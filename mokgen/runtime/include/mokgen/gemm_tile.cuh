@@ -461,12 +461,13 @@ MOKGEN_DEV void mma_slice_two_chains(float (&d0)[Mma::kRegs], float (&d1)[Mma::k
 // The mainloop of a 128-row task run by one consumer warpgroup: k_blocks (> 0) slices into
 // two m64 chains (mma_slice_two_chains), one wgmma group in flight as in consume_tile; each
 // warp frees a stage with ARRIVALS arrivals (2 where the empty barriers count both
-// warpgroups' warps); hand_over as consume_tile's. Solo tasks and the whole-task ping-pong
+// warpgroups' warps); hand_over as consume_tile's; handed (solo tasks): each warp arrives
+// there once its wait for the last slice has passed. Solo tasks and the whole-task ping-pong
 // test kernels (gemm_test.cu) share it.
 template <class Cfg, class Mma, int TA, int TB, int ARRIVALS>
 MOKGEN_DEV bool consume_two_chains(const GemmSmem<Cfg>& sm, PipeState& ps, int k_blocks,
                                    float (&d0)[Mma::kRegs], float (&d1)[Mma::kRegs],
-                                   uint32_t hand_over = 0) {
+                                   uint32_t hand_over = 0, uint64_t* handed = nullptr) {
   const bool lane0 = (threadIdx.x & 31) == 0;
   const auto release = [&](int stage) {
     __syncwarp();
@@ -490,6 +491,10 @@ MOKGEN_DEV bool consume_two_chains(const GemmSmem<Cfg>& sm, PipeState& ps, int k
     ps.template advance<Cfg::STAGES>();
   }
   if (hand_over) named_bar_arrive(hand_over, 256);
+  if (handed != nullptr) {
+    __syncwarp();
+    if (lane0) mbar_arrive(handed);
+  }
   wgmma_wait<0>();
   wgmma_fence_regs(d0);
   wgmma_fence_regs(d1);
@@ -509,19 +514,25 @@ MOKGEN_DEV bool consume_two_chains(const GemmSmem<Cfg>& sm, PipeState& ps, int k
 // MN-major (BN/2 columns of boxes, loaded as a narrow tile's) and the Problem picks the
 // tasks.
 // Each warp frees a stage with 2 arrivals: the empty barriers count both warpgroups' warps.
+// Once warpgroup cwg's warps have waited for the task's last slice they arrive on its hand
+// barrier (sm.hand()[cwg]): the other warpgroup steps past the task only then
+// (consumer_cooperative), so it never tests a stage's parity while the task's slice that
+// last used the stage is still in flight.
 template <class Cfg, int TA, int TB>
 MOKGEN_DEV bool consume_tile_solo(const GemmSmem<Cfg>& sm, PipeState& ps, const Task& t,
-                                  float (&acc)[Cfg::kAccRegs]) {
+                                  float (&acc)[Cfg::kAccRegs], int cwg) {
   using Mma = Wgmma<Cfg::BN / 2>;
   static_assert(2 * Mma::kRegs == Cfg::kAccRegs, "two chains fill the accumulators");
   if (t.k_blocks <= 0) {
 #pragma unroll
     for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) mbar_arrive(&sm.hand()[cwg]);
     return true;
   }
   return consume_two_chains<Cfg, Mma, TA, TB, 2>(
       sm, ps, t.k_blocks, *reinterpret_cast<float(*)[Mma::kRegs]>(&acc[0]),
-      *reinterpret_cast<float(*)[Mma::kRegs]>(&acc[Mma::kRegs]));
+      *reinterpret_cast<float(*)[Mma::kRegs]>(&acc[Mma::kRegs]), 0, &sm.hand()[cwg]);
 }
 
 // Tile rasterization inside one [m_blocks x n_blocks] grid: groups of `group` m-blocks walk
@@ -651,10 +662,15 @@ struct ConsumerAcc {
 // gradients: backward 10.16 -> 7.82 ms on kimi ep 8).
 // Solo tasks (GemmCfg::SOLO): the warpgroups take turns, warpgroup 1 taking those whose
 // kHalfN the producer set (every other solo task it pushed: the consumers hold no count of
-// their own, whose register made the narrow-tile backward spill); the other one steps its
-// ring state past the task's slices and frees its share of the slot at once. The one that
-// runs it stores, syncs its own 128 threads and signals: cooperative tasks around it run as
-// before (both warpgroups, kBarTile).
+// their own, whose register made the narrow-tile backward spill); the other one waits for
+// the owner's hand barrier (every slice of the task landed and waited for; its phase is the
+// task's kSoloPhase), steps its ring state past the task's slices and frees its share of
+// the slot. Without that wait the warpgroup's next mainloop could test a stage whose
+// previous round (a slice of the skipped task) had not landed, and a parity wait one phase
+// early passes (found by tests/test_engine_protocol.py; NOTES session 30). The wait costs the
+// stepping warpgroup nothing it would not wait for anyway: its own next slices come after the
+// skipped ones in the ring. The one that runs the task stores, syncs its own 128 threads and
+// signals: cooperative tasks around it run as before (both warpgroups, kBarTile).
 template <class Cfg, class Problem>
 MOKGEN_DEV void consumer_cooperative(Problem& prob, const GemmSmem<Cfg>& sm, int cwg) {
   PipeState ps, ts;
@@ -677,6 +693,10 @@ MOKGEN_DEV void consumer_cooperative(Problem& prob, const GemmSmem<Cfg>& sm, int
     if constexpr (Cfg::SOLO) {
       if (t.op & kSolo) {
         if (((t.op & kHalfN) != 0) != (cwg != 0)) {  // the other warpgroup's
+          if (!mbar_wait_lean(&sm.hand()[cwg ^ 1], (t.op & kSoloPhase) != 0)) {
+            record_timeout(107, (t.op & kSoloPhase) != 0);
+            break;
+          }
           ps.template advance_by<Cfg::STAGES>(t.k_blocks);
           task_release<Cfg>(sm, ts);
           ++traced;
@@ -692,8 +712,8 @@ MOKGEN_DEV void consumer_cooperative(Problem& prob, const GemmSmem<Cfg>& sm, int
         }
         ++traced;
         const bool ok = (t.op & kAMN)
-            ? consume_tile_solo<Cfg, 1, 1>(sm, ps, t, acc.main())
-            : consume_tile_solo<Cfg, 0, 1>(sm, ps, t, acc.main());
+            ? consume_tile_solo<Cfg, 1, 1>(sm, ps, t, acc.main(), cwg)
+            : consume_tile_solo<Cfg, 0, 1>(sm, ps, t, acc.main(), cwg);
         if constexpr (Cfg::TRACE)
           if (rec) rec[kTrMain] = trace_clock();
         if (!ok) {  // as below; the other warpgroup gets the stop from the producer
@@ -1019,7 +1039,7 @@ template <class Cfg, class Problem>
 MOKGEN_DEV void produce_tasks(Problem& prob, const GemmSmem<Cfg>& sm) {
   static_assert(Cfg::TASK_SLOTS % 2 == 0, "schedule_tasks reads a task's parity off its slot");
   PipeState ps, ts;
-  bool solo_odd = false;  // Cfg::SOLO: an odd count of solo tasks pushed so far
+  int solo_n = 0;  // Cfg::SOLO: solo tasks pushed so far, mod 4 (owner, hand phase)
   if constexpr (Cfg::SCHEDULER) mbar_arrive(sm.taken());  // task 0 may be taken at once
   for (int i = 0;; ++i) {
     uint64_t ask = 0;
@@ -1034,9 +1054,10 @@ MOKGEN_DEV void produce_tasks(Problem& prob, const GemmSmem<Cfg>& sm) {
     } else {
       t = prob.next_task();
       if constexpr (Cfg::SOLO) {  // which consumer warpgroup runs it: kHalfN (see above)
-        if (t.op >= 0 && (t.op & kSolo)) {
-          t.op = (t.op & ~kHalfN) | (solo_odd ? kHalfN : 0);
-          solo_odd = !solo_odd;
+        if (t.op >= 0 && (t.op & kSolo)) {  // and its owner's count of them before it, mod 2
+          t.op = (t.op & ~(kHalfN | kSoloPhase)) | (solo_n & 1 ? kHalfN : 0) |
+                 (solo_n & 2 ? kSoloPhase : 0);
+          solo_n = (solo_n + 1) & 3;
         }
       }
       task_push<Cfg>(sm, ts, t);

@@ -34,11 +34,14 @@ MOKGEN_DEV Task stop_task() { return Task{-1, 0, 0, -1, 0, 0, 0, 0}; }
 // on every other one (the warpgroup that runs it). kPairPad, kMcast (GemmCfg::PAIR kernels
 // only, set by the engine's producer: gemm_tile.cuh produce_pairs): a task of k_blocks
 // slices that only keep the pair's rings in step (no MMA, no epilogue, no signal); a task
-// whose B the two CTAs of the pair load half each, multicast to both. The Problem's bits end
-// below kPairPad.
+// whose B the two CTAs of the pair load half each, multicast to both. kSoloPhase (SOLO
+// kernels, which are never PAIR: the same bit as kPairPad): the parity of the owner's solo
+// tasks before this one, the phase of its hand barrier that the other warpgroup waits for
+// before it steps past the task (consumer_cooperative). The Problem's bits end below kPairPad.
 enum : int {
   kOpcodeMask = 0xff, kBMN = 1 << 8, kAMN = 1 << 9, kF8 = 1 << 10, kOpUserShift = 11,
-  kPairPad = 1 << 27, kMcast = 1 << 28, kSolo = 1 << 29, kHalfN = 1 << 30
+  kPairPad = 1 << 27, kMcast = 1 << 28, kSolo = 1 << 29, kHalfN = 1 << 30,
+  kSoloPhase = kPairPad
 };
 MOKGEN_DEV int opcode(const Task& t) { return t.op & kOpcodeMask; }
 
@@ -142,7 +145,10 @@ struct GemmCfg {
   // the task slots it moved the fp8 scales' TMA boxes off their 128-byte alignment
   static constexpr int TAKEN_AT = STAGES * (STAGE_BYTES + SC_BYTES) + BAR_BYTES +
                                   32 * TASK_SLOTS + (SIGNAL_WARP && !PAIR ? 16 : 0) + MAIL_BYTES;
-  static constexpr int ENGINE_BYTES = TAKEN_AT + 8;
+  // SOLO: each consumer warpgroup's hand barrier (gemm_tile.cuh consume_tile_solo), 8 bytes
+  // each, after `taken`
+  static constexpr int HAND_AT = TAKEN_AT + 8;
+  static constexpr int ENGINE_BYTES = HAND_AT + (SOLO ? 16 : 0);
   static constexpr int EPI_AT = (ENGINE_BYTES + 1023) / 1024 * 1024;  // 1024-aligned
   static constexpr int SMEM_BYTES = 1024 + (EPI_BYTES ? EPI_AT + EPI_BYTES : ENGINE_BYTES);
   // The producer warpgroup runs the Problem's schedule (next_task: its waits, the task's
@@ -160,11 +166,10 @@ struct GemmCfg {
   // launders its schedule state, BwdSchedule::launder, 25 of the 29 fp8 compile checks
   // fail with it, backwards spilling 12-28 B: session 31.)
   // More producer registers are not free: setmaxnreg shares the launch's 168 a thread, so
-  // 48 would leave the fp8 consumers 224, where they spill. Not with SOLO either:
-  // a warpgroup that steps past the other's solo task waits on its own task's stages, and
-  // a task pushed before the one it steps past has landed lets a parity wait pass a phase
-  // early (a race the solo schedule has in any case, far wider with tasks pushed a task
-  // ahead: tests/test_engine_protocol.py)
+  // 48 would leave the fp8 consumers 224, where they spill. Not with SOLO either: its
+  // producer sets each solo task's warpgroup and hand phase (produce_tasks), state the
+  // scheduling thread would have to carry (the protocol model, tests/test_engine_protocol.py,
+  // passes solo tasks taken a task ahead as well)
   static constexpr bool SCHEDULER = Q == 0 && !SOLO;
   // producer warps that gather rows (produce_tile_gather) compute their addresses beside the
   // Problem's schedule state: 40 spilled the backward with a shared expert (nvcc 13.0), 56
@@ -229,6 +234,9 @@ struct GemmSmem {
   // the producer has started streaming a task (count 1): the scheduler's pace
   // (gemm_tile.cuh schedule_tasks)
   MOKGEN_DEV uint64_t* taken() const { return reinterpret_cast<uint64_t*>(ring + Cfg::TAKEN_AT); }
+  // SOLO: [2] warpgroup w has waited for every slice of its solo task (count 4: each of its
+  // warps once its last wait passed), so the other may step past that task's slices
+  MOKGEN_DEV uint64_t* hand() const { return reinterpret_cast<uint64_t*>(ring + Cfg::HAND_AT); }
 
   MOKGEN_DEV uint8_t* a_stage(int s) const { return ring + s * Cfg::STAGE_BYTES; }
   MOKGEN_DEV uint8_t* b_stage(int s) const { return ring + s * Cfg::STAGE_BYTES + Cfg::A_BYTES; }
@@ -262,6 +270,8 @@ struct GemmSmem {
       }
     }
     mbar_init(taken(), 1);
+    if constexpr (Cfg::SOLO)
+      for (int w = 0; w < 2; ++w) mbar_init(&hand()[w], 4);
     for (int s = 0; s < Cfg::TASK_SLOTS; ++s) {
       mbar_init(&task_full()[s], 1);
       // the signal warp frees a slot once it has signalled the task (signal_warp)

@@ -425,7 +425,8 @@ MOKGEN_PLAIN_PT(gemm_plain_t2_pt192, 2, 192, 5)
 // below m_coop in cooperative 128 x 256 tiles, the rest in solo 128 x 128 tasks (m fastest),
 // tasks from an atomic counter. m_coop = 0: every task solo; m_coop = M / 128: none.
 using SoloCfg = GemmCfg<256, 4, 0, 0, 4, false, false, 0, true>;
-static_assert(SoloCfg::SMEM_BYTES == CoopCfg::SMEM_BYTES, "the host sizes both alike");
+static_assert(SoloCfg::SMEM_BYTES == 197912,  // CoopCfg's and the two hand barriers
+              "mokgen/lower.py smem_bytes() sizes the launch alike (tests/test_decisions.py)");
 
 template <class Cfg>
 struct MixedProblem {
