@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import mokgen  # noqa: E402
-from mokgen.bench import TorchSlice, dense_floor, make_slice  # noqa: E402
+from mokgen.bench import TrainingSteps, dense_floor, make_slice  # noqa: E402
 
 
 class Nvml:
@@ -62,27 +62,21 @@ class Nvml:
 
 def steps(model: str, tokens: int):
     """(ours, grouped, floor, shape): callables running one training step (forward, then
-    backward) as mokgen.bench.bench_backward times them, and its FLOPs in dense GEMMs."""
+    backward) as mokgen.bench.bench_backward times them (its TrainingSteps, the same inputs),
+    and its FLOPs in dense GEMMs."""
     shape = mokgen.shapes.get(model)
     g = torch.Generator(device="cuda").manual_seed(0)
     xs, zs, w1, w2, sw1, sw2 = make_slice(shape, 1, tokens, g)
     layer = mokgen.compile(shape, ep=1, tokens_per_rank=tokens, virtual=True)
-    rt, bwd = layer.runtime(), layer.backward_runtime()
-    args = (xs, zs, [w1], [w2], sw1, sw2)
-    layer(x=xs, router_logits=zs, w1=[w1], w2=[w2], shared_w1=sw1, shared_w2=sw2)
-    all_routes = rt.peers.bufs["routes"][0].long()
-    all_weights = rt.peers.bufs["weights"][0]
-    dys = [torch.randn(x.shape, device=x.device, generator=g).bfloat16() for x in xs]
-    tg = TorchSlice(shape, 1, xs, zs, w1, w2, sw1, sw2, grad=True)
-    setup, back = tg.train_step("grouped", all_routes, all_weights, torch.stack(dys))
+    st = TrainingSteps(layer, shape, (xs, zs, [w1], [w2], sw1, sw2), g)
 
     def ours():
-        rt.forward_rank(0, *args, save=True)
-        bwd.backward_rank(0, dys, xs, [w1], [w2], sw1, sw2)
+        st.fwd()
+        st.bwd()
 
     def grouped():
-        setup()
-        back()
+        st.setup()
+        st.back()
 
     gemms = dense_floor(shape, tokens, "cuda", g)
 

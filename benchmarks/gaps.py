@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import mokgen  # noqa: E402
-from mokgen.bench import (TorchSlice, kernel_times, make_slice, short_kernel_name,  # noqa: E402
+from mokgen.bench import (TrainingSteps, kernel_times, make_slice, short_kernel_name,  # noqa: E402
                           time_ms)
 
 
@@ -66,19 +66,12 @@ def main(argv=None) -> int:
     g = torch.Generator(device="cuda").manual_seed(0)
     xs, zs, w1, w2, sw1, sw2 = make_slice(shape, a.ep, a.n, g)
     layer = mokgen.compile(shape, ep=a.ep, tokens_per_rank=a.n, virtual=True)
-    rt, bwd = layer.runtime(), layer.backward_runtime()
     args = (xs, zs, [w1] * a.ep, [w2] * a.ep, sw1, sw2)
-    layer(x=xs, router_logits=zs, w1=args[2], w2=args[3], shared_w1=sw1, shared_w2=sw2)
-    routes, weights = rt.peers.bufs["routes"][0].long(), rt.peers.bufs["weights"][0]
-    dys = [torch.randn(x.shape, device="cuda", generator=g).bfloat16() for x in xs]
-    fwd = lambda: rt.forward_rank(0, *args)  # noqa: E731
-    fwd_saved = lambda: rt.forward_rank(0, *args, save=True)  # noqa: E731
-    back = lambda: bwd.backward_rank(0, dys, xs, *args[2:])  # noqa: E731
-    ts = TorchSlice(shape, a.ep, xs, zs, w1, w2, sw1, sw2, grad=True)
-    t_setup, t_back = ts.train_step("grouped", routes, weights, torch.stack(dys))
-    calls = {"mokgen fwd": (fwd, None), "mokgen bwd": (back, fwd_saved),
-             "grouped fwd": (lambda: ts.grouped(routes, weights), None),
-             "grouped bwd": (t_back, t_setup)}
+    st = TrainingSteps(layer, shape, args, g)
+    fwd = lambda: layer.runtime().forward_rank(0, *args)  # noqa: E731
+    calls = {"mokgen fwd": (fwd, None), "mokgen bwd": (st.bwd, st.fwd),
+             "grouped fwd": (lambda: st.tg.grouped(st.routes, st.weights), None),
+             "grouped bwd": (st.back, st.setup)}
     rows = []
     for name, (run, setup) in calls.items():
         idle = time_ms(run, a.iters, setup=setup)

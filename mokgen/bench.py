@@ -282,34 +282,47 @@ def bench_one(name, ep, n, iters, g, backward=False, naive=True, queue_ahead=Fal
     res["plan"] = dict(minibatch=layer.plan.minibatch, macrobatch=layer.plan.macrobatch,
                        comm_sms=layer.plan.comm_sms_fwd)
     if backward:
-        res["backward"] = bench_backward(layer, ts, shape, args, all_routes, all_weights,
-                                         res["floor_ms"], iters, g, naive, queue_ahead,
-                                         sustained)
+        res["backward"] = bench_backward(layer, shape, args, res["floor_ms"], iters, g, naive,
+                                         queue_ahead, sustained)
     return res  # the slice's tensors die with this frame; main() frees the cache
 
 
-def bench_backward(layer, ts, shape, args, all_routes, all_weights, fwd_floor_ms, iters, g,
-                   naive=True, queue_ahead=False, sustained=0.0):
+class TrainingSteps:
+    """Rank 0's training step both ways, on the same inputs and output gradient: ours (`fwd`,
+    its forward saving what the backward reads; `bwd`, its backward) and autograd through
+    torch._grouped_mm (`setup`, its forward; `back`, its backward). `tg` holds the baseline's
+    autograd leaves, `dY` the output gradient (every rank's), `routes` / `weights` the
+    gathered routes and router weights, as the layer computed them."""
+
+    def __init__(self, layer, shape, args, g):
+        xs, zs, w1s, w2s, sw1, sw2 = args
+        rt, bwd = layer.runtime(), layer.backward_runtime()
+        dys = [torch.randn(x.shape, device=x.device, generator=g).bfloat16() for x in xs]
+        # a full call first: every rank's routes, rings and pushed rows exist
+        layer(x=xs, router_logits=zs, w1=w1s, w2=w2s, shared_w1=sw1, shared_w2=sw2)
+        self.routes = rt.peers.bufs["routes"][0].long()  # gathered [R, n*k]
+        self.weights = rt.peers.bufs["weights"][0]
+        self.fwd = lambda: rt.forward_rank(0, *args, save=True)
+        self.bwd = lambda: bwd.backward_rank(0, dys, xs, w1s, w2s, sw1, sw2)
+        self.tg = TorchSlice(shape, len(xs), xs, zs, w1s[0], w2s[0], sw1, sw2, grad=True)
+        self.dY = torch.stack(dys)
+        self.setup, self.back = self.tg.train_step("grouped", self.routes, self.weights, self.dY)
+
+
+def bench_backward(layer, shape, args, fwd_floor_ms, iters, g, naive=True, queue_ahead=False,
+                   sustained=0.0):
     """Rank 0's backward slice: ours (its forward, untimed, leaves macrobatch 0 in the ring)
     against autograd through both pipelines; the floor is twice the forward's dense GEMMs.
     Effective TFLOP/s = 12 N (k+1) D I / t."""
     timed = functools.partial(time_ms, queue_ahead=queue_ahead)
-    xs, zs, w1s, w2s, sw1, sw2 = args
-    rt, bwd = layer.runtime(), layer.backward_runtime()
-    dys = [torch.randn(x.shape, device=x.device, generator=g).bfloat16() for x in xs]
-    # a full call first: every rank's routes, rings and pushed rows exist
-    layer(x=xs, router_logits=zs, w1=w1s, w2=w2s, shared_w1=sw1, shared_w2=sw2)
-    fwd = lambda: rt.forward_rank(0, *args, save=True)  # noqa: E731
-    ours = lambda: bwd.backward_rank(0, dys, xs, w1s, w2s, sw1, sw2)  # noqa: E731
+    st = TrainingSteps(layer, shape, args, g)
+    fwd, ours, setup, back, tg = st.fwd, st.bwd, st.setup, st.back, st.tg
     fwd()
     dx, dw1, dw2, dsw1, dsw2 = ours()
-    tg = TorchSlice(shape, len(xs), xs, zs, w1s[0], w2s[0], sw1, sw2, grad=True)
-    dY = torch.stack(dys)
-    setup, back = tg.train_step("grouped", all_routes, all_weights, dY)
     setup()
     back()
     # rank 0's expert weight gradients see every rank's rows: both implementations
-    r = dict(flops=2 * shape.forward_flops(xs[0].shape[0]),
+    r = dict(flops=2 * shape.forward_flops(args[0][0].shape[0]),
              err_dw1_vs_grouped=rel_error(dw1, tg.w1.grad),
              err_dw2_vs_grouped=rel_error(dw2, tg.w2.grad))
     r["mokgen_ms"] = timed(ours, iters, setup=fwd)
@@ -319,7 +332,7 @@ def bench_backward(layer, ts, shape, args, all_routes, all_weights, fwd_floor_ms
         r["grouped_train_sustained_ms"] = sustained_ms(lambda: (setup(), back()), sustained)
     r["naive_ms"] = float("nan")
     if naive:
-        setup_n, back_n = tg.train_step("naive", all_routes, all_weights, dY)
+        setup_n, back_n = tg.train_step("naive", st.routes, st.weights, st.dY)
         r["naive_ms"] = timed(back_n, max(10, iters // 5), setup=setup_n)
     r["floor_ms"] = 2 * fwd_floor_ms
     for k in ("mokgen", "grouped", "naive", "floor"):
