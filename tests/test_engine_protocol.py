@@ -171,9 +171,11 @@ def test_cooperative_tasks_never_deadlock_and_read_their_own_slices(seed, schedu
     check_reads(tasks, reads, channel)
 
 
+@pytest.mark.parametrize("scheduler", [True, False])
 @pytest.mark.parametrize("hand", [True, False])
-def test_solo_and_cooperative_tasks_read_their_own_slices(hand):
-    """Solo kernels take their tasks without the scheduler (GemmCfg::SCHEDULER). A warpgroup
+def test_solo_and_cooperative_tasks_read_their_own_slices(hand, scheduler):
+    """Solo kernels take their tasks in a scheduling thread (GemmCfg::SCHEDULER; the producer
+    took them itself before session 33, the other case). A warpgroup
     steps past the other's solo task only once that one's owner has waited for its last slice
     (the hand barrier, gemm_tile.cuh consumer_cooperative): without that wait (hand=False, the
     schedule of NOTES session 30) its own next stage's parity wait can pass a phase early,
@@ -183,7 +185,7 @@ def test_solo_and_cooperative_tasks_read_their_own_slices(hand):
         rng = random.Random(seed)
         tasks = [(rng.random() < 0.6, rng.choice([0, 1, 2, 3, 5, 9, 17])) for _ in range(40)]
         try:
-            reads, channel = simulate(tasks, rng, scheduler=False, hand=hand)
+            reads, channel = simulate(tasks, rng, scheduler=scheduler, hand=hand)
         except AssertionError:
             if hand:
                 raise

@@ -661,7 +661,7 @@ struct ConsumerAcc {
 // stores themselves (ncu), not the drain's wait (store_rows_tma fixed that for the weight
 // gradients: backward 10.16 -> 7.82 ms on kimi ep 8).
 // Solo tasks (GemmCfg::SOLO): the warpgroups take turns, warpgroup 1 taking those whose
-// kHalfN the producer set (every other solo task it pushed: the consumers hold no count of
+// kHalfN the scheduler set (every other solo task it pushed: the consumers hold no count of
 // their own, whose register made the narrow-tile backward spill); the other one waits for
 // the owner's hand barrier (every slice of the task landed and waited for; its phase is the
 // task's kSoloPhase), steps its ring state past the task's slices and frees its share of
@@ -1013,10 +1013,13 @@ MOKGEN_DEV void produce_gathering(Problem& prob, const GemmSmem<Cfg>& sm) {
 // other CTAs may wait on, so claims stay as close to their runs as the ask allows.
 // Deadlock-free as before: a task waits only on tasks earlier in the list, and the earliest
 // unfinished one is running (its CTA's task before it, if any, is finished).
+// Solo kernels: it also marks each solo task with the warpgroup that runs it (kHalfN, every
+// other one) and that warpgroup's count of them before it, mod 2 (kSoloPhase: the phase of
+// its hand barrier the other warpgroup waits for; consumer_cooperative).
 template <class Cfg, class Problem>
 MOKGEN_DEV void schedule_tasks(Problem& prob, const GemmSmem<Cfg>& sm) {
-  static_assert(!Cfg::SOLO, "solo kernels take their tasks in the producer (GemmCfg::SCHEDULER)");
   PipeState ts;
+  int solo_n = 0;  // Cfg::SOLO: solo tasks pushed so far, mod 4
   for (;;) {
     // Task i waits for the taken barrier's phase i: the producer completes phase 0 up front
     // and phase i by taking task i - 1. i's parity is its slot's (TASK_SLOTS is even), so
@@ -1025,7 +1028,14 @@ MOKGEN_DEV void schedule_tasks(Problem& prob, const GemmSmem<Cfg>& sm) {
     // one of its own bounded waits trapped, and the watchdog's path here spilled.
     while (!mbar_try_wait(sm.taken(), ts.idx() & 1)) {
     }
-    const Task t = prob.next_task();
+    Task t = prob.next_task();
+    if constexpr (Cfg::SOLO) {
+      if (t.op >= 0 && (t.op & kSolo)) {
+        t.op = (t.op & ~(kHalfN | kSoloPhase)) | (solo_n & 1 ? kHalfN : 0) |
+               (solo_n & 2 ? kSoloPhase : 0);
+        solo_n = (solo_n + 1) & 3;
+      }
+    }
     task_push<Cfg>(sm, ts, t);
     if (t.op < 0) break;
   }
@@ -1038,8 +1048,8 @@ MOKGEN_DEV void schedule_tasks(Problem& prob, const GemmSmem<Cfg>& sm) {
 template <class Cfg, class Problem>
 MOKGEN_DEV void produce_tasks(Problem& prob, const GemmSmem<Cfg>& sm) {
   static_assert(Cfg::TASK_SLOTS % 2 == 0, "schedule_tasks reads a task's parity off its slot");
+  static_assert(!Cfg::SOLO || Cfg::SCHEDULER, "solo tasks are marked by schedule_tasks");
   PipeState ps, ts;
-  int solo_n = 0;  // Cfg::SOLO: solo tasks pushed so far, mod 4 (owner, hand phase)
   if constexpr (Cfg::SCHEDULER) mbar_arrive(sm.taken());  // task 0 may be taken at once
   for (int i = 0;; ++i) {
     uint64_t ask = 0;
@@ -1053,13 +1063,6 @@ MOKGEN_DEV void produce_tasks(Problem& prob, const GemmSmem<Cfg>& sm) {
       ts.template advance<Cfg::TASK_SLOTS>();
     } else {
       t = prob.next_task();
-      if constexpr (Cfg::SOLO) {  // which consumer warpgroup runs it: kHalfN (see above)
-        if (t.op >= 0 && (t.op & kSolo)) {  // and its owner's count of them before it, mod 2
-          t.op = (t.op & ~(kHalfN | kSoloPhase)) | (solo_n & 1 ? kHalfN : 0) |
-                 (solo_n & 2 ? kSoloPhase : 0);
-          solo_n = (solo_n + 1) & 3;
-        }
-      }
       task_push<Cfg>(sm, ts, t);
       if (t.op < 0) break;
     }

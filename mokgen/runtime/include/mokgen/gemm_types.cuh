@@ -30,8 +30,8 @@ MOKGEN_DEV Task stop_task() { return Task{-1, 0, 0, -1, 0, 0, 0, 0}; }
 // kOpUserShift .. 26 are the Problem's to carry what its epilogue needs (op stays >= 0).
 // kHalfN: a narrow edge tile (gemm_epilogue.cuh half_bit). kSolo (GemmCfg::SOLO kernels
 // only): a BM x BN/2 task that one consumer warpgroup runs alone, all BM rows (gemm_tile.cuh
-// consumer_cooperative), its B MN-major; on a solo task the engine's producer sets kHalfN
-// on every other one (the warpgroup that runs it). kPairPad, kMcast (GemmCfg::PAIR kernels
+// consumer_cooperative), its B MN-major; on a solo task the engine's scheduling thread
+// sets kHalfN on every other one (the warpgroup that runs it). kPairPad, kMcast (GemmCfg::PAIR kernels
 // only, set by the engine's producer: gemm_tile.cuh produce_pairs): a task of k_blocks
 // slices that only keep the pair's rings in step (no MMA, no epilogue, no signal); a task
 // whose B the two CTAs of the pair load half each, multicast to both. kSoloPhase (SOLO
@@ -166,11 +166,10 @@ struct GemmCfg {
   // launders its schedule state, BwdSchedule::launder, 25 of the 29 fp8 compile checks
   // fail with it, backwards spilling 12-28 B: session 31.)
   // More producer registers are not free: setmaxnreg shares the launch's 168 a thread, so
-  // 48 would leave the fp8 consumers 224, where they spill. Not with SOLO either: its
-  // producer sets each solo task's warpgroup and hand phase (produce_tasks), state the
-  // scheduling thread would have to carry (the protocol model, tests/test_engine_protocol.py,
-  // passes solo tasks taken a task ahead as well)
-  static constexpr bool SCHEDULER = Q == 0 && !SOLO;
+  // 48 would leave the fp8 consumers 224, where they spill. Solo kernels have it since the
+  // hand barrier (session 33): before it, tasks pushed a task ahead widened the solo ring
+  // race (tests/test_engine_protocol.py, which passes solo tasks with a scheduler now)
+  static constexpr bool SCHEDULER = Q == 0;
   // producer warps that gather rows (produce_tile_gather) compute their addresses beside the
   // Problem's schedule state: 40 spilled the backward with a shared expert (nvcc 13.0), 56
   // leaves the consumers 224, where none of their code spills
