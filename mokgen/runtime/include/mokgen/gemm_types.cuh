@@ -30,11 +30,11 @@ MOKGEN_DEV Task stop_task() { return Task{-1, 0, 0, -1, 0, 0, 0, 0}; }
 // kOpUserShift .. 26 are the Problem's to carry what its epilogue needs (op stays >= 0).
 // kHalfN: a narrow edge tile (gemm_epilogue.cuh half_bit). kSolo (GemmCfg::SOLO kernels
 // only): a BM x BN/2 task that one consumer warpgroup runs alone, all BM rows (gemm_tile.cuh
-// consumer_cooperative), its B MN-major; on a solo task the engine's scheduling thread
-// sets kHalfN on every other one (the warpgroup that runs it). kPairPad, kMcast (GemmCfg::PAIR kernels
-// only, set by the engine's producer: gemm_tile.cuh produce_pairs): a task of k_blocks
-// slices that only keep the pair's rings in step (no MMA, no epilogue, no signal); a task
-// whose B the two CTAs of the pair load half each, multicast to both. kSoloPhase (SOLO
+// consumer_cooperative), its B MN-major; on a solo task the engine's scheduling thread sets
+// kHalfN on every other one (the warpgroup that runs it). kPairPad, kMcast (GemmCfg::PAIR
+// kernels only, set by the engine's producer: gemm_tile.cuh produce_pairs): a task of
+// k_blocks slices that only keep the pair's rings in step (no MMA, no epilogue, no signal); a
+// task whose B the two CTAs of the pair load half each, multicast to both. kSoloPhase (SOLO
 // kernels, which are never PAIR: the same bit as kPairPad): the parity of the owner's solo
 // tasks before this one, the phase of its hand barrier that the other warpgroup waits for
 // before it steps past the task (consumer_cooperative). The Problem's bits end below kPairPad.
