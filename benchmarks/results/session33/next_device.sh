@@ -2,7 +2,7 @@
 # new loans were paused). Each CALL block is one `run`; ask `status` first.
 #
 # Here first (a new checkout keeps neither branches, .build nor .kcache; ~15 min of CPU; this
-# checkout kept them: .build/kc, .build/ab/pad and .build/ab/pair were built at 3d33791):
+# checkout kept them: .build/kc, .build/ab/pad and .build/ab/pair were built at 4d83821):
 #   git branch pad-half && git worktree add ../wt_pad pad-half
 #   (cd ../wt_pad && git apply $PWD/benchmarks/results/session33/pad_half.patch && git commit -qam pad-half)
 #   mkdir -p .build/ab/pad && git archive pad-half | tar -x -C .build/ab/pad
