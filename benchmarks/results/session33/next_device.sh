@@ -12,7 +12,8 @@
 #   (cd .build/ab/pad && MOKGEN_CACHE=$PWD/kc python benchmarks/prebuild_models.py $M 1 4096)
 #   the GPU tests' plans (any tree: plans, not sources; pad-half's tree has one test more):
 #   (cd ../wt_pad && python -m pytest -p benchmarks.collect_kernels -m gpu <device_suite.sh's
-#    A and B files> --collect-out $PWD/.kcache/s34.pkl)
+#    A and B files> --collect-out <this checkout>/.kcache/s34.pkl)
+#   (this checkout has .kcache/s33.pkl: 146 plans, collected in pad-half's tree at 4d83821)
 #
 # CALL 1 (carry .build/kc, .build/ab/pad; ~45 MB): pad-half against main at the cap, and
 # energy a step: `bash benchmarks/results/session32/next_pad_ab.sh` (unchanged; its header's
@@ -20,7 +21,7 @@
 # to +4% (Qwen3-30B N 4096) synced, less at the cap; J a step lower by the skipped MMAs'
 # share.
 #
-# CALLS 2-3 (carry .kcache/s34.pkl): the GPU suite of the tree that lands (pad-half's if call
+# CALLS 2-3 (carry .kcache/s34.pkl, or s33.pkl where the checkout kept it): the GPU suite of the tree that lands (pad-half's if call
 # 1 holds, else main's: the solo hand barrier, 3d33791, and wg-order's untested files):
 #   KERNELS=.kcache/s34.pkl HALVES=a MOKGEN_COMMIT=<sha> bash benchmarks/device_suite.sh
 #   KERNELS=.kcache/s34.pkl HALVES=b MOKGEN_COMMIT=<sha> bash benchmarks/device_suite.sh
