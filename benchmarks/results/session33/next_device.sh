@@ -21,8 +21,9 @@
 # to +4% (Qwen3-30B N 4096) synced, less at the cap; J a step lower by the skipped MMAs'
 # share.
 #
-# CALLS 2-3 (carry .kcache/s34.pkl, or s33.pkl where the checkout kept it): the GPU suite of the tree that lands (pad-half's if call
-# 1 holds, else main's: the solo hand barrier, 3d33791, and wg-order's untested files):
+# CALLS 2-3 (carry .kcache/s34.pkl, or s33.pkl where the checkout kept it): the GPU suite of
+# the tree that lands (pad-half's if call 1 holds, else main's: the solo hand barrier and
+# scheduler, 3d33791 / ea281d5, and wg-order's untested files):
 #   KERNELS=.kcache/s34.pkl HALVES=a MOKGEN_COMMIT=<sha> bash benchmarks/device_suite.sh
 #   KERNELS=.kcache/s34.pkl HALVES=b MOKGEN_COMMIT=<sha> bash benchmarks/device_suite.sh
 # test_gpu_backward's engine experiments [solo] and [mixed] are the solo fix's GPU check
