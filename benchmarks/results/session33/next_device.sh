@@ -76,5 +76,7 @@ PY
 #     --shapes qwen3-235b-a22b,mixtral-8x7b,sonicmoe-readme,qwen3-30b-a3b 2>&1 | tail -12
 # Prediction: the forward at the cap +1-3% with pairs (session 29: the pairs' SM clock 54 MHz
 # higher, eaten by a 5.5 us ask a task that the scheduling thread now hides); the step +0.5-1%.
+# If several pay: `results/session33/combo.patch` (pad-half + ktail + pairs, compile-checked
+# together) is the one tree to run the GPU suite on and land.
 # Also owed (#17): the backward's share of its floor on the ep 8 / ep 64 slices
 # (benchmarks/moe_layer.py --backward; the README's table is from 0e2a036).
