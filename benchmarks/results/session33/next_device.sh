@@ -76,6 +76,8 @@ PY
 #     --shapes qwen3-235b-a22b,mixtral-8x7b,sonicmoe-readme,qwen3-30b-a3b 2>&1 | tail -12
 # Prediction: the forward at the cap +1-3% with pairs (session 29: the pairs' SM clock 54 MHz
 # higher, eaten by a 5.5 us ask a task that the scheduling thread now hides); the step +0.5-1%.
+# pad-half-fp8 (`pad_half_fp8_on_pad_half.patch`, on pad-half): test_gpu_fp8 on its tree, then
+# benchmarks/profile_fp8.py or fp8.py --backward against pad-half's on the kimi / glm slices.
 # If several pay: `results/session33/combo.patch` (pad-half + ktail + pairs, compile-checked
 # together) is the one tree to run the GPU suite on and land.
 # Also owed (#17): the backward's share of its floor on the ep 8 / ep 64 slices
