@@ -78,7 +78,7 @@ PY
 # higher, eaten by a 5.5 us ask a task that the scheduling thread now hides); the step +0.5-1%.
 # pad-half-fp8 (`pad_half_fp8_on_pad_half.patch`, on pad-half): test_gpu_fp8 on its tree, then
 # benchmarks/profile_fp8.py or fp8.py --backward against pad-half's on the kimi / glm slices.
-# If several pay: `results/session33/combo.patch` (pad-half + ktail + pairs, compile-checked
-# together) is the one tree to run the GPU suite on and land.
+# If several pay: `results/session33/combo.patch` (pad-half + ktail + pairs + pad-half for
+# fp8, compile-checked together) is the one tree to run the GPU suite on and land.
 # Also owed (#17): the backward's share of its floor on the ep 8 / ep 64 slices
 # (benchmarks/moe_layer.py --backward; the README's table is from 0e2a036).
