@@ -68,7 +68,8 @@ def main(argv=None) -> int:
     layer = mokgen.compile(shape, ep=a.ep, tokens_per_rank=a.n, virtual=True)
     args = (xs, zs, [w1] * a.ep, [w2] * a.ep, sw1, sw2)
     st = TrainingSteps(layer, shape, args, g)
-    fwd = lambda: layer.runtime().forward_rank(0, *args)  # noqa: E731
+    rt = layer.runtime()
+    fwd = lambda: rt.forward_rank(0, *args)  # noqa: E731
     calls = {"mokgen fwd": (fwd, None), "mokgen bwd": (st.bwd, st.fwd),
              "grouped fwd": (lambda: st.tg.grouped(st.routes, st.weights), None),
              "grouped bwd": (st.back, st.setup)}

@@ -175,11 +175,11 @@ def test_cooperative_tasks_never_deadlock_and_read_their_own_slices(seed, schedu
 @pytest.mark.parametrize("hand", [True, False])
 def test_solo_and_cooperative_tasks_read_their_own_slices(hand, scheduler):
     """Solo kernels take their tasks in a scheduling thread (GemmCfg::SCHEDULER; the producer
-    took them itself before session 33, the other case). A warpgroup
-    steps past the other's solo task only once that one's owner has waited for its last slice
-    (the hand barrier, gemm_tile.cuh consumer_cooperative): without that wait (hand=False, the
-    schedule of NOTES session 30) its own next stage's parity wait can pass a phase early,
-    before the skipped slice that last used the stage has landed, and this model finds it."""
+    took them itself before session 33, the other case). A warpgroup steps past the other's
+    solo task only once that one's owner has waited for its last slice (the hand barrier,
+    gemm_tile.cuh consumer_cooperative): without that wait (hand=False, the schedule of NOTES
+    session 30) its own next stage's parity wait can pass a phase early, before the skipped
+    slice that last used the stage has landed, and this model finds it."""
     failed = 0
     for seed in range(40):
         rng = random.Random(seed)
