@@ -171,30 +171,6 @@ def test_direction_kernels_compile_without_spills(dispatch, combine, dtype):
     assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res
 
 
-def test_ablation_pins_everything_but_the_directions():
-    """benchmarks/directions.py's layers: four plans differing only in (dispatch, combine)
-    (so their outputs must be bitwise equal), virtual ones side by side on the GPU, and the
-    pass's own choice beside them."""
-    bench = _bench()
-    args = bench.parse(["--shape", "gpu-small", "--tokens", "1024"])
-    for virtual in (True, False):
-        kws = bench.plans(args, 2, virtual)
-        ps = {k: mokgen.plan(mokgen.shapes.get("gpu-small"), **kw) for k, kw in kws.items()}
-        assert len({p.key() for p in ps.values()}) == 5
-        fields = ("minibatch", "macrobatch", "comm_sms_fwd", "num_sms", "gemm_fwd", "gemm_bwd")
-        assert len({tuple(getattr(p, f) for f in fields) for p in ps.values()}) == 1
-        assert {(p.dispatch, p.combine) for k, p in ps.items() if k != "chosen"} == set(FORWARD)
-        assert (ps["chosen"].dispatch, ps["chosen"].combine) == ("pull", "push")
-        assert ps["chosen"].num_sms == (66 if virtual else 132)
-    rows = [dict(dispatch=d, combine=c, chosen=(d, c) == ("pull", "push"),
-                 fwd_ms=t, fwd_ms_repeats=[t, t * 1.002]) for (d, c), t in
-            zip(FORWARD, (1.0, 1.5, 0.995, 2.0))]
-    v = bench.judge(rows)["fwd_ms"]
-    assert v["fastest"] == "push/push" and v["chosen_ok"]  # 0.5% faster: within 1% noise
-    rows[2]["fwd_ms"] = 0.9
-    assert not bench.judge(rows)["fwd_ms"]["chosen_ok"]
-
-
 # --- the backward's directions ---------------------------------------------------------------
 
 def test_each_backward_direction_renders_its_own_backward_and_the_default_none_of_it():
@@ -341,56 +317,3 @@ def test_backward_direction_kernels_compile_without_spills(reverse_combine, reve
     (b,) = build.build(codegen.emit(p, units=("bwd",)), arch=p.arch)
     res = b.resources["mokgen_bwd"]
     assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res
-
-
-def _bench():
-    from benchmark_scripts import load
-    return load("directions")
-
-
-def test_backward_ablation_pins_everything_but_the_backward_directions():
-    """benchmarks/directions.py's backward layers: four plans differing only in
-    (reverse_combine, reverse_dispatch), the forward's the paper's, and the pass's choice."""
-    bench = _bench()
-    args = bench.parse(["--shape", "gpu-small", "--tokens", "1024"])
-    for virtual in (True, False):
-        kws = bench.backward_plans(args, 2, virtual)
-        ps = {k: mokgen.plan(mokgen.shapes.get("gpu-small"), **kw) for k, kw in kws.items()}
-        assert len({p.key() for p in ps.values()}) == 5
-        fields = ("minibatch", "macrobatch", "comm_sms_fwd", "comm_sms_bwd", "num_sms",
-                  "gemm_fwd", "gemm_bwd", "dispatch", "combine")
-        assert len({tuple(getattr(p, f) for f in fields) for p in ps.values()}) == 1
-        assert {(p.reverse_combine, p.reverse_dispatch) for k, p in ps.items()
-                if k != "chosen"} == set(BACKWARD)
-        chosen = ps["chosen"]
-        assert (chosen.reverse_combine, chosen.reverse_dispatch) == ("pull", "push")
-        assert (chosen.dispatch, chosen.combine) == ("pull", "push")
-    rows = [dict(reverse_combine=rc, reverse_dispatch=rd, chosen=(rc, rd) == ("pull", "push"),
-                 bwd_ms=t, bwd_ms_repeats=[t, t * 1.002], train_ms=t + 1,
-                 train_ms_repeats=[t + 1] * 2)
-            for (rc, rd), t in zip(BACKWARD, (1.0, 2.0, 1.5, 3.0))]
-    v = bench.judge(rows, ("reverse_combine", "reverse_dispatch"))
-    assert v["bwd_ms"]["fastest"] == "pull/push" and v["bwd_ms"]["chosen_ok"]
-    assert set(v) == {"bwd_ms", "train_ms"}
-    rows[2]["bwd_ms"] = 0.5
-    v = bench.judge(rows, ("reverse_combine", "reverse_dispatch"))
-    assert v["bwd_ms"]["fastest"] == "push/push" and not v["bwd_ms"]["chosen_ok"]
-    out = dict(shape="gpu-small", load="ep8", tokens=1024, world=2, mode="virtual",
-               meta=dict(gpu="H200"), verdict={}, rows=[], backward_rows=[
-                   dict(r, model_us=dict(total=1.0), grads_bitwise_equal_to_pull_push=True)
-                   for r in rows], backward_verdict=v)
-    text = bench.table(out)
-    assert "rev comb" in text and "CHOSEN IS SLOWER" in text
-    assert max(map(len, text.splitlines())) <= 100
-
-
-def test_direction_test_layers_plan_and_prebuild_covers_them():
-    """Every layer the GPU and multi-GPU direction tests compile plans (so --prebuild --tests
-    builds it), the backward's among them with their directions."""
-    bench = _bench()
-    for R in (None, 2):
-        layers = bench.test_layers(R)
-        ps = [mokgen.plan(s, **kw) for s, kw in layers]
-        got = {(p.reverse_combine, p.reverse_dispatch) for p in ps}
-        assert got == set(BACKWARD), R
-        assert any(p.scale_block and p.reverse_dispatch == "pull" for p in ps) == (R is None)
