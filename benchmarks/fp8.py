@@ -1,5 +1,5 @@
-"""fp8 forward benchmark: per-rank slices (as `python -m mokgen bench`), our bf16, blockwise
-fp8 ("fp8") and MXFP8 ("mxfp8") megakernels on the same inputs, next to PyTorch baselines:
+"""How fast is the layer in fp8? Rank 0's slice of each preset (as benchmarks/moe_layer.py),
+our bf16, blockwise fp8 ("fp8") and MXFP8 ("mxfp8") layers on the same inputs, beside PyTorch:
   grouped      torch._grouped_mm pipeline in bf16 (mokgen.bench.TorchSlice.grouped)
   scaled       the same pipeline through torch._scaled_grouped_mm with fp8 rows and weights
                (rowwise scales: what PyTorch offers on sm_90), where it runs
@@ -7,11 +7,12 @@ fp8 ("fp8") and MXFP8 ("mxfp8") megakernels on the same inputs, next to PyTorch 
                torch._scaled_mm (rowwise fp8), the shared ones bf16 as ours
 Weights are quantized once per weight version (outside the timed call; its cost is timed
 separately as quant_ms). --backward also times each format's backward slice (after its
-forward with save=True: the bf16 one keeps macrobatch 0 in the ring, the fp8 ones replay
-every minibatch) and its gradients' error against bf16's.
-Writes $OUT/moe_layer_fwd_fp8.json and prints a table.
-Usage: python benchmarks/fp8.py [--shapes a,b] [--ep 8,64] [--tokens 1024,2048,4096]
-       [--backward]
+forward with save=True) and its gradients' error against bf16's.
+
+    python benchmarks/fp8.py [--shapes a,b] [--ep 64,8] [--tokens 2048] [--backward] [--out DIR]
+
+Rows go into DIR/fp8.json (rows per GPU kind, benchmarks/result_file.py) and DIR/fp8.png
+(this run's forward TFLOP/s); a table is printed.
 """
 from __future__ import annotations
 
@@ -24,10 +25,15 @@ import sys
 import torch
 import torch.nn.functional as F
 
-import mokgen
-from mokgen.bench import (TorchSlice, dense_floor, make_slice, own_combine_rows, save_results,
-                          time_ms)
-from mokgen.workloads import rel_error
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+import mokgen  # noqa: E402
+from mokgen.bench import TorchSlice, dense_floor, make_slice, own_combine_rows, time_ms  # noqa: E402
+from mokgen.plot import plot  # noqa: E402
+from mokgen.workloads import rel_error  # noqa: E402
+
+import result_file  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
 IMPLS = (("bf16", "mokgen bf16"), ("fp8", "mokgen fp8 (blockwise)"), ("mxfp8", "mokgen MXFP8"),
@@ -199,12 +205,14 @@ def bench(name, ep, n, iters, g, backward=False):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", default="kimi-k2.7,glm-5.2,qwen3.5-397b-a17b,deepseek-v4-pro")
-    ap.add_argument("--ep", default="64,8")
-    ap.add_argument("--tokens", default="2048")
-    ap.add_argument("--iters", type=int, default=30)
-    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap = argparse.ArgumentParser(prog="benchmarks/fp8.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="kimi-k2.7,glm-5.2,qwen3.5-397b-a17b,deepseek-v4-pro",
+                    help="comma list of presets (default: %(default)s)")
+    ap.add_argument("--ep", default="64,8", help="comma list of EP degrees (default: %(default)s)")
+    ap.add_argument("--tokens", default="2048", help="comma list of tokens per rank")
+    ap.add_argument("--iters", type=int, default=30, help="timed calls a measurement")
+    ap.add_argument("--out", default=result_file.RESULTS,
+                    help="folder of fp8.json (default: %(default)s)")
     ap.add_argument("--backward", action="store_true", help="also time the backward slices")
     a = ap.parse_args(argv)
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -213,11 +221,13 @@ def main(argv=None):
         for name in a.shapes.split(","):
             for n in map(int, a.tokens.split(",")):
                 r = bench(name, ep, n, a.iters, g, a.backward)
+                r["measured"] = "fwd+bwd" if a.backward else "fwd"
                 print(json.dumps(r), flush=True)
                 rows.append(r)
-    meta = save_results(os.path.join(a.out, "moe_layer_fwd_fp8.json"), rows, impls=IMPLS,
-                        what="MoE layer forward, bf16 / fp8 / MXFP8")
-    print(f"\n{meta}\nTFLOP/s (6 N (k+1) D I / t)")
+    path = result_file.write(
+        "fp8", rows, ("shape", "ep", "tokens", "measured"), out=a.out,
+        plot=lambda j, p: plot(j, p, impls=IMPLS, what="MoE layer forward, bf16 / fp8 / MXFP8"))
+    print(f"\nwrote {path}\nTFLOP/s (6 N (k+1) D I / t)")
     print(f"{'shape':<18}{'ep':>3}{'N':>6} {'bf16':>6} {'fp8':>6} {'mxfp8':>6} {'grp':>6} "
           f"{'scaled':>6} {'fl16':>6} {'fl8':>6}  fp8/bf16 mx/bf16 fp8/best  err fp8/mx")
     for r in rows:

@@ -1,16 +1,17 @@
-"""FSDP-style collectives beside the MoE layer (issue #19), one process per GPU:
+"""Does an FSDP-style all-gather overlap the MoE layer? One process per GPU:
 
     torchrun --nproc-per-node=R benchmarks/fsdp_overlap.py [--shape kimi-k2.7] [--load ep64]
-        [--tokens 4096] [--gather-mib 256] [--reserves 0,16]
+        [--tokens 4096] [--gather-mib 256] [--reserves 0,16] [--iters 20] [--trace] [--out DIR]
 
 FSDP/HSDP shard the dense weights and all-gather them while the previous layer computes. The
 persistent megakernels hold every SM, so such a gather waits for them. For each reserve (0:
-every SM to the layer; 16: what `overlap_comm=True` plans on H200) and for the forward and the
-training step (forward + backward) of one rank's load (benchmarks/multigpu.py's loads):
+every SM to the layer; the default's second: what `overlap_comm=True` plans) and for the
+forward and the training step (forward + backward) of one rank's load (benchmarks/
+multigpu.py's loads):
   layer_ms    the layer's call alone
   gather_ms   all_gather_into_tensor of --gather-mib MiB per rank alone, on a side stream
   overlap_ms  the gather issued on the side stream just before the layer call, until both end
-  target_ms   layer_ms + 0.15 * gather_ms (issue #19's target for overlap_ms); and
+  target_ms   layer_ms + 0.15 * gather_ms (the gather 85% hidden); and
               target_vs_reserve0_ms, the same from the layer's time with every SM
   hidden      (layer_ms + gather_ms - overlap_ms) / gather_ms: the share of the gather hidden
   *_gpu_*     the same with each run's launches queued behind a GPU sleep: the GPU's time
@@ -18,8 +19,9 @@ training step (forward + backward) of one rank's load (benchmarks/multigpu.py's 
               include the host's ~1 ms to a training call's first kernel and the ranks' skew)
 The gather runs on its own process group whose NCCL config caps its CTAs at the reserve
 (`ProcessGroupNCCL.Options().config.max_ctas`; reserve 0: NCCL's default), as a user running
-`overlap_comm=True` would set it. Slowest rank's median over --iters calls.
-Output: benchmarks/results/fsdp_overlap_R{R}.json. Kernels: see multigpu.py (prebuild.py).
+`overlap_comm=True` would set it. Slowest rank's median over --iters calls. Rows go into
+DIR/fsdp_overlap.json (rows per GPU kind and world size, benchmarks/result_file.py). Kernels
+ahead: `python benchmarks/prebuild.py multigpu --world R`.
 """
 from __future__ import annotations
 
@@ -38,21 +40,27 @@ from mokgen.bench import short_kernel_name, time_ms  # noqa: E402
 from mokgen.passes.sm_partition import collective_sms  # noqa: E402
 from multigpu import init_dist, load_shape, meta, shared_seed  # noqa: E402
 
+import result_file  # noqa: E402
+
+KEY = ("world", "shape", "load", "tokens", "gather_mib", "reserve_sms", "mode")
+
 
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shape", default="kimi-k2.7")
-    ap.add_argument("--load", default="ep64")
-    ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--gather-mib", type=int, default=256)
+    ap.add_argument("--shape", default="kimi-k2.7", help="preset (default: %(default)s)")
+    ap.add_argument("--load", default="ep64", help="ep64 or ep8 (benchmarks/multigpu.py)")
+    ap.add_argument("--tokens", type=int, default=4096, help="tokens per rank")
+    ap.add_argument("--gather-mib", type=int, default=256, help="MiB each rank gathers")
+    # overlap_comm's reserve on a 132-SM Hopper (H100 and H200 SXM)
     ap.add_argument("--reserves", default=f"0,{collective_sms(hardware.H200)}",
                     help="comma list of reserve_sms (0: none; the default: overlap_comm's)")
-    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--iters", type=int, default=20, help="timed calls a measurement")
     ap.add_argument("--trace", action="store_true",
                     help="also print both ranks' kernels and long host calls (start, "
                          "duration) of one overlapped call per reserve and mode, from "
                          "torch.profiler (timeline)")
-    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--out", default=result_file.RESULTS,
+                    help="folder of fsdp_overlap.json (default: %(default)s)")
     return ap.parse_args(argv)
 
 
@@ -196,10 +204,10 @@ def run(args, reserve: int, inputs, gather_mib: int) -> list:
     return rows
 
 
-def main():
+def main(argv=None):
     import torch.distributed as dist
 
-    args = parse()
+    args = parse(argv)
     init_dist()
     R, rank = dist.get_world_size(), dist.get_rank()
     shape = load_shape(args.shape, args.load, R)
@@ -222,12 +230,10 @@ def main():
             r["target_vs_reserve0_ms"] = full[r["mode"]][0] + 0.15 * r["gather_ms"]
             r["target_gpu_vs_reserve0_ms"] = full[r["mode"]][1] + 0.15 * r["gather_gpu_ms"]
     if rank == 0:
-        os.makedirs(args.out, exist_ok=True)
-        path = os.path.join(args.out, f"fsdp_overlap_R{R}.json")
-        with open(path, "w") as f:
-            json.dump(dict(world=R, meta=meta(), shape=args.shape, load=args.load,
-                           local_experts=shape.num_experts // R, tokens=args.tokens,
-                           rows=rows), f, indent=1)
+        where = dict(world=R, shape=args.shape, load=args.load,
+                     local_experts=shape.num_experts // R, tokens=args.tokens)
+        path = result_file.write("fsdp_overlap", [dict(where, **r) for r in rows], KEY,
+                                 out=args.out, meta=meta())
         print(f"wrote {path}")
         print(f"ms; {args.shape} {args.load} N={args.tokens}, {args.gather_mib} MiB gather; "
               f"event time (host gaps in) | GPU time (launches queued ahead); target0: "

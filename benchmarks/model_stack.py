@@ -1,25 +1,27 @@
-"""A model, not a layer: a stack of N MoE layers (residual, router; attention left out) trained
-one step at a time on one GPU, mokgen.MoE against the same stack in plain PyTorch (autograd
-through torch._grouped_mm), with and without activation checkpointing.
+"""How much memory does a model of MoE layers need to train, and how fast is its step? A stack
+of N MoE layers (pre-norm residual blocks h + MoE(RMSNorm(h)), the router in each layer;
+attention left out) trained one step at a time on one GPU, mokgen.MoE against the same stack
+in plain PyTorch (softmax top-k, torch._grouped_mm, autograd), with and without activation
+checkpointing, on the same weights (same seed and initialization order) and inputs.
 
-Per configuration, on the same weights and inputs:
-- held: bytes allocated after a step beyond the weights and their gradients (mokgen: its
-  one shared workspace and what the layers keep), per layer;
+Per configuration:
+- held: bytes allocated after a step beyond the weights and their gradients (mokgen: its one
+  shared workspace and what the layers keep for their backward), per layer;
 - peak: the most allocated during a step beyond what was allocated before it;
 - step: median time of a training step (forward + backward), CUDA events.
 Steps accumulate into the gradients the first step made (micro-batches of one optimizer
-step); `--keep-h 0` / `1` forces mokgen's keep_h off / on (default `d`: the plan's own
-choice, keep_h at one rank in bf16, passes/keep_h.py: each call keeps its own h, no layer's
-backward replays, for h per layer; README); `--fuse 1` builds mokgen's layers with
-fuse_grad_accumulation (the kernel adds the
-expert gradients into .grad: no expert-gradient-sized temporary, which autograd's
-accumulation allocates on both sides otherwise).
-Both stacks get the same weights (same seed, same initialization order) and inputs. A
-configuration that does not fit is recorded as out of memory; with --fit the most layers at
-which both fit (halving from N) is measured as well.
+step). `--keep-h 0` / `1` forces mokgen's keep_h off / on (default `d`: the plan's choice,
+mokgen/passes/keep_h.py); `--fuse 1` builds mokgen's layers with fuse_grad_accumulation (the
+kernel adds the expert gradients into .grad: no expert-gradient-sized temporary, which
+autograd's accumulation allocates on both sides otherwise). A configuration that does not fit
+is recorded as out of memory; with --fit the most layers at which both fit (halving from N)
+is measured as well.
 
-    python benchmarks/model_stack.py --shapes qwen3-30b-a3b,olmoe-1b-7b --layers 4,48 \
-        --tokens 8192 --out benchmarks/results/model_stack.json
+    python benchmarks/model_stack.py [--shapes qwen3-30b-a3b,olmoe-1b-7b] [--layers 4,48]
+        [--tokens 8192] [--ckpt 0,1] [--fuse 0] [--keep-h d] [--fit] [--out DIR]
+
+Rows go into DIR/model_stack.json (rows per GPU kind, benchmarks/result_file.py); a table
+is printed.
 """
 from __future__ import annotations
 
@@ -34,9 +36,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
 import mokgen  # noqa: E402
-from mokgen.bench import results_commit  # noqa: E402
+
+import result_file  # noqa: E402
+
+KEY = ("shape", "layers", "tokens", "checkpointing", "fused_grad_accumulation", "keep_h")
 
 
 class GroupedMoE(nn.Module):
@@ -208,17 +215,20 @@ def get_shape(name):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser()
-    p.add_argument("--shapes", default="qwen3-30b-a3b,olmoe-1b-7b")
-    p.add_argument("--layers", default="4,48")
-    p.add_argument("--tokens", type=int, default=8192)
-    p.add_argument("--iters", type=int, default=5)
+    p = argparse.ArgumentParser(prog="benchmarks/model_stack.py",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", default="qwen3-30b-a3b,olmoe-1b-7b",
+                   help="comma list of model presets (default: %(default)s)")
+    p.add_argument("--layers", default="4,48", help="comma list of layer counts")
+    p.add_argument("--tokens", type=int, default=8192, help="tokens a step")
+    p.add_argument("--iters", type=int, default=5, help="timed steps a configuration")
     p.add_argument("--ckpt", default="0,1", help="checkpointing off/on: 0, 1 or 0,1")
     p.add_argument("--fit", action="store_true", help="halve the layers until both fit")
     p.add_argument("--fuse", default="0", help="mokgen's fuse_grad_accumulation: 0, 1 or 0,1")
     p.add_argument("--keep-h", default="d",
                    help="mokgen's keep_h: d (the plan's), 0, 1, or a list such as 0,d")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=result_file.RESULTS,
+                   help="folder of model_stack.json (default: %(default)s)")
     a = p.parse_args(argv)
     rows = []
     for name in a.shapes.split(","):
@@ -243,11 +253,7 @@ def main(argv=None):
               f"| {fmt(r['mokgen_peak_mb'])} | {fmt(r['torch_peak_mb'])} "
               f"| {fmt(r['mokgen_step_ms'], '{:.1f}')} | {fmt(r['torch_step_ms'], '{:.1f}')} "
               f"| {fmt(ratio, '{:.2f}')} |")
-    if a.out:
-        meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                "commit": results_commit()}
-        with open(a.out, "w") as fh:
-            json.dump({**meta, "rows": rows}, fh, indent=1)
+    print(f"wrote {result_file.write('model_stack', rows, KEY, out=a.out)}")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,17 @@
-"""Public models' MoE layers on one GPU (issue 16): the whole layer at ep = 1 and rank 0's slice
-of a virtual ep = 8 deployment (the largest ep <= 8 dividing E where 8 does not), forward and
-training step, against torch._grouped_mm (autograd for the backward), same inputs, one run.
+"""How fast are public models' MoE layers against the PyTorch a user would write? Each model's
+whole layer at ep = 1 and rank 0's slice of a virtual ep = 8 deployment (the largest ep <= 8
+dividing E where 8 does not), forward and training step, against torch._grouped_mm with
+autograd for the backward, on the same inputs in one process, one GPU.
 
-    python benchmarks/models.py [--tokens 4096] [--iters 20] [--out DIR] [--gemm-bwd TILE]
-        [--gemm TILE] (the forward's)
-        [--sustained S] (also both training steps back to back for S seconds each, at the
-        power cap: the short synced loops run partly before it)
+    python benchmarks/models.py [--models qwen3-30b-a3b,...] [--tokens 4096] [--ep 1,8]
+        [--iters 20] [--sustained S] [--gemm TILE] [--gemm-bwd TILE] [--out DIR]
 
-The training step is the forward without autograd plus the backward after a forward that
-kept what it needs (mokgen: its ring; PyTorch: autograd's saved tensors), both sides alike.
-Writes DIR/models_fwdbwd_bf16.json (rows of mokgen.bench.bench_one with backward) and prints
-a table last."""
+The training step is the forward without autograd plus the backward after a forward that kept
+what it needs (mokgen: its ring; PyTorch: autograd's saved tensors), both sides alike.
+--sustained S also runs both training steps back to back for S seconds each: the rate a
+training loop holds once the board's power cap has set the clock (short synced loops run
+partly before it). Rows (mokgen.bench.bench_one's, with the backward) go into
+DIR/models.json, rows per GPU kind (benchmarks/result_file.py), and a table is printed."""
 import argparse
 import gc
 import json
@@ -19,14 +20,22 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
 import mokgen  # noqa: E402
-from mokgen.bench import bench_one, save_results  # noqa: E402
+from mokgen.bench import bench_one  # noqa: E402
 from mokgen.cli import _gemm  # noqa: E402
+from mokgen.plot import plot  # noqa: E402
+
+import result_file  # noqa: E402
 
 MODELS = ("qwen3-30b-a3b", "qwen3-235b-a22b", "qwen1.5-moe-a2.7b", "deepseek-v2-lite",
           "deepseek-v3", "mixtral-8x7b", "mixtral-8x22b", "olmoe-1b-7b", "llama-4-scout",
           "granite-3.0-3b-a800m")
+
+
+KEY = ("shape", "ep", "tokens", "overrides")
 
 
 def eps(shape) -> list:
@@ -34,19 +43,24 @@ def eps(shape) -> list:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--iters", type=int, default=20)
+    ap = argparse.ArgumentParser(prog="benchmarks/models.py",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help="comma list of model presets (default: %(default)s)")
+    ap.add_argument("--tokens", type=int, default=4096, help="tokens per rank")
+    ap.add_argument("--iters", type=int, default=20, help="timed calls a measurement")
     ap.add_argument("--ep", default="", help="comma list of ep (default: 1 and the virtual one)")
-    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--out", default=result_file.RESULTS,
+                    help="folder of models.json (default: %(default)s)")
     ap.add_argument("--gemm-bwd", type=_gemm, default=None, metavar="BMxBNxSTAGES[-...]",
                     help="the backward's GEMM tile and schedule (mokgen.compile gemm_bwd)")
     ap.add_argument("--gemm", type=_gemm, default=None, metavar="BMxBNxSTAGES[-...]",
                     help="the forward's (mokgen.compile gemm_fwd), e.g. 128x256x4-pair")
     ap.add_argument("--minibatch", type=int, default=None,
                     help="force the minibatch rows (mokgen.compile minibatch; default: the pass)")
-    ap.add_argument("--sustained", type=float, default=0.0, metavar="S")
+    ap.add_argument("--sustained", type=float, default=0.0, metavar="S",
+                    help="also both training steps back to back for S seconds each, at the "
+                         "power cap")
     a = ap.parse_args(argv)
     over = dict(gemm_bwd=a.gemm_bwd) if a.gemm_bwd else {}
     if a.gemm:
@@ -62,11 +76,13 @@ def main(argv=None):
             b = r["backward"]
             r["train_mokgen_ms"] = r["mokgen_ms"] + b["mokgen_ms"]
             r["train_grouped_ms"] = r["grouped_ms"] + b["grouped_ms"]
+            r["overrides"] = {k: str(v) for k, v in over.items()}
             rows.append(r)
             print(json.dumps(r), flush=True)
             gc.collect()
             torch.cuda.empty_cache()
-    save_results(os.path.join(a.out, "models_fwdbwd_bf16.json"), rows)
+    result_file.write("models", rows, KEY, out=a.out,
+                      plot=lambda j, p: plot(j, p, what="MoE layer forward, bf16, public models"))
     print("| model | ep | N | fwd TFLOP/s | grouped | x | train TFLOP/s | grouped | x |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:

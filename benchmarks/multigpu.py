@@ -1,13 +1,14 @@
-"""Expert parallelism across GPUs, one process per GPU (issue #19):
+"""How fast is expert parallelism across GPUs, against NCCL? One process per GPU:
 
     torchrun --nproc-per-node=R benchmarks/multigpu.py [--loads ep64,ep8] [--tokens 2048,4096]
+        [--shapes kimi-k2.7,...] [--iters 20] [--no-naive] [--out DIR]
 
 Loads. Each GPU carries the per-rank load of a preset's EP deployment: L = E/64 ("ep64") or
 E/8 ("ep8") local experts (at least ceil(k/R), so a token's k routes fit), N tokens per rank,
-so it receives N*k routed rows on average: the same work as the single-GPU slices of
-README / NOTES (mokgen.bench), now with real peers. The layer run has E' = R*L experts, so at
-R = 2 about half of the routes stay on their own GPU (a real ep=64 deployment sends 63/64
-off-rank); the NVLink floor and GB/s below count the bytes that really cross.
+so it receives N*k routed rows on average: the work of benchmarks/moe_layer.py's single-GPU
+slices, now with real peers. The layer run has E' = R*L experts, so at R = 2 about half of
+the routes stay on their own GPU (a real ep=64 deployment sends 63/64 off-rank); the NVLink
+floor and GB/s below count the bytes that really cross.
 
 Columns (slowest rank's median over --iters CUDA-event-timed calls; every rank builds the same
 global inputs from one broadcast seed):
@@ -20,18 +21,16 @@ global inputs from one broadcast seed):
   floor          max(compute, NVLink): compute = dense cuBLAS GEMMs of the same FLOPs timed on
                  this GPU (training: 3x the forward's); NVLink = bytes this rank sends over the
                  link (its off-rank rows out in dispatch, the peers' rows back in combine;
-                 twice that for training) / the link rate, both the nominal (mokgen.hardware,
-                 450 GB/s per direction on H200) and the rate an NCCL all_to_all reaches here
-                 (nvlink_gbps_measured); floor_* uses the faster one (the lower floor)
+                 twice that for training) / the link rate, both the nominal (mokgen.hardware)
+                 and the rate an NCCL all_to_all reaches here (nvlink_gbps_measured); floor_*
+                 uses the faster one (the lower floor)
   predicted      mokgen.simulate's forward / backward time of the plan (the cost model)
 
-Compile ahead (nvcc, no GPU): `python benchmarks/prebuild.py --world R` builds every kernel
-this script, fsdp_overlap.py and tests/test_multigpu.py need into $MOKGEN_CACHE, in parallel.
-A cache built so inside the checkout (MOKGEN_CACHE=$PWD/.mokgen-cache, git-ignored) can be
-carried to the device machine (carry [".mokgen-cache"]); kernels whose key (source, headers,
-nvcc version, ...) differ there are rebuilt, nothing else. NVLink multicast stays off.
-DeepEP's dispatch/combine + grouped_mm on the same loads: benchmarks/peers_deepep.py (its
-source carried to the GPU machine in .peers-deepep/, built there by peers_deepep.sh).
+Rows go into DIR/multigpu.json (rows per GPU kind and world size, benchmarks/result_file.py)
+after every row, so a run cut short keeps what it measured. Compile the kernels ahead (nvcc,
+no GPU): `python benchmarks/prebuild.py multigpu --world R` (this script's, fsdp_overlap.py's
+and the multi-GPU tests'). NVLink multicast stays off. DeepEP's dispatch/combine on the same
+loads: benchmarks/peers_deepep.py.
 """
 from __future__ import annotations
 
@@ -40,15 +39,17 @@ import gc
 import json
 import os
 import sys
-import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
 import mokgen  # noqa: E402
 from mokgen import hardware, reference  # noqa: E402
-from mokgen.bench import results_commit  # noqa: E402
 from mokgen.ep_baseline import EPBaseline, dist_exchange  # noqa: E402
+
+import result_file  # noqa: E402
 
 PRESETS = "kimi-k2.7,glm-5.2,qwen3.5-397b-a17b,deepseek-v4-pro"
 LOADS = {"ep64": 64, "ep8": 8}
@@ -68,7 +69,7 @@ def configs(shapes: str, loads: str, tokens: str, R: int) -> list:
 
 
 def plans(args, R: int) -> list:
-    """Every plan the run compiles (benchmarks/prebuild.py builds them ahead)."""
+    """Every plan the run compiles (benchmarks/prebuild.py multigpu builds them ahead)."""
     return [mokgen.plan(load_shape(name, load, R), ep=R, tokens_per_rank=n)
             for name, load, n in configs(args.shapes, args.loads, args.tokens, R)]
 
@@ -200,7 +201,7 @@ def bench(name, load, n, iters, link_gbps, naive=True):
     res["floor_compute_fwd_ms"] = slowest_ms(dense_floor(shape, n, "cuda", torch.Generator(
         device="cuda").manual_seed(0)), iters)
     res["floor_compute_train_ms"] = 3 * res["floor_compute_fwd_ms"]
-    gpu = hardware.get("H200")
+    gpu = hardware.get("H200")  # the nominal NVLink rate: H100 and H200 SXM alike
     best_bw = max(gpu.nvlink_bw, link_gbps * 1e9)
     for kind, mult in (("fwd", 1), ("train", 2)):
         link_ms = 1e3 * mult * res["link_bytes_fwd"] / best_bw
@@ -213,10 +214,12 @@ def bench(name, load, n, iters, link_gbps, naive=True):
     return res
 
 
-def meta() -> dict:
-    return dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-                cuda=torch.version.cuda, commit=results_commit(), time=time.strftime("%Y-%m-%d %H:%M"),
-                nccl=str(torch.cuda.nccl.version()))
+def meta(**extra) -> dict:
+    """The run's versions, its world size and NCCL's."""
+    import torch.distributed as dist
+
+    return result_file.run_meta(world=dist.get_world_size(), nccl=str(torch.cuda.nccl.version()),
+                                **extra)
 
 
 def table(rows) -> str:
@@ -235,14 +238,16 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
-def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", default=PRESETS)
+def parse(argv=None, name: str = "multigpu", description: str = __doc__):
+    """The arguments of this script, and of peers_deepep.py (`name`: its results file)."""
+    ap = argparse.ArgumentParser(description=description.split("\n")[0])
+    ap.add_argument("--shapes", default=PRESETS, help="comma list of presets (default: %(default)s)")
     ap.add_argument("--loads", default="ep64,ep8", help="comma list of ep64, ep8")
-    ap.add_argument("--tokens", default="2048,4096")
-    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--tokens", default="2048,4096", help="comma list of tokens per rank")
+    ap.add_argument("--iters", type=int, default=20, help="timed calls a measurement")
     ap.add_argument("--no-naive", action="store_true", help="skip the per-expert-loop baseline")
-    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--out", default=result_file.RESULTS,
+                    help=f"folder of {name}.json (default: %(default)s)")
     args = ap.parse_args(argv)
     for load in args.loads.split(","):
         if load not in LOADS:
@@ -261,23 +266,24 @@ def init_dist():
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
 
 
-def main():
+KEY = ("world", "shape", "load", "tokens")
+
+
+def main(argv=None):
     import torch.distributed as dist
 
-    args = parse()
+    args = parse(argv)
     init_dist()
     R = dist.get_world_size()
     link = measure_link_gbps()
-    rows, path = [], os.path.join(args.out, f"moe_layer_multigpu_R{R}.json")
+    rows, path = [], None
     for name, load, n in configs(args.shapes, args.loads, args.tokens, R):
         rows.append(bench(name, load, n, args.iters, link, naive=not args.no_naive))
-        rows[-1]["nvlink_gbps_measured"] = link
+        rows[-1].update(world=R, nvlink_gbps_measured=link)
         if dist.get_rank() == 0:  # written after every row: a cut-short run keeps its rows
             print(json.dumps(rows[-1]), flush=True)
-            os.makedirs(args.out, exist_ok=True)
-            with open(path, "w") as f:
-                json.dump(dict(world=R, meta=meta(), nvlink_gbps_measured=link, rows=rows),
-                          f, indent=1)
+            path = result_file.write("multigpu", rows[-1:], KEY, out=args.out,
+                                     meta=meta(nvlink_gbps_measured=link))
         gc.collect()
         torch.cuda.empty_cache()
     if dist.get_rank() == 0:

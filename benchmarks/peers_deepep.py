@@ -1,13 +1,14 @@
-"""mokgen against DeepEP's dispatch/combine + grouped_mm at R GPUs (issue #19, item 6):
+"""How does mokgen compare with DeepEP's dispatch/combine + grouped_mm across GPUs?
 
-    torchrun --nproc-per-node=2 benchmarks/peers_deepep.py --tokens 2048 [--loads ep64,ep8]
+    torchrun --nproc-per-node=2 benchmarks/peers_deepep.py [--tokens 2048] [--loads ep64,ep8]
+        [--shapes kimi-k2.7,...] [--iters 20] [--out DIR]
 
-(the arguments are benchmarks/multigpu.py's; --no-naive means nothing here)
+(benchmarks/multigpu.py's arguments; --no-naive means nothing here.)
 
-DeepEP (deepseek-ai/DeepEP at .peers-deepep/COMMIT, its last release before EPv2, built
-without NVSHMEM by benchmarks/peers_deepep.sh: the intranode kernels, peers over CUDA IPC and
-NVLink) moves the rows and torch._grouped_mm runs the experts: the layer users build from
-DeepEP's normal (high-throughput) mode. One call:
+DeepEP (deepseek-ai/DeepEP at the commit in .peers-deepep/COMMIT, its last release before
+EPv2, built without NVSHMEM: the intranode kernels, peers over CUDA IPC and NVLink; fetched
+and built by the scripts in benchmarks/peers/) moves the rows and torch._grouped_mm runs the
+experts: the layer users build from DeepEP's normal (high-throughput) mode. One call:
   route (softmax top-k, mokgen.reference.route) -> get_dispatch_layout -> dispatch (each
   token once per destination rank, its top-k ids made local there, with the route weights;
   the received counts reach the host: DeepEP's own sync) -> the local experts on each
@@ -16,10 +17,11 @@ DeepEP's normal (high-throughput) mode. One call:
 The training step is autograd's with DeepEP's adjoints: dispatch's backward combines the rows'
 and the weights' gradients, combine's backward dispatches again with the handle.
 
-Loads, inputs and timing are benchmarks/multigpu.py's (its helpers: slowest rank's median of
---iters CUDA-event-timed calls); mokgen's forward and training step run on the same inputs,
-and each row holds the two layers' differences (output, dx, d router_logits). Writes
-OUT/peers_deepep_R{R}.json after every row.
+Loads, inputs and timing are benchmarks/multigpu.py's (slowest rank's median of --iters
+CUDA-event-timed calls); mokgen's forward and training step run on the same inputs, and each
+row holds the two layers' differences (output, dx, d router_logits). Rows go into
+DIR/peers_deepep.json (rows per GPU kind and world size, benchmarks/result_file.py) after
+every row.
 """
 from __future__ import annotations
 
@@ -38,6 +40,10 @@ from mokgen import reference  # noqa: E402
 from mokgen.ep_baseline import EPBaseline  # noqa: E402
 from multigpu import (configs, init_dist, load_shape, meta, parse, rank_inputs,  # noqa: E402
                       slowest_ms, train_step)
+
+import result_file  # noqa: E402
+
+KEY = ("world", "shape", "load", "tokens")
 
 
 class _Dispatch(torch.autograd.Function):
@@ -147,29 +153,27 @@ def deepep_commit() -> str:
         return os.environ.get("DEEPEP_COMMIT", "?")
 
 
-def main():
+def main(argv=None):
     import torch.distributed as dist
 
-    args = parse()
+    args = parse(argv, name="peers_deepep", description=__doc__)
     init_dist()
     R, rank = dist.get_world_size(), dist.get_rank()
     try:
         import deep_ep
     except ImportError as e:
         print(f"rank {rank}: deep_ep does not import ({e}); build it with "
-              f"benchmarks/peers_deepep.sh", flush=True)
+              f"benchmarks/peers/build_deepep.sh", flush=True)
         sys.exit(3)
     todo = configs(args.shapes, args.loads, args.tokens, R)
     buf = deepep_buffer(dist.group.WORLD, {load_shape(s, ld, R).hidden for s, ld, _ in todo})
-    info = dict(meta(), deepep_commit=deepep_commit(), deepep_sms=deep_ep.Buffer.num_sms)
-    rows, path = [], os.path.join(args.out, f"peers_deepep_R{R}.json")
+    info = meta(deepep_commit=deepep_commit(), deepep_sms=deep_ep.Buffer.num_sms)
+    rows, path = [], None
     for name, load, n in todo:
-        rows.append(bench(buf, name, load, n, args.iters))
+        rows.append(dict(bench(buf, name, load, n, args.iters), world=R))
         if rank == 0:  # written after every row: a cut-short run keeps its rows
             print(json.dumps(rows[-1]), flush=True)
-            os.makedirs(args.out, exist_ok=True)
-            with open(path, "w") as f:
-                json.dump(dict(world=R, meta=info, rows=rows), f, indent=1)
+            path = result_file.write("peers_deepep", rows[-1:], KEY, out=args.out, meta=info)
         gc.collect()
         torch.cuda.empty_cache()
     if rank == 0:

@@ -1,28 +1,26 @@
-"""mokgen against SonicMoE (issue #17), one GPU, whole layer at ep = 1, each with its own
-softmax top-k router, same input tokens and output gradient: forward and training step
+"""How does mokgen compare with SonicMoE? One GPU, the whole layer at ep = 1, each with its own
+softmax top-k router, the same input tokens and output gradient: forward and training step
 (forward + backward) TFLOP/s = 6 T k D I / t (x 3 for the step), and the peak memory of a
 step above what was allocated before the layer was built, its weights and their gradients
 excluded (workspace included). The step is timed twice: adding into the gradients of the
-steps before (gradient accumulation; the issue's columns), and with them set to None before
-each step, as PyTorch's default `optimizer.zero_grad()` leaves them (the `*_fresh` columns:
-autograd then adds nothing, for either layer). mokgen runs twice: with
-fuse_grad_accumulation=False (autograd adds the expert gradients, as it does SonicMoE's: the
-`mokgen_*` columns) and =True (the kernel adds them into .grad: `mokgen_fused_*`; the default
-in one process; with no .grad to add into it is the other's path, so it has no fresh column).
+steps before (gradient accumulation), and with them set to None before each step, as
+PyTorch's default `optimizer.zero_grad()` leaves them (the `*_fresh` columns: autograd then
+adds nothing, for either layer). mokgen runs twice: with fuse_grad_accumulation=False
+(autograd adds the expert gradients, as it does SonicMoE's: the `mokgen_*` columns) and
+=True (the kernel adds them into .grad: `mokgen_fused_*`, the default in one process; with
+no .grad to add into it is the other's path, so it has no fresh column). --sustained S also
+runs the forward and the step back to back for S seconds each, at the power cap (the
+`*_sustained_*` columns).
 
-Getting SonicMoE onto the GPU machine (its CuTe DSL wheel is larger than one call carries):
-../shared/tools/peers/README.md. In the second device call, after installing:
+    python benchmarks/peers_sonicmoe.py [--shapes qwen3-30b-a3b,...] [--sustained 2] [--out DIR]
+    python benchmarks/peers_sonicmoe.py --prebuild   (no GPU: mokgen's kernels into $MOKGEN_CACHE)
 
-    PYTHONPATH=/tmp/peers:/tmp/peers/nvidia_cutlass_dsl/python_packages:$PWD \
-        python3 benchmarks/peers_sonicmoe.py --out $OUT
-
-Its first call per shape JIT-compiles for 3-4 minutes, in every process (CuTe DSL keeps no
-cache of cute.compile's kernels: benchmarks/peers_sonicmoe.sh says why);
-`benchmarks/peers_sonicmoe.sh` runs both device calls; `--shapes` picks a subset when the
-five do not fit one call.
-`--prebuild` (no GPU) compiles mokgen's kernels for the shapes into $MOKGEN_CACHE, to carry.
+SonicMoE (the sonic-moe package) is installed on the GPU machine from wheels fetched here:
+benchmarks/peers/README.md. Its first call per shape JIT-compiles for minutes; QuACK keeps
+the compiled kernels in $QUACK_CACHE_DIR, which benchmarks/run_gpu.sh carries between calls.
 Where sonicmoe does not import, the rows hold mokgen's numbers and None for SonicMoE's.
-Writes OUT/peers_sonicmoe.json (and its .png where matplotlib is installed).
+Rows go into DIR/peers_sonicmoe.json (rows per GPU kind, benchmarks/result_file.py) and
+DIR/peers_sonicmoe.png (this run's); a table is printed.
 """
 from __future__ import annotations
 
@@ -35,11 +33,15 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
 import mokgen  # noqa: E402
-from mokgen.bench import results_commit, sustained_ms, time_ms  # noqa: E402
+from mokgen.bench import sustained_ms, time_ms  # noqa: E402
 
-SHAPES = [  # (name, T, D, I, E, k): issue #17's table
+import result_file  # noqa: E402
+
+SHAPES = [  # (name, T, D, I, E, k): four public models' layers and SonicMoE's README example
     ("qwen3-30b-a3b", 8192, 2048, 768, 128, 8),
     ("olmoe-1b-7b", 8192, 2048, 1024, 64, 8),
     ("qwen3-235b-a22b", 16384, 4096, 1536, 128, 8),
@@ -141,9 +143,11 @@ def peak_mb(step, base: int, params: int) -> float:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap = argparse.ArgumentParser(prog="benchmarks/peers_sonicmoe.py",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--iters", type=int, default=10, help="timed calls a measurement")
+    ap.add_argument("--out", default=result_file.RESULTS,
+                    help="folder of peers_sonicmoe.json (default: %(default)s)")
     ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES),
                     help="comma-separated names from SHAPES")
     ap.add_argument("--prebuild", action="store_true",
@@ -152,20 +156,7 @@ def main(argv=None):
                     help="also time the forward and the training step back to back for S "
                          "seconds each, at the power cap (mokgen with fused accumulation, "
                          "its default in one process, and SonicMoE): the *_sustained_* columns")
-    ap.add_argument("--merge", nargs="+", metavar="JSON",
-                    help="only merge these result files' rows (a later file's row of a shape "
-                         "replaces an earlier one's) into OUT/peers_sonicmoe.json")
     a = ap.parse_args(argv)
-    if a.merge:
-        rows = {}
-        for path in a.merge:
-            with open(path) as f:
-                d = json.load(f)
-            for r in d["rows"]:  # rows of older files: their file's commit, GPU and torch
-                rows[r["shape"]] = {**{k: d.get(k) for k in ("commit", "gpu", "torch")}, **r}
-        order = [s[0] for s in SHAPES]
-        write(a.out, sorted(rows.values(), key=lambda r: order.index(r["shape"])))
-        return 0
     wanted = a.shapes.split(",")
     unknown = set(wanted) - {s[0] for s in SHAPES}
     if unknown:
@@ -173,7 +164,6 @@ def main(argv=None):
     if a.prebuild:
         prebuild([s for s in SHAPES if s[0] in wanted])
         return 0
-    commit = results_commit()
     rows = []
     for name, T, D, I, E, k in (s for s in SHAPES if s[0] in wanted):
         flops = 6 * T * k * D * I
@@ -195,8 +185,7 @@ def main(argv=None):
                          mokgen_fused_peak_mb=mf[2],
                          mokgen_train_fresh_tflops=tf(m[3], 3 * flops),
                          sonicmoe_train_fresh_tflops=tf(s[3], 3 * flops),
-                         mokgen_peak_fresh_mb=m[4], sonicmoe_peak_fresh_mb=s[4], commit=commit,
-                         gpu=torch.cuda.get_device_name(), torch=torch.__version__))
+                         mokgen_peak_fresh_mb=m[4], sonicmoe_peak_fresh_mb=s[4]))
         if a.sustained > 0:
             rows[-1].update(
                 sustained_s=a.sustained,
@@ -209,18 +198,10 @@ def main(argv=None):
 
 
 def write(out: str, rows: list) -> None:
-    """OUT/peers_sonicmoe.json (each row says its commit, GPU and torch), its plot, a table."""
-    os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, "peers_sonicmoe.json")
-    same = lambda k: ",".join(sorted({str(r.get(k, "?")) for r in rows}))  # noqa: E731
-    with open(path, "w") as f:  # top level: every row's commit, GPU, torch
-        json.dump(dict(commit=same("commit"), gpu=same("gpu"), torch=same("torch"), rows=rows),
-                  f, indent=1)
-    try:
-        from mokgen.plot import plot_peers
-        plot_peers(path, path[:-5] + ".png")
-    except ImportError as e:  # matplotlib is optional
-        print(f"no plot: {e}", flush=True)
+    """This run's rows into OUT/peers_sonicmoe.json and its plot; a table."""
+    from mokgen.plot import plot_peers
+
+    result_file.write("peers_sonicmoe", rows, ("shape", "T"), out=out, plot=plot_peers)
     fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
     print("| shape | fwd mokgen | SonicMoE | train mokgen / fused | SonicMoE "
           "| peak MB mokgen / fused | SonicMoE | train fresh mokgen | SonicMoE "

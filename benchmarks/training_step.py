@@ -1,35 +1,42 @@
-"""Energy a training step costs, mokgen against autograd through torch._grouped_mm (the
-models.py baseline), one GPU, ep = 1, the same inputs (mokgen.bench's slice):
+"""What does a training step cost in time and energy, against the PyTorch a user would write?
+One GPU, ep = 1: the layer's training step (forward, then backward) run back to back at the
+board's power cap, mokgen against autograd through torch._grouped_mm (benchmarks/models.py's
+baseline) on the same inputs (mokgen.bench.TrainingSteps), and the dense bf16 GEMMs of the
+same FLOPs (the floor: three times the forward's, mokgen.bench.dense_floor).
 
-    python3 benchmarks/energy_step.py MODEL TOKENS --seconds 3 [--out DIR]
-        each side's step back to back for SECONDS, twice, alternated (ours, grouped, ours,
-        grouped): NVML's energy counter over the run -> J a step, W, and the SM clock
-        sampled between batches. At the power cap time a step ~ energy a step / cap, so the
-        J-a-step ratio is the capped speed ratio's bound. A third side, "floor": the dense
-        GEMMs of the same FLOPs (mokgen.bench.dense_floor, three times a step: the forward's
-        FLOPs each), the energy a step of bf16 GEMM alone would cost.
-    ncu --profile-from-start off ... python3 benchmarks/energy_step.py MODEL TOKENS --profile ours
-        one step of that side (ours | grouped | floor) between cudaProfilerStart / Stop, after two
-        unprofiled ones: what ncu's metrics (DRAM and L2 bytes) see of exactly one step.
+    python benchmarks/training_step.py [--models mixtral-8x22b,qwen3-30b-a3b] [--tokens 4096]
+        [--seconds 3] [--settle 0.2] [--out DIR]
+        each side's step back to back for SECONDS, twice, alternated (ours, grouped, floor,
+        ours, grouped, floor); NVML's energy counter over each run after its first SETTLE
+        seconds (the start runs before the power cap sets the clock) -> ms and J a step, W,
+        and the SM clock sampled between batches; medians of the two runs.
+    ncu --profile-from-start off ... python benchmarks/training_step.py --models M --profile ours
+        one step of that side (ours | grouped | floor) between cudaProfilerStart / Stop, after
+        two unprofiled ones: what ncu's metrics (DRAM and L2 bytes) see of exactly one step.
 
-Why: the big layers' mainloops run at the tensor peak per clock, and the clock is set by the
-power limit (NOTES #16 and the power cap), so what a step costs is its energy.
+At the power cap a step's time follows its energy: the J-a-step ratio bounds the capped speed
+ratio. Rows go into DIR/training_step.json (rows per GPU kind, benchmarks/result_file.py).
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
 import torch  # noqa: E402
 
 import mokgen  # noqa: E402
 from mokgen.bench import TrainingSteps, dense_floor, make_slice  # noqa: E402
+
+import result_file  # noqa: E402
+
+SIDES = ("ours", "grouped", "floor")
 
 
 class Nvml:
@@ -86,10 +93,17 @@ def steps(model: str, tokens: int):
     return ours, grouped, floor, shape
 
 
-def energy_run(nv: Nvml, fn, seconds: float, batch: int = 5) -> dict:
+def energy_run(nv: Nvml, fn, seconds: float, settle: float, batch: int = 5) -> dict:
+    """fn() back to back: `settle` seconds first, then `seconds` counted (a sync every `batch`
+    calls, the SM clock read while a batch is queued)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < settle:  # until the power cap has set the clock
+        for _ in range(batch):
+            fn()
+        torch.cuda.synchronize()
     n, clocks = 0, []
     e0, t0 = nv.energy_mj(), time.perf_counter()
     while time.perf_counter() - t0 < seconds:
@@ -103,18 +117,45 @@ def energy_run(nv: Nvml, fn, seconds: float, batch: int = 5) -> dict:
                 sm_mhz=statistics.median(clocks))
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("model")
-    ap.add_argument("tokens", type=int)
-    ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--profile", choices=("ours", "grouped", "floor"))
-    ap.add_argument("--out")
-    a = ap.parse_args(argv)
-    ours, grouped, floor, shape = steps(a.model, a.tokens)
+def measure(nv: Nvml, model: str, tokens: int, seconds: float, settle: float) -> dict:
+    """One row: each side's medians over two alternated runs, and the ratios."""
+    ours, grouped, floor, shape = steps(model, tokens)
     fns = dict(ours=ours, grouped=grouped, floor=floor)
+    runs = {side: [] for side in SIDES}
+    for side in SIDES + SIDES:
+        runs[side].append(energy_run(nv, fns[side], seconds, settle))
+    flops = 3 * shape.forward_flops(tokens)
+    row = dict(model=model, tokens=tokens, flops=flops, seconds=seconds, settle_s=settle)
+    for side, rs in runs.items():
+        for k in rs[0]:
+            row[f"{side}_{k}"] = statistics.median(r[k] for r in rs)
+        row[f"{side}_tflops"] = flops / row[f"{side}_ms"] / 1e9
+        row[f"{side}_tflop_per_j"] = flops / row[f"{side}_j_per_step"] / 1e12
+    for side in ("grouped", "floor"):
+        row[f"{side}_over_ours_time"] = row[f"{side}_ms"] / row["ours_ms"]
+        row[f"{side}_over_ours_energy"] = row[f"{side}_j_per_step"] / row["ours_j_per_step"]
+    row["runs"] = runs
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="benchmarks/training_step.py",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="mixtral-8x22b,qwen3-30b-a3b",
+                    help="comma list of model presets (default: %(default)s)")
+    ap.add_argument("--tokens", type=int, default=4096, help="tokens a step")
+    ap.add_argument("--seconds", type=float, default=3.0,
+                    help="seconds each side's run is counted (default: %(default)s)")
+    ap.add_argument("--settle", type=float, default=0.2,
+                    help="seconds each run runs before it is counted (default: %(default)s)")
+    ap.add_argument("--profile", choices=SIDES,
+                    help="only one step of this side between cudaProfilerStart / Stop (ncu)")
+    ap.add_argument("--out", default=result_file.RESULTS,
+                    help="folder of training_step.json (default: %(default)s)")
+    a = ap.parse_args(argv)
     if a.profile:
-        fn = fns[a.profile]
+        model = a.models.split(",")[0]
+        fn = dict(zip(SIDES, steps(model, a.tokens)))[a.profile]
         fn()
         fn()
         torch.cuda.synchronize()
@@ -122,27 +163,24 @@ def main(argv=None) -> int:
         fn()
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
-        print(f"{a.model} T {a.tokens}: one {a.profile} step profiled")
+        print(f"{model} T {a.tokens}: one {a.profile} step profiled")
         return 0
     nv = Nvml()
-    runs = {side: [] for side in fns}
-    for side in ("ours", "grouped", "floor", "ours", "grouped", "floor"):
-        runs[side].append(energy_run(nv, fns[side], a.seconds))
-    flops = 3 * shape.forward_flops(a.tokens)
-    med = {s: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for s, rs in runs.items()}
-    for s, m in med.items():
-        print(f"{a.model} T {a.tokens} {s:8s}: {m['ms']:.3f} ms a step, "
-              f"{flops / m['ms'] / 1e9:.0f} TFLOP/s, {m['j_per_step']:.3f} J a step, "
-              f"{m['watts']:.0f} W, SM {m['sm_mhz']:.0f} MHz, "
-              f"{flops / m['j_per_step'] / 1e12:.2f} TFLOP/J")
-    o, g, fl = med["ours"], med["grouped"], med["floor"]
-    print(f"{a.model} T {a.tokens}: grouped/ours time {g['ms'] / o['ms']:.3f}, "
-          f"energy {g['j_per_step'] / o['j_per_step']:.3f}; floor/ours time "
-          f"{fl['ms'] / o['ms']:.3f}, energy {fl['j_per_step'] / o['j_per_step']:.3f}")
-    if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, f"energy_{a.model}_{a.tokens}.json"), "w") as f:
-            json.dump(dict(model=a.model, tokens=a.tokens, runs=runs, median=med), f, indent=1)
+    rows = []
+    for model in a.models.split(","):
+        row = measure(nv, model, a.tokens, a.seconds, a.settle)
+        rows.append(row)
+        for side in SIDES:
+            print(f"{model} T {a.tokens} {side:8s}: {row[side + '_ms']:.3f} ms a step, "
+                  f"{row[side + '_tflops']:.0f} TFLOP/s, {row[side + '_j_per_step']:.3f} J a "
+                  f"step, {row[side + '_watts']:.0f} W, SM {row[side + '_sm_mhz']:.0f} MHz, "
+                  f"{row[side + '_tflop_per_j']:.2f} TFLOP/J", flush=True)
+        print(f"{model} T {a.tokens}: grouped/ours time {row['grouped_over_ours_time']:.3f}, "
+              f"energy {row['grouped_over_ours_energy']:.3f}; floor/ours time "
+              f"{row['floor_over_ours_time']:.3f}, energy {row['floor_over_ours_energy']:.3f}",
+              flush=True)
+        path = result_file.write("training_step", [row], ("model", "tokens"), out=a.out)
+    print(f"wrote {path}")
     return 0
 
 
