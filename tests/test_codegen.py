@@ -459,9 +459,9 @@ def test_16_multiple_fp8_widths_compile_without_spills(name, dtype):
 @needs_nvcc
 @pytest.mark.nvcc
 def test_engine_test_kernels_compile(tmp_path):
-    """gemm_test.cu (the engine's standalone kernels, which the GPU tests and
-    benchmarks/gemm_engine.py load) still builds against the engine's Problem interface, with
-    no local memory: a new Problem member the engine asks for must reach it too."""
+    """gemm_test.cu (the engine's standalone kernels, which the GPU tests load) still builds
+    against the engine's Problem interface, with no local memory: a new Problem member the
+    engine asks for must reach it too."""
     import os
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     inc = os.path.join(root, "mokgen/runtime/include")

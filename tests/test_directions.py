@@ -317,3 +317,21 @@ def test_backward_direction_kernels_compile_without_spills(reverse_combine, reve
     (b,) = build.build(codegen.emit(p, units=("bwd",)), arch=p.arch)
     res = b.resources["mokgen_bwd"]
     assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res
+
+
+def test_prebuild_covers_the_multigpu_direction_tests():
+    """benchmarks/prebuild.py multigpu builds the layers tests/test_multigpu.py's direction
+    tests compile (gpu-small, 700 tokens, a wrapping ring), each direction of each pass."""
+    from benchmark_scripts import load
+
+    from mokgen.workloads import backward_direction_layers, direction_layers
+
+    pinned = dict(minibatch=128, macrobatch=256)
+    want = [mokgen.plan(SHAPE, **kw) for kws in (direction_layers(SHAPE, 2, 700, **pinned),
+                                                  backward_direction_layers(SHAPE, 2, 700,
+                                                                            **pinned))
+            for kw in kws.values()]
+    got = {p.key() for p in load("prebuild").multigpu_test_plans(2)}
+    assert {p.key() for p in want} <= got
+    assert {(p.reverse_combine, p.reverse_dispatch) for p in want} == set(BACKWARD)
+    assert {(p.dispatch, p.combine) for p in want} == set(FORWARD)

@@ -1,6 +1,7 @@
 """examples/04_train_fsdp_ep.py on CPU: FSDP2 on the dense parameters and EP = 2 through the
 torch-native EP layer (gloo, two processes) track the single-process reference step by step
-(fp32: to rounding). The mokgen layer in its place needs GPUs (benchmarks/device_multigpu.sh)."""
+(fp32: to rounding). The mokgen layer in its place needs GPUs (benchmarks/run_gpu.sh
+multigpu-tests)."""
 import json
 import os
 import subprocess

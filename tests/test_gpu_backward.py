@@ -491,7 +491,7 @@ PT_KERNELS = {kind: (name, smem_bytes(GemmConfig(128, tn, st))) for kind, name, 
                                   "pt192_2", "pair", "mc"])
 def test_gemm_engine_experiments_equal_the_cooperative_tiles(tmp_path, kind):
     """The engine's solo tasks (GemmCfg::SOLO: every task solo, or solo beside cooperative
-    ones, gemm_mixed_t2) and the experiments of gemm_test.cu (benchmarks/gemm_experiments.py):
+    ones, gemm_mixed_t2) and the experiments of gemm_test.cu:
     whole-task ping-pong (128 x 128 and 128 x 192 tasks, K-major or both operands MN-major)
     and cluster pairs
     with and without B multicast give the cooperative tiles' output bit for bit, on fresh

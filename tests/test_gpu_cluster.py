@@ -97,7 +97,7 @@ def test_cooperative_cluster_launch_of_every_cluster_that_fits(probe):
         _run(probe, 2 * n2 + 2, cooperative=True)
 
 
-if __name__ == "__main__":  # the counts, for benchmarks/NOTES.md
+if __name__ == "__main__":  # the counts, printed
     import tempfile
 
     from mokgen.runtime import cuda as mc

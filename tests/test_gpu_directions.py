@@ -20,7 +20,7 @@ EP = 2
 def layer_kwargs(shape, tokens, sms: int, **pinned) -> dict:
     """(dispatch, combine) -> mokgen.compile's arguments: the ep virtual ranks' megakernels
     fit the GPU's `sms` at once (reserve_sms), every other decision pinned (workloads.
-    direction_layers). No GPU needed: benchmarks/directions.py --prebuild --tests builds them."""
+    direction_layers). No GPU needed: benchmarks/prebuild.py collect / build builds them."""
     return direction_layers(shape, EP, tokens, reserve_sms=sms - sms // EP, **pinned)
 
 

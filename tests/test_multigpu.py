@@ -278,7 +278,7 @@ def test_a_peer_that_never_arrives_raises_on_the_others(group):
 
 def direction_kwargs(R: int) -> dict:
     """(dispatch, combine) -> the direction test's compile arguments: gpu-small, 700 tokens,
-    a wrapping ring (benchmarks/directions.py --prebuild --tests --world R builds them)."""
+    a wrapping ring (benchmarks/prebuild.py multigpu --world R builds them)."""
     return direction_layers(mokgen.shapes.get("gpu-small"), R, 700, minibatch=128,
                             macrobatch=256)
 
@@ -317,7 +317,7 @@ def test_every_forward_direction_matches_the_paper_one_bitwise(group, dispatch, 
 
 def backward_direction_kwargs(R: int) -> dict:
     """(reverse_combine, reverse_dispatch) -> the backward direction test's compile arguments:
-    as direction_kwargs (benchmarks/directions.py --prebuild --tests --world R builds them)."""
+    as direction_kwargs (benchmarks/prebuild.py multigpu --world R builds them)."""
     return backward_direction_layers(mokgen.shapes.get("gpu-small"), R, 700, minibatch=128,
                                      macrobatch=256)
 

@@ -1,0 +1,70 @@
+"""The maintained benchmarks on CPU: each answers --help without a GPU, a results file keeps
+rows per GPU kind, and the GPU machine's driver lists its chunks. (No test reads
+benchmarks/results: the results move with every GPU run.)"""
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from benchmark_scripts import load
+
+ROOT = Path(__file__).parents[1]
+SCRIPTS = ("moe_layer", "fp8", "models", "model_stack", "peers_sonicmoe", "peers_deepep",
+           "multigpu", "fsdp_overlap", "training_step", "prebuild", "result_file")
+
+
+# ids "multigpu.py", not "multigpu": a bare marker name as an id would skip the case
+@pytest.mark.parametrize("name", SCRIPTS, ids=[f"{n}.py" for n in SCRIPTS])
+def test_every_benchmark_answers_help_without_a_gpu(name, capsys):
+    with pytest.raises(SystemExit) as e:
+        load(name).main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage:") and "--help" in out
+
+
+def _run(gpu, commit):
+    return dict(gpu=gpu, torch="2.11", cuda="13.0", commit=commit, time="t")
+
+
+def test_results_keep_rows_per_gpu_kind_and_key(tmp_path):
+    rf = load("result_file")
+    key = ("shape", "ep")
+    rf.write("layer", [dict(shape="a", ep=1, ms=1.0), dict(shape="b", ep=1, ms=2.0)], key,
+             out=str(tmp_path), meta=_run("NVIDIA H200", "c1"))
+    # another GPU kind: side by side
+    rf.write("layer", [dict(shape="a", ep=1, ms=1.5)], key, out=str(tmp_path),
+             meta=_run("NVIDIA H100 80GB HBM3", "c2"))
+    # a partial rerun on the first GPU: its row replaced, the other kept
+    rf.write("layer", [dict(shape="a", ep=1, ms=0.9)], key, out=str(tmp_path),
+             meta=_run("NVIDIA H200", "c3"))
+    data = json.loads((tmp_path / "layer.json").read_text())
+    assert data["benchmark"] == "layer" and data["key"] == list(key)
+    assert {(r["gpu"], r["commit"]) for r in data["runs"]} == {
+        ("NVIDIA H100 80GB HBM3", "c2"), ("NVIDIA H200", "c3")}
+    got = {(r["gpu"], r["shape"]): (r["ms"], r["commit"]) for r in data["rows"]}
+    assert got == {("NVIDIA H200", "a"): (0.9, "c3"), ("NVIDIA H200", "b"): (2.0, "c1"),
+                   ("NVIDIA H100 80GB HBM3", "a"): (1.5, "c2")}
+
+
+def test_merge_folds_a_device_calls_file_into_the_results(tmp_path):
+    rf = load("result_file")
+    into, sent = tmp_path / "results", tmp_path / "out"
+    rf.write("stack", [dict(shape="a", ms=1.0)], ("shape",), out=str(into),
+             meta=_run("NVIDIA H200", "c1"))
+    rf.write("stack", [dict(shape="b", ms=2.0)], ("shape",), out=str(sent),
+             meta=_run("NVIDIA H200", "c2"))
+    assert rf.main(["merge", str(sent / "stack.json"), "--into", str(into)]) == 0
+    rows = json.loads((into / "stack.json").read_text())["rows"]
+    assert {(r["shape"], r["commit"]) for r in rows} == {("a", "c1"), ("b", "c2")}
+    with pytest.raises(ValueError, match="cannot merge"):
+        rf.merge(dict(benchmark="other", runs=[], rows=[]),
+                 dict(benchmark="stack", runs=[], rows=[]), ("shape",))
+
+
+def test_gpu_driver_lists_its_chunks():
+    out = subprocess.run(["bash", str(ROOT / "benchmarks" / "run_gpu.sh"), "list"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    for chunk in ("tests-a", "layer-ep64", "models-a", "sonicmoe-stage", "multigpu", "deepep"):
+        assert f"\n{chunk} " in out
