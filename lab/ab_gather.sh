@@ -2,12 +2,11 @@
 # gather_ab.py's layers, two trees taking turns by process (ABBA: NAME, this tree, this tree,
 # NAME), so a change's forward / training-step ratio is read against its base in one device
 # call: this tree with cache .build/kc (or $BASE_KC), the other exported under
-# .build/ab/NAME with its own cache .build/ab/NAME/kc (made as for ab_trace.sh; prebuilt here
-# with `gather_ab.py --prebuild --variants V --shapes S` in each tree). Carrying .build:
-#   bash benchmarks/ab_gather.sh NAME SHAPE[,SHAPE...] [VARIANTS (default pull)]
+# .build/ab/NAME with its own cache .build/ab/NAME/kc (lab/prepare_ab.sh; prebuilt with
+# `lab/gather_ab.py --prebuild --variants V --shapes S` in each tree). Carrying .build:
+#   bash lab/ab_gather.sh NAME SHAPE[,SHAPE...] [VARIANTS (default pull)]
 # or, once .build is past one call's carry, carrying .build/ab/NAME and a base cache of its
-# own (session 28's calls 9, 10, 12 ran this by hand):
-#   BASE_KC=$PWD/.kcX bash benchmarks/ab_gather.sh NAME SHAPES VARIANTS
+# own:  BASE_KC=$PWD/.kcX bash lab/ab_gather.sh NAME SHAPES VARIANTS
 # (AB_ARGS="--sustained 2" adds gather_ab's back-to-back columns)
 # Results: $OUT/ab_<i>_<side>/gather_ab.json and .log; each run's table printed as it ends.
 set -uo pipefail
@@ -25,7 +24,7 @@ for side in "$NAME" base base "$NAME"; do
   i=$((i + 1))
   if [ "$side" = base ]; then tree=$ROOT; kc=${BASE_KC:-$ROOT/.build/kc}; else tree=$OTHER; kc=$OTHER/kc; fi
   (cd "$tree" && PYTHONPATH=$tree MOKGEN_CACHE=$kc timeout ${AB_TIMEOUT:-100} \
-    python3 benchmarks/gather_ab.py --variants "$VARIANTS" --shapes "$SHAPES" ${AB_ARGS:-} \
+    python3 lab/gather_ab.py --variants "$VARIANTS" --shapes "$SHAPES" ${AB_ARGS:-} \
       --out "$OUT/ab_${i}_$side" > "$OUT/ab_${i}_$side.log" 2>&1)
   echo "== ab $i $side (rc $?)"
   grep "^| [a-z]" "$OUT/ab_${i}_$side.log"

@@ -2,21 +2,16 @@
 # Two trees' whole layers timed in one device call (benchmarks/models.py: forward and training
 # step against autograd through torch._grouped_mm, same inputs), in alternating processes
 # base NAME NAME base so drift hits both alike: this tree (cache .build/kc) and another
-# exported under .build/ab/NAME (cache .build/ab/NAME/kc). Made here:
-#   git archive REV | tar -x -C .build/ab/NAME
-#   each tree's kernels into its cache, from that tree (or they build on the GPU machine):
-#   MOKGEN_CACHE=$PWD/.build/kc python benchmarks/prebuild_models.py MODEL,... EP TOKENS
-#   (cd .build/ab/NAME && MOKGEN_CACHE=$PWD/kc python benchmarks/prebuild_models.py ...)
-#   (the script imports the mokgen of the tree it sits in: copy it there if that tree
-#   predates it; a copy run from elsewhere builds its own tree's kernels)
-# then, carrying .build:  bash benchmarks/ab_models.sh NAME MODEL,MODEL... [EP] [TOKENS]
+# exported under .build/ab/NAME (cache .build/ab/NAME/kc), made here by lab/prepare_ab.sh
+# (which also builds both trees' kernels: `... --models MODEL,... EP TOKENS`);
+# then, carrying .build:  bash lab/ab_models.sh NAME MODEL,MODEL... [EP] [TOKENS]
 # OTHER_ARGS="--gemm-bwd 128x256x4-solo": models.py arguments of the NAME side only (a plan
 # option against the default: NAME then holds the same tree, prebuilt with the same args).
 # ARGS="--sustained 2": models.py arguments of both sides (the summary then adds the
 # training step back to back at the power cap).
 # Per side and model: the medians of its two runs; last, NAME / base per model, of mokgen's
-# TFLOP/s and of its ratio to grouped_mm in the same process (session 10: the middle two
-# processes ran ~20% faster on a small layer, baseline included; only the second saw it).
+# TFLOP/s and of its ratio to grouped_mm in the same process (on small layers the processes'
+# clocks move mokgen's own TFLOP/s as much as a change does; the ratio is the steadier one).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/out}
@@ -45,7 +40,7 @@ out, name = sys.argv[1], sys.argv[2]
 med = {}
 for side in ("base", name):
     runs = {}
-    for f in glob.glob(os.path.join(out, f"models_{side}_*", "models_fwdbwd_bf16.json")):
+    for f in glob.glob(os.path.join(out, f"models_{side}_*", "models.json")):
         for r in json.load(open(f))["rows"]:
             runs.setdefault((r["shape"], r["ep"]), []).append(r)
     for key, rs in runs.items():

@@ -11,7 +11,7 @@ training-step TFLOP/s, peak MB (as peers_sonicmoe.measure: workspace included), 
 with fresh gradients; with --sustained S also both back to back for S seconds, at the power
 cap (the short synced loops run partly before it). Prints a table; writes OUT/gather_ab.json.
 
-    python3 benchmarks/gather_ab.py --out $OUT [--shapes qwen3-30b-a3b,...]
+    python3 lab/gather_ab.py --out $OUT [--shapes qwen3-30b-a3b,...]
         [--variants gather,fwd-gather,fwd-gather-whole,pull,pull-push] [--prebuild]
     (a variant may force plan fields: fwd-gather+comm_sms_bwd=8)
 """
@@ -23,7 +23,7 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import torch  # noqa: E402
 
@@ -86,7 +86,7 @@ def selected(a) -> tuple[list, dict]:
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     selection_args(ap, ",".join(VARIANTS),
                    "of " + ", ".join(VARIANTS) + " (each run in a mirrored order)")
     ap.add_argument("--sustained", type=float, default=0.0, metavar="S",

@@ -1,21 +1,24 @@
-# next session (prepared in session 32): pad-half against main, one device call.
-# Here first (.build and branches do not survive a new checkout):
-#   git checkout -b pad-half && git apply benchmarks/results/session32/pad_half.patch && git commit -am pad-half
-#   git checkout main && mkdir -p .build/ab/pad && git archive pad-half | tar -x -C .build/ab/pad
+#!/usr/bin/env bash
+# One device call: pad-half (lab/patches/pad_half.patch) against this tree at the power cap,
+# whole layers (lab/ab_models.sh, alternating processes) and the energy a training step costs
+# (benchmarks/training_step.py) in both trees. Made here first (~10 s a model a tree):
 #   M=mixtral-8x22b,mixtral-8x7b,qwen3-30b-a3b,qwen3-235b-a22b,olmoe-1b-7b
-#   MOKGEN_CACHE=$PWD/.build/kc python benchmarks/prebuild_models.py $M 1 4096
-#   (cd .build/ab/pad && MOKGEN_CACHE=$PWD/kc python benchmarks/prebuild_models.py $M 1 4096)
-# then `run` this with carry [".build/kc", ".build/ab/pad"] (~45 MB).
-# Prediction (NOTES session 32 item 7): synced training step +1.5% (Mixtral-8x22B) to +4%
-# (Qwen3-30B N 4096); at the cap less; energy a step lower by the skipped MMAs' share.
+#   bash lab/prepare_ab.sh pad lab/patches/pad_half.patch --models $M 1 4096
+# then `run` this with carry [".build/kc", ".build/ab/pad"] (~45 MB):
+#   MOKGEN_COMMIT=<sha> bash lab/pad_ab.sh
+# The same for another patch: NAME=kt bash lab/pad_ab.sh (its tree under .build/ab/kt).
+# Prediction (lab/NOTES.md, the waiting patches): synced training step +1.5% (Mixtral-8x22B)
+# to +4% (Qwen3-30B N 4096); at the cap less; energy a step lower by the skipped MMAs' share.
 export PYTHONPATH=$PWD TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-ARGS="--sustained 2" RUN_TIMEOUT=130 bash benchmarks/ab_models.sh pad \
+NAME=${NAME:-pad}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+ARGS="--sustained 2" RUN_TIMEOUT=130 bash lab/ab_models.sh "$NAME" \
   mixtral-8x22b,mixtral-8x7b,qwen3-30b-a3b,qwen3-235b-a22b,olmoe-1b-7b 1 4096 2>&1 | tail -16
-for side in base pad; do
+for side in base "$NAME"; do
   d=$PWD; c=$PWD/.build/kc
-  [ $side = base ] || { d=$PWD/.build/ab/pad; c=$d/kc; }
-  for m in qwen3-30b-a3b mixtral-8x22b; do
-    (cd $d && PYTHONPATH=$d MOKGEN_CACHE=$c timeout 70 python3 benchmarks/energy_step.py $m 4096 \
-      --seconds 2 2>&1 | tail -4 | sed "s/^/$side: /")
-  done
+  [ "$side" = base ] || { d=$PWD/.build/ab/$NAME; c=$d/kc; }
+  (cd "$d" && PYTHONPATH=$d MOKGEN_CACHE=$c timeout 100 python3 benchmarks/training_step.py \
+    --models qwen3-30b-a3b,mixtral-8x22b --tokens 4096 --seconds 2 --out "$OUT/energy_$side" \
+    2>&1 | grep "J a step\|energy" | sed "s/^/$side: /")
 done

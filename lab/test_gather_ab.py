@@ -1,7 +1,19 @@
-"""benchmarks/gather_ab: a variant spec's plan overrides (what each A/B side is built with)."""
+"""lab/gather_ab.py: a variant spec's plan overrides (what each A/B side is built with; not
+in CI: lab/ is not tests/)."""
+import importlib.util
+import pathlib
+
 import pytest
 
-from benchmark_scripts import load
+
+def load(name: str):
+    """lab/NAME.py as a module (lab/ is not a package; run from the repository root:
+    python -m pytest -p no:cacheprovider lab/)."""
+    path = pathlib.Path(__file__).parent / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"lab_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def test_variant_specs_force_plan_fields():

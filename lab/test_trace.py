@@ -1,6 +1,18 @@
-"""benchmarks/trace.py's arithmetic on hand-made records."""
-from benchmark_scripts import load
+"""lab/trace.py's arithmetic on hand-made records (not in CI: lab/ is not tests/)."""
+import importlib.util
+import pathlib
+
 from mokgen.runtime import abi
+
+
+def load(name: str):
+    """lab/NAME.py as a module (lab/ is not a package; run from the repository root:
+    python -m pytest -p no:cacheprovider lab/)."""
+    path = pathlib.Path(__file__).parent / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"lab_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _rec(op, kb, ask, got, pop, main, epi, done, ns, fill_wait=0, fill_issue=0, full_wait=0):

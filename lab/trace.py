@@ -12,12 +12,12 @@ consumers only (the default, -sw and -solo, whose solo tasks the warpgroup that 
 records; two warpgroups' solo tasks overlap in time, so their idle, taken in channel order,
 can read negative): ping-pong builds record the producer's side alone, which this summary
 skips.
-Usage: python benchmarks/trace.py SHAPE EP N [DTYPE] [--gemm 128x256x4] [--gemm-bwd
+Usage: python lab/trace.py SHAPE EP N [DTYPE] [--gemm 128x256x4] [--gemm-bwd
        128x256x4-solo] [--out DIR]
        [--also PROFILE,...] (more profiles beside `trace`, e.g. no_dgrad_loads: what a part
        of an epilogue costs; those builds' results are wrong by design)
        [--plan KEY=VALUE ...] (plan overrides, e.g. dispatch=gather; in the file's name)
-       [--prebuild] (compile only, here; then carry MOKGEN_CACHE: benchmarks/ab_trace.sh)
+       [--prebuild] (compile only, here; then carry MOKGEN_CACHE: lab/ab_trace.sh)
        [--clocks] (then the SM clock and the board power, from nvidia-smi every 20 ms, while
        the forward runs back to back for a second, then forward + backward: whether a
        direction runs against the power limit, which the per-task clocks cannot tell)
@@ -40,7 +40,6 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import torch  # noqa: E402
-from ncu_step import overrides  # noqa: E402
 
 import mokgen  # noqa: E402
 from mokgen.bench import (kernel_times, make_slice, short_kernel_name, sustained_ms,  # noqa: E402
@@ -50,6 +49,15 @@ from mokgen.runtime import abi, cuda  # noqa: E402
 
 F = {k: i for i, k in enumerate(abi.TRACE_FIELDS)}
 BINS = 20
+
+
+def overrides(pairs: list) -> dict:
+    """--plan KEY=VALUE pairs -> plan overrides (integers as ints)."""
+    out = {}
+    for p in pairs:
+        key, _, value = p.partition("=")
+        out[key] = int(value) if value.lstrip("-").isdigit() else value
+    return out
 
 
 def traced(modules, ctas, run):
@@ -242,13 +250,13 @@ def main():
     ap.add_argument("--gemm", type=_gemm, default=None, metavar="BMxBNxSTAGES[-pp|-sw]")
     ap.add_argument("--gemm-bwd", type=_gemm, default=None, metavar="BMxBNxSTAGES[-...|-solo]",
                     help="the backward's alone (after --gemm)")
-    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     ap.add_argument("--also", default="", metavar="PROFILE[,PROFILE]",
                     help="more profiles (runtime/abi.py PROFILES), e.g. no_dgrad_loads")
     ap.add_argument("--prebuild", action="store_true",
                     help="only compile the traced kernels into MOKGEN_CACHE (no GPU needed)")
     ap.add_argument("--plan", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="plan overrides (as benchmarks/ncu_step.py), e.g. dispatch=gather")
+                    help="plan overrides, e.g. dispatch=gather")
     ap.add_argument("--clocks", action="store_true",
                     help="also the SM clock and power while each direction runs (nvidia-smi)")
     a = ap.parse_args()
