@@ -9,6 +9,7 @@ git) to carry the result.
         preparation runs for real, ~6-10 min here): the tests run with their "no GPU" skips
         lifted until their first kernel build, which records the plan and stops the test.
         Plans, not sources, are kept: a header or ABI change since leaves the list valid.
+        (pytest then reports every test as failed: each was stopped at its first build.)
     python benchmarks/prebuild.py build [PLANS.pkl] [--bench "MOKGEN BENCH ARGS"]
         the listed plans' kernels as the tree emits them now, on every core (the GPU machine:
         benchmarks/run_gpu.sh runs this before the tests); --bench adds the layers
