@@ -68,3 +68,21 @@ def test_gpu_driver_lists_its_chunks():
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout
     for chunk in ("tests-a", "layer-ep64", "models-a", "sonicmoe-stage", "multigpu", "deepep"):
         assert f"\n{chunk} " in out
+
+
+def test_sustained_ms_refuses_a_window_with_no_call(monkeypatch):
+    """mokgen.bench.sustained_ms (the benchmarks' time at the power cap): a call longer than the
+    whole run leaves nothing after the settling time: an error, not a rate made up from the
+    settling calls."""
+    from mokgen import bench
+    now = [0.0]
+
+    def call():
+        now[0] += 1.0
+
+    monkeypatch.setattr(bench.time, "time", lambda: now[0])
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
+    with pytest.raises(ValueError):
+        bench.sustained_ms(call, seconds=0.5, batch=1)
+    now[0] = 0.0
+    assert abs(bench.sustained_ms(lambda: now.__setitem__(0, now[0] + 0.01), 1.0) - 10.0) < 1e-6
