@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import mokgen  # noqa: E402
-from mokgen.bench import make_slice  # noqa: E402
+from mokgen.harness.bench import make_slice  # noqa: E402
 
 CASES = ("qwen3-30b-a3b:1:4096", "mixtral-8x7b:1:2048", "deepseek-v2-lite:1:2088",
          "qwen3-30b-a3b:1:1000:gather")
@@ -54,8 +54,8 @@ def run_case(spec: str) -> dict:
 
 def main(argv) -> int:
     if argv[:1] == ["prebuild"]:
-        from mokgen.api import build_plans
-        from mokgen.tune import tuned_plan
+        from mokgen.pytorch.api import build_plans
+        from mokgen.compiler.tuned import tuned_plan
         for spec in argv[1:] or CASES:
             shape, ep, n, over = parse(spec)
             plan = tuned_plan(shape, ep, "bf16", n, **over)

@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import mokgen  # noqa: E402
-from mokgen.bench import make_slice, time_ms  # noqa: E402
+from mokgen.harness.bench import make_slice, time_ms  # noqa: E402
 
 name = sys.argv[1] if len(sys.argv) > 1 else "mixtral-8x7b"
 ep = int(sys.argv[2]) if len(sys.argv) > 2 else 1

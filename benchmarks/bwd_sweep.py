@@ -7,7 +7,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from mokgen.bench import bench_one  # noqa: E402
+from mokgen.harness.bench import bench_one  # noqa: E402
 
 name, ep, n, sweep = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 dtype = sys.argv[5] if len(sys.argv) > 5 else "bf16"

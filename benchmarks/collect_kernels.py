@@ -33,7 +33,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    from mokgen import build, codegen
+    from mokgen.compiler import build, codegen
     emit = codegen.emit
 
     def record_plan(plan, *args, **kwargs):
@@ -62,8 +62,8 @@ def pytest_sessionfinish(session, exitstatus):
 def bench_plans(argv: list) -> list:
     """The plans `python -m mokgen bench argv` runs (its own parser and validation)."""
     import mokgen
-    from mokgen import bench
-    from mokgen.tune import tuned_plan
+    from mokgen.harness import bench
+    from mokgen.compiler.tuned import tuned_plan
     return [tuned_plan(mokgen.shapes.get(name), ep, "bf16", n, **ov)
             for name, ep, n, ov in bench._configs(bench.parser().parse_args(argv))]
 
@@ -71,7 +71,7 @@ def bench_plans(argv: list) -> list:
 def main(argv: list) -> int:
     import shlex
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from mokgen.api import build_plans
+    from mokgen.pytorch.api import build_plans
     path = argv[0]
     with open(path, "rb") as f:
         plans = pickle.load(f)

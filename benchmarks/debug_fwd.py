@@ -6,7 +6,7 @@ import torch
 
 sys.path.insert(0, ".")
 import mokgen  # noqa: E402
-from mokgen.workloads import make_inputs, reference_outputs, rel_error  # noqa: E402
+from mokgen.harness.workloads import make_inputs, reference_outputs, rel_error  # noqa: E402
 
 name, ep, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 ov = dict(minibatch=int(sys.argv[4]), macrobatch=int(sys.argv[5])) if len(sys.argv) > 5 else {}

@@ -37,10 +37,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 import mokgen  # noqa: E402
-from mokgen.passes.comm_direction import backward_costs, forward_costs  # noqa: E402
-from mokgen.workloads import BACKWARD_DIRECTIONS as BACKWARD  # noqa: E402
-from mokgen.workloads import FORWARD_DIRECTIONS as FORWARD  # noqa: E402
-from mokgen.workloads import backward_direction_layers, direction_layers  # noqa: E402
+from mokgen.compiler.passes.comm_direction import backward_costs, forward_costs  # noqa: E402
+from mokgen.harness.workloads import BACKWARD_DIRECTIONS as BACKWARD  # noqa: E402
+from mokgen.harness.workloads import FORWARD_DIRECTIONS as FORWARD  # noqa: E402
+from mokgen.harness.workloads import backward_direction_layers, direction_layers  # noqa: E402
 H200_SMS = 132
 
 
@@ -75,7 +75,7 @@ def layer_shape(args, R: int) -> mokgen.MoEShape:
 
 def plans(args, R: int, virtual: bool, sms: int = H200_SMS) -> dict:
     """(dispatch, combine) -> the overrides of its layer, every other decision pinned
-    (mokgen.workloads.direction_layers); "chosen" -> the same pins with the directions left
+    (mokgen.harness.workloads.direction_layers); "chosen" -> the same pins with the directions left
     to the pass (the model's choice)."""
     common = dict(reserve_sms=sms - sms // R) if virtual else {}  # R megakernels at once
     out = direction_layers(layer_shape(args, R), R, args.tokens, **common)
@@ -87,7 +87,7 @@ def plans(args, R: int, virtual: bool, sms: int = H200_SMS) -> dict:
 def backward_plans(args, R: int, virtual: bool, sms: int = H200_SMS) -> dict:
     """(reverse_combine, reverse_dispatch) -> the overrides of its layer, the forward's
     directions the paper's and every other decision pinned
-    (mokgen.workloads.backward_direction_layers); "chosen" -> the backward's left to the pass."""
+    (mokgen.harness.workloads.backward_direction_layers); "chosen" -> the backward's left to the pass."""
     common = dict(reserve_sms=sms - sms // R) if virtual else {}
     if args.comm_sms_bwd is not None:
         common["comm_sms_bwd"] = args.comm_sms_bwd
@@ -116,7 +116,7 @@ def test_layers(R: int | None, sms: int = H200_SMS) -> list:
 
 
 def prebuild(args) -> int:
-    from mokgen.api import build_plans
+    from mokgen.pytorch.api import build_plans
 
     virtual = args.world is None
     R = args.ep if virtual else args.world
@@ -138,7 +138,7 @@ class Runner:
     """One rank's view (real) or all R ranks' (virtual): inputs, calls, a max over ranks."""
 
     def __init__(self, shape, R: int, n: int, real: bool):
-        from mokgen.workloads import make_inputs
+        from mokgen.harness.workloads import make_inputs
 
         self.real, self.R = real, R
         if real:
@@ -158,7 +158,7 @@ class Runner:
 
     def ms(self, fn, iters: int, setup=None) -> float:
         import torch
-        from mokgen.bench import time_ms
+        from mokgen.harness.bench import time_ms
 
         t = time_ms(fn, iters, warmup=5, setup=setup)
         if not self.real:

@@ -1,12 +1,12 @@
 """Energy a training step costs, mokgen against autograd through torch._grouped_mm (the
-models.py baseline), one GPU, ep = 1, the same inputs (mokgen.bench's slice):
+models.py baseline), one GPU, ep = 1, the same inputs (mokgen.harness.bench's slice):
 
     python3 benchmarks/energy_step.py MODEL TOKENS --seconds 3 [--out DIR]
         each side's step back to back for SECONDS, twice, alternated (ours, grouped, ours,
         grouped): NVML's energy counter over the run -> J a step, W, and the SM clock
         sampled between batches. At the power cap time a step ~ energy a step / cap, so the
         J-a-step ratio is the capped speed ratio's bound. A third side, "floor": the dense
-        GEMMs of the same FLOPs (mokgen.bench.dense_floor, three times a step: the forward's
+        GEMMs of the same FLOPs (mokgen.harness.bench.dense_floor, three times a step: the forward's
         FLOPs each), the energy a step of bf16 GEMM alone would cost.
     ncu --profile-from-start off ... python3 benchmarks/energy_step.py MODEL TOKENS --profile ours
         one step of that side (ours | grouped | floor) between cudaProfilerStart / Stop, after two
@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import mokgen  # noqa: E402
-from mokgen.bench import TrainingSteps, dense_floor, make_slice  # noqa: E402
+from mokgen.harness.bench import TrainingSteps, dense_floor, make_slice  # noqa: E402
 
 
 class Nvml:
@@ -62,7 +62,7 @@ class Nvml:
 
 def steps(model: str, tokens: int):
     """(ours, grouped, floor, shape): callables running one training step (forward, then
-    backward) as mokgen.bench.bench_backward times them (its TrainingSteps, the same inputs),
+    backward) as mokgen.harness.bench.bench_backward times them (its TrainingSteps, the same inputs),
     and its FLOPs in dense GEMMs."""
     shape = mokgen.shapes.get(model)
     g = torch.Generator(device="cuda").manual_seed(0)

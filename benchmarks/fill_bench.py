@@ -119,7 +119,7 @@ def main():
     if a.prebuild:
         print(build(a.cubin)[-600:])
         return
-    from mokgen.bench import time_ms
+    from mokgen.harness.bench import time_ms
     from mokgen.runtime import cuda as mc
 
     mc.ensure_context()

@@ -1,6 +1,6 @@
 """fp8 forward benchmark: per-rank slices (as `python -m mokgen bench`), our bf16, blockwise
 fp8 ("fp8") and MXFP8 ("mxfp8") megakernels on the same inputs, next to PyTorch baselines:
-  grouped      torch._grouped_mm pipeline in bf16 (mokgen.bench.TorchSlice.grouped)
+  grouped      torch._grouped_mm pipeline in bf16 (mokgen.harness.bench.TorchSlice.grouped)
   scaled       the same pipeline through torch._scaled_grouped_mm with fp8 rows and weights
                (rowwise scales: what PyTorch offers on sm_90), where it runs
   floor bf16   dense cuBLAS GEMMs of the same FLOPs;  floor fp8: the routed GEMMs through
@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 
 import mokgen
-from mokgen.bench import (TorchSlice, dense_floor, make_slice, own_combine_rows, save_results,
+from mokgen.harness.bench import (TorchSlice, dense_floor, make_slice, own_combine_rows, save_results,
                           time_ms)
-from mokgen.workloads import rel_error
+from mokgen.harness.workloads import rel_error
 
 E4M3 = torch.float8_e4m3fn
 IMPLS = (("bf16", "mokgen bf16"), ("fp8", "mokgen fp8 (blockwise)"), ("mxfp8", "mokgen MXFP8"),

@@ -1,6 +1,6 @@
 """Where a benchmarked call's event time goes beyond its kernels (issue #16: Mixtral-8x22B's
 traced forward and backward read 8.7 / 18.0 ms by events against 7.0 / 15.0 ms of megakernel).
-One slice as benchmarks/models.py times it (mokgen.bench: forward_rank, backward_rank after
+One slice as benchmarks/models.py times it (mokgen.harness.bench: forward_rank, backward_rank after
 an untimed forward; autograd through torch._grouped_mm), each call timed three ways: CUDA
 events with the GPU idle before it (what models.py reports), events with the launches queued
 behind a GPU sleep (the GPU's time alone), and the sum of its kernels' durations from
@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import mokgen  # noqa: E402
-from mokgen.bench import (TrainingSteps, kernel_times, make_slice, short_kernel_name,  # noqa: E402
+from mokgen.harness.bench import (TrainingSteps, kernel_times, make_slice, short_kernel_name,  # noqa: E402
                           time_ms)
 
 
@@ -29,7 +29,7 @@ def profiled(run, setup, iters):
     """Per iteration of `iters` (setup untimed, as time_ms): the kernels' summed duration
     (ms), their span from the first start to the last end (ms), the host's wall time of
     run() (ms, under the profiler: inflated) and the largest gap between one kernel's end
-    and the next's start (us), medians (the kernels: mokgen.bench.kernel_times)."""
+    and the next's start (us), medians (the kernels: mokgen.harness.bench.kernel_times)."""
     spans = []
     for _ in range(iters):
         wall = []
@@ -58,8 +58,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     shape = mokgen.shapes.get(a.shape)
     if a.prebuild:
-        from mokgen.api import build_plans
-        from mokgen.tune import tuned_plan
+        from mokgen.pytorch.api import build_plans
+        from mokgen.compiler.tuned import tuned_plan
         bins = build_plans([tuned_plan(shape, a.ep, "bf16", a.n)], jobs=os.cpu_count())
         print(f"prebuild: {len(bins)} kernels, {sum(not b.cached for b in bins)} built")
         return 0

@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from mokgen.ir import GemmConfig  # noqa: E402
-from mokgen.lower import smem_bytes  # noqa: E402
+from mokgen.compiler.ir import GemmConfig  # noqa: E402
+from mokgen.compiler.lower import smem_bytes  # noqa: E402
 from mokgen.runtime import cuda as mc  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")

@@ -44,8 +44,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from benchmarks.gemm_engine import (BK, BM, BN, SMEM, ROOT, Counters, build,  # noqa: E402
                                     poisoned_twice, rel_err, time_ms)
-from mokgen.ir import GemmConfig  # noqa: E402
-from mokgen.lower import smem_bytes  # noqa: E402
+from mokgen.compiler.ir import GemmConfig  # noqa: E402
+from mokgen.compiler.lower import smem_bytes  # noqa: E402
 from mokgen.runtime import cuda as mc  # noqa: E402
 
 PAIR_SHAPES = [  # (M, N, K): a plain GEMM and the few-large-expert models' GEMMs of one expert

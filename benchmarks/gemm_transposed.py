@@ -10,9 +10,9 @@ import torch
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
-from mokgen.bench import time_ms  # noqa: E402
-from mokgen.ir import GemmConfig  # noqa: E402
-from mokgen.lower import smem_bytes  # noqa: E402
+from mokgen.harness.bench import time_ms  # noqa: E402
+from mokgen.compiler.ir import GemmConfig  # noqa: E402
+from mokgen.compiler.lower import smem_bytes  # noqa: E402
 from mokgen.runtime import cuda as mc  # noqa: E402
 
 cubin = os.path.join(tempfile.mkdtemp(), "g.cubin")

@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import mokgen  # noqa: E402
-from mokgen.bench import time_ms  # noqa: E402
+from mokgen.harness.bench import time_ms  # noqa: E402
 
 BUSY_CYCLES = 200_000_000  # ~0.1 s of GPU sleep: longer than any host call measured here
 
@@ -48,9 +48,9 @@ def host_ms(fn, iters: int) -> float:
 
 # (module, attribute path) of the host functions a step runs, outermost first
 BREAKDOWN = [
-    ("mokgen.module", "MoE.forward"), ("mokgen.ops", "_backward_impl"),
-    ("mokgen.module", "_LazyKernels.forward"), ("mokgen.module", "_LazyKernels.backward"),
-    ("mokgen.api", "CompiledMoE._checked"), ("mokgen.api", "CompiledMoE.backward_raw"),
+    ("mokgen.pytorch.module", "MoE.forward"), ("mokgen.pytorch.ops", "_backward_impl"),
+    ("mokgen.pytorch.module", "_LazyKernels.forward"), ("mokgen.pytorch.module", "_LazyKernels.backward"),
+    ("mokgen.pytorch.api", "CompiledMoE._checked"), ("mokgen.pytorch.api", "CompiledMoE.backward_raw"),
     ("mokgen.runtime.moe", "ForwardRuntime.forward"), ("mokgen.runtime.moe", "ForwardRuntime.route"),
     ("mokgen.runtime.moe", "ForwardRuntime.route_given"),
     ("mokgen.runtime.moe", "ForwardRuntime.schedule"),
@@ -64,7 +64,7 @@ BREAKDOWN = [
     ("mokgen.runtime.cuda", "_encode_tiled"), ("mokgen.runtime.abi", "pack"),
     ("mokgen.runtime.abi", "pack_maps"), ("mokgen.runtime.checks", "check_inputs"),
     ("mokgen.reference", "router_backward"),
-    ("mokgen.ops", "_cast"),
+    ("mokgen.pytorch.ops", "_cast"),
 ]  # a name a tree lacks is said and skipped (trees compared by ab_host.sh differ)
 
 

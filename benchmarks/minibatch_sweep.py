@@ -48,8 +48,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     specs = parse(a.specs, a.ep, a.tokens)
     if a.prebuild:
-        from mokgen.api import build_plans
-        from mokgen.tune import tuned_plan
+        from mokgen.pytorch.api import build_plans
+        from mokgen.compiler.tuned import tuned_plan
         for name, ep, n, mbs in specs:
             for mb in mbs:
                 over = dict(minibatch=mb) if mb else {}
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
         return 0
 
     import torch
-    from mokgen.bench import bench_one
+    from mokgen.harness.bench import bench_one
     g = torch.Generator(device="cuda").manual_seed(0)
     runs: dict = {}
     for name, ep, n, mbs in specs:

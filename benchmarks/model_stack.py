@@ -36,7 +36,7 @@ from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import mokgen  # noqa: E402
-from mokgen.bench import results_commit  # noqa: E402
+from mokgen.harness.bench import results_commit  # noqa: E402
 
 
 class GroupedMoE(nn.Module):
@@ -160,7 +160,7 @@ def measure(impl, shape, layers, tokens, ckpt, iters, fuse=False, keep_h=None):
             m = model.blocks[0].moe.memory()
             out["workspace_mb"] = m["workspace"] / 2**20
             out["keep_h"] = model.blocks[0].moe.plan.keep_h
-            rt = mokgen.ops.kernels_of(model.blocks[0].moe._layer).compiled.runtime()
+            rt = mokgen.pytorch.ops.kernels_of(model.blocks[0].moe._layer).compiled.runtime()
             out["replayed_per_step"] = rt.stats["replayed"] / (iters + 1)
         return out
     except torch.OutOfMemoryError:

@@ -9,7 +9,7 @@ training step, against torch._grouped_mm (autograd for the backward), same input
 
 The training step is the forward without autograd plus the backward after a forward that
 kept what it needs (mokgen: its ring; PyTorch: autograd's saved tensors), both sides alike.
-Writes DIR/models_fwdbwd_bf16.json (rows of mokgen.bench.bench_one with backward) and prints
+Writes DIR/models_fwdbwd_bf16.json (rows of mokgen.harness.bench.bench_one with backward) and prints
 a table last."""
 import argparse
 import gc
@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import mokgen  # noqa: E402
-from mokgen.bench import bench_one, save_results  # noqa: E402
+from mokgen.harness.bench import bench_one, save_results  # noqa: E402
 from mokgen.cli import _gemm  # noqa: E402
 
 MODELS = ("qwen3-30b-a3b", "qwen3-235b-a22b", "qwen1.5-moe-a2.7b", "deepseek-v2-lite",

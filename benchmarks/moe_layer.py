@@ -1,8 +1,8 @@
-"""The layer benchmark; the code lives in mokgen/bench.py (also `python -m mokgen bench`)."""
+"""The layer benchmark; the code lives in mokgen/harness/bench.py (also `python -m mokgen bench`)."""
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from mokgen.bench import main  # noqa: E402
+from mokgen.harness.bench import main  # noqa: E402
 
 sys.exit(main())

@@ -5,7 +5,7 @@
 Loads. Each GPU carries the per-rank load of a preset's EP deployment: L = E/64 ("ep64") or
 E/8 ("ep8") local experts (at least ceil(k/R), so a token's k routes fit), N tokens per rank,
 so it receives N*k routed rows on average: the same work as the single-GPU slices of
-README / NOTES (mokgen.bench), now with real peers. The layer run has E' = R*L experts, so at
+README / NOTES (mokgen.harness.bench), now with real peers. The layer run has E' = R*L experts, so at
 R = 2 about half of the routes stay on their own GPU (a real ep=64 deployment sends 63/64
 off-rank); the NVLink floor and GB/s below count the bytes that really cross.
 
@@ -15,15 +15,15 @@ global inputs from one broadcast seed):
                  compiled layer over symmetric-memory peers
   nccl_grouped   route, all_to_all of counts (host sync for the splits), rows and local expert
                  ids, torch._grouped_mm experts, all_to_all back, weighted sum
-                 (mokgen.ep_baseline); training step by autograd
+                 (mokgen.harness.ep_baseline); training step by autograd
   nccl_naive     the same with a per-expert loop
   floor          max(compute, NVLink): compute = dense cuBLAS GEMMs of the same FLOPs timed on
                  this GPU (training: 3x the forward's); NVLink = bytes this rank sends over the
                  link (its off-rank rows out in dispatch, the peers' rows back in combine;
-                 twice that for training) / the link rate, both the nominal (mokgen.hardware,
+                 twice that for training) / the link rate, both the nominal (mokgen.compiler.hardware,
                  450 GB/s per direction on H200) and the rate an NCCL all_to_all reaches here
                  (nvlink_gbps_measured); floor_* uses the faster one (the lower floor)
-  predicted      mokgen.simulate's forward / backward time of the plan (the cost model)
+  predicted      mokgen.harness.simulate's forward / backward time of the plan (the cost model)
 
 Compile ahead (nvcc, no GPU): `python benchmarks/prebuild.py --world R` builds every kernel
 this script, fsdp_overlap.py and tests/test_multigpu.py need into $MOKGEN_CACHE, in parallel.
@@ -46,9 +46,10 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import mokgen  # noqa: E402
-from mokgen import hardware, reference  # noqa: E402
-from mokgen.bench import results_commit  # noqa: E402
-from mokgen.ep_baseline import EPBaseline, dist_exchange  # noqa: E402
+from mokgen.compiler import hardware
+from mokgen import reference  # noqa: E402
+from mokgen.harness.bench import results_commit  # noqa: E402
+from mokgen.harness.ep_baseline import EPBaseline, dist_exchange  # noqa: E402
 
 PRESETS = "kimi-k2.7,glm-5.2,qwen3.5-397b-a17b,deepseek-v4-pro"
 LOADS = {"ep64": 64, "ep8": 8}
@@ -75,9 +76,9 @@ def plans(args, R: int) -> list:
 
 # ---------------------------------------------------------------------------- on the GPUs
 def slowest_ms(fn, iters):
-    """The median of this rank's timed runs (mokgen.bench.time_ms), maxed over the ranks."""
+    """The median of this rank's timed runs (mokgen.harness.bench.time_ms), maxed over the ranks."""
     import torch.distributed as dist
-    from mokgen.bench import time_ms
+    from mokgen.harness.bench import time_ms
 
     t = torch.tensor([time_ms(fn, iters, warmup=5)], device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -131,7 +132,7 @@ def rank_inputs(shape, n):
     """This rank's (x, router logits, w1, w2, shared_w1, shared_w2) and its output gradient,
     from seeds rank 0 broadcasts: every implementation gets the same tensors."""
     import torch.distributed as dist
-    from mokgen.workloads import make_inputs
+    from mokgen.harness.workloads import make_inputs
 
     R, r = dist.get_world_size(), dist.get_rank()
     inp = make_inputs(shape, R, n, seed=shared_seed())
@@ -154,9 +155,9 @@ def train_step(leaves, dy, fn):
 
 def bench(name, load, n, iters, link_gbps, naive=True):
     import torch.distributed as dist
-    from mokgen.bench import dense_floor
-    from mokgen.simulate import predict_plan
-    from mokgen.workloads import rel_error
+    from mokgen.harness.bench import dense_floor
+    from mokgen.harness.simulate import predict_plan
+    from mokgen.harness.workloads import rel_error
 
     R, r = dist.get_world_size(), dist.get_rank()
     shape = load_shape(name, load, R)

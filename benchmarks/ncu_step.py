@@ -39,8 +39,8 @@ def main(argv=None) -> int:
     shape = mokgen.MoEShape(s.num_experts, s.hidden, s.intermediate, s.topk, shared_experts=0)
     over = overrides(a.overrides)
     if a.prebuild:
-        from mokgen.api import build_plans
-        from mokgen.tune import tuned_plan
+        from mokgen.pytorch.api import build_plans
+        from mokgen.compiler.tuned import tuned_plan
         bins = build_plans([tuned_plan(shape, 1, "bf16", a.tokens, **over)], jobs=os.cpu_count())
         print(f"prebuild: {len(bins)} kernels, {sum(not b.cached for b in bins)} built")
         return 0

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import mokgen  # noqa: E402
-from mokgen.bench import bench_one, make_slice  # noqa: E402
+from mokgen.harness.bench import bench_one, make_slice  # noqa: E402
 from mokgen.runtime.workspace import live_workspaces  # noqa: E402
 
 

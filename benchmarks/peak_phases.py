@@ -134,8 +134,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     wanted = [s for s in SHAPES if s[0] in a.shapes.split(",")]
     if a.prebuild:
-        from mokgen.api import build_plans
-        from mokgen.tune import tuned_plan
+        from mokgen.pytorch.api import build_plans
+        from mokgen.compiler.tuned import tuned_plan
         bins = build_plans([tuned_plan(mokgen_shape(D, I, E, k), 1, "bf16", T, **o)
                             for _, T, D, I, E, k in wanted for o in ({}, {"dispatch": "gather"})],
                            jobs=os.cpu_count())

@@ -18,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 import mokgen  # noqa: E402
-from mokgen.api import build_plans  # noqa: E402
+from mokgen.pytorch.api import build_plans  # noqa: E402
 
 
 def test_plans(R: int) -> list:

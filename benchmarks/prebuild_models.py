@@ -18,9 +18,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import mokgen  # noqa: E402
-from mokgen.api import build_plans  # noqa: E402
+from mokgen.pytorch.api import build_plans  # noqa: E402
 from mokgen.cli import _gemm  # noqa: E402
-from mokgen.tune import tuned_plan  # noqa: E402
+from mokgen.harness.tune import tuned_plan  # noqa: E402
 
 
 def main(argv=None) -> int:

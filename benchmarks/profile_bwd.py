@@ -19,7 +19,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import torch  # noqa: E402
 
-from mokgen.bench import bench_one  # noqa: E402
+from mokgen.harness.bench import bench_one  # noqa: E402
 from mokgen.cli import _gemm  # noqa: E402
 
 ap = argparse.ArgumentParser()

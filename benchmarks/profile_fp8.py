@@ -10,7 +10,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import mokgen  # noqa: E402
-from mokgen.bench import make_slice, time_ms  # noqa: E402
+from mokgen.harness.bench import make_slice, time_ms  # noqa: E402
 
 name, ep, n, dt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 comm = [int(c) for c in sys.argv[5].split(",")] if len(sys.argv) > 5 else []

@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import mokgen  # noqa: E402
-from mokgen.bench import time_ms  # noqa: E402
+from mokgen.harness.bench import time_ms  # noqa: E402
 
 
 def main(argv=None):

@@ -1,6 +1,6 @@
 """The prologue's kernels, one rank's share (route its tokens; count, offsets, place its
 schedule; the backward's segments), per preset at ep = 1 and ep = 8, built alone (no
-megakernel: mokgen.standalone). Kernel times from torch.profiler (device time per launch,
+megakernel: mokgen.harness.standalone). Kernel times from torch.profiler (device time per launch,
 mean over the iterations), and the forward's prologue (route + count + offsets + place) timed
 whole with CUDA events (median), launch gaps included.
 
@@ -23,8 +23,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import mokgen  # noqa: E402
-from mokgen.bench import results_commit, time_ms  # noqa: E402
-from mokgen.standalone import StandalonePrologue  # noqa: E402
+from mokgen.harness.bench import results_commit, time_ms  # noqa: E402
+from mokgen.harness.standalone import StandalonePrologue  # noqa: E402
 
 KERNELS = ("route", "sched_count", "sched_offsets", "sched_place", "sched_segments")
 PRESETS = "qwen3-30b-a3b,qwen3.5-397b-a17b,kimi-k2.7"
@@ -69,7 +69,7 @@ def measure(name: str, ep: int, tokens: int, iters: int) -> dict:
 
 
 def build_only(a) -> None:
-    from mokgen import build, codegen
+    from mokgen.compiler import build, codegen
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
     from test_gpu_prologue import CASES

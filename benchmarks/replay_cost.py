@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import mokgen  # noqa: E402
-from mokgen.bench import (QUEUE_AHEAD_CYCLES, kernel_times, results_commit,  # noqa: E402
+from mokgen.harness.bench import (QUEUE_AHEAD_CYCLES, kernel_times, results_commit,  # noqa: E402
                           short_kernel_name, time_ms)
 from gather_ab import prebuild, selected, selection_args  # noqa: E402
 from peers_sonicmoe import sonicmoe_layer  # noqa: E402

@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import mokgen  # noqa: E402
-from mokgen.bench import bench_one  # noqa: E402
+from mokgen.harness.bench import bench_one  # noqa: E402
 
 ep = int(sys.argv[1]) if len(sys.argv) > 1 else 1
 n = int(sys.argv[2]) if len(sys.argv) > 2 else 4096

@@ -7,11 +7,11 @@ import itertools
 import pytest
 
 import mokgen
-from mokgen import build, codegen, hardware
-from mokgen.api import layer_spec
-from mokgen.passes.comm_direction import (backward_costs, choose_backward, choose_forward,
+from mokgen.compiler import build, codegen, hardware
+from mokgen.compiler.lower import layer_spec
+from mokgen.compiler.passes.comm_direction import (backward_costs, choose_backward, choose_forward,
                                           forward_costs)
-from mokgen.passes.ring import ring_row_bytes
+from mokgen.compiler.passes.ring import ring_row_bytes
 from mokgen.runtime import abi
 from mokgen.runtime.peers import BWD_DIR_KINDS, DIR_KINDS, peer_shapes
 from mokgen.runtime.workspace import workspace_bytes

@@ -6,7 +6,7 @@ import torch
 
 import mokgen
 from mokgen.runtime import abi
-from mokgen.workloads import make_inputs
+from mokgen.harness.workloads import make_inputs
 from test_gpu_backward import NAMES
 from benchmark_scripts import load
 

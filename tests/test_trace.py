@@ -95,7 +95,7 @@ def test_sustained_ms_refuses_a_window_with_no_call(monkeypatch):
     """A call longer than the whole run leaves nothing after the settling time: an error, not
     a rate made up from the settling calls."""
     import pytest
-    from mokgen import bench
+    from mokgen.harness import bench
     now = [0.0]
 
     def call():
