@@ -1,6 +1,6 @@
 """How fast is the layer in fp8? Rank 0's slice of each preset (as benchmarks/moe_layer.py),
 our bf16, blockwise fp8 ("fp8") and MXFP8 ("mxfp8") layers on the same inputs, beside PyTorch:
-  grouped      torch._grouped_mm pipeline in bf16 (mokgen.bench.TorchSlice.grouped)
+  grouped      torch._grouped_mm pipeline in bf16 (mokgen.harness.bench.TorchSlice.grouped)
   scaled       the same pipeline through torch._scaled_grouped_mm with fp8 rows and weights
                (rowwise scales: what PyTorch offers on sm_90), where it runs
   floor bf16   dense cuBLAS GEMMs of the same FLOPs;  floor fp8: the routed GEMMs through
@@ -29,9 +29,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 import mokgen  # noqa: E402
-from mokgen.bench import TorchSlice, dense_floor, make_slice, own_combine_rows, time_ms  # noqa: E402
-from mokgen.plot import plot  # noqa: E402
-from mokgen.workloads import rel_error  # noqa: E402
+from mokgen.harness.bench import TorchSlice, dense_floor, make_slice, own_combine_rows, time_ms  # noqa: E402
+from mokgen.harness.plot import plot  # noqa: E402
+from mokgen.harness.workloads import rel_error  # noqa: E402
 
 import result_file  # noqa: E402
 

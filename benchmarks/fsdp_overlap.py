@@ -35,9 +35,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mokgen  # noqa: E402
-from mokgen import hardware  # noqa: E402
-from mokgen.bench import short_kernel_name, time_ms  # noqa: E402
-from mokgen.passes.sm_partition import collective_sms  # noqa: E402
+from mokgen.compiler import hardware  # noqa: E402
+from mokgen.harness.bench import short_kernel_name, time_ms  # noqa: E402
+from mokgen.compiler.passes.sm_partition import collective_sms  # noqa: E402
 from multigpu import init_dist, load_shape, meta, shared_seed  # noqa: E402
 
 import result_file  # noqa: E402
@@ -90,7 +90,7 @@ def gather_group(max_ctas: int):
 
 def timed(fn, iters: int, queue_ahead: bool = False) -> float:
     """Median ms of fn() between two events on the current stream (fn joins its side work
-    back into it; mokgen.bench.time_ms), each run started by all ranks together (a gather is
+    back into it; mokgen.harness.bench.time_ms), each run started by all ranks together (a gather is
     as fast as its slowest rank), maxed over the ranks. queue_ahead: the GPU's time alone,
     fn's launches queued behind a GPU sleep (a training loop's host runs ahead of its GPU;
     here each run starts from an idle GPU, and the host's time to the first kernel, ~1 ms
@@ -211,7 +211,7 @@ def main(argv=None):
     init_dist()
     R, rank = dist.get_world_size(), dist.get_rank()
     shape = load_shape(args.shape, args.load, R)
-    from mokgen.workloads import make_inputs
+    from mokgen.harness.workloads import make_inputs
 
     inp = make_inputs(shape, R, args.tokens, seed=shared_seed())
     dy = torch.randn(inp["x"][rank].shape, device="cuda").bfloat16()

@@ -11,7 +11,7 @@ Per configuration:
 - step: median time of a training step (forward + backward), CUDA events.
 Steps accumulate into the gradients the first step made (micro-batches of one optimizer
 step). `--keep-h 0` / `1` forces mokgen's keep_h off / on (default `d`: the plan's choice,
-mokgen/passes/keep_h.py); `--fuse 1` builds mokgen's layers with fuse_grad_accumulation (the
+mokgen/compiler/passes/keep_h.py); `--fuse 1` builds mokgen's layers with fuse_grad_accumulation (the
 kernel adds the expert gradients into .grad: no expert-gradient-sized temporary, which
 autograd's accumulation allocates on both sides otherwise). A configuration that does not fit
 is recorded as out of memory; with --fit the most layers at which both fit (halving from N)
@@ -167,7 +167,7 @@ def measure(impl, shape, layers, tokens, ckpt, iters, fuse=False, keep_h=None):
             m = model.blocks[0].moe.memory()
             out["workspace_mb"] = m["workspace"] / 2**20
             out["keep_h"] = model.blocks[0].moe.plan.keep_h
-            rt = mokgen.ops.kernels_of(model.blocks[0].moe._layer).compiled.runtime()
+            rt = mokgen.pytorch.ops.kernels_of(model.blocks[0].moe._layer).compiled.runtime()
             out["replayed_per_step"] = rt.stats["replayed"] / (iters + 1)
         return out
     except torch.OutOfMemoryError:

@@ -10,7 +10,7 @@ The training step is the forward without autograd plus the backward after a forw
 what it needs (mokgen: its ring; PyTorch: autograd's saved tensors), both sides alike.
 --sustained S also runs both training steps back to back for S seconds each: the rate a
 training loop holds once the board's power cap has set the clock (short synced loops run
-partly before it). Rows (mokgen.bench.bench_one's, with the backward) go into
+partly before it). Rows (mokgen.harness.bench.bench_one's, with the backward) go into
 DIR/models.json, rows per GPU kind (benchmarks/result_file.py), and a table is printed."""
 import argparse
 import gc
@@ -24,9 +24,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 import mokgen  # noqa: E402
-from mokgen.bench import bench_one  # noqa: E402
+from mokgen.harness.bench import bench_one  # noqa: E402
 from mokgen.cli import _gemm  # noqa: E402
-from mokgen.plot import plot  # noqa: E402
+from mokgen.harness.plot import plot  # noqa: E402
 
 import result_file  # noqa: E402
 

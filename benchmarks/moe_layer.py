@@ -6,7 +6,7 @@ per-expert loop) and the dense cuBLAS floor of the same FLOPs, on one GPU.
     python benchmarks/moe_layer.py [--shapes kimi-k2.7,...] [--ep 8,64] [--tokens 1024,2048,4096]
         [--forward-only] [--no-naive] [--iters 50] [--out DIR]
 
-The measurement is `python -m mokgen bench` (mokgen/bench.py: what is timed and how); this
+The measurement is `python -m mokgen bench` (mokgen/harness/bench.py: what is timed and how); this
 script runs it with the backward on and folds its rows into DIR/moe_layer.json (rows per GPU
 kind, benchmarks/result_file.py) and DIR/moe_layer.png (this run's forward TFLOP/s).
 """
@@ -19,7 +19,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
-from mokgen import bench  # noqa: E402
+from mokgen.harness import bench  # noqa: E402
 
 import result_file  # noqa: E402
 

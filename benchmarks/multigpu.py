@@ -16,15 +16,15 @@ global inputs from one broadcast seed):
                  compiled layer over symmetric-memory peers
   nccl_grouped   route, all_to_all of counts (host sync for the splits), rows and local expert
                  ids, torch._grouped_mm experts, all_to_all back, weighted sum
-                 (mokgen.ep_baseline); training step by autograd
+                 (mokgen.harness.ep_baseline); training step by autograd
   nccl_naive     the same with a per-expert loop
   floor          max(compute, NVLink): compute = dense cuBLAS GEMMs of the same FLOPs timed on
                  this GPU (training: 3x the forward's); NVLink = bytes this rank sends over the
                  link (its off-rank rows out in dispatch, the peers' rows back in combine;
-                 twice that for training) / the link rate, both the nominal (mokgen.hardware)
+                 twice that for training) / the link rate, both the nominal (mokgen.compiler.hardware)
                  and the rate an NCCL all_to_all reaches here (nvlink_gbps_measured); floor_*
                  uses the faster one (the lower floor)
-  predicted      mokgen.simulate's forward / backward time of the plan (the cost model)
+  predicted      mokgen.harness.simulate's forward / backward time of the plan (the cost model)
 
 Rows go into DIR/multigpu.json (rows per GPU kind and world size, benchmarks/result_file.py)
 after every row, so a run cut short keeps what it measured. Compile the kernels ahead (nvcc,
@@ -46,8 +46,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 import mokgen  # noqa: E402
-from mokgen import hardware, reference  # noqa: E402
-from mokgen.ep_baseline import EPBaseline, dist_exchange  # noqa: E402
+from mokgen import reference  # noqa: E402
+from mokgen.compiler import hardware  # noqa: E402
+from mokgen.harness.ep_baseline import EPBaseline, dist_exchange  # noqa: E402
 
 import result_file  # noqa: E402
 
@@ -76,9 +77,9 @@ def plans(args, R: int) -> list:
 
 # ---------------------------------------------------------------------------- on the GPUs
 def slowest_ms(fn, iters):
-    """The median of this rank's timed runs (mokgen.bench.time_ms), maxed over the ranks."""
+    """The median of this rank's timed runs (mokgen.harness.bench.time_ms), maxed over the ranks."""
     import torch.distributed as dist
-    from mokgen.bench import time_ms
+    from mokgen.harness.bench import time_ms
 
     t = torch.tensor([time_ms(fn, iters, warmup=5)], device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -132,7 +133,7 @@ def rank_inputs(shape, n):
     """This rank's (x, router logits, w1, w2, shared_w1, shared_w2) and its output gradient,
     from seeds rank 0 broadcasts: every implementation gets the same tensors."""
     import torch.distributed as dist
-    from mokgen.workloads import make_inputs
+    from mokgen.harness.workloads import make_inputs
 
     R, r = dist.get_world_size(), dist.get_rank()
     inp = make_inputs(shape, R, n, seed=shared_seed())
@@ -155,9 +156,9 @@ def train_step(leaves, dy, fn):
 
 def bench(name, load, n, iters, link_gbps, naive=True):
     import torch.distributed as dist
-    from mokgen.bench import dense_floor
-    from mokgen.simulate import predict_plan
-    from mokgen.workloads import rel_error
+    from mokgen.harness.bench import dense_floor
+    from mokgen.harness.simulate import predict_plan
+    from mokgen.harness.workloads import rel_error
 
     R, r = dist.get_world_size(), dist.get_rank()
     shape = load_shape(name, load, R)

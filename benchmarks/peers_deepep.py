@@ -12,7 +12,7 @@ experts: the layer users build from DeepEP's normal (high-throughput) mode. One 
   route (softmax top-k, mokgen.reference.route) -> get_dispatch_layout -> dispatch (each
   token once per destination rank, its top-k ids made local there, with the route weights;
   the received counts reach the host: DeepEP's own sync) -> the local experts on each
-  received (token, local expert) pair (mokgen.ep_baseline's grouped_mm) -> the weighted sum
+  received (token, local expert) pair (mokgen.harness.ep_baseline's grouped_mm) -> the weighted sum
   per received token -> combine (the sum over ranks) + the shared expert.
 The training step is autograd's with DeepEP's adjoints: dispatch's backward combines the rows'
 and the weights' gradients, combine's backward dispatches again with the handle.
@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 import mokgen  # noqa: E402
 from mokgen import reference  # noqa: E402
-from mokgen.ep_baseline import EPBaseline  # noqa: E402
+from mokgen.harness.ep_baseline import EPBaseline  # noqa: E402
 from multigpu import (configs, init_dist, load_shape, meta, parse, rank_inputs,  # noqa: E402
                       slowest_ms, train_step)
 
@@ -119,7 +119,7 @@ def deepep_buffer(group, hiddens):
 
 def bench(buf, name, load, n, iters):
     import torch.distributed as dist
-    from mokgen.workloads import rel_error
+    from mokgen.harness.workloads import rel_error
 
     R = dist.get_world_size()
     shape = load_shape(name, load, R)

@@ -37,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 import mokgen  # noqa: E402
-from mokgen.bench import sustained_ms, time_ms  # noqa: E402
+from mokgen.harness.bench import sustained_ms, time_ms  # noqa: E402
 
 import result_file  # noqa: E402
 
@@ -77,8 +77,8 @@ def mokgen_layer(D, I, E, k, T, fuse=False):
 
 def prebuild(shapes) -> None:
     """Compile the kernels mokgen.MoE builds for `shapes` (its plan: ep = 1, tuned overrides)."""
-    from mokgen.api import build_plans
-    from mokgen.tune import tuned_plan
+    from mokgen.pytorch.api import build_plans
+    from mokgen.compiler.tuned import tuned_plan
     bins = build_plans([tuned_plan(mokgen_shape(D, I, E, k), 1, "bf16", T)
                         for _, T, D, I, E, k in shapes], jobs=os.cpu_count())
     print(f"prebuild: {len(bins)} kernels, {sum(not b.cached for b in bins)} built")
@@ -89,7 +89,7 @@ def measure(make, T, D, iters, sustained=0.0, extra=None):
     the gradients set to None before it) of the layer `make()` builds, or Nones. With
     `sustained` seconds and an `extra` dict: also the forward's and the (accumulating) step's
     ms a call run back to back that long, once the power cap has set the clock
-    (mokgen.bench.sustained_ms; the synced calls above leave the GPU idle between them),
+    (mokgen.harness.bench.sustained_ms; the synced calls above leave the GPU idle between them),
     as extra["fwd_sustained_ms"] and extra["train_sustained_ms"]."""
     gc.collect()
     torch.cuda.empty_cache()
@@ -199,7 +199,7 @@ def main(argv=None):
 
 def write(out: str, rows: list) -> None:
     """This run's rows into OUT/peers_sonicmoe.json and its plot; a table."""
-    from mokgen.plot import plot_peers
+    from mokgen.harness.plot import plot_peers
 
     result_file.write("peers_sonicmoe", rows, ("shape", "T"), out=out, plot=plot_peers)
     fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731

@@ -58,7 +58,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    from mokgen import build, codegen
+    from mokgen.compiler import build, codegen
     emit = codegen.emit
 
     def record_plan(plan, *args, **kwargs):
@@ -95,8 +95,8 @@ def collect(out: str, files: list) -> int:
 def bench_plans(argv: list) -> list:
     """The plans `python -m mokgen bench argv` runs (its own parser and validation)."""
     import mokgen
-    from mokgen import bench
-    from mokgen.tune import tuned_plan
+    from mokgen.harness import bench
+    from mokgen.compiler.tuned import tuned_plan
     return [tuned_plan(mokgen.shapes.get(name), ep, "bf16", n, **ov)
             for name, ep, n, ov in bench._configs(bench.parser().parse_args(argv))]
 
@@ -106,7 +106,7 @@ def layer_plans(names: list, eps: list | None, tokens: list, dtypes: list, **ove
     count and dtype; eps None: benchmarks/models.py's per preset (1 and its virtual ep)."""
     import mokgen
     from models import eps as model_eps
-    from mokgen.tune import tuned_plan
+    from mokgen.compiler.tuned import tuned_plan
 
     out = []
     for name in names:
@@ -121,7 +121,7 @@ def multigpu_test_plans(R: int) -> list:
     gpu-small at 513, 700 and 256 tokens, with SMs reserved, and one per communication
     direction (forward and backward) at 700 tokens with a wrapping ring."""
     import mokgen
-    from mokgen.workloads import backward_direction_layers, direction_layers
+    from mokgen.harness.workloads import backward_direction_layers, direction_layers
 
     s = mokgen.shapes.get("gpu-small")
     pinned = dict(minibatch=128, macrobatch=256)
@@ -150,8 +150,8 @@ def multigpu_bench_plans(R: int, tokens: str | None) -> list:
 
 
 def build(plans: list, jobs: int) -> int:
-    import mokgen
-    from mokgen.api import build_plans
+    from mokgen.config import CONFIG
+    from mokgen.pytorch.api import build_plans
 
     t0 = time.perf_counter()
     bins = build_plans(plans, jobs=jobs)
@@ -159,7 +159,7 @@ def build(plans: list, jobs: int) -> int:
     print(f"prebuild: {len(plans)} plans, {len(bins)} kernels ({built} built, "
           f"{len(bins) - built} cached) in {time.perf_counter() - t0:.0f} s, "
           f"spills {sum(b.spills for b in bins)}, wgmma serialized in "
-          f"{sum(bool(b.serialized) for b in bins)} -> {mokgen.config.CONFIG.cache}", flush=True)
+          f"{sum(bool(b.serialized) for b in bins)} -> {CONFIG.cache}", flush=True)
     return 0
 
 

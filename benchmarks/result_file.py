@@ -33,7 +33,7 @@ def run_meta(**extra) -> dict:
     import torch
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from mokgen.bench import results_commit
+    from mokgen.harness.bench import results_commit
 
     return dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                 cuda=torch.version.cuda, commit=results_commit(),
@@ -64,7 +64,7 @@ def write(name: str, rows: list, key: tuple, out: str = RESULTS, meta: dict | No
           plot=None) -> str:
     """Merge this run's `rows` (each gets the run's gpu and commit) into OUT/<name>.json.
     `meta`: the run's versions (run_meta(), with what else the run holds). `plot(json, png)`:
-    a figure of this run's rows alone (mokgen.plot's readers: {meta, rows}) as OUT/<name>.png;
+    a figure of this run's rows alone (mokgen.harness.plot's readers: {meta, rows}) as OUT/<name>.png;
     skipped where matplotlib is missing."""
     meta = meta or run_meta()
     tagged = [dict(r, gpu=meta["gpu"], commit=meta["commit"]) for r in rows]

@@ -1,8 +1,8 @@
 """What does a training step cost in time and energy, against the PyTorch a user would write?
 One GPU, ep = 1: the layer's training step (forward, then backward) run back to back at the
 board's power cap, mokgen against autograd through torch._grouped_mm (benchmarks/models.py's
-baseline) on the same inputs (mokgen.bench.TrainingSteps), and the dense bf16 GEMMs of the
-same FLOPs (the floor: three times the forward's, mokgen.bench.dense_floor).
+baseline) on the same inputs (mokgen.harness.bench.TrainingSteps), and the dense bf16 GEMMs of the
+same FLOPs (the floor: three times the forward's, mokgen.harness.bench.dense_floor).
 
     python benchmarks/training_step.py [--models mixtral-8x22b,qwen3-30b-a3b] [--tokens 4096]
         [--seconds 3] [--settle 0.2] [--out DIR]
@@ -32,7 +32,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 
 import mokgen  # noqa: E402
-from mokgen.bench import TrainingSteps, dense_floor, make_slice  # noqa: E402
+from mokgen.harness.bench import TrainingSteps, dense_floor, make_slice  # noqa: E402
 
 import result_file  # noqa: E402
 
@@ -69,7 +69,7 @@ class Nvml:
 
 def steps(model: str, tokens: int):
     """(ours, grouped, floor, shape): callables running one training step (forward, then
-    backward) as mokgen.bench.bench_backward times them (its TrainingSteps, the same inputs),
+    backward) as mokgen.harness.bench.bench_backward times them (its TrainingSteps, the same inputs),
     and its FLOPs in dense GEMMs."""
     shape = mokgen.shapes.get(model)
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -1,6 +1,6 @@
 """Inspect what mokgen decides for a layer and what it generates (no GPU needed)."""
 import mokgen
-from mokgen import codegen, ir
+from mokgen.compiler import codegen, ir
 
 shape = mokgen.shapes.get("qwen3.5-397b-a17b")
 plan = mokgen.plan(shape, ep=64, dtype="bf16", tokens_per_rank=2048)

@@ -2,7 +2,7 @@
 import torch
 
 import mokgen
-from mokgen.workloads import make_inputs, reference_outputs, rel_error
+from mokgen.harness.workloads import make_inputs, reference_outputs, rel_error
 
 shape = mokgen.MoEShape(num_experts=64, hidden=2048, intermediate=768, topk=6,
                         shared_intermediate=1536, name="my-moe")

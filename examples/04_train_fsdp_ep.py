@@ -2,7 +2,7 @@
 parameters (embedding, norms, routers, shared experts, head), the routed experts are expert
 parallel over the same R ranks (EP = R: rank r holds experts r*L .. r*L+L-1, FSDP ignores them)
 through mokgen.MoE or a torch-native EP MoE (NCCL all_to_all + grouped_mm,
-mokgen.ep_baseline). Each rank trains on its own batch. Rank 0 also trains the single-process
+mokgen.harness.ep_baseline). Each rank trains on its own batch. Rank 0 also trains the single-process
 reference (every expert local, the global batch, the same initial weights) and compares the
 losses step by step; the distributed model's tokens/s is timed after a warm-up.
 
@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 import mokgen
-from mokgen.ep_baseline import EPBaseline, dist_exchange
+from mokgen.harness.ep_baseline import EPBaseline, dist_exchange
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 markov_batches = importlib.import_module("03_train_small_lm").markov_batches
@@ -154,9 +154,9 @@ def main(argv=None):
         for k in ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "NCCL_NVLS_ENABLE"):
             os.environ[k] = "1" if k.startswith("TORCH") else "0"
         if args.moe == "mokgen" and not args.no_overlap:  # NCCL (FSDP) within the SMs the
-            from mokgen.passes.sm_partition import collective_sms  # layers leave free
+            from mokgen.compiler.passes.sm_partition import collective_sms  # layers leave free
 
-            sms = collective_sms(mokgen.hardware.get("H200"))
+            sms = collective_sms(mokgen.compiler.hardware.get("H200"))
             os.environ.setdefault("NCCL_MAX_CTAS", str(sms))
         local = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local)

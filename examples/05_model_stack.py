@@ -25,7 +25,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import mokgen
-from mokgen.api import format_memory, memory_report
+from mokgen.pytorch.api import format_memory, memory_report
 
 
 

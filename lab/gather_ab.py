@@ -1,10 +1,10 @@
 """One rank, bf16: the layer with dispatch="gather" (gathered rows: the GEMMs read x and dy
-where they are, no comm CTAs, no x or dy ring; mokgen/limits.py GATHER), with the forward
+where they are, no comm CTAs, no x or dy ring; mokgen/compiler/limits.py GATHER), with the forward
 gathering alone ("fwd-gather": reverse_combine="pull", the backward's comm CTAs pull x and dy,
 x into a window of a few minibatches: passes/x_window.py; "fwd-gather-whole": into the ring)
 and with the rows copied into rings by comm CTAs (dispatch="pull", reverse_combine="pull":
 the default plan, whose dx rows stay in its dy ring: reverse_dispatch "ring",
-mokgen/passes/dx_rows.py; "pull-push" pushes them into the combine rows instead), on
+mokgen/compiler/passes/dx_rows.py; "pull-push" pushes them into the combine rows instead), on
 SonicMoE's five shapes (peers_sonicmoe.SHAPES). Same inputs, same
 process, each variant measured twice in mirrored order (ABBA), medians of medians: forward and
 training-step TFLOP/s, peak MB (as peers_sonicmoe.measure: workspace included), and the step
@@ -61,8 +61,8 @@ def layer(D, I, E, k, T, **overrides):
 
 
 def prebuild(shapes, variants) -> None:
-    from mokgen.api import build_plans
-    from mokgen.tune import tuned_plan
+    from mokgen.pytorch.api import build_plans
+    from mokgen.compiler.tuned import tuned_plan
     bins = build_plans([tuned_plan(mokgen.MoEShape(E, D, I, k, shared_experts=0), 1, "bf16", T,
                                    **over)
                         for _, T, D, I, E, k in shapes for over in variants.values()],
@@ -97,7 +97,7 @@ def main(argv=None):
     if a.prebuild:
         prebuild(shapes, variants)
         return 0
-    from mokgen.bench import results_commit
+    from mokgen.harness.bench import results_commit
     rows = []
     for name, T, D, I, E, k in shapes:
         flops = 6 * T * k * D * I

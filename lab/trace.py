@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import mokgen  # noqa: E402
-from mokgen.bench import (kernel_times, make_slice, short_kernel_name, sustained_ms,  # noqa: E402
+from mokgen.harness.bench import (kernel_times, make_slice, short_kernel_name, sustained_ms,  # noqa: E402
                           time_ms)
 from mokgen.cli import _gemm  # noqa: E402
 from mokgen.runtime import abi, cuda  # noqa: E402
@@ -269,8 +269,8 @@ def main():
         gemm["gemm_bwd"] = a.gemm_bwd
     shape, ep, n = mokgen.shapes.get(a.shape), a.ep, a.n
     if a.prebuild:
-        from mokgen.api import build_plans
-        from mokgen.tune import tuned_plan
+        from mokgen.pytorch.api import build_plans
+        from mokgen.compiler.tuned import tuned_plan
 
         plan = tuned_plan(shape, ep, a.dtype, n, profile=prof, **gemm, **over)
         bins = build_plans([plan])

@@ -1,25 +1,12 @@
 """mokgen: a compiler of fused, persistent MoE megakernels (Mixture-of-Kittens on Hopper)."""
 from __future__ import annotations
 
-from . import shapes
-from .plan import Plan, initial_plan
-from .shapes import MoEShape
+from mokgen import shapes
+from mokgen.compiler.plan import Plan, initial_plan
+from mokgen.compiler.planner import plan
+from mokgen.shapes import MoEShape
 
 __version__ = "0.1.0"
-
-
-def plan(shape: MoEShape, ep: int, dtype: str = "bf16", tokens_per_rank: int = 2048,
-         **overrides) -> Plan:
-    """Run the planning passes over the layer's task graph (no compiler, no GPU needed), then
-    the kernels' rules (`mokgen.limits`): the view of the annotated graph comes back only if
-    its layer compiles, else ValueError."""
-    from .limits import check
-    from .passes import run
-    from .plan import initial_graph
-
-    p = Plan.of(run(initial_graph(shape, ep, dtype, tokens_per_rank, **overrides)))
-    check(p)
-    return p
 
 
 def compile(shape: MoEShape, ep: int, dtype: str = "bf16", tokens_per_rank: int = 2048,
@@ -35,8 +22,8 @@ def compile(shape: MoEShape, ep: int, dtype: str = "bf16", tokens_per_rank: int 
     unless either is overridden here (or SMs are reserved). `overlap_comm=True`: collectives
     run beside the layer (FSDP gathers on a side stream); the kernels leave them SMs (H200:
     16, passes/sm_partition.py); `reserve_sms=n` forces the count."""
-    from .api import compile_layer
-    from .tune import tuned_plan
+    from mokgen.pytorch.api import compile_layer
+    from mokgen.compiler.tuned import tuned_plan
 
     return compile_layer(tuned_plan(shape, ep, dtype, tokens_per_rank, **overrides),
                          virtual=virtual, group=group, watchdog_s=watchdog_s)
@@ -44,11 +31,11 @@ def compile(shape: MoEShape, ep: int, dtype: str = "bf16", tokens_per_rank: int 
 
 def __getattr__(name):  # the nn.Module pulls in torch.library registration: load on use
     if name == "MoE":
-        from .module import MoE
+        from mokgen.pytorch.module import MoE
 
         return MoE
     if name == "patch":
-        from .integrations.transformers import patch
+        from mokgen.integrations.transformers import patch
 
         return patch
     raise AttributeError(f"module 'mokgen' has no attribute {name!r}")

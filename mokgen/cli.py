@@ -5,8 +5,8 @@ import argparse
 import json
 import sys
 
-from . import plan as make_plan
-from . import shapes
+from mokgen import plan as make_plan
+from mokgen import shapes
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     if argv and argv[0] in ("bench", "tune", "simulate"):  # their own argument parsers
         from importlib import import_module
 
-        return import_module(f"mokgen.{argv[0]}").main(argv[1:])
+        return import_module(f"mokgen.harness.{argv[0]}").main(argv[1:])
     parser = argparse.ArgumentParser(
         prog="python -m mokgen", epilog="also: bench ..., tune ..., simulate ... (see their --help)")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     if args.cmd == "compile":
         return _compile(plan, args.run)
     if args.cmd == "plan":
-        from .api import format_memory, memory_report
+        from mokgen.pytorch.api import format_memory, memory_report
 
         if args.json:
             print(json.dumps({**plan.to_dict(), "memory": memory_report(plan)}, indent=2,
@@ -93,13 +93,13 @@ def main(argv=None) -> int:
             print(plan)
             print(format_memory(memory_report(plan)))
         if args.graph:
-            from . import ir
+            from mokgen.compiler import ir
             print(ir.to_dot(plan.graph) if args.graph == "dot" else ir.to_text(plan.graph))
     return 0
 
 
 def _compile(plan, run: bool) -> int:
-    from .api import compile_layer
+    from mokgen.pytorch.api import compile_layer
 
     print(plan)
     try:
@@ -115,7 +115,7 @@ def _compile(plan, run: bool) -> int:
         print(f"{name:>9} cubin {b.path} ({'cached' if b.cached else 'built'})")
     print(f"build time {layer.build_seconds:.2f} s")
     if run:
-        from .smoke import run_once
+        from mokgen.harness.smoke import run_once
 
         print(run_once(layer))
     return 0

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .plan import Plan
-from .quant import fake_quant
-from .reference import expert_ffn, ffn_backward, route, router_backward
-from .schedule import dispatch_schedule
+from mokgen.compiler.plan import Plan
+from mokgen.quant import fake_quant
+from mokgen.reference import expert_ffn, ffn_backward, route, router_backward
+from mokgen.schedule import dispatch_schedule
 
 
 @dataclass

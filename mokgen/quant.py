@@ -174,7 +174,7 @@ def quantize_weight(w: torch.Tensor, transposed: bool = False):
     if k % BLOCK:  # zeros leave a partial block's scale as it is
         data, scales = quantize_weight(_pad_to(w, -2 if transposed else -1, BLOCK), transposed)
         return data[..., :k], scales
-    from .runtime import cuda
+    from mokgen.runtime import cuda
 
     w = w.contiguous()
     batch = w.numel() // (rows * cols)
@@ -206,7 +206,7 @@ def quantize_weight_blockwise(w: torch.Tensor):
         data, scales = quantize_weight_blockwise(
             _pad_to(_pad_to(w, -2, WEIGHT_BLOCK[0]), -1, WEIGHT_BLOCK[1]))
         return data[..., :rows, :cols], scales
-    from .runtime import cuda
+    from mokgen.runtime import cuda
 
     w = w.contiguous()
     batch = w.numel() // (rows * cols)
@@ -227,10 +227,10 @@ def _quant_function(name: str):
     if not _QUANT_MODULE:
         from pathlib import Path
 
-        from .build import Kernel, build
-        from .runtime import cuda
+        from mokgen.compiler.build import Kernel, build
+        from mokgen.runtime import cuda
 
-        src = (Path(__file__).parent / "templates" / "quant.cu.j2").read_text()
+        src = (Path(__file__).parent / "compiler" / "templates" / "quant.cu.j2").read_text()
         import jinja2
 
         binary = build([Kernel("quant_fp8", jinja2.Template(src).render())])[0]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .schedule import dispatch_schedule
+from mokgen.schedule import dispatch_schedule
 
 
 def route(router_logits: torch.Tensor, topk: int):
@@ -35,7 +35,7 @@ def expert_ffn_quantized(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
     GEMM's K; w1's gate and up rows blocked apart), the SwiGLU output and w2 along I (the down
     GEMM's K), fp32 products and sums of the dequantized operands (mokgen.quant.fake_quant;
     fmt "mxfp8" or "fp8")."""
-    from .quant import fake_quant
+    from mokgen.quant import fake_quant
 
     gate, up = (fake_quant(x, fmt) @ fake_quant(w1, fmt, weight=True, halves=-2).T).chunk(
         2, dim=-1)
@@ -51,7 +51,7 @@ def ffn_backward(x, w1, w2, dy, scale=None, fp8: str | None = None):
     fp8 backward kernel does, each along its own K (the recomputed gate/up as the forward;
     dy and W2 along D; dh, rounded to bf16 first, and W1 along 2I, each of whose gate and up
     halves is blocked apart); the weight gradients stay in full precision."""
-    from .quant import fake_quant
+    from mokgen.quant import fake_quant
 
     fq = (lambda t, weight=False, halves=None: t) if fp8 is None else \
         (lambda t, weight=False, halves=None: fake_quant(t, fp8, weight, halves))

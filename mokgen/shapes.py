@@ -136,7 +136,7 @@ _PRESETS = {
     # databricks/dbrx-base: ffn_config moe_num_experts, ffn_hidden_size, moe_top_k; d_model
     "dbrx": _hf("dbrx", 16, 6144, 10752, 4),
     # Small shapes for tests: same structure, CPU-sized, and within the kernels' widths
-    # (mokgen.limits) so the same plans serve the interpreter and nvcc.
+    # (mokgen.compiler.limits) so the same plans serve the interpreter and nvcc.
     "tiny": MoEShape(8, 256, 128, 2, name="tiny"),
     "small": MoEShape(16, 256, 256, 4, name="small"),
     "small-noshared": MoEShape(16, 256, 256, 4, shared_experts=0, name="small-noshared"),

@@ -5,8 +5,8 @@ import subprocess
 
 import pytest
 
-from mokgen import codegen
-from mokgen.build import INCLUDE_DIR
+from mokgen.compiler import codegen
+from mokgen.compiler.build import INCLUDE_DIR
 from mokgen.runtime import abi
 
 

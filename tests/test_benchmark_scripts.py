@@ -71,10 +71,10 @@ def test_gpu_driver_lists_its_chunks():
 
 
 def test_sustained_ms_refuses_a_window_with_no_call(monkeypatch):
-    """mokgen.bench.sustained_ms (the benchmarks' time at the power cap): a call longer than the
+    """mokgen.harness.bench.sustained_ms (the benchmarks' time at the power cap): a call longer than the
     whole run leaves nothing after the settling time: an error, not a rate made up from the
     settling calls."""
-    from mokgen import bench
+    from mokgen.harness import bench
     now = [0.0]
 
     def call():

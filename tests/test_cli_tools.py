@@ -4,7 +4,8 @@ import json
 import pytest
 
 import mokgen
-from mokgen import tune
+from mokgen.compiler import tuned
+from mokgen.harness import tune
 from mokgen.cli import main
 
 
@@ -52,29 +53,29 @@ def test_backward_candidates_move_only_the_backward_comm_sms():
 
 
 def test_compile_uses_a_stored_winner_unless_overridden(tmp_path, monkeypatch):
-    monkeypatch.setattr(tune, "CONFIG", tune.CONFIG.__class__(
-        **{**tune.CONFIG.__dict__, "cache": tmp_path}))
+    monkeypatch.setattr(tuned, "CONFIG", tuned.CONFIG.__class__(
+        **{**tuned.CONFIG.__dict__, "cache": tmp_path}))
     shape = mokgen.shapes.get("gpu-small")
-    assert tune.load_tuned(shape, 2, "bf16", 512) == {}
-    path = tune.tuned_file(shape, 2, "bf16", 512)
+    assert tuned.load_tuned(shape, 2, "bf16", 512) == {}
+    path = tuned.tuned_file(shape, 2, "bf16", 512)
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"best": {"minibatch": 256, "comm_sms_fwd": 9,
                                          "measured_ms": 1.0}}))
-    assert tune.load_tuned(shape, 2, "bf16", 512) == {"minibatch": 256, "comm_sms_fwd": 9}
+    assert tuned.load_tuned(shape, 2, "bf16", 512) == {"minibatch": 256, "comm_sms_fwd": 9}
     best = {"minibatch": 256, "comm_sms_fwd": 9, "comm_sms_bwd": 5, "measured_ms": 1.0}
     path.write_text(json.dumps({"best": best}))
-    assert tune.load_tuned(shape, 2, "bf16", 512) == {"minibatch": 256, "comm_sms_fwd": 9,
+    assert tuned.load_tuned(shape, 2, "bf16", 512) == {"minibatch": 256, "comm_sms_fwd": 9,
                                                       "comm_sms_bwd": 5}
     # gathered rows (one rank) run no comm CTAs: a result tuned for copied rows stays out
-    one = tune.tuned_file(shape, 1, "bf16", 512)
+    one = tuned.tuned_file(shape, 1, "bf16", 512)
     one.write_text(json.dumps({"best": best}))
-    assert tune.tuned_plan(shape, 1, "bf16", 512).comm_sms_fwd == 9
+    assert tuned.tuned_plan(shape, 1, "bf16", 512).comm_sms_fwd == 9
     # a keep_h plan (one rank, bf16: the default) takes no tuned backward comm SMs: its two
     # backward kernels (resident twin, x-pulling) want different counts; keep_h=False does
-    kept, plain = (tune.tuned_plan(shape, 1, "bf16", 512, **kw) for kw in ({}, {"keep_h": False}))
+    kept, plain = (tuned.tuned_plan(shape, 1, "bf16", 512, **kw) for kw in ({}, {"keep_h": False}))
     assert kept.keep_h and kept.comm_sms_bwd != 5 and not kept.is_forced("comm_sms_bwd")
     assert not plain.keep_h and plain.comm_sms_bwd == 5
-    g = tune.tuned_plan(shape, 1, "bf16", 512, dispatch="gather")
+    g = tuned.tuned_plan(shape, 1, "bf16", 512, dispatch="gather")
     assert (g.dispatch, g.comm_sms_fwd, g.comm_sms_bwd) == ("gather", 0, 0)
     import shutil
 
@@ -86,7 +87,7 @@ def test_compile_uses_a_stored_winner_unless_overridden(tmp_path, monkeypatch):
     layer = mokgen.compile(shape, ep=2, tokens_per_rank=512, minibatch=128)
     assert layer.plan.minibatch == 128 and layer.plan.comm_sms_fwd != 9
     path.write_text("{broken")
-    assert tune.load_tuned(shape, 2, "bf16", 512) == {}
+    assert tuned.load_tuned(shape, 2, "bf16", 512) == {}
 
 
 def test_gemm_flags_name_the_config_fields():
@@ -94,7 +95,7 @@ def test_gemm_flags_name_the_config_fields():
     import argparse
 
     from mokgen.cli import _gemm
-    from mokgen.ir.ops import GemmConfig
+    from mokgen.compiler.ir.ops import GemmConfig
     assert GemmConfig(*_gemm("128x256x4")) == GemmConfig(128, 256, 4)
     for flag, field in (("pp", "pingpong"), ("sw", "signal_warp"), ("solo", "solo"),
                         ("pair", "pair")):

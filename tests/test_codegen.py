@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 import mokgen
-from mokgen import build, codegen, limits
+from mokgen.compiler import build, codegen, limits
 from mokgen.runtime import abi
 
 from conftest import assert_spills_within_known
@@ -105,7 +105,7 @@ def _build_in(cache):
     import mokgen.config
 
     importlib.reload(mokgen.config)
-    from mokgen import build as b
+    from mokgen.compiler import build as b
 
     importlib.reload(b)
     k = b.Kernel("race", '#include "mokgen/sync.cuh"\nextern "C" __global__ void k(int* p) '
@@ -279,7 +279,7 @@ def test_keep_h_plans_add_the_default_backward_for_resident_calls(name, tokens):
     in its first line, with the default plan's (smaller) backward comm CTA count; its own
     backward pulls x (XPULL) with more. Other plans emit no second backward; a forced
     comm_sms_bwd stays forced in the twin."""
-    from mokgen.plan import resident_twin
+    from mokgen.compiler.planner import resident_twin
 
     shape = mokgen.shapes.get(name)
     kh = mokgen.plan(shape, ep=1, tokens_per_rank=tokens)
@@ -383,7 +383,7 @@ WIDTHS_8 = {"tail16": (mokgen.MoEShape(8, 1040, 720, 2, shared_intermediate=336)
 
 
 def test_width_rules():
-    """mokgen.limits is the one statement of the kernels' width rules."""
+    """mokgen.compiler.limits is the one statement of the kernels' width rules."""
     ok = mokgen.plan(mokgen.MoEShape(8, 1032, 712, 2, shared_intermediate=328), ep=2)
     limits.check(ok)
     assert codegen.backward_unsupported(ok) is None

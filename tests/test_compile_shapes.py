@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 import mokgen
-from mokgen import codegen, limits
+from mokgen.compiler import codegen, limits
 from mokgen.shapes import PRESETS_MODELS
 from conftest import assert_spills_within_known
 from test_limits import REFUSED, ep_over_one
@@ -122,7 +122,7 @@ def test_model_presets_compile_without_spills(name):
 def test_routing_extremes_compile_without_spills():
     """The prologue (routing, schedule) at the ends of the expert and top-k ranges: one expert,
     33 (one lane-column past 32), 1024 with k = 32 (32 logits per lane)."""
-    from mokgen import build
+    from mokgen.compiler import build
 
     plans = [mokgen.plan(mokgen.MoEShape(e, 256, 128, k), ep=ep, tokens_per_rank=256)
              for e, k, ep in ((1, 1, 1), (33, 32, 3), (1024, 32, 8))]

@@ -10,11 +10,11 @@ import shutil
 import pytest
 
 import mokgen
-from mokgen import codegen, ir, limits
-from mokgen.api import layer_spec
-from mokgen.ir import GemmConfig, OpKind
-from mokgen.lower import lower, op_params
-from mokgen.plan import OVERRIDABLE, Plan
+from mokgen.compiler import codegen, ir, limits
+from mokgen.compiler.lower import layer_spec
+from mokgen.compiler.ir import GemmConfig, OpKind
+from mokgen.compiler.lower import lower, op_params
+from mokgen.compiler.plan import OVERRIDABLE, Plan
 from mokgen.runtime.workspace import backward_tiles
 
 SHAPE = mokgen.shapes.get("gpu-small")
@@ -50,7 +50,7 @@ FLIPS = {
     "x_slots": (4, "x_slots needs ep == 1"),
     # likewise one rank only (its source change: tests/test_memory.py)
     "keep_h": (True, "keep_h needs ep == 1"),
-    "arch": ("sm_100a", "sm_90a"),  # plans for other GPUs serve mokgen.simulate only
+    "arch": ("sm_100a", "sm_90a"),  # plans for other GPUs serve mokgen.harness.simulate only
     "reserve_sms": (16, {"fwd", "bwd"}),
     "overlap_comm": (True, {"fwd", "bwd"}),
     "profile": (("no_routed_wgrad",), {"fwd", "bwd"}),
@@ -284,8 +284,8 @@ def test_epilogue_staging_takes_the_room_the_stages_leave():
     stages for a row block's every chunk (BN / 64 boxes a warpgroup: no wait on its own
     stores); the kernel's GemmCfg checks the total against 227 KB when it compiles. The
     forward takes 32 KB of it (4 KB a consumer warp: its staged down rows), none in fp8."""
-    from mokgen.ir import GemmConfig
-    from mokgen.lower import stage_bytes
+    from mokgen.compiler.ir import GemmConfig
+    from mokgen.compiler.lower import stage_bytes
 
     assert [stage_bytes(GemmConfig(bm=128, bn=256, stages=st)) for st in (4, 3, 2)] \
         == [32768, 65536, 65536]
@@ -302,7 +302,7 @@ def test_the_hosts_engine_bytes_are_gemm_test_cus():
     import os
     import re
 
-    from mokgen.lower import smem_bytes
+    from mokgen.compiler.lower import smem_bytes
 
     src = open(os.path.join(os.path.dirname(mokgen.__file__),
                             "runtime/include/mokgen/tests/gemm_test.cu")).read()

@@ -7,11 +7,11 @@ import itertools
 import pytest
 
 import mokgen
-from mokgen import build, codegen, hardware
-from mokgen.api import layer_spec
-from mokgen.passes.comm_direction import (backward_costs, choose_backward, choose_forward,
+from mokgen.compiler import build, codegen, hardware
+from mokgen.compiler.lower import layer_spec
+from mokgen.compiler.passes.comm_direction import (backward_costs, choose_backward, choose_forward,
                                           forward_costs)
-from mokgen.passes.ring import ring_row_bytes
+from mokgen.compiler.passes.ring import ring_row_bytes
 from mokgen.runtime import abi
 from mokgen.runtime.peers import BWD_DIR_KINDS, DIR_KINDS, peer_shapes
 from mokgen.runtime.workspace import workspace_bytes
@@ -324,7 +324,7 @@ def test_prebuild_covers_the_multigpu_direction_tests():
     tests compile (gpu-small, 700 tokens, a wrapping ring), each direction of each pass."""
     from benchmark_scripts import load
 
-    from mokgen.workloads import backward_direction_layers, direction_layers
+    from mokgen.harness.workloads import backward_direction_layers, direction_layers
 
     pinned = dict(minibatch=128, macrobatch=256)
     want = [mokgen.plan(SHAPE, **kw) for kws in (direction_layers(SHAPE, 2, 700, **pinned),

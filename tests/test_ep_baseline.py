@@ -10,7 +10,7 @@ import torch
 
 import mokgen
 from mokgen import reference
-from mokgen.ep_baseline import EPBaseline, dispatch_layout
+from mokgen.harness.ep_baseline import EPBaseline, dispatch_layout
 
 
 class ListExchange:

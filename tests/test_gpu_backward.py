@@ -7,10 +7,11 @@ import pytest
 import torch
 
 import mokgen
-from mokgen.api import layer_spec, memory_report
-from mokgen.ir import GemmConfig
-from mokgen.lower import smem_bytes
-from mokgen.workloads import cosine, make_inputs, reference_grads, rel_error
+from mokgen.compiler.lower import layer_spec
+from mokgen.pytorch.api import memory_report
+from mokgen.compiler.ir import GemmConfig
+from mokgen.compiler.lower import smem_bytes
+from mokgen.harness.workloads import cosine, make_inputs, reference_grads, rel_error
 
 pytestmark = pytest.mark.gpu
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -339,7 +340,7 @@ def test_keep_h_modules_through_the_custom_ops():
 
 
 def ops_kernels(module):
-    from mokgen import ops
+    from mokgen.pytorch import ops
     return ops.kernels_of(module._layer).layer()
 
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from mokgen.build import INCLUDE_DIR
+from mokgen.compiler.build import INCLUDE_DIR
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import mokgen
-from mokgen.workloads import (BACKWARD_DIRECTIONS, FORWARD_DIRECTIONS,
+from mokgen.harness.workloads import (BACKWARD_DIRECTIONS, FORWARD_DIRECTIONS,
                               backward_direction_layers, cosine, direction_layers, make_inputs,
                               reference_grads, reference_outputs, rel_error)
 

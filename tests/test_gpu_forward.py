@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import mokgen
-from mokgen.workloads import make_inputs, reference_outputs, rel_error
+from mokgen.harness.workloads import make_inputs, reference_outputs, rel_error
 
 pytestmark = pytest.mark.gpu
 

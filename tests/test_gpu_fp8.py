@@ -5,7 +5,7 @@ import torch
 
 import mokgen
 from mokgen import quant
-from mokgen.workloads import cosine, make_inputs, reference_grads, reference_outputs, rel_error
+from mokgen.harness.workloads import cosine, make_inputs, reference_grads, reference_outputs, rel_error
 
 pytestmark = pytest.mark.gpu
 FORMATS = ["fp8", "mxfp8"]

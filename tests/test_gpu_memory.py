@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import mokgen
-from mokgen.workloads import cosine, make_inputs, reference_outputs, rel_error
+from mokgen.harness.workloads import cosine, make_inputs, reference_outputs, rel_error
 
 pytestmark = pytest.mark.gpu
 SHAPE = mokgen.shapes.get("gpu-small")
@@ -43,7 +43,7 @@ def step(model, x, dy):
 
 
 def runtime_of(moe):
-    return mokgen.ops.kernels_of(moe._layer).compiled.runtime()
+    return mokgen.pytorch.ops.kernels_of(moe._layer).compiled.runtime()
 
 
 def warm_cublas():
@@ -69,7 +69,7 @@ def test_layers_share_one_workspace_and_it_goes_with_the_last():
     assert all(r["layers_sharing"] == 4 for r in reports)
     assert len({r["workspace"] for r in reports}) == 1 and reports[0]["workspace"] > 0
     assert len({id(runtime_of(m)) for m in model.moes}) == 1
-    plan_ws = mokgen.api.memory_report(model.moes[0].plan)["workspace"]
+    plan_ws = mokgen.pytorch.api.memory_report(model.moes[0].plan)["workspace"]
     # one rank hosted without staging: the plan's per-rank figure less the staged x and dy
     staged = 2 * TOKENS * SHAPE.hidden * 2
     assert reports[0]["workspace"] == plan_ws["total"] - staged
@@ -122,7 +122,7 @@ def test_keep_h_checkpointed_frees_the_kept_h_and_matches_bitwise():
     op, so the checkpoint frees it with the forward (what the forwards leave allocated is
     lower by at least every layer's kept bytes) and the backward gets the re-run forward's:
     gradients bitwise those of the same stack without checkpointing, nothing replayed."""
-    from mokgen.api import layer_spec
+    from mokgen.compiler.lower import layer_spec
     from mokgen.runtime.workspace import KeptActivations
 
     torch.manual_seed(0)

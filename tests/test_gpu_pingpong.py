@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import mokgen
-from mokgen.ir.ops import GemmConfig
-from mokgen.limits import DEFAULT_GEMM
-from mokgen.workloads import make_inputs, reference_grads, reference_outputs, rel_error
+from mokgen.compiler.ir.ops import GemmConfig
+from mokgen.compiler.limits import DEFAULT_GEMM
+from mokgen.harness.workloads import make_inputs, reference_grads, reference_outputs, rel_error
 
 from test_gpu_backward import check, gemm_test_module, grads_of
 

@@ -15,7 +15,7 @@ _RIGS = {}
 
 def rig(E, k, ep, tokens):
     """One built prologue per layout (E, k, ep, tokens per rank), reused across cases."""
-    from mokgen.standalone import StandalonePrologue
+    from mokgen.harness.standalone import StandalonePrologue
 
     key = (E, k, ep, tokens)
     if key not in _RIGS:

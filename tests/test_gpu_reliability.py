@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import mokgen
-from mokgen.workloads import make_inputs, reference_outputs, rel_error
+from mokgen.harness.workloads import make_inputs, reference_outputs, rel_error
 
 pytestmark = pytest.mark.gpu
 SHAPE = mokgen.shapes.get("gpu-small")
@@ -112,7 +112,7 @@ _CHILD = """
 import hashlib, sys, torch
 sys.path.insert(0, {root!r})
 import mokgen
-from mokgen.workloads import make_inputs
+from mokgen.harness.workloads import make_inputs
 shape = mokgen.shapes.get("gpu-small")
 inputs = make_inputs(shape, 4, 500, seed=1234)
 ys = mokgen.compile(shape, ep=4, tokens_per_rank=500, virtual=True)(**inputs)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import mokgen
-from mokgen.workloads import make_inputs, reference_grads, reference_outputs, rel_error
+from mokgen.harness.workloads import make_inputs, reference_grads, reference_outputs, rel_error
 from test_gpu_backward import _equal_grads, check, grads_of, stale_grads
 
 pytestmark = pytest.mark.gpu

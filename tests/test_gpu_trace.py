@@ -8,7 +8,7 @@ import torch
 
 import mokgen
 from mokgen.runtime import abi, cuda
-from mokgen.workloads import make_inputs
+from mokgen.harness.workloads import make_inputs
 from test_gpu_backward import NAMES
 
 pytestmark = pytest.mark.gpu

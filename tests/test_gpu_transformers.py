@@ -99,7 +99,7 @@ def test_fused_grad_accumulation_in_a_patched_model(family, monkeypatch):
     Whether the fused path ran is asked of ops._accumulate_into, not read off the sums: the
     kernels' TMA-stored tiles round the gradient to bf16 before adding, as autograd does, so
     both paths may agree bitwise."""
-    from mokgen import ops
+    from mokgen.pytorch import ops
     fused_calls = []  # per micro-batch: per layer, whether it added into .grad
     accumulate_into = ops._accumulate_into
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import mokgen
-from mokgen.workloads import (cosine, make_inputs, reference_grads, reference_outputs,
+from mokgen.harness.workloads import (cosine, make_inputs, reference_grads, reference_outputs,
                               rel_error)
 
 pytestmark = pytest.mark.gpu

@@ -6,7 +6,7 @@ import re
 import networkx as nx
 import pytest
 
-from mokgen.ir import (Buffer, Op, OpKind, build_graph, comm_ops, ops, reads, to_dot, to_text,
+from mokgen.compiler.ir import (Buffer, Op, OpKind, build_graph, comm_ops, ops, reads, to_dot, to_text,
                        validate, writes)
 from mokgen.shapes import MoEShape, get
 

@@ -1,10 +1,10 @@
-"""The kernels' rules at plan time (mokgen.limits) and the public models' presets (CPU)."""
+"""The kernels' rules at plan time (mokgen.compiler.limits) and the public models' presets (CPU)."""
 import re
 
 import pytest
 
 import mokgen
-from mokgen import codegen, limits
+from mokgen.compiler import codegen, limits
 from mokgen.shapes import PRESETS_MODELS, get
 
 # Presets the kernels refuse today (bf16), with the field that says why: none since edge

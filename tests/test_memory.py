@@ -9,10 +9,12 @@ import pytest
 import torch
 
 import mokgen
-from mokgen import codegen, ops
-from mokgen.api import layer_spec, memory_report
+from mokgen.compiler import codegen
+from mokgen.pytorch import ops
+from mokgen.compiler.lower import layer_spec
+from mokgen.pytorch.api import memory_report
 from mokgen.cli import main as cli
-from mokgen.plan import Plan
+from mokgen.compiler.plan import Plan
 from mokgen.runtime.workspace import BackwardScratch, KeptActivations, live_workspaces, shared
 
 QWEN3_30B = mokgen.MoEShape(128, 2048, 768, 8, shared_experts=0)
@@ -247,7 +249,7 @@ def test_rel_error_in_pieces_matches_the_plain_formula():
     as the one-shot formula, whatever the piece size; broadcasting still works."""
     import torch
 
-    from mokgen.workloads import rel_error
+    from mokgen.harness.workloads import rel_error
     g = torch.Generator().manual_seed(0)
     a = torch.randn(300, 77, generator=g).bfloat16()
     b = (a.float() + 1e-2 * torch.randn(300, 77, generator=g)).bfloat16()
@@ -260,7 +262,7 @@ def test_rel_error_in_pieces_matches_the_plain_formula():
 
 
 class _KeepingLayer:
-    """A keep_h layer's forward_raw / backward_raw (mokgen.api.CompiledMoE's) in torch on the
+    """A keep_h layer's forward_raw / backward_raw (mokgen.pytorch.api.CompiledMoE's) in torch on the
     CPU: y = 2 x, and each forward keeps a fresh h = x + 1 (KeptActivations, one hosted
     rank), which the backward records."""
 
@@ -287,7 +289,7 @@ def test_compiled_layer_saves_its_kept_activations_as_saved_tensors(checkpointed
     for every layer until its backward, checkpointed or not."""
     from torch.utils.checkpoint import checkpoint
 
-    from mokgen.api import _MoEFunction
+    from mokgen.pytorch.api import _MoEFunction
 
     layer = _KeepingLayer()
     x = torch.randn(6, 8, requires_grad=True)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import mokgen
-from mokgen import ops
+from mokgen.pytorch import ops
 from mokgen.reference import ReferenceMoE
 
 SHAPE = mokgen.shapes.get("small")  # E=16 D=256 I=256 k=4, shared expert

@@ -14,7 +14,7 @@ import torch
 
 import mokgen
 from mokgen import reference
-from mokgen.workloads import (backward_direction_layers, cosine, direction_layers,
+from mokgen.harness.workloads import (backward_direction_layers, cosine, direction_layers,
                               make_inputs, reference_grads, reference_outputs, rel_error)
 
 pytestmark = pytest.mark.multigpu

@@ -105,7 +105,7 @@ def _rank_main(mode: str) -> None:
     import torch.distributed as dist
 
     import mokgen
-    from mokgen.workloads import make_inputs
+    from mokgen.harness.workloads import make_inputs
 
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(rank)

@@ -4,11 +4,11 @@ import json
 import pytest
 
 import mokgen
-from mokgen import codegen, ir, limits, passes
+from mokgen.compiler import codegen, ir, limits, passes
 from mokgen.cli import main
-from mokgen.ir import OpKind
-from mokgen.plan import COMM_OPS, Plan, initial_graph
-from mokgen.passes.comm_direction import signal_counts
+from mokgen.compiler.ir import OpKind
+from mokgen.compiler.plan import COMM_OPS, Plan, initial_graph
+from mokgen.compiler.passes.comm_direction import signal_counts
 
 PRESETS = ("kimi-k2.7", "glm-5.2", "qwen3.5-397b-a17b", "deepseek-v4-pro")
 
@@ -193,8 +193,8 @@ def test_granularity_weight_rereads():
     minibatch, counts a byte an element for fp8, the backward's reads only when asked, and
     moves few large experts (Mixtral-8x7B, 352 MB an expert) to larger minibatches than the
     flag and wave terms alone chose (512; measured: NOTES, ninth session)."""
-    from mokgen import hardware
-    from mokgen.passes.granularity import minibatch_cost, weight_reread_s
+    from mokgen.compiler import hardware
+    from mokgen.compiler.passes.granularity import minibatch_cost, weight_reread_s
 
     gpu = hardware.get("H200")
     mix = mokgen.shapes.get("mixtral-8x7b")
@@ -217,7 +217,7 @@ def test_granularity_rereads_move_large_experts_only(monkeypatch):
     compute (REREAD_MARGIN): Mixtral-8x7B's 352 MB experts, not Qwen3-235B's 38 MB ones."""
     import sys
 
-    g = sys.modules["mokgen.passes.granularity"]
+    g = sys.modules["mokgen.compiler.passes.granularity"]
     cases = [(mokgen.shapes.get("mixtral-8x7b"), 1), (mokgen.shapes.get("qwen3-235b-a22b"), 1)]
     picks = lambda: [mokgen.plan(s, ep=ep, tokens_per_rank=4096).minibatch  # noqa: E731
                      for s, ep in cases]
@@ -268,15 +268,15 @@ def test_cli_plan(capsys):
 def test_reserve_sms_leaves_sms_to_collectives():
     """reserve_sms (forced) or overlap_comm (the pass's default) shrinks the launch; the
     comm/compute split is re-chosen within the CTAs left; the source's CTA constant follows."""
-    from mokgen import codegen
-    from mokgen.passes.sm_partition import collective_sms
+    from mokgen.compiler import codegen
+    from mokgen.compiler.passes.sm_partition import collective_sms
     from mokgen.runtime.checks import check_ctas
 
     s = mokgen.shapes.get("kimi-k2.7")
     full = mokgen.plan(s, ep=64, tokens_per_rank=2048)
     assert (full.num_sms, full.reserve_sms) == (132, 0)
     auto = mokgen.plan(s, ep=64, tokens_per_rank=2048, overlap_comm=True)
-    assert auto.reserve_sms == collective_sms(mokgen.hardware.H200) == 16
+    assert auto.reserve_sms == collective_sms(mokgen.compiler.hardware.H200) == 16
     assert auto.num_sms == 116 and auto.comm_sms_fwd < auto.num_sms
     assert "16 SMs left to collectives" in str(auto)
     forced = mokgen.plan(s, ep=64, tokens_per_rank=2048, reserve_sms=40, overlap_comm=True)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import mokgen
-from mokgen import build
+from mokgen.compiler import build
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 SHAPE = mokgen.shapes.get("gpu-small")  # E=32 D=1024 I=512 k=4, one shared expert

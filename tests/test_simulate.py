@@ -1,11 +1,12 @@
-"""The deployment simulator (mokgen.simulate) and its command: pure CPU."""
+"""The deployment simulator (mokgen.harness.simulate) and its command: pure CPU."""
 import json
 from pathlib import Path
 
 import pytest
 
 import mokgen
-from mokgen import codegen, simulate
+from mokgen.compiler import codegen
+from mokgen.harness import simulate
 from mokgen.cli import main
 
 KIMI = mokgen.shapes.get("kimi-k2.7")

@@ -10,7 +10,7 @@ transformers = pytest.importorskip("transformers")
 import mokgen  # noqa: E402
 from mokgen.integrations.transformers import PatchedMoEBlock, patch  # noqa: E402
 
-# Widths within the kernels' rules (mokgen.limits): mokgen.plan refuses others, whatever the backend.
+# Widths within the kernels' rules (mokgen.compiler.limits): mokgen.compiler.plan refuses others, whatever the backend.
 COMMON = dict(vocab_size=128, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2)
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import plan as make_plan
-from ..module import LayerRegistration, group_size_rank
-from ..shapes import MoEShape
-from .. import ops
+from mokgen import plan as make_plan
+from mokgen.pytorch.module import LayerRegistration, group_size_rank
+from mokgen.shapes import MoEShape
+from mokgen.pytorch import ops
 
 # block class -> attribute of its shared expert (None: the family has none)
 FAMILIES = {
@@ -74,7 +74,7 @@ class PatchedMoEBlock(nn.Module):
     def expert_grads(self, w1: torch.Tensor, w2: torch.Tensor):
         """The slices of gate_up_proj.grad / down_proj.grad of this rank's experts when the
         call's weights are those parameters' slices (forward uses exactly these views), else
-        None. Read by the fused gradient accumulation (mokgen.ops._accumulate_into)."""
+        None. Read by the fused gradient accumulation (mokgen.pytorch.ops._accumulate_into)."""
         p1, p2 = self.expert_params()
         if self._local(p1).data_ptr() != w1.data_ptr() or \
                 self._local(p2).data_ptr() != w2.data_ptr():

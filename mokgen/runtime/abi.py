@@ -4,7 +4,7 @@ The kernels take structs by value (FwdBuffers, BwdBuffers, BwdMaps, Fp8Maps, Fp8
 report watchdog phases by number. This module is the one description of them: the host packs
 every struct from it by field name (`pack`, `pack_maps`: a missing or unknown name is an
 error, never a shifted field), and codegen renders from it the static_asserts that fail the
-build when a header's struct drifts (`mokgen.codegen.abi_checks`: offset of every field and
+build when a header's struct drifts (`mokgen.compiler.codegen.abi_checks`: offset of every field and
 the struct's size; the value of every phase constant). The runtime imports nothing from the
 compiler: codegen reads this module, not the other way round.
 """

@@ -308,7 +308,7 @@ _SWIZZLE = {
 }
 
 
-from .abi import TENSOR_MAP_BYTES  # noqa: E402 - sizeof(CUtensorMap)
+from mokgen.runtime.abi import TENSOR_MAP_BYTES  # noqa: E402 - sizeof(CUtensorMap)
 
 
 def tensor_map_bytes(m: cu.CUtensorMap) -> bytes:

@@ -17,12 +17,12 @@ from collections import OrderedDict
 
 import torch
 
-from . import abi, cuda
-from .abi import padded
-from .checks import check_ctas
-from .peers import PeerSet
-from .prologue import Prologue, warp_per_token_grid
-from .workspace import (KeptActivations, LayerSpec, RankBuffers,  # noqa: F401 - LayerSpec:
+from mokgen.runtime import abi, cuda
+from mokgen.runtime.abi import padded
+from mokgen.runtime.checks import check_ctas
+from mokgen.runtime.peers import PeerSet
+from mokgen.runtime.prologue import Prologue, warp_per_token_grid
+from mokgen.runtime.workspace import (KeptActivations, LayerSpec, RankBuffers,  # noqa: F401 - LayerSpec:
                         activation_buffers)  # re-exported
 
 BF16 = torch.bfloat16
@@ -500,7 +500,7 @@ class WeightCache:
     def _transpose(self, w, data, scales):
         """w [L, rows, cols] (padded) and its forward quantization -> ([L*cols, rows],
         scales)."""
-        from .. import quant
+        from mokgen import quant
 
         L, rows, cols = w.shape
         if self.q == 128:
@@ -511,7 +511,7 @@ class WeightCache:
         return self._mx_layout(d.reshape(L * cols, rows), sc.reshape(L * cols, rows // 32))
 
     def quantize(self, w):
-        from .. import quant
+        from mokgen import quant
 
         w2d = w.reshape(-1, w.shape[-1])
         if self.q == 128:
@@ -521,7 +521,7 @@ class WeightCache:
 
     @staticmethod
     def _mx_layout(data, scales):
-        from .. import quant
+        from mokgen import quant
 
         s = torch.exp2(scales.float() - quant.SCALE_BIAS)
         s = torch.where(scales == quant.SCALE_NAN, torch.full_like(s, float("nan")), s)

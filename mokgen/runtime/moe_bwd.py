@@ -22,10 +22,10 @@ from typing import NamedTuple
 
 import torch
 
-from . import abi, cuda
-from .abi import padded
-from .checks import check_ctas
-from .workspace import BF16, BackwardScratch, activation_buffers, backward_ring_dy, backward_tiles
+from mokgen.runtime import abi, cuda
+from mokgen.runtime.abi import padded
+from mokgen.runtime.checks import check_ctas
+from mokgen.runtime.workspace import BF16, BackwardScratch, activation_buffers, backward_ring_dy, backward_tiles
 
 
 class _Kernel(NamedTuple):

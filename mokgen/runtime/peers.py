@@ -13,7 +13,7 @@ import struct
 
 import torch
 
-from .abi import XFLAG_WORDS  # cross-rank words per minibatch (direction.cuh)
+from mokgen.runtime.abi import XFLAG_WORDS  # cross-rank words per minibatch (direction.cuh)
 
 KINDS = ("routes", "weights", "combine", "x", "dy", "dweight", "flags", "xq")
 STAGED = ("x", "dy")  # callers' tensors, staged in symmetric memory by real ranks only

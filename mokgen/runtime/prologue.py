@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import struct
 
-from . import abi, cuda
+from mokgen.runtime import abi, cuda
 
 
 def warp_per_token_grid(n: int) -> int:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .abi import padded, sched_chunks
-from .peers import peer_shapes
+from mokgen.runtime.abi import padded, sched_chunks
+from mokgen.runtime.peers import peer_shapes
 
 BF16 = torch.bfloat16
 
@@ -58,7 +58,7 @@ class LayerSpec:
     @property
     def gather(self) -> bool:
         """No x or dy ring: both directions' GEMMs gather those rows from the caller's tensors
-        (one rank, bf16; mokgen/limits.py GATHER). A forward that gathers alone
+        (one rank, bf16; mokgen/compiler/limits.py GATHER). A forward that gathers alone
         (reverse_combine "pull") leaves both rings to the backward."""
         return self.reverse_combine == "gather"
 

@@ -26,7 +26,7 @@ __device__ void route_tokens(const float* __restrict__ logits, int n_tokens, int
   // past E hold -inf and are never candidates (the e < E test below), so any E works.
   constexpr int PER_LANE = (E + 31) / 32;
   static_assert(PER_LANE <= 32, "at most 1024 experts: the picked-expert mask is one 32-bit "
-                                "word per lane (mokgen.limits refuses more at plan time)");
+                                "word per lane (mokgen.compiler.limits refuses more at plan time)");
   const int lane = threadIdx.x % 32;
   const int warps = gridDim.x * blockDim.x / 32;
   for (int t = (blockIdx.x * blockDim.x + threadIdx.x) / 32; t < n_tokens; t += warps) {

@@ -325,7 +325,7 @@ template <int TN, int ST = TN == 128 ? 6 : 5>
 using PtCfg = GemmCfg<TN, ST>;
 static_assert(PtCfg<128>::SMEM_BYTES == 197928 && PtCfg<192>::SMEM_BYTES == 206104 &&
                   PtCfg<128, 4>::SMEM_BYTES == 132360,
-              "mokgen/lower.py smem_bytes() sizes the launches alike (tests/test_decisions.py)");
+              "mokgen/compiler/lower.py smem_bytes() sizes the launches alike (tests/test_decisions.py)");
 
 template <int TR, int TN, int ST>
 __device__ void plain_pt(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMap* tb,
@@ -426,7 +426,7 @@ MOKGEN_PLAIN_PT(gemm_plain_t2_pt192, 2, 192, 5)
 // tasks from an atomic counter. m_coop = 0: every task solo; m_coop = M / 128: none.
 using SoloCfg = GemmCfg<256, 4, 0, 0, 4, false, false, 0, true>;
 static_assert(SoloCfg::SMEM_BYTES == 197912,  // CoopCfg's and the two hand barriers
-              "mokgen/lower.py smem_bytes() sizes the launch alike (tests/test_decisions.py)");
+              "mokgen/compiler/lower.py smem_bytes() sizes the launch alike (tests/test_decisions.py)");
 
 template <class Cfg>
 struct MixedProblem {

@@ -1,0 +1,165 @@
+"""Annotated task graph -> each kernel's template parameters, operator by operator.
+
+Every op contributes the parameters its annotations decide: a comm op its launch's comm CTAs,
+a compute op the rest, a GEMM op the tile engine's BM x BN x stages and consumer schedule, an
+op on the ring the minibatch and ring rows, an op touching e4m3 data the scale block, the
+schedule the tile its expert regions are padded to, a forward comm op its direction's kernel
+variant. A kernel instantiates each parameter once, so two of its ops asking for different
+values is a plan it cannot run: ValueError naming both.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mokgen.compiler import ir
+from mokgen.compiler.ir import OpKind
+from mokgen.compiler.limits import x_window_slots
+
+if TYPE_CHECKING:
+    from mokgen.compiler.plan import Plan
+
+# annotation -> template parameter it sets
+_PARAMS = {"gemm": "gemm", "minibatch": "minibatch", "ring_rows": "ring_rows",
+           "scale_block": "scale_block", "pad_rows": "block_m", "x_slots": "x_slots"}
+
+
+def op_params(op: ir.Op) -> dict:
+    """The template parameters one annotated op decides."""
+    a = dict(op.attrs)
+    out = {p: a[k] for k, p in _PARAMS.items() if k in a}
+    if "sm_role" in a:
+        out["comm_sms" if a["sm_role"] == "comm" else "compute_ctas"] = a["ctas"]
+    if "gemm" in a:
+        out["block_m"] = a["gemm"].bm
+    # each comm op picks its kernel variant (moe_fwd.cuh DPUSH, CPULL; moe_bwd.cuh RCPUSH,
+    # RDPULL)
+    if op.comm in _VARIANT and "comm_direction" in a:
+        param, flipped = _VARIANT[op.comm]
+        out[param] = a["comm_direction"] == flipped
+        if a["comm_direction"] == "gather":  # no copy: the GEMMs read the rows in place
+            out["gather"] = True
+        if a["comm_direction"] == "ring":  # dx rows over their dy rows (passes/dx_rows.py)
+            out["dx_ring"] = True
+    return out
+
+
+# comm op -> (template parameter, the direction that sets it: not the paper's)
+_VARIANT = {"dispatch": ("dispatch_push", "push"), "combine": ("combine_pull", "pull"),
+            "reverse_combine": ("reverse_combine_push", "push"),
+            "reverse_dispatch": ("reverse_dispatch_pull", "pull")}
+
+
+# the forward's staging: 4 KB for each of 8 consumer warps (moe_fwd.cuh kWarpStage, which
+# asserts this total)
+FWD_STAGE_BYTES = 8 * 4096
+
+
+def engine_bytes(gemm: ir.GemmConfig) -> int:
+    """GemmCfg's ENGINE_BYTES (gemm_types.cuh; bf16, 4 task slots): the stages, their and the
+    task slots' barriers, the slots, the signal warp's 16 bytes, PAIR's mailbox, the
+    scheduler's `taken` barrier and SOLO's two hand barriers. The one mirror of that layout
+    on the host."""
+    slots, mail_slots = 4, 4
+    return gemm.stages * (gemm.bm + gemm.bn) * 64 * 2 + 8 * (2 * gemm.stages + 2 * slots) \
+        + 32 * slots + (16 if gemm.signal_warp and not gemm.pair else 0) \
+        + (16 + mail_slots * 20 if gemm.pair else 0) + 8 + (16 if gemm.solo else 0)
+
+
+def smem_bytes(gemm: ir.GemmConfig) -> int:
+    """GemmCfg's SMEM_BYTES with no epilogue staging (EPI_BYTES 0): the dynamic shared memory
+    the engine's standalone kernels are launched with (gemm_test.cu, which asserts its
+    configurations' sizes)."""
+    return 1024 + engine_bytes(gemm)
+
+
+def stage_bytes(gemm: ir.GemmConfig, smem: int = 227 * 1024) -> int:
+    """Shared memory the stages leave for the epilogues' staging: the backward's weight
+    gradients' boxes (gemm_epilogue.cuh store_rows_tma: 8 KB each, half of them a consumer
+    warpgroup's): a row block's every chunk (BN / 64 boxes a warpgroup, so a tile never
+    waits on its own stores) where the stages leave room for it, else two a warpgroup (4
+    stages of 128 x 256: each chunk waits for the one before it to be read), else none (0:
+    register stores). GemmCfg's bytes (engine_bytes), which its SMEM_BYTES static_assert
+    checks. The forward takes 32 KB of it (FWD_STAGE_BYTES)."""
+    room = smem - 1024 - -(-engine_bytes(gemm) // 1024) * 1024
+    return next((b for b in (2 * gemm.bn // 64 * 8192, 2 * 2 * 8192) if b <= room), 0)
+
+
+def _epi_stage_bytes(gemm: ir.GemmConfig, direction: str, scale_block) -> int:
+    """GemmCfg's EPI_BYTES: none in fp8 kernels (their stages hold scales), the room the
+    stages leave in the backward's, FWD_STAGE_BYTES in the forward's where it fits."""
+    if scale_block:
+        return 0
+    room = stage_bytes(gemm)
+    return room if direction == "bwd" else FWD_STAGE_BYTES if room >= FWD_STAGE_BYTES else 0
+
+
+def lower(g, direction: str) -> dict:
+    """The parameters of the `direction` ("fwd" or "bwd") kernels: the forward's also
+    instantiate the prologue (routing, schedule), whose ops are forward ops."""
+    got, who = {}, {}
+    for op in ir.ops(g, direction):
+        for k, v in op_params(op).items():
+            if got.setdefault(k, v) != v:
+                raise ValueError(f"{op.name} needs {k}={v} but {who[k]} needs {got[k]}: the "
+                                 f"{direction} kernel instantiates one {k}")
+            who.setdefault(k, op.name)
+    gemm = got["gemm"]
+    # every kernel gets every flag (false: not its op, or the paper's way)
+    variants = {param: got.get(param, False) for param, _ in _VARIANT.values()}
+    return dict(comm_sms=got["comm_sms"], num_sms=got["comm_sms"] + got["compute_ctas"],
+                gemm_bn=gemm.bn, gemm_stages=gemm.stages, gemm_pingpong=gemm.pingpong,
+                gemm_signal_warp=gemm.signal_warp, gemm_solo=gemm.solo, gemm_pair=gemm.pair,
+                # bf16 kernels' epilogue staging: the backward's whole-expert weight-gradient
+                # tiles leave through shared memory and TMA stores (moe_bwd.cuh kTmaWgrad),
+                # the forward's routed down rows through shared memory (moe_fwd.cuh
+                # kStagedRows: 4 KB a consumer warp)
+                epi_stage_bytes=_epi_stage_bytes(gemm, direction, got.get("scale_block")),
+                block_m=got["block_m"], minibatch=got["minibatch"],
+                ring_slots=got["ring_rows"] // got["minibatch"],
+                scale_block=got.get("scale_block", 0),
+                **variants,
+                # dispatch (forward) / reverse-combine (backward) "gather": FwdConsts GATHER
+                gather=got.get("gather", False),
+                # reverse-dispatch "ring" (backward): FwdConsts DXRING
+                dx_ring=got.get("dx_ring", False),
+                # a backward that copies rows and finds no x in the ring, after a forward
+                # that gathered or a call that kept its own h (keep_h): FwdConsts XPULL
+                x_pull=direction == "bwd" and not got.get("gather") and (
+                    _forward_gathers(g) or _keeps_h(g)),
+                # its x ring a window smaller than the ring (passes/x_window.py): FwdConsts
+                # XSLOTS (0: the ring's, the source as without the pass)
+                x_slots=x_window_slots(got.get("x_slots"), got["ring_rows"] // got["minibatch"]),
+                # the variants' peer tables are a kernel parameter only where used, so the
+                # paper's directions render the same source as before they existed
+                dir_peers=any(variants.values()))
+
+
+def _forward_gathers(g) -> bool:
+    """Whether the forward's dispatch gathers x in its GEMMs (its ring then holds no x)."""
+    return any(op.comm == "dispatch" and op.attr("comm_direction") == "gather"
+               for op in ir.comm_ops(g))
+
+
+def _keeps_h(g) -> bool:
+    """Whether each call keeps its own h (passes/keep_h.py): the ring's x rows are then the
+    last call's, not the differentiated one's."""
+    return bool(ir.op_of(g, OpKind.GATE_UP_GEMM).attr("keep_h", False))
+
+
+def problem_params(g) -> dict:
+    """What the layer fixes (the shape and the ranks), for every kernel."""
+    d = g.graph["dims"]
+    return dict(num_experts=d["E"], topk=d["k"], local_experts=d["L"], hidden=d["D"],
+                intermediate=d["I"], shared_dim=d["I_s"], ep=d["R"])
+
+def layer_spec(plan: Plan):
+    """The runtime's view of a plan: plain sizes (the runtime knows no plans)."""
+    from mokgen.runtime.workspace import LayerSpec
+
+    p, s = plan, plan.shape
+    return LayerSpec(s.num_experts, s.hidden, s.intermediate, s.shared_dim, s.topk, p.ep,
+                     p.tokens_per_rank, p.block_m, p.minibatch, p.macrobatch, p.comm_sms_fwd,
+                     p.max_routed_rows, p.comm_sms_bwd, p.scale_block, p.gemm_bwd.bn,
+                     p.dispatch, p.combine, p.reverse_combine, p.reverse_dispatch,
+                     p.gemm_bwd.bn // 2 if p.gemm_bwd.solo else p.gemm_bwd.bn,
+                     x_window_slots(p.x_slots, p.ring_slots), p.keep_h)
