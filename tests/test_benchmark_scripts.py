@@ -1,6 +1,7 @@
 """The maintained benchmarks on CPU: each answers --help without a GPU, a results file keeps
-rows per GPU kind, and the GPU machine's driver lists its chunks. (No test reads
-benchmarks/results: the results move with every GPU run.)"""
+rows per GPU kind, the GPU machine's driver lists its chunks, and the harness's timing at the
+power cap counts only settled calls. (No test reads benchmarks/results: the results move with
+every GPU run.)"""
 import json
 import subprocess
 from pathlib import Path
