@@ -1,21 +1,49 @@
-"""python -m mokgen plan|compile|bench|tune|simulate ..."""
+"""python -m mokgen plan|compile|bench|tune|simulate ... (also the `mokgen` console script)"""
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+from importlib import import_module
 
+from mokgen import __version__
 from mokgen import plan as make_plan
 from mokgen import shapes
 
+# The harness's commands, each a module of mokgen.harness with add_arguments(parser) and
+# run(args). Their modules import torch, so one is imported only when its command is named:
+# the top-level help needs only these lines.
+TOOLS = {
+    "bench": "time per-rank slices of EP deployments against PyTorch baselines (GPU)",
+    "tune": "time the plan's candidate minibatches and comm SMs on the GPU; compile then "
+            "uses the winner",
+    "simulate": "predict one rank's forward/backward time in an EP deployment (no GPU)",
+}
+
+_OVERRIDES = {
+    "minibatch": "rows per pipeline step, a multiple of the GEMM tile's rows",
+    "macrobatch": "rows the ring of received rows holds: two or more minibatches",
+    "comm-sms-fwd": "SMs that move rows (dispatch, combine) in the forward",
+    "comm-sms-bwd": "SMs that move rows in the backward",
+    "reserve-sms": "SMs no kernel CTA runs on, left to collectives beside the layer",
+}
+
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--shape", required=True, help=f"preset: {', '.join(shapes.names())}")
-    p.add_argument("--ep", type=int, default=8, help="expert-parallel degree")
-    p.add_argument("--tokens", type=int, default=2048, help="tokens per rank")
-    p.add_argument("--dtype", default="bf16", help="bf16 | fp8 | mxfp8")
-    for name in ("minibatch", "macrobatch", "comm-sms-fwd", "comm-sms-bwd", "reserve-sms"):
-        p.add_argument(f"--{name}", type=int, default=None, help="override the pass")
+    p.add_argument("--shape", required=True,
+                   help=f"shape preset, any case: {', '.join(shapes.names())}")
+    p.add_argument("--ep", type=int, default=8,
+                   help="expert-parallel degree: ranks the experts are spread over "
+                        "(default: %(default)s)")
+    p.add_argument("--tokens", type=int, default=2048,
+                   help="tokens per rank per call (default: %(default)s)")
+    p.add_argument("--dtype", default="bf16",
+                   help="what the routed GEMMs read: bf16 | fp8 | mxfp8 (default: %(default)s)")
+    for name, what in _OVERRIDES.items():
+        p.add_argument(f"--{name}", type=int, default=None, metavar="N",
+                       help=f"{what} (default: the planner's choice)")
     p.add_argument("--overlap-comm", action="store_true",
                    help="collectives run beside the layer: leave them SMs")
     p.add_argument("--keep-h", action=argparse.BooleanOptionalAction, default=None,
@@ -57,25 +85,53 @@ def _plan(args):
                      tokens_per_rank=args.tokens, **overrides)
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("bench", "tune", "simulate"):  # their own argument parsers
-        from importlib import import_module
-
-        return import_module(f"mokgen.harness.{argv[0]}").main(argv[1:])
+def build_parser(tools=tuple(TOOLS)) -> argparse.ArgumentParser:
+    """The command line; the options of the harness commands in `tools` only (their
+    modules import torch), the others listed by name and line."""
+    prog = "mokgen" if os.path.basename(sys.argv[0]) == "mokgen" else "python -m mokgen"
     parser = argparse.ArgumentParser(
-        prog="python -m mokgen", epilog="also: bench ..., tune ..., simulate ... (see their --help)")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("plan", help="run the planning passes and print the plan")
+        prog=prog, description="mokgen: a compiler of fused, persistent MoE megakernels. "
+        f"Each command has its own help: {prog} COMMAND --help.")
+    parser.add_argument("--version", action="version", version=f"mokgen {__version__}")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND", title="commands")
+    plan_help = "run the planning passes and print the plan and its memory (no GPU)"
+    p = sub.add_parser("plan", help=plan_help, description=plan_help)
     _common(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--graph", choices=("text", "dot"), default=None,
                    help="also print the task graph, annotated by the passes")
-    c = sub.add_parser("compile", help="plan, emit CUDA, build with nvcc (no GPU needed); "
-                                        "with --run, also run it on the visible GPU")
+    compile_help = ("plan, emit CUDA, build with nvcc (no GPU needed); with --run, also run "
+                    "it on the visible GPU")
+    c = sub.add_parser("compile", help=compile_help, description=compile_help)
     _common(c)
     c.add_argument("--run", action="store_true", help="run and check one call on the GPU")
-    args = parser.parse_args(argv)
+    for name, line in TOOLS.items():
+        t = sub.add_parser(name, help=line, description=line)
+        if name in tools:
+            import_module(f"mokgen.harness.{name}").add_arguments(t)
+    return parser
+
+
+def main(argv=None) -> int:
+    """The entry point of `python -m mokgen` and of the `mokgen` script."""
+    try:
+        try:
+            return _main(sys.argv[1:] if argv is None else list(argv))
+        finally:  # a closed pipe shows at the flush: here, where it can still be caught
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`... | head`): stop quietly. Python flushes stdout again at
+        # exit, so point it at devnull first; exit as a process killed by SIGPIPE would.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: list) -> int:
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(tools=(command,) if command in TOOLS else ()).parse_args(argv)
+    if args.cmd in TOOLS:
+        return import_module(f"mokgen.harness.{args.cmd}").run(args)
     try:
         plan = _plan(args)
     except ValueError as e:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass
 
 ACTIVATIONS = ("swiglu",)
@@ -154,6 +155,12 @@ def names() -> list[str]:
 
 
 def get(name: str) -> MoEShape:
-    if name not in _PRESETS:
-        raise ValueError(f"unknown shape preset {name!r}; known: {', '.join(_PRESETS)}")
-    return _PRESETS[name]
+    """The preset called `name`, in any case ("Qwen3-30B-A3B" as on Hugging Face)."""
+    if not isinstance(name, str):
+        raise TypeError(f"a shape preset's name is a str, got {type(name).__name__}")
+    key = name.strip().lower()
+    if key not in _PRESETS:
+        close = difflib.get_close_matches(key, _PRESETS, n=3)
+        hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+        raise ValueError(f"unknown shape preset {name!r}{hint}; known: {', '.join(_PRESETS)}")
+    return _PRESETS[key]

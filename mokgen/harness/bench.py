@@ -344,11 +344,23 @@ def bench_backward(layer, shape, args, fwd_floor_ms, iters, g, naive=True, queue
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m mokgen bench",
                                  description="per-rank slice benchmark against PyTorch baselines")
-    ap.add_argument("--shapes", default="kimi-k2.7,glm-5.2,qwen3.5-397b-a17b,deepseek-v4-pro")
-    ap.add_argument("--tokens", default="1024,2048,4096")
-    ap.add_argument("--ep", default="8,64")
-    ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    add_arguments(ap)
+    return ap
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of `python -m mokgen bench` (mokgen.cli's subcommand and parser())."""
+    ap.add_argument("--shapes", default="kimi-k2.7,glm-5.2,qwen3.5-397b-a17b,deepseek-v4-pro",
+                    help="comma list of shape presets (default: %(default)s)")
+    ap.add_argument("--tokens", default="1024,2048,4096",
+                    help="comma list of tokens per rank (default: %(default)s)")
+    ap.add_argument("--ep", default="8,64",
+                    help="comma list of expert-parallel degrees, each run as rank 0's slice on "
+                         "this GPU (default: %(default)s)")
+    ap.add_argument("--iters", type=int, default=50,
+                    help="timed runs per measurement; the median is kept (default: %(default)s)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"),
+                    help="folder of the result JSON (default: $OUT, else benchmarks/results)")
     ap.add_argument("--comm-sms", default="", help="comma list: sweep comm_sms_fwd")
     ap.add_argument("--comm-sms-bwd", default="",
                     help="comma list: sweep comm_sms_bwd (with --backward)")
@@ -363,8 +375,11 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv=None):
-    args = parser().parse_args(argv)
+def main(argv=None) -> int:
+    return run(parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
     try:
         configs = _configs(args)  # argument errors before any GPU work
     except ValueError as e:
@@ -461,9 +476,7 @@ def _ints(text: str, what: str) -> list:
 
 def _configs(args) -> list:
     """(shape, ep, tokens, overrides) of every run, validated against the planner."""
-    shapes = args.shapes.split(",")
-    for name in shapes:
-        mokgen.shapes.get(name)
+    shapes = [mokgen.shapes.get(name).name for name in args.shapes.split(",")]
     sweeps = [{}]
     if args.comm_sms:
         sweeps = [dict(comm_sms_fwd=c) for c in _ints(args.comm_sms, "--comm-sms")]

@@ -228,19 +228,18 @@ def validation_table(rows: list) -> str:
 
 
 # ---------------------------------------------------------------------------- command line
-def main(argv=None) -> int:
-    import argparse
-    import sys
-
+def add_arguments(ap) -> None:
+    """The options of `python -m mokgen simulate` (mokgen.cli's subcommand and main())."""
     from mokgen import shapes
 
-    ap = argparse.ArgumentParser(prog="python -m mokgen simulate", description=(
-        "predict one rank's forward / backward time in an EP deployment (no GPU)"))
-    ap.add_argument("--shape", help=f"preset: {', '.join(shapes.names())}")
-    ap.add_argument("--ep", default="8,16,32,64", help="comma list of EP degrees")
-    ap.add_argument("--tokens", type=int, default=4096, help="tokens per rank")
-    ap.add_argument("--dtype", default="bf16", help="bf16 | fp8 | mxfp8")
-    ap.add_argument("--system", default="h200-nvl8", help=f"one of {', '.join(SYSTEMS)}")
+    ap.add_argument("--shape", help=f"preset, any case: {', '.join(shapes.names())}")
+    ap.add_argument("--ep", default="8,16,32,64",
+                    help="comma list of EP degrees (default: %(default)s)")
+    ap.add_argument("--tokens", type=int, default=4096,
+                    help="tokens per rank (default: %(default)s)")
+    ap.add_argument("--dtype", default="bf16", help="bf16 | fp8 | mxfp8 (default: %(default)s)")
+    ap.add_argument("--system", default="h200-nvl8",
+                    help=f"one of {', '.join(SYSTEMS)} (default: %(default)s)")
     ap.add_argument("--local-experts", type=int, default=None,
                     help="experts per rank (the layer then has ep x this many): one rank's "
                          "load of a larger deployment, as benchmarks/multigpu.py runs it")
@@ -249,8 +248,25 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print the predictions as JSON")
     ap.add_argument("--validate", action="store_true",
                     help="predicted vs measured for the result files in --results")
-    ap.add_argument("--results", default="benchmarks/results")
-    args = ap.parse_args(argv)
+    ap.add_argument("--results", default="benchmarks/results",
+                    help="folder of the benchmarks' result JSON that --validate reads "
+                         "(default: %(default)s)")
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m mokgen simulate", description=(
+        "predict one rank's forward / backward time in an EP deployment (no GPU)"))
+    add_arguments(ap)
+    return run(ap.parse_args(argv))
+
+
+def run(args) -> int:
+    import sys
+
+    from mokgen import shapes
+
     try:
         if args.validate:
             rows = validate(args.results)
@@ -261,7 +277,8 @@ def main(argv=None) -> int:
         sysm = get_system(args.system)
         eps = [int(v) for v in args.ep.split(",") if v]
         extra = {"overlap_comm": True} if args.overlap_comm else {}
-        preds = [predict(shapes.get(args.shape), ep, args.tokens, sysm.name, args.dtype,
+        shape = shapes.get(args.shape)
+        preds = [predict(shape, ep, args.tokens, sysm.name, args.dtype,
                          args.local_experts, **extra) for ep in eps]
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -269,7 +286,7 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(preds, indent=1))
         return 0
-    print(f"{args.shape}, {args.tokens} tokens per rank, {args.dtype}, {sysm.name} "
+    print(f"{shape.name}, {args.tokens} tokens per rank, {args.dtype}, {sysm.name} "
           f"({sysm.note}); per rank, ms")
     print(table(preds))
     return 0

@@ -124,15 +124,30 @@ def _time_rank0_backward(plan, args, dys, iters: int, time_ms) -> float:
                    setup=lambda: rt.forward_rank(0, *args, save=True))
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mokgen tune")
-    ap.add_argument("--shape", required=True)
-    ap.add_argument("--ep", type=int, default=8)
-    ap.add_argument("--tokens", type=int, default=2048)
-    ap.add_argument("--dtype", default="bf16")
-    ap.add_argument("--iters", type=int, default=20)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of `python -m mokgen tune` (mokgen.cli's subcommand and main())."""
+    ap.add_argument("--shape", required=True,
+                    help="shape preset, any case (python -m mokgen plan --help lists them)")
+    ap.add_argument("--ep", type=int, default=8,
+                    help="expert-parallel degree; rank 0's slice is timed on this GPU "
+                         "(default: %(default)s)")
+    ap.add_argument("--tokens", type=int, default=2048,
+                    help="tokens per rank (default: %(default)s)")
+    ap.add_argument("--dtype", default="bf16", help="bf16 | fp8 | mxfp8 (default: %(default)s)")
+    ap.add_argument("--iters", type=int, default=20,
+                    help="timed runs per candidate; the median is kept (default: %(default)s)")
     ap.add_argument("--no-backward", action="store_true", help="tune the forward only")
-    args = ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mokgen tune", description=(
+        "time candidate minibatch sizes and comm-SM counts on the GPU; keep the winner for "
+        "mokgen.compile"))
+    add_arguments(ap)
+    return run(ap.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
     try:
         shape = shapes.get(args.shape)
         make_plan(shape, ep=args.ep, dtype=args.dtype, tokens_per_rank=args.tokens)
