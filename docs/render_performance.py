@@ -1,10 +1,12 @@
-"""Render the measured tables from benchmarks/results/*.json: docs/performance.md whole, and
-the README's results table (between its `results:begin` / `results:end` markers). The
-numbers in the documentation come from here and nowhere else, so they cannot drift from the
-results files; tests/test_docs.py fails when a committed copy is out of date.
+"""Render the documentation's generated tables: docs/performance.md whole and the README's
+results table (between its `results:begin` / `results:end` markers) from the results files
+benchmarks/results/*.json, and docs/training.md's memory table (between `memory:begin` /
+`memory:end`) from the planner's memory report. The numbers in the documentation come from
+here and nowhere else, so they cannot drift from the results files or the code;
+tests/test_docs.py fails when a committed copy is out of date.
 
-    python docs/render_performance.py           # rewrite docs/performance.md and the README table
-    python docs/render_performance.py --check   # exit 1 if either is out of date
+    python docs/render_performance.py           # rewrite what is out of date
+    python docs/render_performance.py --check   # exit 1 if anything is out of date
 
 Every row names the GPU and the commit that measured it; each results file holds the latest
 run per GPU kind (rows of several GPUs stand side by side). A file that is missing renders
@@ -21,8 +23,11 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 PERFORMANCE = ROOT / "docs" / "performance.md"
 README = ROOT / "README.md"
+TRAINING = ROOT / "docs" / "training.md"
 BEGIN = "<!-- results:begin: rendered by docs/render_performance.py; do not edit by hand -->"
 END = "<!-- results:end -->"
+MEMORY_BEGIN = "<!-- memory:begin: rendered by docs/render_performance.py; do not edit by hand -->"
+MEMORY_END = "<!-- memory:end -->"
 
 # The README's rows: a few of each benchmark (docs/performance.md has them all).
 README_MODELS = ("qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "mixtral-8x22b")
@@ -379,21 +384,83 @@ def readme_table() -> str:
     return table(["training step", "GPU", "commit", "mokgen", "baseline, same run", "x"], rows)
 
 
-def render_readme(text: str) -> str:
-    """The README with its results block re-rendered (ValueError if the markers are missing)."""
-    head, sep, rest = text.partition(BEGIN)
-    _, sep2, tail = rest.partition(END)
+def replace_block(text: str, begin: str, end: str, content: str, name: str) -> str:
+    """`text` with what lies between the markers `begin` and `end` replaced by `content`
+    (ValueError if a marker is missing)."""
+    head, sep, rest = text.partition(begin)
+    _, sep2, tail = rest.partition(end)
     if not sep or not sep2:
-        raise ValueError(f"README.md must hold the results markers {BEGIN!r} and {END!r}")
-    return head + BEGIN + "\n" + readme_table() + "\n" + END + tail
+        raise ValueError(f"{name} must hold the markers {begin!r} and {end!r}")
+    return head + begin + "\n" + content + "\n" + end + tail
+
+
+def render_readme(text: str) -> str:
+    """The README with its results table re-rendered."""
+    return replace_block(text, BEGIN, END, readme_table(), "README.md")
+
+
+# ---------------------------------------------------------------- docs/training.md
+# (label, preset, ep, tokens per rank, dtype, plan keywords)
+MEMORY_MODES = (
+    ("default: each call keeps its h (keep_h)", "qwen3-30b-a3b", 1, 8192, "bf16", {}),
+    ("h in the shared ring", "qwen3-30b-a3b", 1, 8192, "bf16", {"keep_h": False}),
+    ("gathered rows", "qwen3-30b-a3b", 1, 8192, "bf16", {"dispatch": "gather"}),
+    ("forward gathers, backward copies x into a window", "qwen3-30b-a3b", 1, 8192, "bf16",
+     {"dispatch": "gather", "reverse_combine": "pull"}),
+    ("blockwise fp8", "qwen3-30b-a3b", 1, 8192, "fp8", {}),
+    ("one rank of ep 8", "kimi-k2.7", 8, 2048, "bf16", {}),
+    ("one rank of ep 64", "kimi-k2.7", 64, 2048, "bf16", {}),
+)
+
+
+def memory_table() -> str:
+    """The memory each mode costs, from mokgen.pytorch.api.memory_report (no GPU)."""
+    sys.path.insert(0, str(ROOT))
+    import mokgen
+    from mokgen.pytorch.api import memory_report
+
+    mib = lambda b: f"{b / 2**20:,.1f}"  # noqa: E731
+    rows = []
+    for label, name, ep, tokens, dtype, kw in MEMORY_MODES:
+        plan = mokgen.plan(mokgen.shapes.get(name), ep=ep, dtype=dtype, tokens_per_rank=tokens,
+                           **kw)
+        rep = memory_report(plan)
+        keywords = ", ".join(f"{k}={v!r}" for k, v in kw.items()) or "-"
+        if plan.keep_h:
+            replay = "never"
+        else:
+            replay = "in each layer's backward but the last, unless checkpointed"
+            if plan.expected_replay_rows:
+                replay += f"; {plan.expected_replay_rows:,} rows a call past the ring"
+        rows.append([label, f"{name}, ep {ep}, {dtype}, {tokens:,} tokens", keywords,
+                     mib(rep["workspace"]["total"]), "yes" if rep["wg_acc"] else "no",
+                     mib(rep["saved_per_layer"]), replay])
+    shape = mokgen.shapes.get("qwen3-30b-a3b")
+    grads = shape.num_experts * 3 * shape.intermediate * shape.hidden * 2
+    return (table(["mode", "layer", "plan keywords", "workspace MiB, once", "fp32 weight-gradient "
+                   "sums", "kept per layer call MiB", "backward replays gate/up"], rows)
+            + f"\n\nFused gradient accumulation saves, in each backward that adds into existing "
+            f"gradients, a temporary the size of the layer's expert weights: {mib(grads)} MiB "
+            f"a layer for qwen3-30b-a3b at ep 1.")
+
+
+def render_training(text: str) -> str:
+    """docs/training.md with its memory table re-rendered."""
+    return replace_block(text, MEMORY_BEGIN, MEMORY_END, memory_table(), "docs/training.md")
+
+
+def rendered() -> dict:
+    """path -> what it should hold."""
+    return {PERFORMANCE: render_performance(), README: render_readme(README.read_text()),
+            TRAINING: render_training(TRAINING.read_text())}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true",
-                    help="exit 1 if docs/performance.md or the README table is out of date")
+                    help="exit 1 if a rendered file is out of date")
     args = ap.parse_args(argv)
-    want = {PERFORMANCE: render_performance(), README: render_readme(README.read_text())}
+    want = rendered()
     stale = [p for p, text in want.items() if not p.exists() or p.read_text() != text]
     if args.check:
         for p in stale:
