@@ -116,7 +116,8 @@ def layer_slices(data: dict) -> str:
                      num(b.get("mokgen_tflops")), num(b.get("grouped_tflops")),
                      num(b.get("floor_tflops")), ratio(b.get("grouped_ms"), b.get("mokgen_ms"))])
     return table(["GPU", "commit", "shape", "ep", "N", "fwd", "grouped_mm", "naive", "floor",
-                  "fwd x", "bwd", "grouped_mm bwd", "bwd floor", "bwd x"], rows)
+                  "x grouped_mm", "bwd", "grouped_mm bwd", "bwd floor", "bwd x grouped_mm"],
+                 rows)
 
 
 def models(data: dict) -> str:
@@ -323,9 +324,9 @@ def render_performance() -> str:
         "`python benchmarks/model_stack.py`: N pre-norm residual MoE blocks trained on one GPU, "
         "against the same stack in plain PyTorch (softmax top-k, `torch._grouped_mm`, "
         "autograd); steps accumulate into the first step's gradients. `held` is what stays "
-        "allocated after a step beyond weights and gradients, per layer (mokgen: what each "
-        "layer keeps, beside the one workspace counted apart); `peak` the most allocated during "
-        "a step beyond what was allocated before it. See docs/training.md.", model_stack))
+        "allocated after a step beyond weights and gradients, divided by the layers (mokgen's "
+        "one shared workspace included); `peak` the most allocated during a step beyond what "
+        "was allocated before it. See docs/training.md.", model_stack))
     parts.append(section(
         "Several GPUs: expert parallelism against NCCL", "multigpu",
         "`torchrun --nproc-per-node=R benchmarks/multigpu.py`: each GPU carries one rank's load "
