@@ -66,6 +66,13 @@ def tflops(flops, ms) -> float | None:
     return flops / ms / 1e9
 
 
+def is_preset(name: str) -> bool:
+    sys.path.insert(0, str(ROOT))
+    from mokgen import shapes
+
+    return name in shapes.names()
+
+
 def table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -365,7 +372,9 @@ def readme_table() -> str:
         ours, theirs = r.get("mokgen_fused_train_sustained_tflops"), \
             r.get("sonicmoe_train_sustained_tflops")
         if ours is not None:
-            rows.append([f"{r['shape']}, 1 GPU, N {r['T']}", gpu(r), r["commit"],
+            name = r["shape"] if is_preset(r["shape"]) else \
+                f"{r['shape']} (E {r['E']}, D {r['D']}, I {r['I']}, k {r['k']})"
+            rows.append([f"{name}, 1 GPU, N {r['T']}", gpu(r), r["commit"],
                          f"{num(ours)} TFLOP/s", f"SonicMoE {num(theirs)} TFLOP/s",
                          ratio(ours, theirs)])
     data = load("model_stack") or {"rows": []}
