@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +67,10 @@ def tflops(flops, ms) -> float | None:
     return flops / ms / 1e9
 
 
+def wrap(text: str) -> str:
+    return textwrap.fill(text, 95, break_on_hyphens=False, break_long_words=False)
+
+
 def is_preset(name: str) -> bool:
     sys.path.insert(0, str(ROOT))
     from mokgen import shapes
@@ -100,13 +105,14 @@ def runs_line(data: dict) -> str:
         line = "- " + ", ".join(bits)
         if r.get("note"):
             line += f". Note: {r['note']}"
-        out.append(line)
+        out.append(textwrap.fill(line, 95, subsequent_indent="  ", break_on_hyphens=False,
+                                 break_long_words=False))
     return "\n".join(out)
 
 
 def section(title: str, name: str, intro: str, render) -> str:
     data = load(name)
-    head = f"## {title}\n\nFrom `benchmarks/results/{name}.json`. {intro}\n\n"
+    head = f"## {title}\n\n" + wrap(f"From `benchmarks/results/{name}.json`. {intro}") + "\n\n"
     if data is None or not data.get("rows"):
         return head + "Not measured yet.\n"
     return head + render(data) + "\n\nRuns:\n" + runs_line(data) + "\n"
@@ -166,13 +172,13 @@ def sonicmoe(data: dict) -> str:
            table(["GPU", "commit", "shape", "fwd", "SonicMoE fwd", "train", "train fused",
                   "SonicMoE train", "train fresh", "SonicMoE train fresh"], rows)]
     if sustained:
-        out += ["", "Back to back for 2 s each (the rate a training loop holds at the board's "
-                "power limit), TFLOP/s; the training step is the fused one, the default in "
-                "one process:", "",
+        out += ["", wrap("Back to back for 2 s each (the rate a training loop holds at the "
+                         "board's power limit), TFLOP/s; the training step is the fused one, "
+                         "the default in one process:"), "",
                 table(["GPU", "commit", "shape", "fwd", "SonicMoE fwd", "x", "train",
                        "SonicMoE train", "x"], sustained)]
-    out += ["", "Peak memory of a training step, MB (workspace included, weights and their "
-            "gradients excluded):", "",
+    out += ["", wrap("Peak memory of a training step, MB (workspace included, weights and "
+                     "their gradients excluded):"), "",
             table(["GPU", "commit", "shape", "mokgen", "mokgen fused", "SonicMoE",
                    "mokgen fresh", "SonicMoE fresh"], memory)]
     return "\n".join(out)
@@ -198,9 +204,9 @@ def fp8(data: dict) -> str:
         table(["GPU", "commit", "shape", "ep", "N", "bf16", "fp8", "MXFP8", "grouped_mm bf16",
                "scaled_grouped_mm fp8", "fp8 / bf16", "MXFP8 / bf16", "bwd bf16", "bwd fp8",
                "bwd MXFP8", "bwd fp8 / bf16"], rows),
-        "", "Relative error against the bf16 layer (`||y - y_bf16|| / ||y_bf16||`; routed: "
-        "the routed experts' rows alone, beside torch's scaled_grouped_mm pipeline's; dx: the "
-        "backward's input gradient):", "",
+        "", wrap("Relative error against the bf16 layer (`||y - y_bf16|| / ||y_bf16||`; "
+                 "routed: the routed experts' rows alone, beside torch's scaled_grouped_mm "
+                 "pipeline's; dx: the backward's input gradient):"), "",
         table(["GPU", "commit", "shape", "ep", "fp8 y", "MXFP8 y", "fp8 routed",
                "scaled_grouped_mm routed", "fp8 dx", "MXFP8 dx"], errs)])
 
@@ -449,9 +455,10 @@ def memory_table() -> str:
     grads = shape.num_experts * 3 * shape.intermediate * shape.hidden * 2
     return (table(["mode", "layer", "plan keywords", "workspace MiB, once", "fp32 weight-gradient "
                    "sums", "kept per layer call MiB", "backward replays gate/up"], rows)
-            + f"\n\nFused gradient accumulation saves, in each backward that adds into existing "
-            f"gradients, a temporary the size of the layer's expert weights: {mib(grads)} MiB "
-            f"a layer for qwen3-30b-a3b at ep 1.")
+            + "\n\n" + wrap(f"Fused gradient accumulation saves, in each backward that adds "
+                            f"into existing gradients, a temporary the size of the layer's "
+                            f"expert weights: {mib(grads)} MiB a layer for qwen3-30b-a3b at "
+                            f"ep 1."))
 
 
 def render_training(text: str) -> str:
