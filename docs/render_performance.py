@@ -250,7 +250,8 @@ def deepep(data: dict) -> str:
                      f"{r['load']} (L {r['local_experts']})", num(r["tokens"]),
                      num(r["mokgen_fwd_ms"], 2), num(r["deepep_fwd_ms"], 2),
                      ratio(r["deepep_fwd_ms"], r["mokgen_fwd_ms"]), num(r["mokgen_train_ms"], 2),
-                     num(r["deepep_train_ms"], 2), ratio(r["deepep_train_ms"], r["mokgen_train_ms"])])
+                     num(r["deepep_train_ms"], 2),
+                     ratio(r["deepep_train_ms"], r["mokgen_train_ms"])])
     return table(["GPU", "commit", "GPUs", "shape", "load", "N", "fwd ms", "DeepEP fwd ms", "x",
                   "train ms", "DeepEP train ms", "x"], rows)
 
