@@ -1,4 +1,4 @@
-"""Plain PyTorch MoE: the math contract every kernel is tested against (design.md, "Math").
+"""Plain PyTorch MoE: the math contract every kernel is tested against (docs/design.md, "Math").
 
 - `route`: softmax scores in fp32, top-k (ties: lower expert id first), weights renormalized
   over the selected experts. Differentiable in the logits.

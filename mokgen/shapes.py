@@ -95,7 +95,7 @@ _PRESETS = {
     "qwen3.5-397b-a17b": MoEShape(512, 4096, 1024, 10, name="qwen3.5-397b-a17b"),
     "deepseek-v4-pro": MoEShape(384, 7168, 3072, 6, name="deepseek-v4-pro"),
     # Public models, from huggingface.co/<repo>/blob/main/config.json (repo in the comment).
-    # These are layer shapes: mokgen's own router is softmax top-k renormalized (design.md);
+    # These are layer shapes: mokgen's own router is softmax top-k renormalized (docs/design.md);
     # a model that routes otherwise (sigmoid scores, unnormalized or scaled weights) passes
     # its routes to the layer (`routes=`), as mokgen.patch does for transformers models.
     # Qwen/Qwen3-30B-A3B: num_experts, hidden_size, moe_intermediate_size, num_experts_per_tok

@@ -1,5 +1,5 @@
 """Patched transformers models on the GPU: logits, gradients and losses vs the unpatched model
-(bf16 tolerances of design.md). Marked gpu."""
+(bf16 tolerances of docs/design.md, "Math"). Marked gpu."""
 import copy
 
 import pytest

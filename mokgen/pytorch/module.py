@@ -1,7 +1,7 @@
 """mokgen.MoE: an nn.Module owning the router, the local experts and the shared expert.
 
-Parameters use the layouts of design.md (nn.Linear convention), under the same names as
-`mokgen.reference.ReferenceMoE`, so state dicts move between the two unchanged:
+Parameters use the layouts of docs/design.md ("Math": the nn.Linear convention), under the
+same names as `mokgen.reference.ReferenceMoE`, so state dicts move between the two unchanged:
 router.weight [E, D], w1 [L, 2I, D] (gate rows, then up rows), w2 [L, D, I],
 shared_w1 [2 I_s, D], shared_w2 [D, I_s]; L = E / ep, rank r holding experts r*L .. r*L+L-1.
 """

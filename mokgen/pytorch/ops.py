@@ -2,7 +2,7 @@
 
 Two entry points, each with its backward op:
 - `mokgen::moe_forward(x, router_logits, w1, w2, shared_w1?, shared_w2?, layer)`: routing
-  by mokgen (softmax top-k, renormalized; design.md);
+  by mokgen (softmax top-k, renormalized; docs/design.md);
 - `mokgen::moe_forward_routed(x, experts, weights, w1, w2, shared_w1?, shared_w2?, layer)`:
   routes chosen by the caller (a model's own router: sigmoid scores, groups, scaling...);
   the gradient flows back into `weights`.

@@ -2,7 +2,7 @@
 `LayerSpec` alone, and the pool that shares one workspace among all layers that fit it.
 
 A model has tens of MoE layers of one shape. Nothing in the workspace outlives a call except
-what the ring holds for the layer that ran forward last (design.md, "Models, not layers"), so
+what the ring holds for the layer that ran forward last (docs/design.md, "Models, not layers"), so
 every layer of a spec on a device (and group) uses one workspace: `shared(key, make)` hands
 out the live one or makes it, and a workspace is freed when its last layer goes (the pool
 holds weak references only).

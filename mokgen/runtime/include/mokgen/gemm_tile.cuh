@@ -204,7 +204,7 @@ MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUten
 // ---------------------------------------------------------------- gathered operands
 // An operand whose rows are named by index instead of lying in a tensor (Problem::kGather:
 // one rank holding every expert reads x and dy where the caller left them, instead of the
-// copies a dispatch would make into the ring; design.md). The rows are token rows of a
+// copies a dispatch would make into the ring; docs/design.md). The rows are token rows of a
 // [rows, ld] bf16 tensor; which token a ring-layout row p holds is the schedule's table
 // (p -> (src rank, src route), route / topk the token, rank < 0 padding: zeros). The
 // producer warpgroup's warps bring them with 16-byte cp.async into the 128B-swizzled places

@@ -60,7 +60,7 @@ MOKGEN_DEV bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   return ok != 0;
 }
 
-// Spin limit for every wait: design.md requires bounded spins that report a diagnostic
+// Spin limit for every wait: docs/design.md requires bounded spins that report a diagnostic
 // instead of hanging the GPU. try_wait already suspends in hardware for a while per call,
 // so the iteration count is a coarse timeout. Define MOKGEN_SPIN_LIMIT=0 to disable.
 #ifndef MOKGEN_SPIN_LIMIT

@@ -1,0 +1,188 @@
+"""The documentation cannot drift from the code: the Python snippets of README.md and docs/*.md
+run, every repository path, link and `mokgen.` name they mention exists, the presets table
+matches mokgen.shapes, the README's commands parse, and the tables rendered from
+benchmarks/results and the planner (docs/render_performance.py) are current.
+
+A snippet's fence says what it needs: ```python runs here (CPU, in the file's order, one
+namespace per file); ```python gpu needs a CUDA GPU and nvcc (run by the gpu-marked test);
+```python torchrun needs several processes (never run). Every snippet must at least compile."""
+import importlib.util
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = [README, ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
+README_LIMIT = 15_000
+KINDS = {"", "gpu", "torchrun"}  # what may follow ```python
+FENCE = re.compile(r"^```python([^\n]*)\n(.*?)^```", re.S | re.M)
+ANY_FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+TOP = ("mokgen", "docs", "tests", "examples", "benchmarks")
+PATH = re.compile(r"(?<![\w./-])((?:%s)/[\w./-]*[\w/]|README\.md|CHANGELOG\.md|LICENSE|"
+                  r"pyproject\.toml)" % "|".join(TOP))
+NAME = re.compile(r"(?<![\w./])mokgen(?:\.[A-Za-z_]\w*)+")
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def ids(paths):
+    return [str(p.relative_to(ROOT)) for p in paths]
+
+
+def snippets(path: Path) -> list:
+    """(line, kind, code) of each ```python block."""
+    text = path.read_text()
+    return [(text[:m.start()].count("\n") + 1, m.group(1).strip(), m.group(2))
+            for m in FENCE.finditer(text)]
+
+
+def run(path: Path, kinds: set) -> None:
+    """The file's snippets of `kinds` in order, in one namespace. One CPU thread: the snippets'
+    tensors are tiny, and on a shared machine a second thread's spin-waits cost seconds."""
+    torch.manual_seed(0)
+    env = {"__name__": f"docs:{path.name}"}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for line, kind, code in snippets(path):
+            if kind in kinds:
+                try:
+                    exec(compile(code, f"{path.name}:{line}", "exec"), env)
+                except Exception as e:
+                    raise AssertionError(f"{path.relative_to(ROOT)}, the snippet at line "
+                                         f"{line}: {type(e).__name__}: {e}") from e
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("path", DOCS, ids=ids(DOCS))
+def test_snippets_compile_and_say_what_they_need(path):
+    for line, kind, code in snippets(path):
+        assert kind in KINDS, f"{path.name}:{line}: ```python {kind}: use one of {KINDS}"
+        compile(code, f"{path.name}:{line}", "exec")
+
+
+@pytest.mark.parametrize("path", DOCS, ids=ids(DOCS))
+def test_cpu_snippets_run(path):
+    run(path, {""})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", DOCS, ids=ids(DOCS))
+def test_gpu_snippets_run(path):
+    run(path, {"", "gpu"})
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading."""
+    s = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return s.replace(" ", "-")
+
+
+def anchors(path: Path) -> set:
+    text = ANY_FENCE.sub("", path.read_text())
+    return {slug(m.group(1)) for m in re.finditer(r"^#+\s+(.*)$", text, re.M)}
+
+
+@pytest.mark.parametrize("path", DOCS, ids=ids(DOCS))
+def test_named_paths_links_and_anchors_exist(path):
+    text = path.read_text()
+    bad = []
+    for m in PATH.finditer(text):
+        p = m.group(1).rstrip(".")
+        if not (ROOT / p).exists():
+            bad.append(f"path {p}")
+    for m in LINK.finditer(text):
+        target = m.group(1)
+        if re.match(r"[a-z]+:", target):  # https:, mailto:
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        if not dest.exists():
+            bad.append(f"link {target}")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            bad.append(f"anchor {target}")
+    assert not bad, f"{path.relative_to(ROOT)} names what does not exist: {bad}"
+
+
+def resolves(name: str) -> bool:
+    """Whether `mokgen.a.b.c` is a module or an attribute of one."""
+    parts = name.split(".")
+    obj = importlib.import_module(parts[0])
+    for i, part in enumerate(parts[1:], 2):
+        if hasattr(obj, part):
+            obj = getattr(obj, part)
+            continue
+        try:  # a submodule not imported yet
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("path", DOCS, ids=ids(DOCS))
+def test_named_mokgen_objects_exist(path):
+    names = sorted(set(NAME.findall(path.read_text())))
+    missing = [n for n in names if not resolves(n)]
+    assert not missing, f"{path.relative_to(ROOT)} names what mokgen does not have: {missing}"
+
+
+def test_rendered_tables_are_current():
+    spec = importlib.util.spec_from_file_location("render_performance",
+                                                  ROOT / "docs" / "render_performance.py")
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    stale = [str(p.relative_to(ROOT)) for p, text in render.rendered().items()
+             if not p.exists() or p.read_text() != text]
+    assert not stale, f"out of date: {stale}; run python docs/render_performance.py"
+
+
+def test_readme_is_short():
+    n = len(README.read_text())
+    assert n <= README_LIMIT, f"README.md has {n} characters, at most {README_LIMIT}"
+
+
+def test_readme_presets_table_matches_the_presets():
+    import mokgen
+
+    rows = re.findall(r"^\| `([\w.-]+)` \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \|",
+                      README.read_text(), re.M)
+    listed = {name: tuple(map(int, dims)) for name, *dims in rows}
+    for name, dims in listed.items():
+        s = mokgen.shapes.get(name)
+        assert dims == (s.num_experts, s.hidden, s.intermediate, s.topk, s.shared_dim), name
+    want = set(mokgen.shapes.PRESETS_MAIN) | set(mokgen.shapes.PRESETS_MODELS)
+    assert want <= set(listed), f"presets missing from the README: {sorted(want - set(listed))}"
+
+
+def test_readme_commands_are_the_set_up_commands_and_parse(capsys):
+    """The two commands stay as written; the main one's shape, ep and tokens plan (its build
+    and run are the CLI's own tests)."""
+    from mokgen.cli import main
+
+    text = README.read_text()
+    main_cmd = "pip install -e '.[test]' && python -m mokgen compile --shape kimi-k2.7 " \
+               "--ep 64 --tokens 2048 --run"
+    assert main_cmd in text and "pip install -e '.[test]' && python -m pytest -q" in text
+    args = main_cmd.split("python -m mokgen ")[1].split()
+    assert main(["plan"] + [a for a in args[1:] if a != "--run"]) == 0
+    assert "kimi-k2.7" in capsys.readouterr().out
+
+
+def test_nothing_points_outside_the_repository():
+    outside = re.compile(r"\.\./" + "shared")
+    files = [p for d in ("mokgen", "tests", "examples", "docs") for p in (ROOT / d).rglob("*")
+             if p.is_file() and p.suffix in (".py", ".md", ".cuh", ".j2", ".cu", ".sh")]
+    files += [README, ROOT / "CHANGELOG.md", ROOT / "pyproject.toml"]
+    bad = [str(p.relative_to(ROOT)) for p in files if outside.search(p.read_text())]
+    assert not bad, f"these point outside the repository: {bad}"
+
+
+def test_license_is_named_in_the_package_metadata():
+    text = (ROOT / "pyproject.toml").read_text()
+    assert 'license = "Apache-2.0"' in text and "LICENSE" in text
+    assert "Apache License" in (ROOT / "LICENSE").read_text()
+    assert os.path.getsize(ROOT / "LICENSE") > 10_000  # the full text
