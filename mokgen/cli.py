@@ -14,6 +14,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ep", type=int, default=8, help="expert-parallel degree")
     p.add_argument("--tokens", type=int, default=2048, help="tokens per rank")
     p.add_argument("--dtype", default="bf16", help="bf16 | fp8 | mxfp8")
+    p.add_argument("--gpu", default=None, help="plan for this GPU: h100-sxm, h200, h800, "
+                   "h100-pcie, h20 (default: the visible GPU, else $MOKGEN_GPU or h200)")
     for name in ("minibatch", "macrobatch", "comm-sms-fwd", "comm-sms-bwd", "reserve-sms"):
         p.add_argument(f"--{name}", type=int, default=None, help="override the pass")
     p.add_argument("--overlap-comm", action="store_true",
@@ -48,7 +50,7 @@ def _gemm(text: str) -> tuple:
 def _plan(args):
     overrides = {k: getattr(args, k) for k in
                  ("minibatch", "macrobatch", "comm_sms_fwd", "comm_sms_bwd", "reserve_sms",
-                  "gemm_fwd", "gemm_bwd") if getattr(args, k) is not None}
+                  "gemm_fwd", "gemm_bwd", "gpu") if getattr(args, k) is not None}
     if args.overlap_comm:
         overrides["overlap_comm"] = True
     if args.keep_h is not None:

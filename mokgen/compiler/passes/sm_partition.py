@@ -118,9 +118,9 @@ def comm_ctas(plan: Plan, direction: str, sms: int) -> int:
         c = getattr(plan, name)
         if c >= sms:
             raise ValueError(f"{name} must be < {sms} (the CTAs left after reserving "
-                             f"{hardware.get(plan.gpu).num_sms - sms} SMs), got {c}")
+                             f"{plan.target.num_sms - sms} SMs), got {c}")
         return c
-    gpu = hardware.get(plan.gpu)
+    gpu = plan.target
     rate = gpu.fp8_flops if plan.scale_block == 128 else gpu.bf16_flops
     moved, flops = direction_costs(plan, backward=direction == "bwd")
     c = best_comm_sms(moved, flops, gpu, rate, plan.ep, sms)
@@ -144,7 +144,7 @@ def sm_partition(g):
     """Annotates every op of the megakernels with its `sm_role`, "comm" (the comm ops) or
     "compute", and the `ctas` its launch gives that role."""
     plan = Plan.of(g)
-    gpu = hardware.get(plan.gpu)
+    gpu = plan.target
     reserve = plan.reserve_sms if plan.is_forced("reserve_sms") else \
         collective_sms(gpu) if plan.overlap_comm else 0
     sms = gpu.num_sms - reserve
