@@ -207,7 +207,7 @@ def test_a_layer_for_another_gpu_is_refused_at_load(monkeypatch):
 
 def test_memory_report_follows_the_card():
     """Qwen3-30B-A3B at 8192 tokens, one rank: 1.2 GB of weights a layer, as many
-    gradients; the card's memory bounds the stack (an 80 GB H100: about 26 layers)."""
+    gradients; the card's memory bounds the stack (an 80 GB H100: about 28 layers)."""
     from mokgen.pytorch.api import max_layers, memory_report, stack_memory
 
     s = mokgen.shapes.get("qwen3-30b-a3b")
