@@ -247,3 +247,25 @@ def test_the_probe_builds_and_prints_an_entry_to_paste():
     ns = {"GPU": hardware.GPU}
     exec(text, ns)
     assert ns["H100_SXM"] == dataclasses.replace(hardware.H100_SXM, **rates, measured=True)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_plans_are_for_it_and_others_are_refused():
+    """The device in hand: its kind, SMs and memory; a layer planned for a GPU of other SMs
+    is refused before anything loads."""
+    import torch
+
+    from mokgen.pytorch.api import CompiledMoE
+
+    here = torch.cuda.get_device_properties(torch.cuda.current_device())
+    gpu = hardware.current()
+    assert (gpu.num_sms, gpu.memory, gpu.device) == (here.multi_processor_count,
+                                                     here.total_memory, here.name)
+    s = mokgen.shapes.get("gpu-small")
+    p = mokgen.plan(s, ep=1, tokens_per_rank=256)
+    assert (p.gpu, p.gpu_sms, p.num_sms) == (gpu.name, gpu.num_sms, gpu.num_sms)
+    other = "h20" if gpu.num_sms != 78 else "h100-sxm"
+    q = mokgen.plan(s, ep=1, tokens_per_rank=256, gpu=other)
+    with pytest.raises(ValueError, match=rf"planned for {q.gpu} \({q.gpu_sms} SMs.*"
+                                         rf"\({gpu.num_sms} SMs"):
+        CompiledMoE(q, {}, virtual=True, build_seconds=0.0).runtime()
