@@ -6,9 +6,10 @@ MOKGEN_OVERRIDE  a folder: a file <kernel>.cu there replaces the generated sourc
 MOKGEN_NVCC      the nvcc to use (default: nvcc on PATH)
 MOKGEN_WATCHDOG  seconds a device-side spin-wait may last before it reports and traps
 MOKGEN_DEBUG     1: build kernels with index checks that record the first failure
-MOKGEN_GPU       the GPU plans target when a call names none: a kind (h100-sxm, h200, h800,
-                 h100-pcie, h20; default: the current CUDA device, else the H200:
-                 mokgen/compiler/hardware.py)
+MOKGEN_GPU       the GPU plans target when a call names none (gpu=): a kind (h100-sxm, h200,
+                 h800, h100-pcie, h20), over the device in hand; unset: the current CUDA
+                 device, else the H200 (mokgen/compiler/hardware.py). Set it to prebuild on
+                 a CPU the kernels a kind's machine will plan.
 MOKGEN_COMMIT    the commit benchmark results record (default: git's HEAD; on the GPU machine
                  the copied tree's .git can lag the files: pass it there)
 """

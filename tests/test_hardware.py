@@ -187,6 +187,23 @@ def test_fewer_sms_compile_without_spills(name, ep, dtype, sms, on_device):
     assert_builds_clean(layer, expected_units(layer.plan))  # no spills, no stack frame
 
 
+def test_tuning_results_are_per_gpu(tmp_path, monkeypatch):
+    """A `python -m mokgen tune` result is the GPU's it ran on: a plan for another GPU does
+    not take it."""
+    import json
+
+    from mokgen.compiler import tuned
+
+    monkeypatch.setattr(tuned, "CONFIG", dataclasses.replace(tuned.CONFIG, cache=tmp_path))
+    shape = mokgen.shapes.get("gpu-small")
+    path = tuned.tuned_file(shape, 2, "bf16", 512)
+    assert ".h200." in path.name and path != tuned.tuned_file(shape, 2, "bf16", 512, gpu="h20")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"best": {"minibatch": 256, "comm_sms_fwd": 9}}))
+    assert tuned.tuned_plan(shape, 2, "bf16", 512).is_forced("comm_sms_fwd")
+    assert not tuned.tuned_plan(shape, 2, "bf16", 512, gpu="h20").is_forced("comm_sms_fwd")
+
+
 def test_a_layer_for_another_gpu_is_refused_at_load(monkeypatch):
     """runtime/checks.py check_gpu: the device's SMs and shared memory against the plan's,
     both named (the CTA count compiled in is checked again when the cubin loads)."""

@@ -43,7 +43,8 @@ class Plan:
     tokens_per_rank: int
     arch: str = "sm_90a"
     # the GPU it is planned for (hardware.target): its kind (the cost models' rates), SM count
-    # and shared memory a block; the runtime refuses a device whose SMs or memory differ
+    # and shared memory a block; the runtime refuses a device whose SMs or shared memory
+    # differ (runtime/checks.py check_gpu)
     gpu: str = hardware.CPU_DEFAULT
     gpu_sms: int = hardware.get(hardware.CPU_DEFAULT).num_sms
     gpu_smem: int = hardware.get(hardware.CPU_DEFAULT).smem_per_block
