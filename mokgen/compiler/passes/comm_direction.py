@@ -37,7 +37,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from mokgen.compiler import hardware, ir
+from mokgen.compiler import ir
 from mokgen.compiler.limits import DIRECTIONS, GATHER
 from mokgen.compiler.plan import Plan
 
