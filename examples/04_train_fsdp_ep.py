@@ -156,7 +156,7 @@ def main(argv=None):
         if args.moe == "mokgen" and not args.no_overlap:  # NCCL (FSDP) within the SMs the
             from mokgen.compiler.passes.sm_partition import collective_sms  # layers leave free
 
-            sms = collective_sms(mokgen.compiler.hardware.get("H200"))
+            sms = collective_sms(mokgen.compiler.hardware.default())  # this node's GPU
             os.environ.setdefault("NCCL_MAX_CTAS", str(sms))
         local = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local)

@@ -41,6 +41,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="tokens per rank per call (default: %(default)s)")
     p.add_argument("--dtype", default="bf16",
                    help="what the routed GEMMs read: bf16 | fp8 | mxfp8 (default: %(default)s)")
+    p.add_argument("--gpu", default=None,
+                   help="plan for this GPU: h100-sxm, h200, h800, h100-pcie, h20 (default: "
+                        "the visible GPU, else $MOKGEN_GPU, else h200)")
     for name, what in _OVERRIDES.items():
         p.add_argument(f"--{name}", type=int, default=None, metavar="N",
                        help=f"{what} (default: the planner's choice)")
@@ -76,7 +79,7 @@ def _gemm(text: str) -> tuple:
 def _plan(args):
     overrides = {k: getattr(args, k) for k in
                  ("minibatch", "macrobatch", "comm_sms_fwd", "comm_sms_bwd", "reserve_sms",
-                  "gemm_fwd", "gemm_bwd") if getattr(args, k) is not None}
+                  "gemm_fwd", "gemm_bwd", "gpu") if getattr(args, k) is not None}
     if args.overlap_comm:
         overrides["overlap_comm"] = True
     if args.keep_h is not None:

@@ -6,6 +6,10 @@ MOKGEN_OVERRIDE  a folder: a file <kernel>.cu there replaces the generated sourc
 MOKGEN_NVCC      the nvcc to use (default: nvcc on PATH)
 MOKGEN_WATCHDOG  seconds a device-side spin-wait may last before it reports and traps
 MOKGEN_DEBUG     1: build kernels with index checks that record the first failure
+MOKGEN_GPU       the GPU plans target when a call names none (gpu=): a kind (h100-sxm, h200,
+                 h800, h100-pcie, h20), over the device in hand; unset: the current CUDA
+                 device, else the H200 (mokgen/compiler/hardware.py). Set it to prebuild on
+                 a CPU the kernels a kind's machine will plan.
 MOKGEN_COMMIT    the commit benchmark results record (default: git's HEAD; on the GPU machine
                  the copied tree's .git can lag the files: pass it there)
 """
@@ -25,6 +29,7 @@ class Config:
     watchdog_s: float
     debug: bool
     commit: str | None
+    gpu: str | None = None
 
 
 def _load() -> Config:
@@ -36,7 +41,7 @@ def _load() -> Config:
         nvcc=env.get("MOKGEN_NVCC", "nvcc"),
         watchdog_s=float(env.get("MOKGEN_WATCHDOG", "5")),
         debug=env.get("MOKGEN_DEBUG", "0") not in ("", "0"),
-        commit=env.get("MOKGEN_COMMIT") or None)
+        commit=env.get("MOKGEN_COMMIT") or None, gpu=env.get("MOKGEN_GPU") or None)
 
 
 CONFIG = _load()

@@ -1,6 +1,12 @@
 import pytest
 import torch
 
+from mokgen.compiler import hardware
+
+# CPU tests plan for the CPU default GPU (the H200) on every machine, a GPU machine too: their
+# golden plans are its. GPU tests plan for the device in hand (pytest_runtest_setup).
+hardware.set_default(hardware.CPU_DEFAULT)
+
 
 def _has_gpu() -> bool:
     return torch.cuda.is_available()
@@ -9,10 +15,21 @@ def _has_gpu() -> bool:
 def pytest_collection_modifyitems(config, items):
     if _has_gpu():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (none visible); run on the H200 machine")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none visible); run on the GPU machine")
     for item in items:
-        if "gpu" in item.keywords or "multigpu" in item.keywords:
+        if _on_gpu(item):
             item.add_marker(skip)
+
+
+def _on_gpu(item) -> bool:
+    return "gpu" in item.keywords or "multigpu" in item.keywords
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before any fixture of the test (module-scoped ones too): GPU tests plan for the device
+    in hand, the others for the pinned CPU default."""
+    hardware.set_default(None if _on_gpu(item) else hardware.CPU_DEFAULT)
 
 
 @pytest.fixture

@@ -51,6 +51,7 @@ FLIPS = {
     # likewise one rank only (its source change: tests/test_memory.py)
     "keep_h": (True, "keep_h needs ep == 1"),
     "arch": ("sm_100a", "sm_90a"),  # plans for other GPUs serve mokgen.harness.simulate only
+    "gpu": ("h100-pcie", {"fwd", "bwd"}),  # 114 SMs: the launches' CTAs
     "reserve_sms": (16, {"fwd", "bwd"}),
     "overlap_comm": (True, {"fwd", "bwd"}),
     "profile": (("no_routed_wgrad",), {"fwd", "bwd"}),

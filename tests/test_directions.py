@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 import mokgen
-from mokgen.compiler import build, codegen, hardware
+from mokgen.compiler import build, codegen
 from mokgen.compiler.lower import layer_spec
 from mokgen.compiler.passes.comm_direction import (backward_costs, choose_backward, choose_forward,
                                           forward_costs)
@@ -98,7 +98,7 @@ def paper_pair_priced_cheapest(costs, pairs, pushed: str, chosen) -> dict:
     cost = {pair: costs(p, *pair) for pair in pairs}
     assert min(cost, key=lambda pair: cost[pair]["total"]) == ("pull", "push")
     assert chosen(p) == ("pull", "push")
-    gpu = hardware.get(p.gpu)
+    gpu = p.target
     minibatches = -(-p.tokens_per_rank * p.shape.topk // p.minibatch)
     extra = cost[("push", "push")][pushed] - cost[("pull", "push")][pushed]
     assert extra >= minibatches * ((p.ep + 1) * gpu.peer_flag_latency - gpu.flag_latency)

@@ -233,7 +233,7 @@ def test_reserved_sms_let_a_side_all_gather_run_beside_the_layer(group):
     shape, n, reserve = mokgen.shapes.get("gpu-small"), 700, 16
     layer = mokgen.compile(shape, ep=R, tokens_per_rank=n, group=group, reserve_sms=reserve)
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    assert layer.plan.num_sms == 132 - reserve
+    assert layer.plan.gpu_sms == sms and layer.plan.num_sms == sms - reserve
     assert layer.runtime().fwd_ctas == layer.plan.num_sms <= sms
     inputs, dys = global_inputs(shape, R, n)
     y0, g0 = run_rank(layer, inputs, dys[r], r)

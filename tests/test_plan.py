@@ -274,19 +274,23 @@ def test_reserve_sms_leaves_sms_to_collectives():
 
     s = mokgen.shapes.get("kimi-k2.7")
     full = mokgen.plan(s, ep=64, tokens_per_rank=2048)
-    assert (full.num_sms, full.reserve_sms) == (132, 0)
+    sms = full.gpu_sms  # the CPU default's (the H200's): 132
+    assert (full.num_sms, full.reserve_sms) == (sms, 0)
     auto = mokgen.plan(s, ep=64, tokens_per_rank=2048, overlap_comm=True)
-    assert auto.reserve_sms == collective_sms(mokgen.compiler.hardware.H200) == 16
-    assert auto.num_sms == 116 and auto.comm_sms_fwd < auto.num_sms
+    assert auto.reserve_sms == collective_sms(full.target) == 16  # 450 GB/s / 40 GB/s a CTA
+    assert auto.num_sms == sms - 16 and auto.comm_sms_fwd < auto.num_sms
     assert "16 SMs left to collectives" in str(auto)
     forced = mokgen.plan(s, ep=64, tokens_per_rank=2048, reserve_sms=40, overlap_comm=True)
-    assert (forced.num_sms, forced.reserve_sms) == (92, 40)  # the forced count wins
+    assert (forced.num_sms, forced.reserve_sms) == (sms - 40, 40)  # the forced count wins
     assert mokgen.Plan.from_json(forced.to_json()) == forced
     src = {k.name.split("_")[0]: k.source for k in codegen.emit(forced)}
     full_src = {k.name.split("_")[0]: k.source for k in codegen.emit(full)}
     for unit in ("fwd", "bwd"):
-        assert f"int mokgen_{unit}_ctas = 92;" in src[unit]
-        assert f"int mokgen_{unit}_ctas = 132;" in full_src[unit]
+        assert f"int mokgen_{unit}_ctas = {sms - 40};" in src[unit]
+        assert f"int mokgen_{unit}_ctas = {sms};" in full_src[unit]
+    # the reserve follows the link: the H800's 200 GB/s a direction needs 8
+    h800 = mokgen.plan(s, ep=64, tokens_per_rank=2048, overlap_comm=True, gpu="h800")
+    assert (h800.reserve_sms, h800.num_sms) == (8, 124)
     assert check_ctas("forward", 116, 132) == 116
     with pytest.raises(ValueError, match="132 CTAs .* has 114 SMs"):
         check_ctas("forward", 132, 114)
@@ -303,6 +307,6 @@ def test_reserve_sms_is_checked(kw, arg):
 
 
 def test_overlap_comm_forced_comm_sms_must_fit_the_launch():
-    with pytest.raises(ValueError, match="comm_sms_bwd must be < 116"):
+    with pytest.raises(ValueError, match="comm_sms_bwd must be < 116"):  # the H200's 132 - 16
         mokgen.plan(mokgen.shapes.get("glm-5.2"), ep=8, tokens_per_rank=1024,
                     overlap_comm=True, comm_sms_bwd=120)

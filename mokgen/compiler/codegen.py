@@ -117,7 +117,9 @@ def emit(plan: Plan, units=tuple(UNITS)) -> list[Kernel]:
     if "bwdres" in units:  # the twin re-runs the passes: only when its unit is asked for
         consts["bwdres"] = constants(resident_twin(plan))["bwd"]
     flags = ("-DMOKGEN_DEBUG",) if CONFIG.debug else ()
-    kernels = [Kernel(f"{u}_{plan.key()}", _ENV.get_template(UNITS[u]).render(
+    # named by unit, GPU and plan: a cache built ahead for a kind says which (kernel.<name>.*)
+    name = f"{plan.gpu.lower()}_{plan.key()}"
+    kernels = [Kernel(f"{u}_{name}", _ENV.get_template(UNITS[u]).render(
         **consts[u], abi_checks=abi_checks(u, consts[u]["ep"] if consts[u].get("dir_peers")
                                            else None) if u in _ABI else "",
         fwd_maps=abi.FWD_MAPS),

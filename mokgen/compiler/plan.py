@@ -28,8 +28,11 @@ COMM_OPS = ("dispatch", "combine", "reverse_combine", "reverse_dispatch")
 
 # Fields a caller may force: together they reproduce every decision (`Plan.decisions`).
 OVERRIDABLE = COMM_OPS + ("comm_sms_fwd", "comm_sms_bwd", "minibatch", "macrobatch",
-                          "ring_budget_bytes", "x_slots", "keep_h", "arch", "reserve_sms",
-                          "overlap_comm", "profile", "gemm_fwd", "gemm_bwd")
+                          "ring_budget_bytes", "x_slots", "keep_h", "arch", "gpu",
+                          "reserve_sms", "overlap_comm", "profile", "gemm_fwd", "gemm_bwd")
+# The target, not a decision: named or not, a plan for a GPU is the same plan (and key), so
+# kernels built ahead for a kind are the ones its devices find (never in `forced`).
+TARGET = ("arch", "gpu")
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,12 @@ class Plan:
     dtype: str
     tokens_per_rank: int
     arch: str = "sm_90a"
-    gpu: str = "H200"
+    # the GPU it is planned for (hardware.target): its kind (the cost models' rates), SM count
+    # and shared memory a block; the runtime refuses a device whose SMs or shared memory
+    # differ (runtime/checks.py check_gpu)
+    gpu: str = hardware.CPU_DEFAULT
+    gpu_sms: int = hardware.get(hardware.CPU_DEFAULT).num_sms
+    gpu_smem: int = hardware.get(hardware.CPU_DEFAULT).smem_per_block
     forced: tuple = ()
     # comm_direction: the comm ops' direction and completion signals
     dispatch: str | None = None
@@ -99,12 +107,20 @@ class Plan:
         """A changed copy; it no longer views a graph (see `annotated`)."""
         return dataclasses.replace(self, graph=None, **changes)
 
+    @property
+    def target(self) -> hardware.GPU:
+        """The GPU the passes planned for (hardware.for_plan: its kind at its SMs)."""
+        return hardware.for_plan(self.gpu, self.gpu_sms, self.gpu_smem)
+
     def is_forced(self, name: str) -> bool:
         return name in self.forced
 
     def decisions(self) -> dict:
-        """The overridable fields that are set: forced, they make this plan again."""
-        return {k: getattr(self, k) for k in OVERRIDABLE if getattr(self, k) is not None}
+        """The overridable fields that are set: forced, they make this plan again (the GPU
+        as `gpu=`, the target itself)."""
+        d = {k: getattr(self, k) for k in OVERRIDABLE if k not in TARGET
+             and getattr(self, k) is not None}
+        return dict(d, gpu=self.target)
 
     # ------------------------------------------------------------------ the view
     @classmethod
@@ -114,7 +130,7 @@ class Plan:
         pb, ops = g.graph["problem"], ir.ops(g)
         f = dict(pb["overrides"], shape=pb["shape"], ep=pb["ep"], dtype=pb["dtype"],
                  tokens_per_rank=pb["tokens_per_rank"], arch=pb["arch"], gpu=pb["gpu"],
-                 forced=pb["forced"])
+                 gpu_sms=pb["gpu_sms"], gpu_smem=pb["gpu_smem"], forced=pb["forced"])
 
         def put(name, value):
             if value is not None:
@@ -148,7 +164,7 @@ class Plan:
         if launch:
             f["num_sms"] = launch["fwd"]
             if "reserve_sms" not in pb["forced"]:
-                f["reserve_sms"] = hardware.get(pb["gpu"]).num_sms - f["num_sms"]
+                f["reserve_sms"] = pb["gpu_sms"] - f["num_sms"]
         ring = ir.ring_ops(g)
         put("minibatch", ir.common(ring, "minibatch"))
         put("macrobatch", ir.common(ring, "ring_rows"))
@@ -176,6 +192,9 @@ class Plan:
     def from_json(cls, text: str) -> "Plan":
         d = json.loads(text)
         d["shape"] = MoEShape.from_dict(d["shape"])
+        kind = hardware.get(d.get("gpu", hardware.CPU_DEFAULT))  # plans before gpu_sms
+        d.setdefault("gpu_sms", kind.num_sms)
+        d.setdefault("gpu_smem", kind.smem_per_block)
         d["signals"] = tuple(tuple(s) for s in d["signals"])
         for key in ("forced", "quant_fused", "profile"):
             d[key] = tuple(d.get(key, ()))
@@ -195,7 +214,9 @@ class Plan:
             ("ep / local experts", f"{self.ep} / {self.local_experts}"),
             ("tokens per rank", self.tokens_per_rank),
             ("dtype", f"{self.dtype} (routed GEMMs {self.act_dtype}, shared {self.shared_dtype})"),
-            ("target", f"{self.gpu} {self.arch}, {self.num_sms} CTAs per launch"
+            ("target", f"{self.gpu} {self.arch} ({self.gpu_sms} SMs, "
+                       f"{self.gpu_smem // 1024} KiB shared memory a block), "
+                       f"{self.num_sms} CTAs per launch"
                        + (f" ({self.reserve_sms} SMs left to collectives)"
                           if self.reserve_sms else "")),
             ("forward comm", f"dispatch={self.dispatch} combine={self.combine}"),
@@ -262,7 +283,7 @@ def initial_graph(shape: MoEShape, ep: int, dtype: str, tokens_per_rank: int, **
             low = 0 if name.startswith("comm_sms") else 1  # 0: gathered rows (limits.GATHER)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
-    gpu = hardware.get(overrides.get("arch", "sm_90a"))
+    gpu = hardware.target(overrides.pop("gpu", None), overrides.pop("arch", None))
     if "reserve_sms" in overrides:
         v = overrides["reserve_sms"]
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= gpu.num_sms // 2:
@@ -304,6 +325,7 @@ def initial_graph(shape: MoEShape, ep: int, dtype: str, tokens_per_rank: int, **
                              f"at least two minibatches, got {overrides['macrobatch']}")
     g = ir.build_graph(shape, ep, tokens_per_rank)
     g.graph["problem"] = dict(shape=shape, ep=ep, dtype=dtype, tokens_per_rank=tokens_per_rank,
-                              arch=gpu.arch, gpu=gpu.name, forced=tuple(sorted(overrides)),
-                              overrides={**overrides, "arch": gpu.arch})
+                              arch=gpu.arch, gpu=gpu.name, gpu_sms=gpu.num_sms,
+                              gpu_smem=gpu.smem_per_block, forced=tuple(sorted(overrides)),
+                              overrides=overrides)
     return g

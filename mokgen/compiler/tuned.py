@@ -1,6 +1,6 @@
 """Stored tuning results (`python -m mokgen tune`): the plan `mokgen.compile` and `mokgen.MoE`
 build is the planner's, with a stored winner's minibatch and comm SMs unless the caller forces
-any of them."""
+any of them. A result is the GPU's it was tuned on (its name and key say which)."""
 from __future__ import annotations
 
 import json
@@ -13,14 +13,17 @@ from mokgen.config import CONFIG
 TUNED = ("minibatch", "comm_sms_fwd", "comm_sms_bwd")
 
 
-def tuned_file(shape, ep: int, dtype: str, tokens: int) -> Path:
-    key = initial_plan(shape, ep, dtype, tokens).key()  # the problem, before any decision
-    return CONFIG.cache / "tuned" / f"{shape.name or 'shape'}.ep{ep}.n{tokens}.{dtype}.{key}.json"
+def tuned_file(shape, ep: int, dtype: str, tokens: int, **target) -> Path:
+    """Where the result for this problem on the GPU `target` names (gpu= / arch=, as
+    mokgen.plan takes them; default: the plans' default GPU) lives."""
+    p = initial_plan(shape, ep, dtype, tokens, **target)  # the problem, before any decision
+    return CONFIG.cache / "tuned" / (f"{shape.name or 'shape'}.ep{ep}.n{tokens}.{dtype}."
+                                     f"{p.gpu.lower()}.{p.key()}.json")
 
 
-def load_tuned(shape, ep: int, dtype: str, tokens: int) -> dict:
+def load_tuned(shape, ep: int, dtype: str, tokens: int, **target) -> dict:
     """The stored winner's overrides ({} when nothing was tuned or the file is unreadable)."""
-    path = tuned_file(shape, ep, dtype, tokens)
+    path = tuned_file(shape, ep, dtype, tokens, **target)
     try:
         best = json.loads(path.read_text())["best"]
         return {k: int(best[k]) for k in TUNED if k in best}  # a forward-only result too
@@ -35,7 +38,8 @@ def with_tuned(shape, ep: int, dtype: str, tokens: int, overrides: dict) -> dict
     if any(k in overrides for k in TUNED) or overrides.get("reserve_sms") \
             or overrides.get("overlap_comm"):
         return overrides
-    tuned = load_tuned(shape, ep, dtype, tokens)
+    tuned = load_tuned(shape, ep, dtype, tokens,
+                       **{k: overrides[k] for k in ("gpu", "arch") if k in overrides})
     if "gather" in (overrides.get("dispatch"), overrides.get("reverse_combine")):
         tuned = {}  # tuned for copied rows: gathered ones run no comm CTAs
     if "comm_sms_bwd" in tuned:  # not for keep_h plans (tune() says why), e.g. a result

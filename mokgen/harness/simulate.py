@@ -114,7 +114,7 @@ def gemm_flops(plan, padded: int, backward: bool) -> float:
 def predict_plan(plan, system: str | System) -> dict:
     """Per-rank forward and backward of a finished plan on `system`: ms and their parts."""
     sysm = get_system(system) if isinstance(system, str) else system
-    gpu = hardware.get(plan.gpu)
+    gpu = plan.target
     s, n, L = plan.shape, plan.tokens_per_rank, plan.local_experts
     rows = n * s.topk
     per_expert = rows / L
@@ -158,7 +158,7 @@ def predict(shape: MoEShape, ep: int, tokens: int, system: str, dtype: str = "bf
 
     sysm = get_system(system)
     p = make_plan(layer_shape(shape, ep, local_experts), ep=ep, dtype=dtype,
-                  tokens_per_rank=tokens, arch=sysm.gpu.name, **overrides)
+                  tokens_per_rank=tokens, gpu=sysm.gpu, **overrides)
     return predict_plan(p, sysm)
 
 

@@ -40,8 +40,12 @@ class CompiledMoE:
             if not torch.cuda.is_available():
                 raise RuntimeError("mokgen: running a compiled layer needs a CUDA GPU; "
                                    "none is visible (compiling works without one)")
+            from mokgen.runtime.checks import check_gpu
             from mokgen.runtime.moe import ForwardRuntime, WeightCache
             from mokgen.runtime.workspace import shared
+
+            p = self.plan
+            check_gpu(p.gpu, p.gpu_sms, p.gpu_smem, torch.cuda.current_device())
 
             spec = layer_spec(self.plan)
             # one rank has no peers: it needs no process group (nor symmetric memory)
@@ -222,26 +226,110 @@ class _MoEFunction(torch.autograd.Function):
 
 
 
-def memory_report(plan: Plan) -> dict:
+def memory_report(plan: Plan, device_memory: int | None = None) -> dict:
     """Device bytes the plan's layers use beyond their weights, per rank, before any GPU:
     the workspace (paid once per device, group and plan, shared by every layer of the plan;
     by part), what one differentiable call keeps per layer for its backward, and whether
-    the backward needs its fp32 weight-gradient sums (a ring smaller than the worst case)."""
+    the backward needs its fp32 weight-gradient sums (a ring smaller than the worst case).
+    Then the card: `gpu` (the plan's), its `device_memory` (given, else the current device's
+    where it is the plan's GPU, else the kind's datasheet size) and `max_layers`, the most
+    mokgen.MoE layers of this plan whose training step fits it (stack_memory: weights,
+    gradients, workspace and what each layer keeps, no activation checkpointing)."""
     from mokgen.runtime.workspace import saved_bytes, workspace_bytes
 
     spec = layer_spec(plan)
+    memory = device_memory or card_memory(plan)
     return {"workspace": workspace_bytes(spec),
             "saved_per_layer": saved_bytes(spec, plan.tokens_per_rank),
-            "wg_acc": spec.needs_wg_acc}
+            "wg_acc": spec.needs_wg_acc, "gpu": plan.gpu, "device_memory": memory,
+            "max_layers": max_layers(plan, memory)}
+
+
+def card_memory(plan: Plan) -> int:
+    """Bytes of memory of the GPU `plan` is for: the current device's own total where it is
+    that GPU (kind and SMs), else the kind's (hardware.py)."""
+    from mokgen.compiler import hardware
+
+    here = hardware.current() if torch.cuda.is_available() else None
+    if here is not None and (here.name, here.num_sms) == (plan.gpu, plan.gpu_sms):
+        return here.memory
+    return plan.target.memory
+
+
+# The share of a card's memory a training step may count on: the CUDA context, cuBLAS's
+# workspaces and the caching allocator's rounding and fragmentation take the rest (an 80 GB
+# H100 shows about 78 GiB free to torch). An estimate: benchmarks/model_stack.py checks it.
+USABLE = 0.94
+
+
+def layer_param_bytes(plan: Plan, router: bool = True) -> int:
+    """Bytes of one mokgen.MoE layer's parameters on this rank: the local experts' w1 and w2
+    and the shared expert's weights in bf16 (fp8 plans too: they quantize bf16 masters), the
+    router's fp32 weight [E, D] (router=True, the module's default)."""
+    s = plan.shape
+    experts = plan.local_experts * 3 * s.intermediate * s.hidden * 2
+    shared = 3 * s.shared_dim * s.hidden * 2 if s.shared_experts else 0
+    return experts + shared + (s.num_experts * s.hidden * 4 if router else 0)
+
+
+def stack_memory(plan: Plan, layers: int, checkpointing: bool = False, fused: bool = True,
+                 router: bool = True, extra_saved_per_layer: int = 0,
+                 tokens: int | None = None) -> dict:
+    """Predicted device bytes of a training step of `layers` mokgen.MoE layers of `plan`, on
+    one rank, by part, at its peak (the last layer's backward, every layer's saved
+    activations still held): `weights` and `grads` (layer_param_bytes each), `fp8_weights`
+    (fp8 plans: each layer's quantized copies, forward and backward layouts), `workspace`
+    (once), `saved` (what each layer keeps for its backward: saved_bytes, and the router's
+    fp32 input; with `checkpointing` only each layer's input, but the one layer whose
+    forward re-ran), `transient` (one layer's backward: dx, the routing gradients and, not
+    `fused`, autograd's temporary the size of the expert gradients) and `total`.
+    `extra_saved_per_layer`: what the model keeps per layer besides the MoE (a pre-norm
+    block: its norm's input, tokens x hidden x 2). `tokens`: per call (the plan's).
+    Against benchmarks/model_stack.py's rows (H200, Qwen3-30B-A3B, T 8192, keep_h off,
+    extra_saved_per_layer = the norm's input), total less weights and gradients is 0.93-0.99
+    of its measured held + peak, 8 to 48 layers, checkpointed or not."""
+    from mokgen.runtime.workspace import saved_bytes, workspace_bytes
+
+    spec, s = layer_spec(plan), plan.shape
+    n = tokens or plan.tokens_per_rank
+    params = layer_param_bytes(plan, router)
+    routed = plan.local_experts * 3 * s.intermediate * s.hidden
+    per_layer = saved_bytes(spec, n) + (n * s.hidden * 4 if router else 0) \
+        + extra_saved_per_layer
+    kept_input = n * s.hidden * 2  # checkpointed: the block's input alone
+    saved = per_layer + (layers - 1) * (kept_input if checkpointing else per_layer)
+    # dy in; dx of the experts, of the router's path (fp32, then bf16) and their sum; the
+    # logits' and route weights' gradients (fp32); autograd's expert-gradient temporary
+    transient = n * s.hidden * 2 * 3 + n * (s.num_experts + s.topk) * 4 \
+        + (n * s.hidden * (4 + 2) if router else 0) + (0 if fused else routed * 2)
+    parts = {"weights": layers * params, "grads": layers * params,
+             "fp8_weights": layers * 2 * routed if plan.scale_block else 0,
+             "workspace": workspace_bytes(spec)["total"], "saved": saved,
+             "transient": transient}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def max_layers(plan: Plan, memory: int | None = None, **kw) -> int:
+    """The most layers of `plan` whose training step (stack_memory, with `kw`) fits USABLE of
+    `memory` bytes (default: the plan's card, card_memory); 0 if not even one."""
+    budget = USABLE * (memory or card_memory(plan))
+    one = stack_memory(plan, 1, **kw)["total"]
+    if one > budget:
+        return 0
+    step = stack_memory(plan, 2, **kw)["total"] - one  # each layer more adds as much
+    return 1 + int((budget - one) // step)
 
 
 def format_memory(report: dict) -> str:
     mb = lambda b: f"{b / 2**20:,.1f} MiB"  # noqa: E731
     ws = report["workspace"]
     parts = ", ".join(f"{k} {mb(v)}" for k, v in ws.items() if k != "total")
+    card = (f"; {report['gpu']} ({report['device_memory'] / 2**30:,.0f} GiB) trains "
+            f"{report['max_layers']} such layers at most") if "max_layers" in report else ""
     return (f"memory per rank: workspace {mb(ws['total'])} once per model ({parts}; "
             f"fp32 weight-gradient sums {'included' if report['wg_acc'] else 'not needed'}); "
-            f"saved per layer call {mb(report['saved_per_layer'])}")
+            f"saved per layer call {mb(report['saved_per_layer'])}{card}")
 
 
 def build_plans(plans: list[Plan], jobs: int | None = None) -> list[build.Binary]:

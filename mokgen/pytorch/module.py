@@ -24,8 +24,11 @@ class MoE(nn.Module):
                  backend: str = "kernels", overlap_comm: bool = False,
                  fuse_grad_accumulation: bool | None = None, **overrides):
         """overlap_comm=True: collectives (FSDP gathers, gradient reduce-scatters) run beside
-        this layer; its kernels leave them SMs (the plan's reserve_sms, H200: 16; see
+        this layer; its kernels leave them SMs (the plan's reserve_sms, H100 / H200: 16; see
         mokgen/compiler/passes/sm_partition.py). Cap NCCL to as many CTAs (NCCL_MAX_CTAS).
+
+        The layer is planned for the GPU of `device` (a CUDA device with an index), else for
+        the current one (mokgen.compile's default); `gpu=` names another ("h100-sxm", ...).
 
         fuse_grad_accumulation (fused gradient accumulation): when w1.grad and w2.grad
         already hold gradients (accumulation over micro-batches), the backward kernel adds
@@ -57,6 +60,8 @@ class MoE(nn.Module):
 
         self.ep_group = ep_group
         ep, self.rank = group_size_rank(ep_group)
+        if "gpu" not in overrides and "arch" not in overrides:
+            overrides = {**overrides, **target_of(device)}
         self.plan = tuned_plan(shape, ep, dtype, tokens_per_rank, **overrides)  # as compile()
         self.shape, self.dtype_name = shape, dtype
         E, D, I, L = shape.num_experts, shape.hidden, shape.intermediate, self.plan.local_experts
@@ -166,6 +171,19 @@ class MoE(nn.Module):
         s = self.shape
         return (f"E={s.num_experts}, D={s.hidden}, I={s.intermediate}, k={s.topk}, "
                 f"ep={self.plan.ep}, rank={self.rank}, dtype={self.dtype_name}")
+
+
+def target_of(device) -> dict:
+    """{"gpu": device's GPU} for a CUDA device with an index, else {} (the plan's default:
+    the current device)."""
+    if device is None:
+        return {}
+    d = torch.device(device)
+    if d.type != "cuda" or d.index is None:
+        return {}
+    from mokgen.compiler import hardware
+
+    return {"gpu": hardware.device(d.index)}
 
 
 def group_size_rank(ep_group) -> tuple:

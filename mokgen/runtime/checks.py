@@ -22,6 +22,20 @@ def _device(name, t, device):
         raise ValueError(f"{name} must be on {where}, got {t.device}")
 
 
+def check_gpu(planned: str, sms: int, smem: int, device) -> None:
+    """The device a layer is loaded on must be the GPU its plan was made for, in what the
+    kernels are sized by: the SM count (one CTA an SM: the grids, the comm / compute split,
+    the minibatch) and the shared memory a block may use. `planned` names the plan's GPU."""
+    props = torch.cuda.get_device_properties(device)
+    have_smem = getattr(props, "shared_memory_per_block_optin", 0) or smem
+    if (props.multi_processor_count, have_smem) != (sms, smem):
+        raise ValueError(
+            f"mokgen: this layer was planned for {planned} ({sms} SMs, {smem // 1024} KiB "
+            f"shared memory a block) but this GPU is {props.name} "
+            f"({props.multi_processor_count} SMs, {have_smem // 1024} KiB): plan it for this "
+            f"GPU (mokgen.compile / mokgen.MoE without gpu= plan for the device in hand)")
+
+
 def check_ctas(kernel: str, ctas: int, device_sms: int) -> int:
     """A persistent kernel's CTA count, compiled in from the plan (the GPU's SMs less the
     reserve left to collectives), must fit this GPU: one CTA per SM, all resident at once."""

@@ -37,7 +37,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from mokgen.compiler import hardware, ir
+from mokgen.compiler import ir
 from mokgen.compiler.limits import DIRECTIONS, GATHER
 from mokgen.compiler.plan import Plan
 
@@ -63,7 +63,7 @@ def forward_costs(plan: Plan, dispatch: str, combine: str) -> dict:
     """Seconds one rank spends on the forward's dispatch and combine moved that way
     ({"dispatch", "combine", "total"}; inf where the kernels cannot run it: pull combine
     needs two comm CTAs). `plan` has its SM split, minibatch and row bytes decided."""
-    gpu = hardware.get(plan.gpu)
+    gpu = plan.target
     s, R, c = plan.shape, plan.ep, plan.comm_sms_fwd
     cc = c // 2 if combine == "pull" else 0
     if combine == "pull" and cc < 1:
@@ -94,7 +94,7 @@ def backward_costs(plan: Plan, reverse_combine: str, reverse_dispatch: str) -> d
     """Seconds one rank spends on the backward's reverse-combine and reverse-dispatch moved
     that way ({"reverse_combine", "reverse_dispatch", "total"}; inf where the kernels cannot
     run it: pull reverse-dispatch needs two comm CTAs, push reverse-combine bf16 rows)."""
-    gpu = hardware.get(plan.gpu)
+    gpu = plan.target
     s, R, c = plan.shape, plan.ep, plan.comm_sms_bwd
     cc = c // 2 if reverse_dispatch == "pull" else 0
     if (reverse_dispatch == "pull" and cc < 1) or \

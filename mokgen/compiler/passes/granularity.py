@@ -97,7 +97,7 @@ def granularity(g):
     if plan.is_forced("minibatch"):
         best = plan.minibatch
     else:
-        gpu, backward = hardware.get(plan.gpu), plan.gemm_bwd is not None
+        gpu, backward = plan.target, plan.gemm_bwd is not None
         cands = candidates(plan)
         terms = {b: minibatch_cost(plan, b, gpu, rereads=False) for b in cands}
         rereads = {b: weight_reread_s(plan, b, gpu) * (2 if backward else 1) for b in cands}
@@ -122,7 +122,7 @@ def predict_forward_s(plan: Plan) -> float:
     compute (sm_partition's terms) plus the minibatch penalties (this pass's terms)."""
     from mokgen.compiler.passes.sm_partition import direction_costs
 
-    gpu = hardware.get(plan.gpu)
+    gpu = plan.target
     moved, _ = direction_costs(plan, backward=False)
     link = gpu.nvlink_bw if plan.ep > 1 else gpu.hbm_bw / 2
     # gathered rows: no comm CTAs, nothing copied beside the compute

@@ -3,8 +3,8 @@ leaving `reserve_sms` of them to collectives that run beside the layer.
 
 Reserve: the persistent kernels hold one CTA per SM for their whole run, so a collective
 launched beside them (an FSDP all-gather on a side stream) waits for the layer to end. With
-`overlap_comm=True` the plan keeps `collective_sms(gpu)` SMs free (H200: 16) and the kernels
-launch `num_sms = SMs - reserve_sms` CTAs; `reserve_sms` forces any count (0 turns it off).
+`overlap_comm=True` the plan keeps `collective_sms(gpu)` SMs free (H100 / H200: 16) and the
+kernels launch `num_sms = SMs - reserve_sms` CTAs; `reserve_sms` forces any count (0 turns it off).
 
 Cost model per direction: comm time = bytes moved / min(link bandwidth, c * per-SM copy rate);
 compute time = FLOPs / (rate per SM * (num_sms - c)). Overlapped, the layer takes the max of
@@ -57,9 +57,9 @@ def gathers(plan: Plan) -> tuple[bool, bool]:
 def collective_sms(gpu: hardware.GPU) -> int:
     """SMs to leave to a collective beside the layer: enough that their copy rate covers one
     direction of the link (NCCL's channels are one CTA each, and a channel moves about what a
-    copying SM moves), rounded up to a power of two, as NCCL picks its channel counts. H200:
-    450 GB/s / 40 GB/s = 11.3 -> 16, 12% of the SMs (the layer's compute loses as much while
-    the collective gains the whole link). Tell NCCL to use no more: NCCL_MAX_CTAS, or the
+    copying SM moves), rounded up to a power of two, as NCCL picks its channel counts. H200
+    and H100 SXM: 450 GB/s / 40 GB/s = 11.3 -> 16, 12% of the SMs (the layer's compute loses
+    as much while the collective gains the whole link); H800 (200 GB/s): 8; H100 PCIe: 2. Tell NCCL to use no more: NCCL_MAX_CTAS, or the
     process group's `ProcessGroupNCCL.Options().config.max_ctas`."""
     need = -(-gpu.nvlink_bw // gpu.copy_bw_per_sm)
     return min(gpu.num_sms // 2, 1 << (int(need) - 1).bit_length())
@@ -118,9 +118,9 @@ def comm_ctas(plan: Plan, direction: str, sms: int) -> int:
         c = getattr(plan, name)
         if c >= sms:
             raise ValueError(f"{name} must be < {sms} (the CTAs left after reserving "
-                             f"{hardware.get(plan.gpu).num_sms - sms} SMs), got {c}")
+                             f"{plan.target.num_sms - sms} SMs), got {c}")
         return c
-    gpu = hardware.get(plan.gpu)
+    gpu = plan.target
     rate = gpu.fp8_flops if plan.scale_block == 128 else gpu.bf16_flops
     moved, flops = direction_costs(plan, backward=direction == "bwd")
     c = best_comm_sms(moved, flops, gpu, rate, plan.ep, sms)
@@ -144,7 +144,7 @@ def sm_partition(g):
     """Annotates every op of the megakernels with its `sm_role`, "comm" (the comm ops) or
     "compute", and the `ctas` its launch gives that role."""
     plan = Plan.of(g)
-    gpu = hardware.get(plan.gpu)
+    gpu = plan.target
     reserve = plan.reserve_sms if plan.is_forced("reserve_sms") else \
         collective_sms(gpu) if plan.overlap_comm else 0
     sms = gpu.num_sms - reserve
