@@ -51,8 +51,8 @@ def parse(argv=None):
     ap.add_argument("--load", default="ep64", help="ep64 or ep8 (benchmarks/multigpu.py)")
     ap.add_argument("--tokens", type=int, default=4096, help="tokens per rank")
     ap.add_argument("--gather-mib", type=int, default=256, help="MiB each rank gathers")
-    # overlap_comm's reserve on a 132-SM Hopper (H100 and H200 SXM)
-    ap.add_argument("--reserves", default=f"0,{collective_sms(hardware.H200)}",
+    # overlap_comm's reserve on the GPU in hand
+    ap.add_argument("--reserves", default=f"0,{collective_sms(hardware.default())}",
                     help="comma list of reserve_sms (0: none; the default: overlap_comm's)")
     ap.add_argument("--iters", type=int, default=20, help="timed calls a measurement")
     ap.add_argument("--trace", action="store_true",

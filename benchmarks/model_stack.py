@@ -17,7 +17,7 @@ autograd's accumulation allocates on both sides otherwise). A configuration that
 is recorded as out of memory; with --fit the most layers at which both fit (halving from N)
 is measured as well.
 
-    python benchmarks/model_stack.py [--shapes qwen3-30b-a3b,olmoe-1b-7b] [--layers 4,48]
+    python benchmarks/model_stack.py [--shapes qwen3-30b-a3b,olmoe-1b-7b] [--layers 4,fit]
         [--tokens 8192] [--ckpt 0,1] [--fuse 0] [--keep-h d] [--fit] [--out DIR]
 
 Rows go into DIR/model_stack.json (rows per GPU kind, benchmarks/result_file.py); a table
@@ -40,6 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 import mokgen  # noqa: E402
+from mokgen.pytorch.api import max_layers, stack_memory  # noqa: E402
 
 import result_file  # noqa: E402
 
@@ -169,6 +170,11 @@ def measure(impl, shape, layers, tokens, ckpt, iters, fuse=False, keep_h=None):
             out["keep_h"] = model.blocks[0].moe.plan.keep_h
             rt = mokgen.pytorch.ops.kernels_of(model.blocks[0].moe._layer).compiled.runtime()
             out["replayed_per_step"] = rt.stats["replayed"] / (iters + 1)
+            # the planner's prediction of the same bytes (held + peak beyond weights, grads)
+            pred = stack_memory(model.blocks[0].moe.plan, layers, checkpointing=ckpt,
+                                fused=fuse, extra_saved_per_layer=tokens * shape.hidden * 2)
+            out["predicted_mb"] = (pred["total"] - pred["weights"] - pred["grads"]) / 2**20
+            out["measured_mb"] = (held + max(peaks)) / 2**20
         return out
     except torch.OutOfMemoryError:
         return {"oom": True}
@@ -194,6 +200,8 @@ def rows_of(name, shape, layers, tokens, ckpt, iters, fuses=(False,), keeps=(Non
             for k in ("held_mb_per_layer", "peak_mb", "step_ms"):
                 row[f"{impl}_{k}"] = r.get(k)
         row["mokgen_workspace_mb"] = res["mokgen"].get("workspace_mb")
+        for k in ("predicted_mb", "measured_mb"):
+            row[f"mokgen_{k}"] = res["mokgen"].get(k)
         row["mokgen_replayed_per_step"] = res["mokgen"].get("replayed_per_step")
         rows.append(row)
     return rows
@@ -210,6 +218,15 @@ def rows_for(name, layers, tokens, ckpt, iters, fit, fuses=(False,), keeps=(None
     return rows
 
 
+def fitting_layers(name, tokens, ckpt, fuse=False, keep_h=None) -> int:
+    """The most layers the planner predicts mokgen's stack trains in on this GPU."""
+    shape = get_shape(name)
+    plan = mokgen.plan(shape, ep=1, tokens_per_rank=tokens,
+                       **({} if keep_h is None else {"keep_h": keep_h}))
+    return max_layers(plan, checkpointing=ckpt, fused=fuse,
+                      extra_saved_per_layer=tokens * shape.hidden * 2)
+
+
 def get_shape(name):
     return mokgen.shapes.get(name)  # the public models' presets (mokgen/shapes.py)
 
@@ -219,7 +236,9 @@ def main(argv=None):
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="qwen3-30b-a3b,olmoe-1b-7b",
                    help="comma list of model presets (default: %(default)s)")
-    p.add_argument("--layers", default="4,48", help="comma list of layer counts")
+    p.add_argument("--layers", default="4,fit",
+                   help="comma list of layer counts; 'fit': the most layers the planner "
+                        "predicts mokgen trains in on this GPU (default: %(default)s)")
     p.add_argument("--tokens", type=int, default=8192, help="tokens a step")
     p.add_argument("--iters", type=int, default=5, help="timed steps a configuration")
     p.add_argument("--ckpt", default="0,1", help="checkpointing off/on: 0, 1 or 0,1")
@@ -232,10 +251,12 @@ def main(argv=None):
     a = p.parse_args(argv)
     rows = []
     for name in a.shapes.split(","):
-        for layers in (int(v) for v in a.layers.split(",")):
+        for layers_arg in a.layers.split(","):
             for ckpt in (bool(int(v)) for v in a.ckpt.split(",")):
                 fuses = [bool(int(v)) for v in a.fuse.split(",")]
                 keeps = [None if v == "d" else bool(int(v)) for v in a.keep_h.split(",")]
+                layers = (fitting_layers(name, a.tokens, ckpt, fuses[0], keeps[0])
+                          if layers_arg == "fit" else int(layers_arg))
                 for row in rows_for(name, layers, a.tokens, ckpt, a.iters, a.fit, fuses, keeps):
                     rows.append(row)
                     print(json.dumps(row), flush=True)

@@ -202,7 +202,7 @@ def bench(name, load, n, iters, link_gbps, naive=True):
     res["floor_compute_fwd_ms"] = slowest_ms(dense_floor(shape, n, "cuda", torch.Generator(
         device="cuda").manual_seed(0)), iters)
     res["floor_compute_train_ms"] = 3 * res["floor_compute_fwd_ms"]
-    gpu = hardware.get("H200")  # the nominal NVLink rate: H100 and H200 SXM alike
+    gpu = hardware.default()  # the GPU in hand's nominal NVLink rate
     best_bw = max(gpu.nvlink_bw, link_gbps * 1e9)
     for kind, mult in (("fwd", 1), ("train", 2)):
         link_ms = 1e3 * mult * res["link_bytes_fwd"] / best_bw

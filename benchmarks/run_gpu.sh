@@ -134,7 +134,7 @@ EOF
   stack)
     step prebuild.log 150 python3 benchmarks/prebuild.py layers qwen3-30b-a3b,olmoe-1b-7b \
       --ep 1 --tokens 8192
-    step model_stack.log 480 python3 benchmarks/model_stack.py --layers 4,48 --ckpt 0,1 --fit \
+    step model_stack.log 480 python3 benchmarks/model_stack.py --layers 4,fit --ckpt 0,1 --fit \
       --out "$RES" "$@"
     ;;
   training)
