@@ -235,9 +235,9 @@ def test_epilogue_staging_takes_the_room_the_stages_leave():
 
 def test_the_hosts_engine_bytes_are_gemm_test_cus():
     """lower.smem_bytes, the host's one mirror of GemmCfg's layout, gives the sizes gemm_test.cu
-    asserts for its whole-task ping-pong configurations (PtCfg<TN, ST>), read from its
-    static_assert: the standalone kernels' launches and the planner's staging room
-    (stage_bytes) cannot drift from the engine's bytes unseen."""
+    asserts for its whole-task ping-pong configurations (PtCfg<TN, ST>) and the CTA pairs'
+    (PAIR: the mailbox), read from its static_asserts: the standalone kernels' launches and
+    the planner's staging room (stage_bytes) cannot drift from the engine's bytes unseen."""
     import os
     import re
 
@@ -250,6 +250,8 @@ def test_the_hosts_engine_bytes_are_gemm_test_cus():
     for tn, st, size in asserted:  # PtCfg<TN>: 6 stages at 128 columns, else 5
         stages = int(st) if st else 6 if tn == "128" else 5
         assert smem_bytes(GemmConfig(128, int(tn), stages)) == int(size), (tn, st)
+    pair = re.findall(r"GemmCfg<256, 4, 0, 0, 4, 0, true>::SMEM_BYTES == (\d+)", src)
+    assert pair and smem_bytes(GemmConfig(128, 256, 4, pair=True)) == int(pair[0]), pair
 
 
 def test_default_tile_is_a_supported_one():

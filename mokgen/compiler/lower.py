@@ -60,7 +60,7 @@ def engine_bytes(gemm: ir.GemmConfig) -> int:
     one mirror of that layout on the host."""
     slots, mail_slots = 4, 4
     return gemm.stages * (gemm.bm + gemm.bn) * 64 * 2 + 8 * (2 * gemm.stages + 2 * slots) \
-        + 32 * slots + (16 + mail_slots * 20 if gemm.pair else 0) + 8
+        + 32 * slots + (mail_slots * 20 if gemm.pair else 0) + 8
 
 
 def smem_bytes(gemm: ir.GemmConfig) -> int:

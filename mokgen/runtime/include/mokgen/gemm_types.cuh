@@ -118,8 +118,8 @@ struct GemmCfg {
   static constexpr int BAR_BYTES = 8 * (2 * STAGES + 2 * TASK_SLOTS);
   // 1024 B of slack: the 128B-swizzle atom must be 1024-aligned and the dynamic smem base is
   // not guaranteed to be.
-  // PAIR's mailbox, 16 bytes after the scales: full and empty barriers and an int a slot
-  static constexpr int MAIL_BYTES = PAIR ? 16 + kMailSlots * (8 + 8 + 4) : 0;
+  // PAIR's mailbox after the scales: full and empty barriers and an int a slot
+  static constexpr int MAIL_BYTES = PAIR ? kMailSlots * (8 + 8 + 4) : 0;
   // the scheduler's `taken` barrier (gemm_tile.cuh schedule_tasks) last, 8 bytes: before
   // the task slots it moved the fp8 scales' TMA boxes off their 128-byte alignment
   static constexpr int TAKEN_AT = STAGES * (STAGE_BYTES + SC_BYTES) + BAR_BYTES +
@@ -185,12 +185,11 @@ struct GemmSmem {
   }
   // [EPI_BYTES] the Problem's epilogue staging (1024-aligned: 128B-swizzled TMA boxes)
   MOKGEN_DEV uint8_t* epi() const { return ring + Cfg::EPI_AT; }
-  // PAIR's mailbox (gemm_tile.cuh pair_post / pair_take), 16 bytes after the scales:
-  // [kMailSlots] a pair's first task landed in rank 1 (count 1 + 4 tx bytes) / read by rank 1
-  // (count 1, arrived from there), then the slots' task indices
+  // PAIR's mailbox (gemm_tile.cuh pair_post / pair_take), after the scales: [kMailSlots] a
+  // pair's first task landed in rank 1 (count 1 + 4 tx bytes) / read by rank 1 (count 1,
+  // arrived from there), then the slots' task indices
   MOKGEN_DEV uint64_t* mail_full() const {
-    return reinterpret_cast<uint64_t*>(
-        reinterpret_cast<uint8_t*>(scales() + Cfg::STAGES * (Cfg::SC_BYTES / 4)) + 16);
+    return reinterpret_cast<uint64_t*>(scales() + Cfg::STAGES * (Cfg::SC_BYTES / 4));
   }
   MOKGEN_DEV uint64_t* mail_empty() const { return mail_full() + Cfg::kMailSlots; }
   MOKGEN_DEV int* mail() const {

@@ -17,6 +17,10 @@
 
 using namespace mokgen;
 using CoopCfg = GemmCfg<256, 4>;  // BM=128, BN=256, 4 x 48 KB stages
+// The megakernels' CTA pairs (GemmCfg PAIR: its mailbox beside the task slots), asserted here
+// with the experiments' configurations below
+static_assert(GemmCfg<256, 4, 0, 0, 4, 0, true>::SMEM_BYTES == 197976,
+              "mokgen/compiler/lower.py smem_bytes() mirrors it (tests/test_decisions.py)");
 #ifndef GROUP_M
 #define GROUP_M 16  // measured: 16 >= 8 > 4 on the benchmark shapes (within noise of 8)
 #endif
