@@ -54,26 +54,21 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "default where its rules hold); --no-keep-h: h in the shared ring")
     for d in ("fwd", "bwd"):
         p.add_argument(f"--gemm-{d}", type=_gemm, default=None,
-                       metavar="BMxBNxSTAGES[-pp|-sw|-solo]",
-                       help=f"override the tile of the {d} GEMM ops, e.g. 128x256x3; -pp: "
-                            f"the ping-pong consumer schedule, e.g. 128x256x4-pp; -sw: "
-                            f"the signal warp, e.g. 128x256x4-sw; -solo (bwd): the weight "
-                            f"gradients as one warpgroup's 128 x 128 tasks")
+                       metavar="BMxBNxSTAGES[-pair]",
+                       help=f"override the tile of the {d} GEMM ops, e.g. 128x256x3; -pair "
+                            f"(fwd): multicast pairs, e.g. 128x256x4-pair")
 
 
 def _gemm(text: str) -> tuple:
-    """BMxBNxSTAGES[-pp|-sw|-solo|-pair]: a GemmConfig's fields (ping-pong, the signal warp,
-    solo weight gradients, multicast pairs)."""
-    flags = {"": (), "pp": (True,), "sw": (False, True), "solo": (False, False, True),
-             "pair": (False, False, False, True)}
+    """BMxBNxSTAGES[-pair]: a GemmConfig's fields (multicast pairs)."""
+    flags = {"": (), "pair": (True,)}
     tile, _, flag = text.partition("-")
     try:
         if flag not in flags:
             raise ValueError(flag)
         return tuple(int(v) for v in tile.split("x")) + flags[flag]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected BMxBNxSTAGES[-pp|-sw|-solo|-pair], got "
-                                         f"{text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected BMxBNxSTAGES[-pair], got {text!r}") from None
 
 
 def _plan(args):

@@ -172,54 +172,6 @@ def test_fp8_kernels_compile_without_spills(name, dtype):
             assert "HGMMA.64x256x16.F32.BF16" in sass, unit
 
 
-# The ping-pong consumer schedule (GemmConfig.pingpong) of both kernels: a weight-gradient
-# heavy slice (kimi ep64) and a whole layer at ep 1 (Qwen3-30B-A3B), each precision; the
-# signal warp (GemmConfig.signal_warp, whose warp runs under the producer's 40 registers)
-# on the first.
-PINGPONG = {"kimi-k2.7": (64, 2048), "qwen3-30b-a3b": (1, 8192)}
-SCHEDULES = [("pp", name) for name in PINGPONG] + [("sw", "kimi-k2.7")]
-
-
-@needs_nvcc
-@pytest.mark.nvcc
-@pytest.mark.parametrize("dtype", ["bf16", "fp8", "mxfp8"])
-@pytest.mark.parametrize("schedule,name", SCHEDULES)
-def test_engine_schedules_compile_without_spills(schedule, name, dtype):
-    ep, n = PINGPONG[name]
-    cfg = (128, 256, 4, True) if schedule == "pp" else (128, 256, 4, False, True)
-    fwd = (128, 256, 4) if schedule == "sw" and dtype == "mxfp8" else cfg  # limits refuse it
-    layer = mokgen.compile(mokgen.shapes.get(name), ep=ep, dtype=dtype, tokens_per_rank=n,
-                           gemm_fwd=fwd, gemm_bwd=cfg)
-    assert set(layer.binaries) == {"prologue", "fwd", "bwd"} | (
-        {"bwdres"} if layer.plan.keep_h else set())  # keep_h: ep 1, bf16 (passes/keep_h.py)
-    assert_no_spills_nor_serialized_wgmma(layer)
-
-
-# Solo weight gradients (GemmConfig.solo): a weight-gradient heavy slice with a shared expert
-# (kimi ep 8), few large experts at ep 1 (whole-expert TMA stores), widths ending in a partial
-# 128-column solo tile (gpt-oss-20b, 2880).
-SOLO = {"kimi-k2.7": (8, 2048), "mixtral-8x22b": (1, 4096), "gpt-oss-20b": (1, 4096)}
-
-
-@needs_nvcc
-@pytest.mark.nvcc
-@pytest.mark.parametrize("name", SOLO)
-def test_solo_weight_gradients_compile_without_spills(name):
-    """The backward with solo weight-gradient tasks: no spill, no stack (each 64-row half's
-    accumulators indexed by constants), no serialized wgmma; its SASS has the solo chains
-    (m64n128, both operands transposed) beside the cooperative tiles' m64n256."""
-    ep, n = SOLO[name]
-    layer = mokgen.compile(mokgen.shapes.get(name), ep=ep, tokens_per_rank=n,
-                           gemm_bwd=(128, 256, 4, False, False, True))
-    assert_no_spills_nor_serialized_wgmma(layer)
-    cuobjdump = _cuobjdump()
-    if cuobjdump:
-        sass = subprocess.run([cuobjdump, "-sass", str(layer.binaries["bwd"].path)],
-                              capture_output=True, text=True).stdout
-        assert "HGMMA.64x128x16.F32.BF16" in sass and ".tnspA.tnspB" in sass
-        assert "HGMMA.64x256x16.F32.BF16" in sass
-
-
 # Multicast pairs (GemmConfig.pair, the forward's): a whole layer at ep 1 (Qwen3-30B-A3B), a
 # slice with a shared expert (kimi ep 8: its gate/up and down pairs), widths ending in edge
 # tiles and a K tail (gpt-oss-20b, 2880).
@@ -234,7 +186,7 @@ def test_pair_forward_compiles_without_spills(name):
     the multicast weight loads, the mailbox's st.async and the cluster barrier."""
     ep, n = PAIRS[name]
     layer = mokgen.compile(mokgen.shapes.get(name), ep=ep, tokens_per_rank=n,
-                           gemm_fwd=(128, 256, 4, False, False, False, True))
+                           gemm_fwd=(128, 256, 4, True))
     assert_no_spills_nor_serialized_wgmma(layer)
     cuobjdump = _cuobjdump()
     if cuobjdump:

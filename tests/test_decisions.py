@@ -111,26 +111,18 @@ def test_tile_reaches_the_gemm_engine_and_the_workspace():
     assert narrow[0] == 2 * backward_tiles(spec)[0]
 
 
-def test_pingpong_is_a_decision_that_reaches_the_gemm_engine():
-    """The consumer schedule: flipped per kernel, it changes that kernel's source only; the
-    default plan's JSON (and key) has no trace of it; a plan from JSON keeps it."""
+def test_gemm_tuples_are_checked_and_an_unset_pair_is_the_default():
+    """gemm_fwd / gemm_bwd: (bm, bn, stages[, pair]); the default plan's JSON (and key) has
+    the three ints alone; an explicit pair=False is the default plan's source (forced, so a
+    different key); anything else is refused with the argument's name."""
     plain = mokgen.plan(SHAPE, **ARGS)
-    pp = mokgen.plan(SHAPE, **ARGS, gemm_bwd=(128, 256, 4, True))
-    assert (pp.gemm_fwd.pingpong, pp.gemm_bwd.pingpong) == (False, True)
-    assert "ping-pong" in str(pp) and "ping-pong" not in str(plain)
-    base, new = sources(plain), sources(pp)
-    # bf16 kernels spell every engine parameter (they stage epilogues: EPI_BYTES)
-    assert "/*PINGPONG*/ true," in new["bwd"] and "/*PINGPONG*/ false," in base["bwd"]
-    assert "/*PINGPONG*/ false," in base["fwd"]
-    assert new["fwd"].split("\n")[1:] == base["fwd"].split("\n")[1:]  # past the key line
     assert '"gemm_fwd": [\n    128,\n    256,\n    4\n  ]' in plain.to_json()
-    back = Plan.from_json(pp.to_json())
-    assert back == pp and back.gemm_bwd == GemmConfig(128, 256, 4, True)
-    assert sources(back) == new
-    # an explicit False is the default plan's schedule (forced, so a different key)
-    same = mokgen.plan(SHAPE, **ARGS, gemm_bwd=(128, 256, 4, False))
-    assert sources(same)["bwd"].split("\n")[1:] == base["bwd"].split("\n")[1:]
-    for bad in ((128, 256, 4, 1), (128, 256, 4, True, 0), (128, 256, 4, "yes")):
+    base = sources(plain)
+    same = mokgen.plan(SHAPE, **ARGS, gemm_fwd=(128, 256, 4, False))
+    assert same.gemm_fwd == GemmConfig(128, 256, 4) and same.key() != plain.key()
+    assert sources(same)["fwd"].split("\n")[1:] == base["fwd"].split("\n")[1:]
+    for bad in ((128, 256, 4, 1), (128, 256, 4, True, False), (128, 256, 4, "yes"),
+                (128, 256), (128, 256, 0)):
         with pytest.raises(ValueError, match="gemm_bwd must be"):
             mokgen.plan(SHAPE, **ARGS, gemm_bwd=bad)
 
@@ -192,76 +184,24 @@ def test_ops_of_one_kernel_that_disagree_are_refused(op, attrs, why):
         lower(changed, ir.op_of(changed, OpKind(op)).direction)
 
 
-def test_signal_warp_is_a_decision_that_reaches_the_gemm_engine():
-    """GemmConfig.signal_warp: flipped per kernel, it changes that kernel's source only; the
-    default plan's key has no trace of it; a plan from JSON keeps it; ping-pong with it is
-    refused at plan time."""
-    plain = mokgen.plan(SHAPE, **ARGS)
-    sw = mokgen.plan(SHAPE, **ARGS, gemm_fwd=(128, 256, 4, False, True))
-    assert (sw.gemm_fwd.signal_warp, sw.gemm_bwd.signal_warp) == (True, False)
-    assert "signal warp" in str(sw) and "signal warp" not in str(plain)
-    base, new = sources(plain), sources(sw)
-    assert "/*SIGNAL_WARP*/ true, /*EPI_BYTES*/ 32768>" in new["fwd"]
-    assert "/*SIGNAL_WARP*/ false, /*EPI_BYTES*/ 32768>" in base["fwd"]
-    assert new["bwd"].split("\n")[1:] == base["bwd"].split("\n")[1:]  # past the key line
-    assert Plan.from_json(sw.to_json()).gemm_fwd == sw.gemm_fwd
-    with pytest.raises(ValueError, match="signal_warp needs gemm_bwd.pingpong False"):
-        mokgen.plan(SHAPE, **ARGS, gemm_bwd=(128, 256, 4, True, True))
-
-
-def test_solo_weight_gradients_are_a_decision_that_reaches_the_backward():
-    """GemmConfig.solo: the backward's source only (its GemmCfg's SOLO), the default plan's
-    JSON and key without it, kept through JSON, the host's weight-gradient tile count from it
-    (twice the N tiles: 128 columns); refused for the forward, fp8, ping-pong, the signal
-    warp and gathered rows, at plan time."""
-    plain = mokgen.plan(SHAPE, **ARGS)
-    solo = mokgen.plan(SHAPE, **ARGS, gemm_bwd=(128, 256, 4, False, False, True))
-    assert solo.gemm_bwd.solo and not solo.gemm_fwd.solo and not plain.gemm_bwd.solo
-    assert "solo weight gradients" in str(solo) and "solo" not in str(plain)
-    base, new = sources(plain), sources(solo)
-    assert "/*EPI_BYTES*/ 32768, /*SOLO*/ true>" in new["bwd"] and "SOLO" not in base["bwd"]
-    assert new["fwd"].split("\n")[1:] == base["fwd"].split("\n")[1:]  # past the key line
-    assert '"gemm_bwd": [\n    128,\n    256,\n    4\n  ]' in plain.to_json()
-    back = Plan.from_json(solo.to_json())
-    assert back == solo and back.gemm_bwd == GemmConfig(128, 256, 4, False, False, True)
-    spec, spec0 = layer_spec(solo), layer_spec(plain)
-    assert (spec.block_n, spec.wgrad_block_n, spec0.wgrad_block_n) == (256, 128, 256)
-    s = SHAPE
-    up = lambda a, b: -(-a // b)  # noqa: E731
-    assert backward_tiles(spec) == (up(s.intermediate, 256), up(s.hidden, 128) * up(
-        s.intermediate, 128) + up(2 * s.intermediate, 128) * up(s.hidden, 128))
-    assert backward_tiles(spec0)[0] == backward_tiles(spec)[0]
-    for kw, match in ((dict(gemm_fwd=(128, 256, 4, False, False, True)), "gemm_fwd.solo"),
-                      (dict(dtype="fp8", gemm_bwd=(128, 256, 4, False, False, True)),
-                       "gemm_bwd.solo needs dtype bf16"),
-                      (dict(gemm_bwd=(128, 256, 4, True, False, True)),
-                       "gemm_bwd.solo needs gemm_bwd.pingpong"),
-                      (dict(gemm_bwd=(128, 256, 4, False, True, True)),
-                       "gemm_bwd.solo needs gemm_bwd.pingpong")):
-        with pytest.raises(ValueError, match=match):
-            mokgen.plan(SHAPE, **ARGS, **kw)
-
-
 def test_multicast_pairs_are_a_decision_that_reaches_the_forward():
     """GemmConfig.pair: the forward's source only (its GemmCfg's PAIR and the cluster the host
     launches it in), kept through JSON, comm CTAs rounded up to whole pairs by the planner;
-    refused for the backward, fp8, the other schedules, gathered rows and odd CTA counts, at
-    plan time."""
-    pair_cfg = (128, 256, 4, False, False, False, True)
+    refused for the backward, fp8, gathered rows and odd CTA counts, at plan time."""
+    pair_cfg = (128, 256, 4, True)
     plain = mokgen.plan(SHAPE, **ARGS)
     pair = mokgen.plan(SHAPE, **ARGS, gemm_fwd=pair_cfg)
     assert pair.gemm_fwd.pair and not pair.gemm_bwd.pair and not plain.gemm_fwd.pair
     assert "multicast pairs" in str(pair) and "multicast" not in str(plain)
     base, new = sources(plain), sources(pair)
-    assert "/*SOLO*/ false, /*PAIR*/ true>" in new["fwd"] and "PAIR*/" not in base["fwd"]
+    assert "/*EPI_BYTES*/ 32768, /*PAIR*/ true>" in new["fwd"] and "PAIR*/" not in base["fwd"]
     assert "mokgen_fwd_cluster = 2;" in new["fwd"] and "mokgen_fwd_cluster = 1;" in base["fwd"]
     assert new["bwd"].split("\n")[1:] == base["bwd"].split("\n")[1:]  # past the key line
     assert Plan.from_json(pair.to_json()) == pair
+    assert '"gemm_fwd": [\n    128,\n    256,\n    4,\n    true\n  ]' in pair.to_json()
     assert pair.comm_sms_fwd % 2 == 0 and pair.comm_sms_fwd - plain.comm_sms_fwd in (0, 1)
     for kw, match in ((dict(gemm_bwd=pair_cfg), "gemm_bwd.pair must be False"),
                       (dict(dtype="fp8", gemm_fwd=pair_cfg), "gemm_fwd.pair needs dtype bf16"),
-                      (dict(gemm_fwd=(128, 256, 4, True, False, False, True)),
-                       "gemm_fwd.pair needs gemm_fwd.pingpong"),
                       (dict(gemm_fwd=pair_cfg, comm_sms_fwd=3), "even comm_sms_fwd"),
                       (dict(gemm_fwd=pair_cfg, reserve_sms=1), "even num_sms"),
                       (dict(ep=1, gemm_fwd=pair_cfg, dispatch="gather"),
@@ -290,16 +230,15 @@ def test_epilogue_staging_takes_the_room_the_stages_leave():
 
     assert [stage_bytes(GemmConfig(bm=128, bn=256, stages=st)) for st in (4, 3, 2)] \
         == [32768, 65536, 65536]
-    assert stage_bytes(GemmConfig(bm=128, bn=256, stages=4, signal_warp=True)) == 32768
     three = sources(mokgen.plan(SHAPE, **ARGS, gemm_bwd=(128, 256, 3), gemm_fwd=(128, 256, 3)))
     assert "/*EPI_BYTES*/ 65536>" in three["bwd"] and "/*EPI_BYTES*/ 32768>" in three["fwd"]
 
 
 def test_the_hosts_engine_bytes_are_gemm_test_cus():
     """lower.smem_bytes, the host's one mirror of GemmCfg's layout, gives the sizes gemm_test.cu
-    asserts for its whole-task ping-pong configurations (PtCfg<TN, ST>), read from its
-    static_assert: the standalone kernels' launches and the planner's staging room
-    (stage_bytes) cannot drift from the engine's bytes unseen."""
+    asserts for its whole-task ping-pong configurations (PtCfg<TN, ST>) and the CTA pairs'
+    (PAIR: the mailbox), read from its static_asserts: the standalone kernels' launches and
+    the planner's staging room (stage_bytes) cannot drift from the engine's bytes unseen."""
     import os
     import re
 
@@ -312,15 +251,14 @@ def test_the_hosts_engine_bytes_are_gemm_test_cus():
     for tn, st, size in asserted:  # PtCfg<TN>: 6 stages at 128 columns, else 5
         stages = int(st) if st else 6 if tn == "128" else 5
         assert smem_bytes(GemmConfig(128, int(tn), stages)) == int(size), (tn, st)
-    solo = re.findall(r"SoloCfg::SMEM_BYTES == (\d+)", src)  # its solo tasks' (hand barriers)
-    assert solo and smem_bytes(GemmConfig(128, 256, 4, solo=True)) == int(solo[0]), solo
+    pair = re.findall(r"GemmCfg<256, 4, 0, 0, 4, 0, true>::SMEM_BYTES == (\d+)", src)
+    assert pair and smem_bytes(GemmConfig(128, 256, 4, pair=True)) == int(pair[0]), pair
 
 
 def test_default_tile_is_a_supported_one():
     t = limits.DEFAULT_GEMM
     assert t.bm in limits.GEMM_BM and t.bn in limits.GEMM_BN and t.stages in limits.GEMM_STAGES
-    assert t.pingpong is False and False in limits.GEMM_PINGPONG
-    assert t.signal_warp is False and False in limits.GEMM_SIGNAL_WARP
+    assert t.pair is False and False in limits.GEMM_PAIR
 
 
 @pytest.mark.nvcc

@@ -2,16 +2,14 @@
 that takes the tasks (the scheduler, schedule_tasks, or the producer itself), a producer
 that streams them, the task channel (TASK_SLOTS slots, each freed by 8 warp arrivals), the
 ring (STAGES stages; full: the producer's load landing, empty: 8 warp arrivals) and two
-consumer warpgroups taking cooperative tasks together (kBarTile) and solo tasks
-(GemmCfg::SOLO) in turns (kHalfN on every other one), interleaved at random. TMA loads land
-in any order, and the mbarrier waits test a parity as the hardware's do, so a waiter two
-phases ahead passes. The scheduler pushes task i + 1 once the producer has taken task i
-(the `taken` barrier: GemmCfg::SCHEDULER); without one, the producer takes each task itself
+consumer warpgroups taking each task together (kBarTile at its end). TMA loads land in any
+order, and the mbarrier waits test a parity as the hardware's do, so a waiter two phases
+ahead passes. The scheduler pushes task i + 1 once the producer has taken task i (the
+`taken` barrier: GemmCfg::SCHEDULER); without one, the producer takes each task itself
 after streaming the one before. What it checks: no interleaving deadlocks, the scheduler
 never more than one task ahead of the producer, no stage read before its slice landed, and
-every ring position read by the warpgroups that own it (both for a cooperative task, the
-solo task's one otherwise), in order. The device code is what runs; this is the protocol
-it implements, for the orders a GPU test may never hit."""
+every ring position read by both warpgroups, in order. The device code is what runs; this
+is the protocol it implements, for the orders a GPU test may never hit."""
 import random
 
 import pytest
@@ -19,20 +17,19 @@ import pytest
 STAGES, SLOTS = 4, 4
 
 
-def simulate(tasks, rng, scheduler=True, hand=True):
-    """tasks: [(solo, k_blocks)]. Returns each warpgroup's reads [(position, task index)]."""
+def simulate(tasks, rng, scheduler=True):
+    """tasks: [k_blocks]. Returns each warpgroup's reads [(position, task index)]."""
     full = [0] * STAGES        # completed phases of each stage's full barrier (data landed)
     flight = []                # stages whose TMA load is issued and not yet landed
     empty_arr = [0] * STAGES   # arrivals in the current phase of each empty barrier
     empty = [0] * STAGES       # completed phases of each empty barrier
     slot_arr = [0] * SLOTS     # arrivals freeing each task slot (8 warps)
     slot_free = [0] * SLOTS    # completed frees of each slot
-    channel = []               # pushed tasks: (solo, k, parity)
-    sched = dict(task=0, odd=False)
+    channel = []               # pushed tasks: k
+    sched = dict(task=0)
     prod = dict(task=0, pos=0, left=None, taken=0)
     wgs = [dict(t=0, pos=0, state="pop", left=0, reads=[]) for _ in range(2)]
-    tile_bar = {}              # cooperative task index -> warpgroups arrived at kBarTile
-    handed = set()             # solo tasks whose owner has waited for its last slice (hand)
+    tile_bar = {}              # task index -> warpgroups arrived at kBarTile
 
     def empty_arrive(s, n):
         empty_arr[s] += n
@@ -53,11 +50,7 @@ def simulate(tasks, rng, scheduler=True, hand=True):
             return False
         if not scheduler and (prod["task"] < i or prod["left"] is not None):
             return False  # the producer's own next_task: after streaming task i - 1
-        solo, k = tasks[i]
-        parity = sched["odd"] if solo else None
-        if solo:
-            sched["odd"] = not sched["odd"]
-        channel.append((solo, k, parity))
+        channel.append(tasks[i])
         sched["task"] += 1
         assert len(channel) <= prod["taken"] + 1, "the scheduler ran more than a task ahead"
         return True
@@ -67,7 +60,7 @@ def simulate(tasks, rng, scheduler=True, hand=True):
             i = prod["task"]
             if i == len(tasks) or i >= len(channel):
                 return False
-            prod["left"], prod["taken"] = channel[i][1], prod["taken"] + 1
+            prod["left"], prod["taken"] = channel[i], prod["taken"] + 1
             return True
         if prod["left"] == 0:
             prod["left"], prod["task"] = None, prod["task"] + 1
@@ -87,26 +80,14 @@ def simulate(tasks, rng, scheduler=True, hand=True):
         w = wgs[h]
         i = w["t"]
         if w["state"] == "pop":
-            if i == len(tasks):
+            if i == len(tasks) or i >= len(channel):
                 return False
-            if i >= len(channel):
-                return False
-            solo, k, parity = channel[i]
-            if solo and parity != (h == 1):  # the other warpgroup's: skip its slices
-                if hand and i not in handed:  # once its owner has seen them all land (hand barrier)
-                    return False
-                w["pos"] += k
-                release_slot(i)
-                w["t"] += 1
-                return True
-            w["state"], w["left"] = "main", k
+            w["state"], w["left"] = "main", channel[i]
             return True
         if w["state"] == "main":
-            solo, k, _ = channel[i]
-            if w["left"] == 0:
-                if solo:  # the owner arrives on its hand barrier after its last slice's wait
-                    handed.add(i)
-                w["state"] = "epi"
+            if w["left"] == 0:  # kBarTile: both warpgroups at this task's end
+                tile_bar.setdefault(i, set()).add(h)
+                w["state"] = "bar"
                 return True
             p = w["pos"]
             s, r = p % STAGES, p // STAGES
@@ -114,17 +95,8 @@ def simulate(tasks, rng, scheduler=True, hand=True):
                 return False
             assert full[s] > r, ("a warpgroup read a stage before its slice landed", h, p, i)
             w["reads"].append((p, i))
-            empty_arrive(s, 8 if solo else 4)  # 4 warps, 2 arrivals each on a solo task
+            empty_arrive(s, 4)  # its 4 warps
             w["pos"], w["left"] = p + 1, w["left"] - 1
-            return True
-        if w["state"] == "epi":
-            solo = channel[i][0]
-            if not solo:  # kBarTile: both warpgroups at this task's end
-                tile_bar.setdefault(i, set()).add(h)
-                w["state"] = "bar"
-                return True
-            release_slot(i)
-            w["t"], w["state"] = i + 1, "pop"
             return True
         if w["state"] == "bar":
             if len(tile_bar[i]) < 2:
@@ -148,17 +120,16 @@ def simulate(tasks, rng, scheduler=True, hand=True):
             break
     done = prod["task"] == len(tasks) and all(w["t"] == len(tasks) for w in wgs)
     assert done, ("deadlock", prod, [(w["t"], w["state"]) for w in wgs])
-    return [w["reads"] for w in wgs], channel
+    return [w["reads"] for w in wgs]
 
 
-def check_reads(tasks, reads, channel):
-    """Each warpgroup read the ring positions its tasks own, in order."""
+def check_reads(tasks, reads):
+    """Both warpgroups read every ring position, each task's in order."""
     starts = [0]
-    for _, k in tasks:
+    for k in tasks:
         starts.append(starts[-1] + k)
+    want = [(p, i) for i, k in enumerate(tasks) for p in range(starts[i], starts[i] + k)]
     for h in (0, 1):
-        want = [(p, i) for i, (solo, k, parity) in enumerate(channel)
-                if not solo or parity == (h == 1) for p in range(starts[i], starts[i] + k)]
         assert reads[h] == want, h
 
 
@@ -166,33 +137,6 @@ def check_reads(tasks, reads, channel):
 @pytest.mark.parametrize("seed", range(40))
 def test_cooperative_tasks_never_deadlock_and_read_their_own_slices(seed, scheduler):
     rng = random.Random(seed)
-    tasks = [(False, rng.choice([0, 1, 2, 3, 5, 9, 17])) for _ in range(40)]
-    reads, channel = simulate(tasks, rng, scheduler)
-    check_reads(tasks, reads, channel)
-
-
-@pytest.mark.parametrize("scheduler", [True, False])
-@pytest.mark.parametrize("hand", [True, False])
-def test_solo_and_cooperative_tasks_read_their_own_slices(hand, scheduler):
-    """Solo kernels take their tasks in a scheduling thread (GemmCfg::SCHEDULER; the producer
-    took them itself before session 33, the other case). A warpgroup steps past the other's
-    solo task only once that one's owner has waited for its last slice (the hand barrier,
-    gemm_tile.cuh consumer_cooperative): without that wait (hand=False, the schedule of NOTES
-    session 30) its own next stage's parity wait can pass a phase early, before the skipped
-    slice that last used the stage has landed, and this model finds it."""
-    failed = 0
-    for seed in range(40):
-        rng = random.Random(seed)
-        tasks = [(rng.random() < 0.6, rng.choice([0, 1, 2, 3, 5, 9, 17])) for _ in range(40)]
-        try:
-            reads, channel = simulate(tasks, rng, scheduler=scheduler, hand=hand)
-        except AssertionError:
-            if hand:
-                raise
-            failed += 1
-            continue
-        check_reads(tasks, reads, channel)
-        # solo tasks alternate between the warpgroups in channel order
-        parities = [par for solo, _, par in channel if solo]
-        assert parities == [j % 2 == 1 for j in range(len(parities))]
-    assert hand or failed, "the model no longer finds the race it exists to find"
+    tasks = [rng.choice([0, 1, 2, 3, 5, 9, 17]) for _ in range(40)]
+    reads = simulate(tasks, rng, scheduler)
+    check_reads(tasks, reads)

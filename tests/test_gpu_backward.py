@@ -103,40 +103,6 @@ def test_backward_skewed_routing(skew):
                  macrobatch=512)
 
 
-SOLO = (128, 256, 4, False, False, True)  # GemmConfig.solo: weight gradients as solo tasks
-
-
-# gpu-small at ep 4 through a small ring (replayed minibatches, experts over many segments:
-# the fp32 running sums), a skewed expert, a shared expert with widths that end in a partial
-# 128-column solo tile (D 2880, I 1408), and one GPU (whole-expert segments, TMA stores).
-@pytest.mark.parametrize("case", ["ring", "skew", "widths", "ep1"])
-def test_solo_weight_gradients_match_the_cooperative_tiles(case):
-    """gemm_bwd.solo (the routed weight gradients as 128 x 128 tasks of one consumer
-    warpgroup each, beside cooperative dgrad / dx tiles): every gradient bitwise equal to the
-    default backward's on the same inputs, and right against the reference."""
-    if case == "widths":
-        shape, ep, tokens, kw = mokgen.MoEShape(8, 2880, 1408, 2, shared_experts=1,
-                                                shared_intermediate=1408), 2, 300, {}
-    elif case == "ep1":
-        shape, ep, tokens, kw = mokgen.shapes.get("gpu-small"), 1, 1000, {}
-    else:
-        shape, ep, tokens = mokgen.shapes.get("gpu-small"), 4, 700
-        kw = dict(minibatch=128, macrobatch=256)
-    skew = "one-soft" if case == "skew" else None
-    solo, _, _, ours = run_backward(shape, ep, tokens, skew=skew, gemm_bwd=SOLO, **kw)
-    assert solo.plan.gemm_bwd.solo
-    plain = mokgen.compile(shape, ep=ep, tokens_per_rank=tokens, virtual=True, **kw)
-    torch.manual_seed(0)
-    inputs = make_inputs(shape, ep, tokens, skew=skew)
-    dys = [torch.randn_like(x) for x in inputs["x"]]
-    a, b = grads_of(solo, inputs, dys), grads_of(plain, inputs, dys)
-    torch.cuda.synchronize()
-    for k in a:
-        for g, h in zip(a[k] if isinstance(a[k], list) else [a[k]],
-                        b[k] if isinstance(b[k], list) else [b[k]]):
-            assert (g is None and h is None) or torch.equal(g, h), k
-
-
 @pytest.mark.parametrize("skew", [None, "one-soft"])
 def test_backward_running_sums_by_minibatch(skew):
     """A ring smaller than the rows and more local experts than minibatches: the fp32 weight-
@@ -154,7 +120,7 @@ def test_weight_gradients_leave_through_tma_where_the_kernel_can():
     read back as BackwardPass.wgrad_tma), edge widths too (3D maps: an edge row tile stops at
     its expert's last row); fp8 kernels (no shared memory to spare) keep the register stores.
     Poisoned runs (NaN-filled outputs) check every element: this file's, and
-    test_gpu_widths.py's and test_gpu_pingpong.py's edge widths."""
+    test_gpu_widths.py's and test_gpu_pair.py's edge widths."""
     gs = mokgen.shapes.get("gpu-small")
     edge = mokgen.MoEShape(8, 1040, 720, 2, shared_intermediate=336)
     on = [mokgen.compile(gs, ep=2, tokens_per_rank=300, virtual=True),
@@ -488,13 +454,11 @@ PT_KERNELS = {kind: (name, smem_bytes(GemmConfig(128, tn, st))) for kind, name, 
     ("pt192_0", "gemm_plain_pt192", 192, 5), ("pt192_2", "gemm_plain_t2_pt192", 192, 5))}
 
 
-@pytest.mark.parametrize("kind", ["solo", "mixed", "pt0", "pt2", "pt4_0", "pt4_2", "pt192_0",
-                                  "pt192_2", "pair", "mc"])
+@pytest.mark.parametrize("kind", ["pt0", "pt2", "pt4_0", "pt4_2", "pt192_0", "pt192_2", "pair",
+                                  "mc"])
 def test_gemm_engine_experiments_equal_the_cooperative_tiles(tmp_path, kind):
-    """The engine's solo tasks (GemmCfg::SOLO: every task solo, or solo beside cooperative
-    ones, gemm_mixed_t2) and the experiments of gemm_test.cu:
-    whole-task ping-pong (128 x 128 and 128 x 192 tasks, K-major or both operands MN-major)
-    and cluster pairs
+    """The experiments of gemm_test.cu: whole-task ping-pong
+    (128 x 128 and 128 x 192 tasks, K-major or both operands MN-major) and cluster pairs
     with and without B multicast give the cooperative tiles' output bit for bit, on fresh
     inputs into a NaN-poisoned output, with the CTAs taking several tasks each (odd and even
     counts)."""
@@ -509,16 +473,11 @@ def test_gemm_engine_experiments_equal_the_cooperative_tiles(tmp_path, kind):
     outs = []
     for exp in (False, True):
         C = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-        if kind in ("pt2", "pt4_2", "pt192_2", "solo", "mixed"):
+        if kind in ("pt2", "pt4_2", "pt192_2"):
             At, Bt = A.T.contiguous(), B.T.contiguous()
             ta = mc.make_tensor_map_2d(At, K, M, M * 2, 64, 64)
             tb = mc.make_tensor_map_2d(Bt, K, N, N * 2, 64, 64)
-            if exp and kind in ("solo", "mixed"):
-                counter.zero_()
-                solo_smem = smem_bytes(GemmConfig(128, 256, 4, solo=True))  # its SoloCfg
-                mc.launch(mod.function("gemm_mixed_t2", solo_smem), 5, 384, solo_smem, None,
-                          [ta, tb, C, M, N, K, 0 if kind == "solo" else 2, counter])
-            elif exp:
+            if exp:
                 name, pt_smem = PT_KERNELS[kind]
                 mc.launch(mod.function(name, pt_smem), 5, 384, pt_smem, None,
                           [ta, tb, C, M, N, K])

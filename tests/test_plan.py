@@ -255,14 +255,10 @@ def test_cli_plan(capsys):
     assert "ep" in capsys.readouterr().err
     assert main(["plan", "--shape", "tiny", "--ep", "2", "--graph", "dot"]) == 0
     assert "digraph" in capsys.readouterr().out
-    assert main(["plan", "--shape", "tiny", "--ep", "2", "--json", "--gemm-bwd",
-                 "128x256x4-pp"]) == 0
-    d = json.loads(capsys.readouterr().out)
-    assert d["gemm_bwd"] == [128, 256, 4, True] and d["gemm_fwd"] == [128, 256, 4]
     assert main(["plan", "--shape", "tiny", "--ep", "2", "--json", "--gemm-fwd",
-                 "128x256x4-sw"]) == 0
+                 "128x256x4-pair"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["gemm_fwd"] == [128, 256, 4, False, True] and d["gemm_bwd"] == [128, 256, 4]
+    assert d["gemm_fwd"] == [128, 256, 4, True] and d["gemm_bwd"] == [128, 256, 4]
 
 
 def test_reserve_sms_leaves_sms_to_collectives():

@@ -87,7 +87,6 @@ def abi_checks(unit: str, ranks: int | None = None) -> str:
                f"\"kWatchMagic {why}\");")
     out += [f"static_assert(mokgen::{k} == {v}u, \"{k} {why}\");" for k, v in abi.PROFILES.values()]
     consts = {**ops, "kOpcodeMask": abi.OPCODE_MASK, "kF8": abi.F8_TASK, "kHalfN": abi.HALF_N_TASK,
-              "kSolo": abi.SOLO_TASK,
               "kTraceRecs": abi.TRACE_RECS, "kTraceWords": abi.TRACE_WORDS}
     out += [f"static_assert(mokgen::{k} == {v}, \"{k} {why}\");" for k, v in consts.items()]
     out += [f"static_assert(mokgen::{k} == {i}, \"{k} {why}\");"

@@ -53,23 +53,12 @@ def extra_directions(op: str) -> tuple:
 # also has N = 128, but the fp8 tiles are two 128-column halves and the host's tensor maps
 # have B boxes of BN and BN / 2 rows (runtime/moe.py, moe_bwd.py), all built for 256.
 # Stages: a consumer frees a stage one K-slice late, so 1 would deadlock; 4 x 48 KB fill the
-# 227 KB of shared memory. Ping-pong (GemmConfig.pingpong): every GEMM of the kernels, bf16
-# and fp8, K- and MN-major; its stages are the cooperative ones (a K-major A box holds both
-# halves' rows). The default stays cooperative until a measurement says otherwise.
-GEMM_BM, GEMM_BN, GEMM_STAGES, GEMM_PINGPONG = (128,), (256,), (2, 3, 4), (False, True)
-# The signal warp (GemmConfig.signal_warp) serves the cooperative schedule only (ping-pong's
-# second warpgroup signals a task once both halves are stored: gemm_tile.cuh), and not the
-# MXFP8 forward (8 bytes of spills with it, nvcc 13.0).
-GEMM_SIGNAL_WARP = (False, True)
-# Solo weight gradients (GemmConfig.solo): the backward's routed weight-gradient tiles as
-# 128 x 128 tasks of one consumer warpgroup each (gemm_tile.cuh consume_tile_solo). The
-# backward only (the forward has no weight gradients), bf16 (its tiles' static_assert: the
-# fp8 consumers' registers), the cooperative schedule whose consumers signal.
-GEMM_SOLO = (False, True)
+# 227 KB of shared memory.
+GEMM_BM, GEMM_BN, GEMM_STAGES = (128,), (256,), (2, 3, 4)
 # Multicast pairs (GemmConfig.pair): the forward in 2-CTA clusters (gemm_tile.cuh
-# produce_pairs). The forward only, bf16, the cooperative schedule whose consumers signal,
-# both operands by TMA (not gathered rows), and CTAs in whole pairs: an even launch and an
-# even count of comm CTAs (a pair's two CTAs take the same role).
+# produce_pairs). The forward only, bf16, both operands by TMA (not gathered rows), and CTAs
+# in whole pairs: an even launch and an even count of comm CTAs (a pair's two CTAs take the
+# same role).
 GEMM_PAIR = (False, True)
 DEFAULT_GEMM = GemmConfig(bm=128, bn=256, stages=4)
 
@@ -142,15 +131,6 @@ def violations(plan: "Plan") -> list[str]:
                    f"the dx rows, beside the dy ones), got {plan.comm_sms_bwd}")
     for name in ("gemm_fwd", "gemm_bwd"):
         out += _gemm_violations(name, getattr(plan, name))
-    if plan.gemm_fwd is not None and plan.gemm_fwd.solo:
-        out.append("gemm_fwd.solo must be False (solo tasks are the backward's weight "
-                   "gradients: gemm_bwd.solo)")
-    if plan.gemm_bwd is not None and plan.gemm_bwd.solo and plan.scale_block:
-        out.append(f"gemm_bwd.solo needs dtype bf16 (the fp8 backward's consumers have no "
-                   f"registers for it: gemm_types.cuh GemmCfg), got {plan.dtype}")
-    if plan.gemm_fwd is not None and plan.gemm_fwd.signal_warp and plan.dtype == "mxfp8":
-        out.append("gemm_fwd.signal_warp needs dtype other than mxfp8 (its forward kernel, "
-                   "the most register-bound, spills with it)")
     out += pair_violations(plan)
     broken = set()  # one sentence per field: its first rule broken
     for field, v, m, why in forward_width_rules(plan):
@@ -285,13 +265,6 @@ def gather_violations(plan: "Plan") -> list[str]:
         if got[op] != GATHER and c == 0:
             out.append(f"{name} must be >= 1 unless {op}={GATHER!r} (its comm CTAs move the "
                        f"rows), got 0")
-    for op, name in (("dispatch", "gemm_fwd"), ("reverse_combine", "gemm_bwd")):
-        cfg = getattr(plan, name)
-        if got[op] == GATHER and cfg is not None and (cfg.signal_warp or cfg.pingpong or
-                                                      cfg.solo):
-            out.append(f"{op}={GATHER!r} needs {name}.signal_warp, .pingpong and .solo "
-                       f"False (every producer warp gathers rows for cooperative consumers: "
-                       f"gemm_tile.cuh)")
     if gather and plan.macrobatch is not None and plan.max_routed_rows is not None and \
             plan.macrobatch < plan.max_routed_rows:
         out.append(f"{gather[0]}={GATHER!r} needs a ring that holds every row: macrobatch must "
@@ -305,17 +278,8 @@ def _gemm_violations(name: str, cfg: GemmConfig | None) -> list[str]:
     return [f"{name}.{f} must be one of {ok} (gemm_tile.cuh and the host's tensor maps; see "
             f"mokgen/compiler/limits.py), got {getattr(cfg, f)}"
             for f, ok in (("bm", GEMM_BM), ("bn", GEMM_BN), ("stages", GEMM_STAGES),
-                          ("pingpong", GEMM_PINGPONG), ("signal_warp", GEMM_SIGNAL_WARP),
-                          ("solo", GEMM_SOLO), ("pair", GEMM_PAIR))
-            if getattr(cfg, f) not in ok] + \
-        ([f"{name}.signal_warp needs {name}.pingpong False (the signal warp serves the "
-          f"cooperative schedule: gemm_tile.cuh)"] if cfg.signal_warp and cfg.pingpong else []) \
-        + ([f"{name}.solo needs {name}.pingpong and .signal_warp False (solo tasks run beside "
-            f"cooperative ones whose consumers signal: gemm_tile.cuh)"]
-           if cfg.solo and (cfg.pingpong or cfg.signal_warp) else []) \
-        + ([f"{name}.pair needs {name}.pingpong, .signal_warp and .solo False (the pairs' "
-            f"consumers are cooperative and signal: gemm_tile.cuh produce_pairs)"]
-           if cfg.pair and (cfg.pingpong or cfg.signal_warp or cfg.solo) else [])
+                          ("pair", GEMM_PAIR))
+            if getattr(cfg, f) not in ok]
 
 
 def check(plan: "Plan") -> None:

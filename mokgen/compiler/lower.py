@@ -56,13 +56,11 @@ FWD_STAGE_BYTES = 8 * 4096
 
 def engine_bytes(gemm: ir.GemmConfig) -> int:
     """GemmCfg's ENGINE_BYTES (gemm_types.cuh; bf16, 4 task slots): the stages, their and the
-    task slots' barriers, the slots, the signal warp's 16 bytes, PAIR's mailbox, the
-    scheduler's `taken` barrier and SOLO's two hand barriers. The one mirror of that layout
-    on the host."""
+    task slots' barriers, the slots, PAIR's mailbox and the scheduler's `taken` barrier. The
+    one mirror of that layout on the host."""
     slots, mail_slots = 4, 4
     return gemm.stages * (gemm.bm + gemm.bn) * 64 * 2 + 8 * (2 * gemm.stages + 2 * slots) \
-        + 32 * slots + (16 if gemm.signal_warp and not gemm.pair else 0) \
-        + (16 + mail_slots * 20 if gemm.pair else 0) + 8 + (16 if gemm.solo else 0)
+        + 32 * slots + (mail_slots * 20 if gemm.pair else 0) + 8
 
 
 def smem_bytes(gemm: ir.GemmConfig) -> int:
@@ -107,8 +105,7 @@ def lower(g, direction: str) -> dict:
     # every kernel gets every flag (false: not its op, or the paper's way)
     variants = {param: got.get(param, False) for param, _ in _VARIANT.values()}
     return dict(comm_sms=got["comm_sms"], num_sms=got["comm_sms"] + got["compute_ctas"],
-                gemm_bn=gemm.bn, gemm_stages=gemm.stages, gemm_pingpong=gemm.pingpong,
-                gemm_signal_warp=gemm.signal_warp, gemm_solo=gemm.solo, gemm_pair=gemm.pair,
+                gemm_bn=gemm.bn, gemm_stages=gemm.stages, gemm_pair=gemm.pair,
                 # bf16 kernels' epilogue staging: the backward's whole-expert weight-gradient
                 # tiles leave through shared memory and TMA stores (moe_bwd.cuh kTmaWgrad),
                 # the forward's routed down rows through shared memory (moe_fwd.cuh
@@ -161,5 +158,4 @@ def layer_spec(plan: Plan):
                      p.tokens_per_rank, p.block_m, p.minibatch, p.macrobatch, p.comm_sms_fwd,
                      p.max_routed_rows, p.comm_sms_bwd, p.scale_block, p.gemm_bwd.bn,
                      p.dispatch, p.combine, p.reverse_combine, p.reverse_dispatch,
-                     p.gemm_bwd.bn // 2 if p.gemm_bwd.solo else p.gemm_bwd.bn,
                      x_window_slots(p.x_slots, p.ring_slots), p.keep_h)

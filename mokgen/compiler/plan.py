@@ -299,12 +299,11 @@ def initial_graph(shape: MoEShape, ep: int, dtype: str, tokens_per_rank: int, **
     for name in ("gemm_fwd", "gemm_bwd"):
         if name in overrides:
             v = overrides[name]
-            if not isinstance(v, (tuple, list)) or len(v) not in (3, 4, 5, 6, 7) or not all(
+            if not isinstance(v, (tuple, list)) or len(v) not in (3, 4) or not all(
                     isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v[:3]) \
                     or not all(isinstance(x, bool) for x in v[3:]):
-                raise ValueError(f"{name} must be (bm, bn, stages[, pingpong[, signal_warp[, "
-                                 f"solo[, pair]]]]): three positive ints and up to four "
-                                 f"bools, got {v!r}")
+                raise ValueError(f"{name} must be (bm, bn, stages[, pair]): three positive "
+                                 f"ints and an optional bool, got {v!r}")
             overrides[name] = GemmConfig(*v)
     for name in ("overlap_comm", "keep_h"):
         if name in overrides and not isinstance(overrides[name], bool):

@@ -30,7 +30,6 @@ import mokgen
 
 from mokgen import reference
 from mokgen.config import CONFIG
-from mokgen.compiler.limits import DEFAULT_GEMM
 from mokgen.harness.progress import progress
 from mokgen.harness.workloads import rel_error
 
@@ -369,9 +368,6 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="also time the backward (ours vs autograd through the baselines)")
     ap.add_argument("--no-naive", action="store_true",
                     help="skip the per-expert loop baseline (slow at many local experts)")
-    ap.add_argument("--pingpong", action="store_true",
-                    help="each run in both GEMM consumer schedules, cooperative then ping-pong "
-                         "(GemmConfig.pingpong, both kernels)")
     return ap
 
 
@@ -401,26 +397,24 @@ def run(args: argparse.Namespace) -> int:
     fname = "moe_layer_fwd_bf16_sweep.json" if args.comm_sms or args.comm_sms_bwd or \
         args.minibatch else \
         "moe_layer_fwdbwd_bf16.json" if args.backward else "moe_layer_fwd_bf16.json"
-    if args.pingpong:
-        fname = fname.replace(".json", "_pingpong.json")
     meta = save_results(os.path.join(args.out, fname), rows)
     print(f"\n{meta}")
-    print(f"{'shape':<18}{'ep':>3}{'N':>6} {'gemm':>4} {'comm':>4} {'mb':>5} {'mokgen':>8} {'grouped':>8} {'naive':>8} {'floor':>8}"
+    print(f"{'shape':<18}{'ep':>3}{'N':>6} {'comm':>4} {'mb':>5} {'mokgen':>8} {'grouped':>8} {'naive':>8} {'floor':>8}"
           f"  TFLOP/s   x_best  %floor  err      sched/mega/sum ms")
     for r in rows:
         best = max(r["grouped_tflops"], r["naive_tflops"])
-        print(f"{r['shape']:<18}{r['ep']:>3}{r['tokens']:>6} {_schedule(r):>4} {r['plan']['comm_sms']:>4} "
+        print(f"{r['shape']:<18}{r['ep']:>3}{r['tokens']:>6} {r['plan']['comm_sms']:>4} "
               f"{r['plan']['minibatch']:>5} {r['mokgen_tflops']:8.0f} "
               f"{r['grouped_tflops']:8.0f} {r['naive_tflops']:8.0f} {r['floor_tflops']:8.0f}"
               f"  {r['mokgen_tflops'] / best:8.2f} {100 * r['mokgen_tflops'] / r['floor_tflops']:6.0f}%"
               f"  {r['err_vs_grouped']:.1e}  " + "/".join(f"{v:.3f}" for v in r["stage_ms"].values()))
     if args.backward:
-        print(f"\nbackward {'shape':<18}{'ep':>3}{'N':>6} {'gemm':>4} {'comm':>4} {'mokgen':>8} "
+        print(f"\nbackward {'shape':<18}{'ep':>3}{'N':>6} {'comm':>4} {'mokgen':>8} "
               f"{'grouped':>8} {'naive':>8} {'floor':>8}  TFLOP/s  x_best  %floor  dW err")
         for r in rows:
             b = r["backward"]
             best = max(b["grouped_tflops"], b["naive_tflops"])
-            print(f"backward {r['shape']:<18}{r['ep']:>3}{r['tokens']:>6} {_schedule(r):>4} {b['comm_sms']:>4} "
+            print(f"backward {r['shape']:<18}{r['ep']:>3}{r['tokens']:>6} {b['comm_sms']:>4} "
                   f"{b['mokgen_tflops']:8.0f} {b['grouped_tflops']:8.0f} {b['naive_tflops']:8.0f} "
                   f"{b['floor_tflops']:8.0f}  {b['mokgen_tflops'] / best:7.2f} "
                   f"{100 * b['mokgen_tflops'] / b['floor_tflops']:6.0f}%  "
@@ -459,11 +453,6 @@ def save_results(path: str, rows: list, **plot_kw) -> dict:
     return meta
 
 
-def _schedule(row) -> str:
-    """The GEMM consumer schedule a row ran: "pp" (ping-pong) or "coop"."""
-    return "pp" if tuple(row["overrides"].get("gemm_fwd", ())[3:]) == (True,) else "coop"
-
-
 def _ints(text: str, what: str) -> list:
     try:
         out = [int(v) for v in text.split(",") if v]
@@ -485,9 +474,6 @@ def _configs(args) -> list:
                   for c in _ints(args.comm_sms_bwd, "--comm-sms-bwd")]
     if args.minibatch:
         sweeps = [dict(s, minibatch=b) for s in sweeps for b in _ints(args.minibatch, "--minibatch")]
-    if args.pingpong:
-        pp = (*DEFAULT_GEMM[:3], True)
-        sweeps = [s for ov in sweeps for s in (ov, dict(ov, gemm_fwd=pp, gemm_bwd=pp))]
     out = [(name, ep, n, ov) for name in shapes for ep in _ints(args.ep, "--ep")
            for n in _ints(args.tokens, "--tokens") for ov in sweeps]
     for name, ep, n, ov in out:

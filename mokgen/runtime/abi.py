@@ -161,7 +161,6 @@ BWD_OPS = {"kSGateUp": 0, "kSDgrad": 1, "kSDx": 2, "kSWgrad2": 3, "kSWgrad1": 4,
 OPCODE_MASK = 0xff  # gemm_types.cuh kOpcodeMask: the opcode's bits of Task::op
 F8_TASK = 1 << 10  # gemm_types.cuh kF8: an fp8 tile (its K blocks are 128 wide)
 HALF_N_TASK = 1 << 30  # gemm_types.cuh kHalfN: a narrow edge tile (its mainloop is BN/2 wide)
-SOLO_TASK = 1 << 29  # gemm_types.cuh kSolo: one warpgroup's BM x BN/2 task (GemmConfig.solo)
 
 # The `trace` profile's buffer (trace.cuh): kTraceRecs records per CTA of kTraceWords 64-bit
 # words, the words in TRACE_FIELDS order (kTrOp: Task::op, K blocks << 32; the rest clocks,

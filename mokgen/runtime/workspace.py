@@ -46,9 +46,6 @@ class LayerSpec:
     combine: str = "push"
     reverse_combine: str = "pull"  # the backward's
     reverse_dispatch: str = "push"
-    # the backward's routed weight-gradient tile N: block_n, or block_n / 2 with
-    # plan.gemm_bwd.solo (moe_bwd.cuh BwdSchedule WBN; checked against the cubin)
-    wgrad_block_n: int = 256
     # the backward's x ring as a window of this many minibatch slots (passes/x_window.py,
     # FwdConsts XSLOTS); 0: the ring's own
     x_slots: int = 0
@@ -277,13 +274,13 @@ class BackwardScratch:
 
 def backward_tiles(s: LayerSpec) -> tuple[int, int]:
     """(dgrad tiles across I, weight-gradient tiles per expert) of the backward kernel
-    (moe_bwd.cuh BwdSchedule DG_N, WT: block_n x block_m dgrad tiles, block_m x wgrad_block_n
+    (moe_bwd.cuh BwdSchedule DG_N, WT: block_n x block_m dgrad tiles, block_m x block_n
     weight-gradient tiles, the last ones masked where a width is not a multiple); the runtime
     checks them against the cubin's mokgen_bwd_tiles."""
     up = lambda a, b: -(-a // b)  # noqa: E731 - edge tiles round every count up
-    wn, bm = s.wgrad_block_n, s.block_m
-    return up(s.intermediate, s.block_n), \
-        up(s.hidden, bm) * up(s.intermediate, wn) + up(2 * s.intermediate, bm) * up(s.hidden, wn)
+    bn, bm = s.block_n, s.block_m
+    return up(s.intermediate, bn), \
+        up(s.hidden, bm) * up(s.intermediate, bn) + up(2 * s.intermediate, bm) * up(s.hidden, bn)
 
 
 def backward_counter_words(s: LayerSpec) -> int:

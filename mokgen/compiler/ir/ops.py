@@ -76,41 +76,26 @@ COMM_OF_KIND = {
 
 class GemmConfig(NamedTuple):
     """A GEMM operator's tile (runtime/include/mokgen/gemm_types.cuh GemmCfg): `bm` x `bn`
-    outputs per CTA tile, `stages` K-slices in flight in shared memory, and the consumer
-    schedule: `pingpong` runs a tile's two 64-row halves one after the other on the two
-    consumer warpgroups, so one's epilogue overlaps the other's MMA (False: both halves at
-    once, the epilogue after; gemm_tile.cuh says more). `signal_warp` (cooperative only): a
-    warp of the producer warpgroup raises each tile's completion signal, whose fence waits
-    for the tile's stores to drain, so the consumers start the next tile's MMA meanwhile.
-    `solo` (the backward's, bf16, cooperative): the routed weight gradients run as bm x bn/2
-    tasks of one consumer warpgroup each, beside the other's (gemm_tile.cuh
-    consume_tile_solo), the other GEMMs cooperative as before. `pair` (the forward's, bf16,
-    cooperative): the kernel runs in 2-CTA clusters whose CTAs take tasks two at a time, and
-    vertically adjacent tiles under the same weight rows (gate/up, down) load half of their
-    weight slices each, multicast to both (gemm_tile.cuh produce_pairs). Measured level with
-    the default (benchmarks/NOTES.md session 29): an option, off by default."""
+    outputs per CTA tile, `stages` K-slices in flight in shared memory; the two consumer
+    warpgroups run each tile together, 64 rows each, then its epilogue. `pair` (the
+    forward's, bf16): the kernel runs in 2-CTA clusters whose CTAs take tasks two at a time,
+    and vertically adjacent tiles under the same weight rows (gate/up, down) load half of
+    their weight slices each, multicast to both (gemm_tile.cuh produce_pairs): an option,
+    off by default."""
 
     bm: int
     bn: int
     stages: int
-    pingpong: bool = False
-    signal_warp: bool = False
-    solo: bool = False
     pair: bool = False
 
     def __str__(self) -> str:
-        pp = ", ping-pong" if self.pingpong else ""
-        sw = ", signal warp" if self.signal_warp else ""
-        so = ", solo weight gradients" if self.solo else ""
         pa = ", multicast pairs" if self.pair else ""
-        return f"{self.bm}x{self.bn}, {self.stages} stages{pp}{sw}{so}{pa}"
+        return f"{self.bm}x{self.bn}, {self.stages} stages{pa}"
 
     def fields(self) -> list:
-        """As JSON: (bm, bn, stages), + the schedule flags up to the last one set, so plans
-        of the default schedule keep their keys (and their kernels' names) from before the
-        fields existed."""
-        n = max([3] + [i + 1 for i in range(3, len(self)) if self[i]])
-        return list(self[:n])
+        """As JSON: (bm, bn, stages), + pair where it is set, so plans of the default
+        schedule keep their keys (and their kernels' names) from before the field existed."""
+        return list(self[:4] if self.pair else self[:3])
 
 
 @dataclass(frozen=True)

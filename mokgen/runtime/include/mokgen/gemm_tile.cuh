@@ -3,8 +3,7 @@
 // CTA shape: 384 threads = 3 warpgroups.
 //   warpgroup 0: producer. One elected thread pops tasks from the scheduler (Problem),
 //                publishes them on the smem task channel, and streams A/B K-slices into the
-//                smem ring with TMA. With SIGNAL_WARP, warp 1 raises the tasks' completion
-//                signals (signal_tasks). The other threads exit right away. setmaxnreg.dec.
+//                smem ring with TMA. The other threads exit right away. setmaxnreg.dec.
 //   warpgroups 1,2: consumers. Each owns 64 rows of the BM=128 tile (cwg = 0/1) and issues
 //                m64nBNk16 wgmma over the whole BN; then runs the epilogue. setmaxnreg.inc.
 // Tile op: C[BM x BN] = A[a_row0 : a_row0+BM, 0:K] * B[b_row0 : b_row0+BN, 0:K]^T, A and B
@@ -34,30 +33,9 @@
 // the ring never drains between them, so the producer prefetches tile n+1 while consumers do
 // tile n's epilogue.
 //
-// Two consumer schedules (GemmCfg::PINGPONG, the plan's GemmConfig.pingpong):
-// - cooperative (default): both consumer warpgroups run every K-slice of a tile at once, rows
-//   64 cwg .. each, then both run the epilogue: the tensor core idles during every epilogue.
-// - ping-pong: the same 128 x BN task, but its two 64 x BN halves are run one after the other,
-//   warpgroup h owning half h of every task. The producer streams the task's K-slices twice
-//   (half 0, then half 1), so warpgroup 0's epilogue of task n runs while warpgroup 1's
-//   wgmma of task n runs, and warpgroup 1's epilogue while warpgroup 0's wgmma of task n+1.
-//   Named barriers hand the mainloop turn over (kBarTurn) once a warpgroup's last wgmma is
-//   issued, so the two take turns on the tensor core (the next chain queued behind the
-//   previous one's tail) and each epilogue starts as early as possible. Why halves of a task rather than a
-//   128 x 128 tile per warpgroup: the accumulators stay the cooperative ones (64 x BN per
-//   warpgroup, 128 registers at BN = 256, the same budget under setmaxnreg 232), so every
-//   epilogue, the tasks, the schedules and the host's tensor maps are shared by both modes,
-//   and the task's completion signal stays one per task (warpgroup 1 raises it once both
-//   halves are stored: kBarDone). The cost: B is read from L2 twice per task (the second
-//   read right after the first, so it hits L2) and a K-major A box holds both halves' rows
-//   (the host's maps have 128-row boxes), so each half streams 48 KB slices where the
-//   cooperative tile streams 48 KB per two halves; an MN-major A (weight gradients) is two
-//   64-row boxes and a half loads only its own. Which mode a GEMM runs is measured
-//   (benchmarks/gemm_engine.py), not assumed. Measured on an H200 (commit b05eac0): ping-pong
-//   wins only on short K (K = 384 / 768: 1.02-1.09x) and loses everywhere the time goes (the
-//   gate/up and down GEMMs 0.62-0.91x; the layer's forward 0.54-0.77x, backward 0.86-0.90x):
-//   each half streams its slices on its own, which costs more than the hidden epilogue
-//   saves. So cooperative is the default and ping-pong a plan option.
+// The consumers are cooperative: both warpgroups run every K-slice of a tile at once, then
+// both run the epilogue, so the tensor core idles during each epilogue while the producer
+// keeps the ring filling for the next tile.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -109,19 +87,17 @@ MOKGEN_DEV void task_release(const GemmSmem<Cfg>& sm, PipeState& ts) {
 // Streams the K-slices of one tile. Tensor map boxes: A = 64 x BM; B = 64 x BN (single) or
 // 64 x BN/2 (dual). Wait on `empty` with the flipped parity: a fresh barrier counts as
 // having completed the phase before phase 0, so the first STAGES waits pass at once.
-// half >= 0 (ping-pong): the slices of rows 64 half .. only; an MN-major A then brings only
-// that half's box (at the offset the consumer reads it from), a K-major A its whole box.
 // NARROW (Problem::kNarrowTiles): a kHalfN task's MN-major B brings only the boxes of its first
 // BN/2 columns, the ones its mainloop reads (a K-major B box is BN rows: loaded whole).
-// One K-slice's TMA loads of A (an MN-major A: its boxes j0 .. j1 - 1) and of B (an
-// MN-major B: its first b_boxes boxes; dual-B: the up rows right below the gate rows), for
-// stage `bar`. produce_tile and produce_tile_gather share them.
+// One K-slice's TMA loads of A (an MN-major A: its BM / 64 boxes) and of B (an MN-major B:
+// its first b_boxes boxes; dual-B: the up rows right below the gate rows), for stage `bar`.
+// produce_tile and produce_tile_gather share them.
 template <class Cfg>
 MOKGEN_DEV void load_a_slice(uint8_t* stage, const CUtensorMap* ta, uint64_t* bar, const Task& t,
-                             int k0, bool amn, int j0, int j1) {
+                             int k0, bool amn) {
   constexpr int kBox = 64 * 64 * 2;
   if (amn) {
-    for (int j = j0; j < j1; ++j)
+    for (int j = 0; j < Cfg::BM / 64; ++j)
       tma_load_2d(stage + j * kBox, ta, bar, t.a_row0 + 64 * j, t.b_row1 + k0);
   } else {
     tma_load_2d(stage, ta, bar, k0, t.a_row0);
@@ -173,17 +149,13 @@ MOKGEN_DEV void trace_issued(uint64_t t0, bool mine) {
 // this task's), a multiple of the slice, so a slice never straddles its wrap.
 template <class Cfg, bool NARROW = false, bool WRAP = false>
 MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUtensorMap* ta,
-                             const CUtensorMap* tb, const Task& t, int half = -1,
-                             int b_wrap = 0) {
+                             const CUtensorMap* tb, const Task& t, int b_wrap = 0) {
   // MN-major operands arrive as 64 x 64 boxes, 8 KB each, stacked along MN (wgmma.cuh)
   constexpr int kBox = 64 * 64 * 2;
   const bool amn = t.op & kAMN, bmn = t.op & kBMN;
-  // a solo task's B is BN/2 columns too (consume_tile_solo; its kHalfN is the parity)
-  const bool narrow = NARROW && bmn && (t.op & (Cfg::SOLO ? kHalfN | kSolo : kHalfN));
-  const int j0 = half < 0 ? 0 : half, j1 = half < 0 ? Cfg::BM / 64 : half + 1;
+  const bool narrow = NARROW && bmn && (t.op & kHalfN);
   const int b_boxes = narrow ? Cfg::BN / 128 : Cfg::BN / 64;
-  const uint32_t bytes = Cfg::STAGE_BYTES - (amn ? (Cfg::BM / 64 - (j1 - j0)) * kBox : 0) -
-                         (narrow ? (Cfg::BN / 64 - b_boxes) * kBox : 0);
+  const uint32_t bytes = Cfg::STAGE_BYTES - (narrow ? (Cfg::BN / 64 - b_boxes) * kBox : 0);
   int b_k = 0;  // WRAP: the window row of B's first K row
   if constexpr (WRAP) b_k = b_wrap ? t.b_row1 % b_wrap : t.b_row1;
   for (int kb = 0; kb < t.k_blocks; ++kb) {
@@ -194,7 +166,7 @@ MOKGEN_DEV void produce_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const CUten
     uint64_t* bar = &sm.full()[ps.idx()];
     mbar_arrive_expect_tx(bar, bytes);
     const int k0 = kb * Cfg::BK;
-    load_a_slice<Cfg>(sm.a_stage(ps.idx()), ta, bar, t, k0, amn, j0, j1);
+    load_a_slice<Cfg>(sm.a_stage(ps.idx()), ta, bar, t, k0, amn);
     load_b_slice<Cfg, WRAP>(sm.b_stage(ps.idx()), tb, bar, t, k0, bmn, b_boxes, b_k, b_wrap);
     if constexpr (Cfg::TRACE) trace_issued(t0, true);
     ps.template advance<Cfg::STAGES>();
@@ -236,9 +208,8 @@ MOKGEN_DEV int gather_token(const GatherSrc& g, int p) {
   return (unsigned)tok < (unsigned)g.rows ? tok : -1;
 }
 
-// The producer warpgroup's four warps gather (warp 1's signal duty is the cooperative
-// schedule's option, not taken with gathered rows): each brings a quarter of every slice's
-// rows. One warp alone issued a slice's 32-64 cp.async instructions with their shuffles and
+// The producer warpgroup's four warps gather: each brings a quarter of every slice's rows.
+// One warp alone issued a slice's 32-64 cp.async instructions with their shuffles and
 // addresses too slowly for the tensor core (an H200: the layer at half speed, 0.75x unrolled).
 constexpr int kGatherWarps = 4;
 static_assert(kGatherWarps * 32 == 128 && kGatherWarps * 16 == 64,
@@ -330,7 +301,7 @@ MOKGEN_DEV void produce_tile_gather(const Problem& prob, const GemmSmem<Cfg>& sm
     if (lead) {  // the operand that is not gathered comes by TMA
       const CUtensorMap *ta = prob.map_a(t), *tb = prob.map_b(t);
       mbar_arrive_expect_tx(bar, (gat_a ? 0 : Cfg::A_BYTES) + (gat_b ? 0 : b_boxes * kBox));
-      if (!gat_a) load_a_slice<Cfg>(sm.a_stage(ps.idx()), ta, bar, t, k0, amn, 0, Cfg::BM / 64);
+      if (!gat_a) load_a_slice<Cfg>(sm.a_stage(ps.idx()), ta, bar, t, k0, amn);
       if (!gat_b) load_b_slice<Cfg>(sm.b_stage(ps.idx()), tb, bar, t, k0, bmn, b_boxes);
     }
     __syncwarp();
@@ -364,23 +335,19 @@ MOKGEN_DEV void free_stage(const GemmSmem<Cfg>& sm, int stage) {
 // One wgmma group stays in flight: after committing K-slice kb we wait for slice kb-1 and
 // only then hand its stage back, so the tensor core never idles on the release handshake.
 // TA / TB: A / B MN-major (see wgmma.cuh for the two descriptor forms). Returns false when
-// a stage never arrived (the caller records it and stops). hand_over (ping-pong; 0: none):
-// the named barrier the other warpgroup waits on for its turn, arrived on once the last
-// wgmma is issued, so its first ones queue behind this chain's tail instead of waiting for it.
+// a stage never arrived (the caller records it and stops).
 // NARROW: a kHalfN task's mainloop, N = BN/2 into the first half of the accumulators.
 // gathered: an operand of the stage was written by cp.async (produce_tile_gather), ordinary
 // writes that the wgmma's async proxy reads only after a proxy fence.
 template <class Cfg, int TA = 0, int TB = 0, bool NARROW = false>
 MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task& t,
-                             float (&acc)[Cfg::kAccRegs], int cwg, uint32_t hand_over = 0,
-                             bool gathered = false) {
+                             float (&acc)[Cfg::kAccRegs], int cwg, bool gathered = false) {
   using Mma = Wgmma<NARROW ? Cfg::BN / 2 : Cfg::BN>;
   float(&d)[Mma::kRegs] = *reinterpret_cast<float(*)[Mma::kRegs]>(&acc[0]);
   const bool lane0 = (threadIdx.x & 31) == 0;
   if (t.k_blocks <= 0) {
 #pragma unroll
     for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
-    if (hand_over) named_bar_arrive(hand_over, 256);
     return true;
   }
   int prev = -1;
@@ -415,7 +382,6 @@ MOKGEN_DEV bool consume_tile(const GemmSmem<Cfg>& sm, PipeState& ps, const Task&
     prev = (int)ps.idx();
     ps.template advance<Cfg::STAGES>();
   }
-  if (hand_over) named_bar_arrive(hand_over, 256);
   wgmma_wait<0>();
   wgmma_fence_regs(acc);
   __syncwarp();
@@ -436,105 +402,6 @@ MOKGEN_DEV bool consume_pad(const GemmSmem<Cfg>& sm, PipeState& ps, int k_blocks
   return ok;
 }
 
-// One K slice of a 128-row task from one warpgroup: rows 0..63 of the stage's A into d0,
-// 64..127 into d1 (8 KB apart in either layout), against all of its B.
-template <class Mma, int BK, int TA, int TB>
-MOKGEN_DEV void mma_slice_two_chains(float (&d0)[Mma::kRegs], float (&d1)[Mma::kRegs],
-                                     const uint8_t* a, const uint8_t* b, bool accumulate) {
-  const uint64_t da0 = TA ? make_desc_mnmajor_sw128(a) : make_desc_kmajor_sw128(a);
-  const uint64_t da1 = TA ? make_desc_mnmajor_sw128(a + 64 * 128)
-                          : make_desc_kmajor_sw128(a + 64 * 128);
-  const uint64_t db = TB ? make_desc_mnmajor_sw128(b) : make_desc_kmajor_sw128(b);
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < BK / 16; ++kk) {
-    const uint64_t dbk = TB ? desc_advance_k16_mn(db, kk) : desc_advance_k16(db, kk);
-    const int scale_d = accumulate || kk != 0;
-    Mma::template mma<TA, TB>(d0, TA ? desc_advance_k16_mn(da0, kk) : desc_advance_k16(da0, kk),
-                              dbk, scale_d);
-    Mma::template mma<TA, TB>(d1, TA ? desc_advance_k16_mn(da1, kk) : desc_advance_k16(da1, kk),
-                              dbk, scale_d);
-  }
-  wgmma_commit();
-}
-
-// The mainloop of a 128-row task run by one consumer warpgroup: k_blocks (> 0) slices into
-// two m64 chains (mma_slice_two_chains), one wgmma group in flight as in consume_tile; each
-// warp frees a stage with ARRIVALS arrivals (2 where the empty barriers count both
-// warpgroups' warps); hand_over as consume_tile's; handed (solo tasks): each warp arrives
-// there once its wait for the last slice has passed. Solo tasks and the whole-task ping-pong
-// test kernels (gemm_test.cu) share it.
-template <class Cfg, class Mma, int TA, int TB, int ARRIVALS>
-MOKGEN_DEV bool consume_two_chains(const GemmSmem<Cfg>& sm, PipeState& ps, int k_blocks,
-                                   float (&d0)[Mma::kRegs], float (&d1)[Mma::kRegs],
-                                   uint32_t hand_over = 0, uint64_t* handed = nullptr) {
-  const bool lane0 = (threadIdx.x & 31) == 0;
-  const auto release = [&](int stage) {
-    __syncwarp();
-    if (lane0) {
-      if constexpr (ARRIVALS == 1) mbar_arrive(&sm.empty()[stage]);
-      else mbar_arrive_cnt(&sm.empty()[stage], ARRIVALS);
-    }
-  };
-  int prev = -1;
-  bool ok = true;
-  wgmma_fence_regs(d0);
-  wgmma_fence_regs(d1);
-  for (int kb = 0; kb < k_blocks; ++kb) {
-    ok &= mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());
-    if constexpr ((Cfg::PROF & kProfNoMma) == 0)
-      mma_slice_two_chains<Mma, Cfg::BK, TA, TB>(d0, d1, sm.a_stage(ps.idx()),
-                                                 sm.b_stage(ps.idx()), kb != 0);
-    wgmma_wait<1>();
-    if (prev >= 0) release(prev);
-    prev = (int)ps.idx();
-    ps.template advance<Cfg::STAGES>();
-  }
-  if (hand_over) named_bar_arrive(hand_over, 256);
-  if (handed != nullptr) {
-    __syncwarp();
-    if (lane0) mbar_arrive(handed);
-  }
-  wgmma_wait<0>();
-  wgmma_fence_regs(d0);
-  wgmma_fence_regs(d1);
-  release(prev);
-  return ok;
-}
-
-// A solo task (kSolo, GemmCfg::SOLO): one consumer warpgroup runs all BM rows of a
-// BM x BN/2 task, two m64n(BN/2) chains a k16 step into the two halves of its BN/2
-// accumulators (rows 0..63, then 64..127), while the other warpgroup runs the next task: so
-// one's epilogue runs under the other's MMA. The ring holds the tasks' slices in channel
-// order, so a warpgroup's solo mainloop starts when the previous task's slices are nearly
-// consumed: the two alternate on the tensor core without turn barriers. Measured in the
-// engine alone (benchmarks/gemm_experiments.py, whole-task ping-pong, H200): weight-gradient
-// GEMMs (both operands MN-major, K = 384 / 1,024) 1.05-1.26x the cooperative tile, long-K
-// K-major ones 0.82-0.91x (a 128 x 128 tile reads 25% more shared memory a MAC): so B is
-// MN-major (BN/2 columns of boxes, loaded as a narrow tile's) and the Problem picks the
-// tasks.
-// Each warp frees a stage with 2 arrivals: the empty barriers count both warpgroups' warps.
-// Once warpgroup cwg's warps have waited for the task's last slice they arrive on its hand
-// barrier (sm.hand()[cwg]): the other warpgroup steps past the task only then
-// (consumer_cooperative), so it never tests a stage's parity while the task's slice that
-// last used the stage is still in flight.
-template <class Cfg, int TA, int TB>
-MOKGEN_DEV bool consume_tile_solo(const GemmSmem<Cfg>& sm, PipeState& ps, const Task& t,
-                                  float (&acc)[Cfg::kAccRegs], int cwg) {
-  using Mma = Wgmma<Cfg::BN / 2>;
-  static_assert(2 * Mma::kRegs == Cfg::kAccRegs, "two chains fill the accumulators");
-  if (t.k_blocks <= 0) {
-#pragma unroll
-    for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0) mbar_arrive(&sm.hand()[cwg]);
-    return true;
-  }
-  return consume_two_chains<Cfg, Mma, TA, TB, 2>(
-      sm, ps, t.k_blocks, *reinterpret_cast<float(*)[Mma::kRegs]>(&acc[0]),
-      *reinterpret_cast<float(*)[Mma::kRegs]>(&acc[Mma::kRegs]), 0, &sm.hand()[cwg]);
-}
-
 // Tile rasterization inside one [m_blocks x n_blocks] grid: groups of `group` m-blocks walk
 // n with m fastest, so CTAs working at the same time share B (weight) panels in L2 and the
 // A panels of a group stay resident while n advances.
@@ -547,9 +414,6 @@ MOKGEN_DEV void raster_grouped(int t, int m_blocks, int n_blocks, int group, int
   nb = r / gs;
 }
 
-// The mainloop a task's operand bits ask for: fp8 (kF8), MN-major operands (kAMN / kBMN), or
-// the plain K-major one; only the variants the Problem can issue are compiled. hand_over:
-// consume_tile's (the fp8 mainloop drains every slice itself: it hands over at its end).
 // Whether Problem gathers operand rows (its kGather; Problems without one do not).
 template <class P, class = void>
 struct GatherTrait { static constexpr bool value = false; };
@@ -564,23 +428,18 @@ struct WrapTrait { static constexpr bool value = false; };
 template <class P>
 struct WrapTrait<P, decltype(void(P::kWrapB))> { static constexpr bool value = P::kWrapB; };
 
+// The mainloop a task's operand bits ask for: fp8 (kF8), MN-major operands (kAMN / kBMN), or
+// the plain K-major one; only the variants the Problem can issue are compiled.
 template <class Cfg, class Problem>
 MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState& ps,
-                        const Task& t, float (&acc)[Cfg::kAccRegs + Cfg::kScratch], int cwg,
-                        uint32_t hand_over = 0) {
+                        const Task& t, float (&acc)[Cfg::kAccRegs + Cfg::kScratch], int cwg) {
   float(&acc0)[Cfg::kAccRegs] = *reinterpret_cast<float(*)[Cfg::kAccRegs]>(&acc[0]);
   if constexpr (Problem::kQ > 0) {
     if (t.op & kF8) {
       if constexpr (Problem::kNarrowTiles) {
-        if (t.op & kHalfN) {
-          const bool ok = consume_tile_fp8<Cfg, true>(sm, ps, t, acc, cwg, prob.wsb(t));
-          if (hand_over) named_bar_arrive(hand_over, 256);
-          return ok;
-        }
+        if (t.op & kHalfN) return consume_tile_fp8<Cfg, true>(sm, ps, t, acc, cwg, prob.wsb(t));
       }
-      const bool ok = consume_tile_fp8<Cfg>(sm, ps, t, acc, cwg, prob.wsb(t));
-      if (hand_over) named_bar_arrive(hand_over, 256);
-      return ok;
+      return consume_tile_fp8<Cfg>(sm, ps, t, acc, cwg, prob.wsb(t));
     }
   }
   bool g = false;  // constant false where the Problem gathers nothing: folds away
@@ -588,17 +447,17 @@ MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState&
   if constexpr (Problem::kNarrowTiles) {
     if (t.op & kHalfN) {
       if constexpr (Problem::kMNOperands) {
-        if (t.op & kAMN) return consume_tile<Cfg, 1, 1, true>(sm, ps, t, acc0, cwg, hand_over, g);
-        if (t.op & kBMN) return consume_tile<Cfg, 0, 1, true>(sm, ps, t, acc0, cwg, hand_over, g);
+        if (t.op & kAMN) return consume_tile<Cfg, 1, 1, true>(sm, ps, t, acc0, cwg, g);
+        if (t.op & kBMN) return consume_tile<Cfg, 0, 1, true>(sm, ps, t, acc0, cwg, g);
       }
-      return consume_tile<Cfg, 0, 0, true>(sm, ps, t, acc0, cwg, hand_over, g);
+      return consume_tile<Cfg, 0, 0, true>(sm, ps, t, acc0, cwg, g);
     }
   }
   if constexpr (Problem::kMNOperands) {
-    if (t.op & kAMN) return consume_tile<Cfg, 1, 1>(sm, ps, t, acc0, cwg, hand_over, g);
-    if (t.op & kBMN) return consume_tile<Cfg, 0, 1>(sm, ps, t, acc0, cwg, hand_over, g);
+    if (t.op & kAMN) return consume_tile<Cfg, 1, 1>(sm, ps, t, acc0, cwg, g);
+    if (t.op & kBMN) return consume_tile<Cfg, 0, 1>(sm, ps, t, acc0, cwg, g);
   }
-  return consume_tile<Cfg>(sm, ps, t, acc0, cwg, hand_over, g);
+  return consume_tile<Cfg>(sm, ps, t, acc0, cwg, g);
 }
 
 // ---------------------------------------------------------------- persistent driver
@@ -621,10 +480,6 @@ MOKGEN_DEV bool consume(const Problem& prob, const GemmSmem<Cfg>& sm, PipeState&
 //   next_task() is then called by thread 0 while the producer warpgroup's other warps wait.
 //   optional, static constexpr bool kWrapB, then int b_wrap(t) (not with kGather): the rows of
 //   a window ring an MN-major B's K rows wrap in, or 0 (produce_tile WRAP).
-//   GemmCfg::SOLO kernels: tasks may set kSolo (with kBMN), and the Problem provides
-//   void epilogue_solo(const Task&, float (&acc)[Cfg::kAccRegs], int wg): all BM rows of the
-//   BM x BN/2 tile, rows 0..63 in acc[0 .. kAccRegs/2) and 64..127 in the rest (each half as
-//   a m64n(BN/2) accumulator), by consumer warpgroup wg alone (its staging and barriers).
 //   GemmCfg::PAIR kernels (launched in 2-CTA clusters; produce_pairs): int claim(int n) (the
 //   first of n tasks taken), int task_count(), template <bool WAIT> Task task_at(int t)
 //   (WAIT: next_task's waits for task t; else its coordinates alone, the same in both CTAs)
@@ -650,27 +505,9 @@ struct ConsumerAcc {
 
 // Cooperative consumers: warpgroup cwg does rows 64 cwg .. of every tile, both at once.
 // A task's signal publishes its epilogue's stores: a gpu-scope fence, which waits until they
-// have all reached L2, then the count. Raised by a consumer thread (thread 128), that wait
-// holds its warp, and with it its warpgroup's next wgmma, for the whole drain of the tile's
-// stores. With SIGNAL_WARP the consumers only arrive on the slot's barrier and go on to the
-// next task's mainloop; the signal warp (signal_tasks) waits there, fences and signals, so
-// the drain runs under the next tile's MMA. The fence is cumulative: the stores are ordered
-// before it by the barrier (PTX memory model), as they were by kBarTile before. Measured on
-// an H200 (commit 8b4fa71, backward): within 1-2% of the default on kimi ep 8, Qwen3 and
-// Mixtral, so the default stays consumer-signalled: the epilogues' cost was their uncoalesced
-// stores themselves (ncu), not the drain's wait (store_rows_tma fixed that for the weight
-// gradients: backward 10.16 -> 7.82 ms on kimi ep 8).
-// Solo tasks (GemmCfg::SOLO): the warpgroups take turns, warpgroup 1 taking those whose
-// kHalfN the scheduler set (every other solo task it pushed: the consumers hold no count of
-// their own, whose register made the narrow-tile backward spill); the other one waits for
-// the owner's hand barrier (every slice of the task landed and waited for; its phase is the
-// task's kSoloPhase), steps its ring state past the task's slices and frees its share of
-// the slot. Without that wait the warpgroup's next mainloop could test a stage whose
-// previous round (a slice of the skipped task) had not landed, and a parity wait one phase
-// early passes (found by tests/test_engine_protocol.py; NOTES session 30). The wait costs the
-// stepping warpgroup nothing it would not wait for anyway: its own next slices come after the
-// skipped ones in the ring. The one that runs the task stores, syncs its own 128 threads and
-// signals: cooperative tasks around it run as before (both warpgroups, kBarTile).
+// have all reached L2, then the count, raised by a consumer thread (thread 128) once both
+// warpgroups have stored the tile (kBarTile); its wait holds that warpgroup's next wgmma for
+// the drain of the tile's stores.
 template <class Cfg, class Problem>
 MOKGEN_DEV void consumer_cooperative(Problem& prob, const GemmSmem<Cfg>& sm, int cwg) {
   PipeState ps, ts;
@@ -687,47 +524,6 @@ MOKGEN_DEV void consumer_cooperative(Problem& prob, const GemmSmem<Cfg>& sm, int
           break;
         }
         task_release<Cfg>(sm, ts);
-        continue;
-      }
-    }
-    if constexpr (Cfg::SOLO) {
-      if (t.op & kSolo) {
-        if (((t.op & kHalfN) != 0) != (cwg != 0)) {  // the other warpgroup's
-          if (!mbar_wait_lean(&sm.hand()[cwg ^ 1], (t.op & kSoloPhase) != 0)) {
-            record_timeout(107, (t.op & kSoloPhase) != 0);
-            break;
-          }
-          ps.template advance_by<Cfg::STAGES>(t.k_blocks);
-          task_release<Cfg>(sm, ts);
-          ++traced;
-          continue;
-        }
-        unsigned long long* rec = nullptr;
-        if constexpr (Cfg::TRACE) {
-          if ((threadIdx.x & 127) == 0) rec = trace_rec(traced);
-          if (rec) {
-            rec[kTrPop] = trace_clock();
-            rec[kTrGlobalNs] = global_ns();
-          }
-        }
-        ++traced;
-        const bool ok = (t.op & kAMN)
-            ? consume_tile_solo<Cfg, 1, 1>(sm, ps, t, acc.main(), cwg)
-            : consume_tile_solo<Cfg, 0, 1>(sm, ps, t, acc.main(), cwg);
-        if constexpr (Cfg::TRACE)
-          if (rec) rec[kTrMain] = trace_clock();
-        if (!ok) {  // as below; the other warpgroup gets the stop from the producer
-          record_timeout(103, ps.phase());
-          break;
-        }
-        prob.epilogue_solo(t, acc.main(), cwg);
-        if constexpr (Cfg::TRACE)
-          if (rec) rec[kTrEpi] = trace_clock();
-        named_bar_sync(kBarSolo + cwg, 128);
-        if ((threadIdx.x & 127) == 0) prob.signal(t);
-        task_release<Cfg>(sm, ts);
-        if constexpr (Cfg::TRACE)
-          if (rec) rec[kTrDone] = trace_clock();
         continue;
       }
     }
@@ -750,94 +546,21 @@ MOKGEN_DEV void consumer_cooperative(Problem& prob, const GemmSmem<Cfg>& sm, int
     }
     if (!ok) {  // a stage never arrived: record it and stop (see mbar_wait_lean)
       record_timeout(103, ps.phase());
-      if constexpr (Cfg::SIGNAL_WARP) {  // the signal warp must not wait for us forever
-        *sm.stopped() = 1;
-        named_bar_arrive(kBarSignal + ts.idx(), 256 + 32);
-      }
       break;
     }
     prob.epilogue(t, acc.main(), cwg);
     if constexpr (Cfg::TRACE)
       if (rec) rec[kTrEpi] = trace_clock();
-    if constexpr (Cfg::SIGNAL_WARP) {
-      named_bar_arrive(kBarSignal + ts.idx(), 256 + 32);
-      ts.template advance<Cfg::TASK_SLOTS>();  // the signal warp frees the slot
-    } else {
-      named_bar_sync(kBarTile, 256);
-      if (threadIdx.x == 128) prob.signal(t);
-      task_release<Cfg>(sm, ts);
-    }
+    named_bar_sync(kBarTile, 256);
+    if (threadIdx.x == 128) prob.signal(t);
+    task_release<Cfg>(sm, ts);
     if constexpr (Cfg::TRACE)
       if (rec) rec[kTrDone] = trace_clock();
   }
 }
 
-// The signal warp (SIGNAL_WARP; warp 1, in the producer warpgroup): follows the task channel
-// as the consumers do, waits for both consumer warpgroups to have stored each task, signals
-// it and frees its slot (the producer can then reuse it). It waits on nothing but the
-// consumers of the task at hand, so a task's signal never waits for a later task.
-template <class Cfg, class Problem>
-MOKGEN_DEV void signal_tasks(const Problem& prob, const GemmSmem<Cfg>& sm) {
-  static_assert(kBarSignal + Cfg::TASK_SLOTS <= 16, "16 named barriers");
-  PipeState ts;
-  for (;;) {
-    const Task* slot = task_pop<Cfg>(sm, ts);
-    if (slot == nullptr || slot->op < 0) break;
-    named_bar_sync(kBarSignal + ts.idx(), 256 + 32);
-    if (*sm.stopped()) break;
-    if ((threadIdx.x & 31) == 0) prob.signal(*slot);
-    task_release<Cfg>(sm, ts);
-  }
-}
-
-// Ping-pong consumers: warpgroup h does half h (rows 64 h ..) of every task, the halves'
-// mainloops in turn (half 0 of task n, half 1 of task n, half 0 of task n+1, ...), each
-// epilogue beside the other warpgroup's mainloop. The ring holds each task's half-0 slices,
-// then its half-1 slices: a warpgroup steps its ring state past the other's.
-// Each named barrier sees, in turn, one warpgroup's arrive and the other's sync, never two
-// arrives in a row: turn 0 is given once up front (warpgroup 1 arrives before its first
-// task) and then after each of warpgroup 1's mainloops, turn 1 after each of warpgroup 0's,
-// and warpgroup 0 takes turn 0 once more at the stop, so every arrive has its sync. A task's
-// done barrier alternates between two ids by task parity (the task slot's, TASK_SLOTS being
-// even): warpgroup 0 arrives for task n + 2 only after its turn for n + 2, which warpgroup 1
-// gives after its sync on task n's. Nothing here is held in a register across the mainloop
-// but the two ring states (the fp8 consumers have none to spare).
-// A mainloop that times out is recorded; the warpgroup then skips that epilogue but keeps
-// the barrier protocol, so its sibling never waits on a barrier forever (the producer
-// hands out stop once the kernel is aborted).
-template <class Cfg, class Problem>
-MOKGEN_DEV void consumer_pingpong(Problem& prob, const GemmSmem<Cfg>& sm, int h) {
-  static_assert(Cfg::TASK_SLOTS % 2 == 0, "the done barrier's id follows the slot's parity");
-  PipeState ps, ts;
-  if (h == 1) named_bar_arrive(kBarTurn, 256);  // warpgroup 0 runs the first mainloop
-  for (;;) {
-    ConsumerAcc<Cfg> acc;
-    const Task* slot = task_pop<Cfg>(sm, ts);
-    if (slot == nullptr || slot->op < 0) {
-      if (h == 0) named_bar_sync(kBarTurn, 256);  // warpgroup 1's last turn handed back
-      break;
-    }
-    const Task& t = *slot;
-    if (h == 1) ps.template advance_by<Cfg::STAGES>(t.k_blocks);  // past half 0
-    named_bar_sync(kBarTurn + h, 256);
-    const bool ok = consume<Cfg, Problem>(prob, sm, ps, t, acc.r, h, kBarTurn + (h ^ 1));
-    if (h == 0) ps.template advance_by<Cfg::STAGES>(t.k_blocks);  // past half 1
-    if (ok) prob.epilogue(t, acc.main(), h);
-    else record_timeout(103, ps.phase());
-    const uint32_t done = kBarDone + (ts.idx() & 1);
-    if (h == 0) {
-      named_bar_arrive(done, 256);
-    } else {
-      named_bar_sync(done, 256);
-      if (threadIdx.x == 256) prob.signal(t);
-    }
-    task_release<Cfg>(sm, ts);
-  }
-}
-
 // The producing thread (trace builds): its i-th task, asked for at `ask`, got now (the
-// consumers' thread 128 adds the rest of the record: consumer_cooperative; ping-pong
-// records none of it).
+// consumers' thread 128 adds the rest of the record: consumer_cooperative).
 MOKGEN_DEV void trace_task_got(int i, const Task& t, uint64_t ask) {
   if (unsigned long long* rec = t.op < 0 ? nullptr : trace_rec(i)) {
     rec[kTrOp] = (unsigned)t.op | ((unsigned long long)t.k_blocks << 32);
@@ -1013,13 +736,9 @@ MOKGEN_DEV void produce_gathering(Problem& prob, const GemmSmem<Cfg>& sm) {
 // other CTAs may wait on, so claims stay as close to their runs as the ask allows.
 // Deadlock-free as before: a task waits only on tasks earlier in the list, and the earliest
 // unfinished one is running (its CTA's task before it, if any, is finished).
-// Solo kernels: it also marks each solo task with the warpgroup that runs it (kHalfN, every
-// other one) and that warpgroup's count of them before it, mod 2 (kSoloPhase: the phase of
-// its hand barrier the other warpgroup waits for; consumer_cooperative).
 template <class Cfg, class Problem>
 MOKGEN_DEV void schedule_tasks(Problem& prob, const GemmSmem<Cfg>& sm) {
   PipeState ts;
-  int solo_n = 0;  // Cfg::SOLO: solo tasks pushed so far, mod 4
   for (;;) {
     // Task i waits for the taken barrier's phase i: the producer completes phase 0 up front
     // and phase i by taking task i - 1. i's parity is its slot's (TASK_SLOTS is even), so
@@ -1028,17 +747,28 @@ MOKGEN_DEV void schedule_tasks(Problem& prob, const GemmSmem<Cfg>& sm) {
     // one of its own bounded waits trapped, and the watchdog's path here spilled.
     while (!mbar_try_wait(sm.taken(), ts.idx() & 1)) {
     }
-    Task t = prob.next_task();
-    if constexpr (Cfg::SOLO) {
-      if (t.op >= 0 && (t.op & kSolo)) {
-        t.op = (t.op & ~(kHalfN | kSoloPhase)) | (solo_n & 1 ? kHalfN : 0) |
-               (solo_n & 2 ? kSoloPhase : 0);
-        solo_n = (solo_n + 1) & 3;
-      }
-    }
+    const Task t = prob.next_task();
     task_push<Cfg>(sm, ts, t);
     if (t.op < 0) break;
   }
+}
+
+// One task's slices, in the mainloop its operand bits ask for (fp8: kF8; else bf16, an
+// MN-major B of a kHalfN task its first BN/2 columns, K rows in a window ring: kWrapB).
+template <class Cfg, class Problem>
+MOKGEN_DEV void produce_task(Problem& prob, const GemmSmem<Cfg>& sm, PipeState& ps,
+                             const Task& t) {
+  if constexpr (Problem::kQ > 0) {
+    if (t.op & kF8) {
+      produce_tile_fp8<Cfg, Problem::kNarrowTiles>(sm, ps, prob.map_a(t), prob.map_b(t),
+                                                   prob.map_sa(t), prob.map_sb(t), t);
+      return;
+    }
+  }
+  constexpr bool kWrap = WrapTrait<Problem>::value;
+  int wrap = 0;
+  if constexpr (kWrap) wrap = prob.b_wrap(t);
+  produce_tile<Cfg, Problem::kNarrowTiles, kWrap>(sm, ps, prob.map_a(t), prob.map_b(t), t, wrap);
 }
 
 // The producing thread: streams each task's slices. Cfg::SCHEDULER: it follows the task
@@ -1048,7 +778,6 @@ MOKGEN_DEV void schedule_tasks(Problem& prob, const GemmSmem<Cfg>& sm) {
 template <class Cfg, class Problem>
 MOKGEN_DEV void produce_tasks(Problem& prob, const GemmSmem<Cfg>& sm) {
   static_assert(Cfg::TASK_SLOTS % 2 == 0, "schedule_tasks reads a task's parity off its slot");
-  static_assert(!Cfg::SOLO || Cfg::SCHEDULER, "solo tasks are marked by schedule_tasks");
   PipeState ps, ts;
   if constexpr (Cfg::SCHEDULER) mbar_arrive(sm.taken());  // task 0 may be taken at once
   for (int i = 0;; ++i) {
@@ -1067,22 +796,7 @@ MOKGEN_DEV void produce_tasks(Problem& prob, const GemmSmem<Cfg>& sm) {
       if (t.op < 0) break;
     }
     if constexpr (Cfg::TRACE) trace_task_got(i, t, ask);
-#pragma unroll 1
-    for (int h = 0; h < (Cfg::PINGPONG ? 2 : 1); ++h) {  // ping-pong: each half in turn
-      if constexpr (Problem::kQ > 0) {
-        if (t.op & kF8) {
-          produce_tile_fp8<Cfg, Problem::kNarrowTiles>(sm, ps, prob.map_a(t), prob.map_b(t),
-                                                       prob.map_sa(t), prob.map_sb(t), t);
-          continue;
-        }
-      }
-      // solo kernels load a solo task's B as a narrow tile's: BN/2 columns
-      constexpr bool kWrap = WrapTrait<Problem>::value;
-      int wrap = 0;
-      if constexpr (kWrap) wrap = prob.b_wrap(t);
-      produce_tile<Cfg, Problem::kNarrowTiles || Cfg::SOLO, kWrap>(
-          sm, ps, prob.map_a(t), prob.map_b(t), t, Cfg::PINGPONG ? h : -1, wrap);
-    }
+    produce_task<Cfg>(prob, sm, ps, t);
     if constexpr (Cfg::TRACE) trace_fill_record(i);
   }
 }
@@ -1090,9 +804,7 @@ MOKGEN_DEV void produce_tasks(Problem& prob, const GemmSmem<Cfg>& sm) {
 template <class Cfg, class Problem>
 MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
   constexpr bool kGather = gathers_rows<Problem>();
-  static_assert(!kGather || (Problem::kQ == 0 && !Cfg::PINGPONG && !Cfg::SIGNAL_WARP),
-                "gathered operands: bf16 tiles, cooperative consumers, no signal warp (every "
-                "producer warp gathers)");
+  static_assert(!kGather || Problem::kQ == 0, "gathered operands: bf16 tiles");
   static_assert(!(kGather && Cfg::PAIR), "CTA pairs: both operands by TMA (produce_pairs)");
   const GemmSmem<Cfg> sm = GemmSmem<Cfg>::carve(dyn_smem);
   if (threadIdx.x == 0) {
@@ -1110,8 +822,6 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
   const int wg = warpgroup_idx();
   if (wg == 0) {
     setmaxnreg_dec<kGather ? Cfg::kGatherProducerRegs : Cfg::kProducerRegs>();
-    if constexpr (Cfg::SIGNAL_WARP)
-      if (threadIdx.x >= 32 && threadIdx.x < 64) signal_tasks<Cfg>(prob, sm);
     if constexpr (kGather) {
       produce_gathering<Cfg>(prob, sm);  // the whole warpgroup
     } else if constexpr (Cfg::PAIR) {
@@ -1127,8 +837,7 @@ MOKGEN_DEV void gemm_persistent(Problem& prob, uint8_t* dyn_smem) {
     }
   } else {
     setmaxnreg_inc<kGather ? Cfg::kGatherConsumerRegs : Cfg::kConsumerRegs>();
-    if constexpr (Cfg::PINGPONG) consumer_pingpong<Cfg>(prob, sm, wg - 1);
-    else consumer_cooperative<Cfg>(prob, sm, wg - 1);
+    consumer_cooperative<Cfg>(prob, sm, wg - 1);
     // store_rows_tma's last stores read shared memory, which ends with the CTA
     if constexpr (Cfg::EPI_BYTES > 0) bulk_wait<0>();
   }

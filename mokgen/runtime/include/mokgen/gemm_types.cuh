@@ -28,20 +28,14 @@ MOKGEN_DEV Task stop_task() { return Task{-1, 0, 0, -1, 0, 0, 0, 0}; }
 
 // Operand layout bits of Task::op; the low byte is the Problem's own opcode, and bits
 // kOpUserShift .. 26 are the Problem's to carry what its epilogue needs (op stays >= 0).
-// kHalfN: a narrow edge tile (gemm_epilogue.cuh half_bit). kSolo (GemmCfg::SOLO kernels
-// only): a BM x BN/2 task that one consumer warpgroup runs alone, all BM rows (gemm_tile.cuh
-// consumer_cooperative), its B MN-major; on a solo task the engine's scheduling thread sets
-// kHalfN on every other one (the warpgroup that runs it). kPairPad, kMcast (GemmCfg::PAIR
+// kHalfN: a narrow edge tile (gemm_epilogue.cuh half_bit). kPairPad, kMcast (GemmCfg::PAIR
 // kernels only, set by the engine's producer: gemm_tile.cuh produce_pairs): a task of
 // k_blocks slices that only keep the pair's rings in step (no MMA, no epilogue, no signal); a
-// task whose B the two CTAs of the pair load half each, multicast to both. kSoloPhase (SOLO
-// kernels, which are never PAIR: the same bit as kPairPad): the parity of the owner's solo
-// tasks before this one, the phase of its hand barrier that the other warpgroup waits for
-// before it steps past the task (consumer_cooperative). The Problem's bits end below kPairPad.
+// task whose B the two CTAs of the pair load half each, multicast to both. The Problem's bits
+// end below kPairPad in kernels that may be PAIR.
 enum : int {
   kOpcodeMask = 0xff, kBMN = 1 << 8, kAMN = 1 << 9, kF8 = 1 << 10, kOpUserShift = 11,
-  kPairPad = 1 << 27, kMcast = 1 << 28, kSolo = 1 << 29, kHalfN = 1 << 30,
-  kSoloPhase = kPairPad
+  kPairPad = 1 << 27, kMcast = 1 << 28, kHalfN = 1 << 30
 };
 MOKGEN_DEV int opcode(const Task& t) { return t.op & kOpcodeMask; }
 
@@ -54,12 +48,6 @@ struct PipeState {
   template <int S>
   MOKGEN_DEV void advance() {
     bits = idx() + 1 == S ? (bits & 0x80000000u) ^ 0x80000000u : bits + 1;
-  }
-  // n slots at once (ping-pong: past the other warpgroup's half of a task)
-  template <int S>
-  MOKGEN_DEV void advance_by(int n) {
-    const uint32_t i = idx() + (uint32_t)n, wraps = i / S;
-    bits = ((bits & 0x80000000u) ^ ((wraps & 1u) << 31)) | (i - wraps * S);
   }
 };
 
@@ -98,20 +86,14 @@ enum Profile : unsigned {
 };
 
 template <int BN_, int STAGES_, int Q_ = 0, unsigned PROF_ = 0, int TASK_SLOTS_ = 4,
-          bool PINGPONG_ = false, bool SIGNAL_WARP_ = false, int EPI_BYTES_ = 0,
-          bool SOLO_ = false, bool PAIR_ = false>
+          int EPI_BYTES_ = 0, bool PAIR_ = false>
 struct GemmCfg {
   static constexpr int BM = 128, BK = 64, BN = BN_, Q = Q_;
   static constexpr unsigned PROF = PROF_;
   static constexpr bool TRACE = (PROF & kProfTrace) != 0;  // per-task clocks (trace.cuh)
   static constexpr int STAGES = STAGES_, TASK_SLOTS = TASK_SLOTS_;
-  static constexpr bool PINGPONG = PINGPONG_;
-  // a warp of the producer warpgroup raises each task's completion signal (signal_warp)
-  static constexpr bool SIGNAL_WARP = SIGNAL_WARP_;
   // shared memory the Problem's epilogues stage tiles in (GemmSmem::epi), after the rest
   static constexpr int EPI_BYTES = EPI_BYTES_;
-  // the Problem may issue kSolo tasks beside cooperative ones (consumer_cooperative)
-  static constexpr bool SOLO = SOLO_;
   // CTA pairs (2-CTA clusters, gemm_tile.cuh produce_pairs): the two CTAs take their tasks two
   // at a time and keep their rings in step, so where both tasks read the same B (adjacent row
   // tiles under one expert's weight rows) each loads half of it, multicast to both
@@ -119,12 +101,9 @@ struct GemmCfg {
   static constexpr int kMailSlots = 4;  // PAIR: pairs rank 0 may claim ahead of rank 1
   static constexpr int kThreads = 384;
   static constexpr int kConsumerWarps = 8;
-  // warps that read (and free) each ring stage: both consumer warpgroups, or in ping-pong the
-  // one whose half-tile the stage holds
-  static constexpr int kStageReaders = PINGPONG ? 4 : 8;
-  // arrivals that free a stage: PAIR, every consumer warp of both CTAs frees each stage of
-  // both (the peer's producer may multicast into it next)
-  static constexpr int kStageFrees = kStageReaders * (PAIR ? 2 : 1);
+  // arrivals that free a stage: every consumer warp reads each stage; PAIR, every consumer
+  // warp of both CTAs frees each stage of both (the peer's producer may multicast into it next)
+  static constexpr int kStageFrees = kConsumerWarps * (PAIR ? 2 : 1);
   static constexpr int kAccRegs = BN / 2;  // fp32 accumulators per consumer thread
   static constexpr int A_BYTES = BM * BK * 2;
   static constexpr int B_BYTES = BN * BK * 2;
@@ -139,21 +118,18 @@ struct GemmCfg {
   static constexpr int BAR_BYTES = 8 * (2 * STAGES + 2 * TASK_SLOTS);
   // 1024 B of slack: the 128B-swizzle atom must be 1024-aligned and the dynamic smem base is
   // not guaranteed to be.
-  // PAIR's mailbox after the 16 bytes of `stopped`: full and empty barriers and an int a slot
-  static constexpr int MAIL_BYTES = PAIR ? 16 + kMailSlots * (8 + 8 + 4) : 0;
+  // PAIR's mailbox after the scales: full and empty barriers and an int a slot
+  static constexpr int MAIL_BYTES = PAIR ? kMailSlots * (8 + 8 + 4) : 0;
   // the scheduler's `taken` barrier (gemm_tile.cuh schedule_tasks) last, 8 bytes: before
   // the task slots it moved the fp8 scales' TMA boxes off their 128-byte alignment
   static constexpr int TAKEN_AT = STAGES * (STAGE_BYTES + SC_BYTES) + BAR_BYTES +
-                                  32 * TASK_SLOTS + (SIGNAL_WARP && !PAIR ? 16 : 0) + MAIL_BYTES;
-  // SOLO: each consumer warpgroup's hand barrier (gemm_tile.cuh consume_tile_solo), 8 bytes
-  // each, after `taken`
-  static constexpr int HAND_AT = TAKEN_AT + 8;
-  static constexpr int ENGINE_BYTES = HAND_AT + (SOLO ? 16 : 0);
+                                  32 * TASK_SLOTS + MAIL_BYTES;
+  static constexpr int ENGINE_BYTES = TAKEN_AT + 8;
   static constexpr int EPI_AT = (ENGINE_BYTES + 1023) / 1024 * 1024;  // 1024-aligned
   static constexpr int SMEM_BYTES = 1024 + (EPI_BYTES ? EPI_AT + EPI_BYTES : ENGINE_BYTES);
   // The producer warpgroup runs the Problem's schedule (next_task: its waits, the task's
   // expert and rows) beside the slices' TMA issue: at 40 registers the bf16 backwards
-  // spilled it (72-120 B on the keep_h, ping-pong and solo backwards, nvcc 13.0; unseen until
+  // spilled it (72-120 B, nvcc 13.0; unseen until
   // build.parse_ptxas stopped letting a called device function's report overwrite its
   // kernel's); 56 leaves the consumers 224, where no bf16 consumer code spills. fp8
   // consumers keep 232 (their scratch beside the accumulators), their producers 40 (none
@@ -166,9 +142,7 @@ struct GemmCfg {
   // launders its schedule state, BwdSchedule::launder, 25 of the 29 fp8 compile checks
   // fail with it, backwards spilling 12-28 B: session 31.)
   // More producer registers are not free: setmaxnreg shares the launch's 168 a thread, so
-  // 48 would leave the fp8 consumers 224, where they spill. Solo kernels have it since the
-  // hand barrier (session 33): before it, tasks pushed a task ahead widened the solo ring
-  // race (tests/test_engine_protocol.py, which passes solo tasks with a scheduler now)
+  // 48 would leave the fp8 consumers 224, where they spill.
   static constexpr bool SCHEDULER = Q == 0;
   // producer warps that gather rows (produce_tile_gather) compute their addresses beside the
   // Problem's schedule state: 40 spilled the backward with a shared expert (nvcc 13.0), 56
@@ -184,11 +158,7 @@ struct GemmCfg {
   static constexpr int kPool = 168 * kThreads;
   static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= kPool, "register pool");
   static_assert(kGatherProducerRegs * 128 + kGatherConsumerRegs * 256 <= kPool, "register pool");
-  static_assert(!(PINGPONG && SIGNAL_WARP), "the signal warp serves the cooperative schedule");
-  static_assert(!SOLO || (!PINGPONG && !SIGNAL_WARP && Q == 0 && BN == 256),
-                "solo tasks: bf16, beside cooperative tasks whose consumers signal");
-  static_assert(!PAIR || (!PINGPONG && !SIGNAL_WARP && !SOLO && Q == 0),
-                "CTA pairs: bf16 tiles, cooperative consumers that signal (produce_pairs)");
+  static_assert(!PAIR || Q == 0, "CTA pairs: bf16 tiles (produce_pairs)");
   static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block (sm_90)");
 };
 
@@ -215,15 +185,11 @@ struct GemmSmem {
   }
   // [EPI_BYTES] the Problem's epilogue staging (1024-aligned: 128B-swizzled TMA boxes)
   MOKGEN_DEV uint8_t* epi() const { return ring + Cfg::EPI_AT; }
-  // SIGNAL_WARP: set by a consumer whose mainloop timed out (the signal warp then stops)
-  MOKGEN_DEV int* stopped() const {
-    return reinterpret_cast<int*>(scales() + Cfg::STAGES * (Cfg::SC_BYTES / 4));
-  }
-  // PAIR's mailbox (gemm_tile.cuh pair_post / pair_take): [kMailSlots] a pair's first task
-  // landed in rank 1 (count 1 + 4 tx bytes) / read by rank 1 (count 1, arrived from there),
-  // then the slots' task indices
+  // PAIR's mailbox (gemm_tile.cuh pair_post / pair_take), after the scales: [kMailSlots] a
+  // pair's first task landed in rank 1 (count 1 + 4 tx bytes) / read by rank 1 (count 1,
+  // arrived from there), then the slots' task indices
   MOKGEN_DEV uint64_t* mail_full() const {
-    return reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(stopped()) + 16);
+    return reinterpret_cast<uint64_t*>(scales() + Cfg::STAGES * (Cfg::SC_BYTES / 4));
   }
   MOKGEN_DEV uint64_t* mail_empty() const { return mail_full() + Cfg::kMailSlots; }
   MOKGEN_DEV int* mail() const {
@@ -233,9 +199,6 @@ struct GemmSmem {
   // the producer has started streaming a task (count 1): the scheduler's pace
   // (gemm_tile.cuh schedule_tasks)
   MOKGEN_DEV uint64_t* taken() const { return reinterpret_cast<uint64_t*>(ring + Cfg::TAKEN_AT); }
-  // SOLO: [2] warpgroup w has waited for every slice of its solo task (count 4: each of its
-  // warps once its last wait passed), so the other may step past that task's slices
-  MOKGEN_DEV uint64_t* hand() const { return reinterpret_cast<uint64_t*>(ring + Cfg::HAND_AT); }
 
   MOKGEN_DEV uint8_t* a_stage(int s) const { return ring + s * Cfg::STAGE_BYTES; }
   MOKGEN_DEV uint8_t* b_stage(int s) const { return ring + s * Cfg::STAGE_BYTES + Cfg::A_BYTES; }
@@ -269,29 +232,18 @@ struct GemmSmem {
       }
     }
     mbar_init(taken(), 1);
-    if constexpr (Cfg::SOLO)
-      for (int w = 0; w < 2; ++w) mbar_init(&hand()[w], 4);
     for (int s = 0; s < Cfg::TASK_SLOTS; ++s) {
       mbar_init(&task_full()[s], 1);
-      // the signal warp frees a slot once it has signalled the task (signal_warp)
-      mbar_init(&task_empty()[s], Cfg::SIGNAL_WARP ? 1 : Cfg::kConsumerWarps);
+      mbar_init(&task_empty()[s], Cfg::kConsumerWarps);
     }
-    if constexpr (Cfg::SIGNAL_WARP) *stopped() = 0;
     fence_mbarrier_init();
   }
 };
 
 
 // Named barriers of the consumer warpgroups (0 is __syncthreads): kBarTile, both warpgroups
-// at the end of a cooperative tile; ping-pong: kBarTurn + h, warpgroup h may run its
-// mainloop (the other arrives once its own is issued: consume_tile); kBarDone + (task parity),
-// both halves of a task are stored (warpgroup 0 arrives, warpgroup 1 waits and signals);
-// SIGNAL_WARP: kBarSignal + task slot, both consumer warpgroups have stored the slot's task
-// (they arrive, the signal warp waits).
-// store_rows_tma: kBarEpi + warpgroup, its 128 threads around each staged box. kBarSolo +
-// warpgroup: its 128 threads after a solo task's epilogue, before its signal.
-enum : uint32_t {
-  kBarTile = 1, kBarTurn = 2, kBarDone = 4, kBarSignal = 6, kBarEpi = 10, kBarSolo = 12
-};
+// at the end of a tile; store_rows_tma: kBarEpi + warpgroup, its 128 threads around each
+// staged box. (gemm_test.cu's experiments use 2 and 3.)
+enum : uint32_t { kBarTile = 1, kBarEpi = 10 };
 
 }  // namespace mokgen

@@ -175,10 +175,7 @@ struct BwdSchedule {
   // weight-gradient row tiles: dW2 / dsw2 (M = D), dW1 (M = 2I), dsw1 (M = 2IS)
   static constexpr int MT_D = ceil_div(C::D, BM), MT_2I = ceil_div(2 * C::I, BM);
   static constexpr int MT_2IS = ceil_div(2 * C::IS, BM);
-  // the routed weight-gradient tiles' width: BN, or BN/2 where they run as solo tasks
-  // (GemmCfg::SOLO: one consumer warpgroup each, beside the other's; gemm_tile.cuh)
-  static constexpr int WBN = Cfg::SOLO ? BN / 2 : BN;
-  static constexpr int WN_I = ceil_div(C::I, WBN), WN_D = ceil_div(C::D, WBN);
+  static constexpr int WN_I = ceil_div(C::I, BN), WN_D = ceil_div(C::D, BN);
   static constexpr int W2T = MT_D * WN_I, W1T = MT_2I * WN_D;
   static constexpr int WT = W2T + W1T;
   // An expert's weight-gradient tiles in list order: consecutive tiles share a block of one
@@ -214,8 +211,8 @@ struct BwdSchedule {
     rt_last = nm ? (rows - (nm - 1) * C::B) / BM : 0;
     shared_rt = C::IS ? (n_tokens + BM - 1) / BM : 0;
     resident = resident_flag ? min(C::SLOTS, nm) : 0;
-    // fp8 kernels recompute it (the flag's register made ptxas spill 8 B in the signal-warp
-    // MXFP8 backward); their forward does not keep it (runtime/moe.py)
+    // fp8 kernels recompute it (their registers have no room for the flag); their forward
+    // does not keep it (runtime/moe.py)
     shared_kept = C::Q == 0 && resident_flag != 0;
     first_slot = max(0, nm - C::SLOTS) % C::SLOTS;  // where the forward left minibatch 0
     seg_start = starts;
@@ -331,8 +328,8 @@ struct BwdProblem {
   // counts only grow within a launch, so those waits (and their fence) are done once per
   // segment and CTA instead of once per tile: a whole expert's segment is 8 row tiles at
   // Mixtral's 1,024 rows, 8 dependent acquire loads in each short-K tile's next_task.
-  // bf16 kernels only: in the signal-warp MXFP8 backward the producer's extra register made
-  // ptxas spill 8 B (test_codegen), so fp8 kernels wait per tile as before.
+  // bf16 kernels only: the fp8 producers keep 40 registers (GemmCfg kProducerRegs), none to
+  // spare for it, so fp8 kernels wait per tile.
   static constexpr bool kWgSeen = C::Q == 0;
   int wg_seen = -1;
   // A weight-gradient tile of a whole expert goes out through shared memory and TMA stores
@@ -347,24 +344,16 @@ struct BwdProblem {
   // signal's 0.5 us a tile). The op's bits above kOpUserShift (gemm_types.cuh): the segment
   // is the expert's only one (whole), it has no rows (empty: a zero tile), the expert; c_col0
   // holds the minibatch its unit closes (the fin_done count its signal adds to). The fp8
-  // kernels (no staging, no such fast path) read the segment as before: the bits' producer
-  // code alone made ptxas spill 8 B in the signal-warp MXFP8 backward. Weight-gradient tasks'
-  // output origin is (a_row0, b_row0) in every kernel, which is where their operands start.
+  // kernels (no staging, no such fast path) read the segment: their producers keep 40
+  // registers, none to spare for the bits' code. Weight-gradient tasks' output origin is
+  // (a_row0, b_row0) in every kernel, which is where their operands start.
   static constexpr int kWgradWhole = 1 << kOpUserShift, kWgradEmpty = 1 << (kOpUserShift + 1);
   static constexpr int kWgradExpertShift = kOpUserShift + 2;
   static_assert(!kTmaWgrad || C::L <= (1 << (29 - kWgradExpertShift)),
-                "the expert fits the op's bits (below kSolo)");
+                "the expert fits the op's bits (below bit 29)");
   static constexpr int kWgradBufs = Cfg::EPI_BYTES / 2 / 8192;
-  static MOKGEN_DEV int wgrad_expert(const Task& t) {  // below kSolo and kHalfN
-    if constexpr (Cfg::SOLO) return (t.op & (kSolo - 1)) >> kWgradExpertShift;
+  static MOKGEN_DEV int wgrad_expert(const Task& t) {  // below kHalfN
     return (kNarrowTiles ? t.op & (kHalfN - 1) : t.op) >> kWgradExpertShift;
-  }
-  // A routed weight-gradient tile's width bit: solo (BN/2 columns, Cfg::SOLO) or, for a
-  // tile of BN at an edge, narrow
-  template <int W>
-  static MOKGEN_DEV int wgrad_width_bit(int n0) {
-    if constexpr (Cfg::SOLO) return kSolo;
-    return half_bit<W, BN>(n0);
   }
 
   // counters: [0] tasks | ready[MB] | r_done[MB*RT] | dg_done[MB*RT] | fin_done[MB]
@@ -654,15 +643,14 @@ struct BwdProblem {
               (seg.z == seg.y ? kWgradEmpty : 0);
       c_col0 = u > 0 ? u - 1 : 0;  // (seg.z - 1) / B, checked above
     }
-    constexpr int W = S::WBN;
     if (tt < S::W2T) {  // dW2_e [D, I] = (w dy)^T a
       const int mt = S::W2Order::mt(tt), nt = S::W2Order::nt(tt);
-      return Task{kWgrad2 | bits | wgrad_width_bit<C::I>(nt * W), mt * BM, nt * W, k0, mt * BM,
+      return Task{kWgrad2 | bits | half_bit<C::I, BN>(nt * BN), mt * BM, nt * BN, k0, mt * BM,
                   c_col0, sid, kb};
     }
     // dW1_e [2I, D] = dh^T x
     const int mt = S::W1Order::mt(tt - S::W2T), nt = S::W1Order::nt(tt - S::W2T);
-    return Task{kWgrad1 | bits | wgrad_width_bit<C::D>(nt * W), mt * BM, nt * W, k0, mt * BM,
+    return Task{kWgrad1 | bits | half_bit<C::D, BN>(nt * BN), mt * BM, nt * BN, k0, mt * BM,
                 c_col0, sid, kb};
   }
 
@@ -695,8 +683,8 @@ struct BwdProblem {
                                   __nv_bfloat16* const (&ap)[2], const float (&w)[2],
                                   float (&dot)[2]) const {
     dot[0] = dot[1] = 0.f;
-    // fp8 kernels (their shared expert's dgrad) keep pairs: 8 columns at a time spilled 8 B
-    // in the signal-warp fp8 backward (test_codegen's engine schedules)
+    // fp8 kernels (their shared expert's dgrad) keep pairs: their consumers have no registers
+    // to spare for 8 columns at a time
     if constexpr (!kKeep && C::Q == 0) {  // 8 columns at a time (for_each_acc_oct's groups,
       // oct_of), the g / u of kAhead groups loaded before any of their stores: dh lands over
       // h, so the compiler may not hoist a group's loads above the previous group's stores,
@@ -823,22 +811,20 @@ struct BwdProblem {
   // rounded once more: the same two roundings as autograd's bf16 gradient and its add into
   // .grad), instead of the register path's read of it: the weight gradients are this phase's
   // memory traffic, and their reads were its most expensive part.
-  // TBN: the tile's width (BN, or BN/2 for a solo task); rows 64 half .. of it in acc, by
-  // consumer warpgroup wg (its staging half, its barriers): a cooperative tile's warpgroup
-  // its own half, a solo task's warpgroup both halves in turn (epilogue_solo).
-  template <int TBN>
-  MOKGEN_DEV void wgrad_epilogue(const Task& t, float (&acc)[TBN / 2], int half, int wg) const {
+  // Rows 64 cwg .. of the tile in acc, by consumer warpgroup cwg (its staging half, its
+  // barriers).
+  MOKGEN_DEV void wgrad_epilogue(const Task& t, float (&acc)[BN / 2], int cwg) const {
     const int op = opcode(t);
     if constexpr ((Cfg::PROF & kProfNoWgradEpilogue) != 0)  // profiling (profile_bwd.py)
       if (op == kWgrad2 || op == kWgrad1) return;
     const int row0 = t.a_row0, col0 = t.b_row0;  // the output's origin (kWgradWhole)
     if constexpr (kTmaWgrad) {
       if ((t.op & kWgradWhole) && buf->wgrad_tma) {
-        store_rows_tma<TBN, (kWgradBufs < TBN / 64 ? kWgradBufs : TBN / 64)>(
-            acc, wg, stage + wg * (Cfg::EPI_BYTES / 2),
-            op == kWgrad2 ? &maps->dw2_st : &maps->dw1_st, col0, row0 + 64 * half,
+        store_rows_tma<BN, (kWgradBufs < BN / 64 ? kWgradBufs : BN / 64)>(
+            acc, cwg, stage + cwg * (Cfg::EPI_BYTES / 2),
+            op == kWgrad2 ? &maps->dw2_st : &maps->dw1_st, col0, row0 + 64 * cwg,
             wgrad_expert(t),
-            op == kWgrad2 ? cols_valid<C::I, TBN>(col0) : cols_valid<C::D, TBN>(col0),
+            op == kWgrad2 ? cols_valid<C::I, BN>(col0) : cols_valid<C::D, BN>(col0),
             buf->accumulate != 0);
         return;
       }
@@ -874,9 +860,9 @@ struct BwdProblem {
     if (ws) ws += base;
     const bool last = idx == count - 1;
     const bool add = buf->accumulate && (op == kWgrad2 || op == kWgrad1);
-    const int n_valid = op == kWgrad2  ? cols_valid<C::I, TBN>(col0)
-                        : op == kSWgrad2 ? cols_valid<C::IS, TBN>(col0)
-                                         : cols_valid<C::D, TBN>(col0);  // dW1, dsw1
+    const int n_valid = op == kWgrad2  ? cols_valid<C::I, BN>(col0)
+                        : op == kSWgrad2 ? cols_valid<C::IS, BN>(col0)
+                                         : cols_valid<C::D, BN>(col0);  // dW1, dsw1
     const int m_valid = op == kWgrad1    ? rows_valid<2 * C::I, BM>(row0)
                         : op == kSWgrad1 ? rows_valid<2 * C::IS, BM>(row0)
                                          : rows_valid<C::D, BM>(row0);  // dW2, dsw2
@@ -884,7 +870,7 @@ struct BwdProblem {
       // own path: with the sum's load and the branches of the general one below in each
       // pair's body, ptxas kept them there (a loop of 64 pairs is not unswitched), ~10
       // instructions a pair where this needs a convert and a store (ncu, kimi ep 8)
-      for_each_acc_pair<TBN>(acc, half, m_valid, [&](int r, int c, float v0, float v1) {
+      for_each_acc_pair<BN>(acc, cwg, m_valid, [&](int r, int c, float v0, float v1) {
         *reinterpret_cast<__nv_bfloat162*>(out + (size_t)r * ld + c) =
             __floats2bfloat162_rn(v0, v1);
       }, n_valid);
@@ -892,14 +878,14 @@ struct BwdProblem {
     }
     if (add && last) {  // the gradient already there, in a pass of loads alone (a load next
       // to each store below would wait for that store: the compiler cannot tell them apart)
-      for_each_acc_pair<TBN>(acc, half, m_valid, [&](int r, int c, float& v0, float& v1) {
+      for_each_acc_pair<BN>(acc, cwg, m_valid, [&](int r, int c, float& v0, float& v1) {
         const float2 before = __bfloat1622float2(
             *reinterpret_cast<const __nv_bfloat162*>(out + (size_t)r * ld + c));
         v0 += before.x;
         v1 += before.y;
       }, n_valid);
     }
-    for_each_acc_pair<TBN>(acc, half, m_valid, [&](int r, int c, float v0, float v1) {
+    for_each_acc_pair<BN>(acc, cwg, m_valid, [&](int r, int c, float v0, float v1) {
       const size_t o = (size_t)r * ld + c;
       if (idx > 0) {  // L2 only: another SM wrote the running sum
         const float2 prev = __ldcg(reinterpret_cast<const float2*>(ws + o));
@@ -1005,21 +991,10 @@ struct BwdProblem {
         }
       }
     } else {
-      wgrad_epilogue<BN>(t, acc, cwg, cwg);
+      wgrad_epilogue(t, acc, cwg);
     }
     if (op == kSGateUp || op == kReplay || op == kSDgrad || op == kDgrad)
       fence_proxy_async_global();  // later GEMMs read these rows through TMA
-  }
-
-  // A solo task (Cfg::SOLO: a routed weight-gradient tile of BN/2 columns, gemm_tile.cuh
-  // consume_tile_solo): all BM rows, by consumer warpgroup wg alone, one 64-row half after
-  // the other through its own staging half.
-  MOKGEN_DEV void epilogue_solo(const Task& t, float (&acc)[Cfg::kAccRegs], int wg) {
-    if constexpr ((Cfg::PROF & kProfNoBwdEpilogues) != 0) return;
-    constexpr int H = Cfg::kAccRegs / 2;
-#pragma unroll  // the accumulators stay registers only when each half's index is a constant
-    for (int half = 0; half < 2; ++half)
-      wgrad_epilogue<BN / 2>(t, *reinterpret_cast<float(*)[H]>(&acc[half * H]), half, wg);
   }
 
   // One thread, once per task, after every thread's epilogue stores (gemm_persistent).
@@ -1041,8 +1016,8 @@ struct BwdProblem {
         break;
       case kWgrad2: case kWgrad1: {
         const int tt = op == kWgrad2
-            ? S::W2Order::index(t.a_row0 / BM, t.b_row0 / S::WBN)
-            : S::W2T + S::W1Order::index(t.a_row0 / BM, t.b_row0 / S::WBN);
+            ? S::W2Order::index(t.a_row0 / BM, t.b_row0 / BN)
+            : S::W2T + S::W1Order::index(t.a_row0 / BM, t.b_row0 / BN);
         int e, unit;
         bool more = false;  // a later segment of the expert reads this one's fp32 sum
         if (kTmaWgrad && (t.op & kWgradWhole)) {

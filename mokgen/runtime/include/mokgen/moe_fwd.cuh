@@ -93,7 +93,7 @@ struct FwdConsts {
   // owners push it in): a few comm CTAs copying it alone kept every compute CTA waiting
   // through the first ~5% of each direction (trace.py's first time bin). Not in the fp8
   // backward: its comm CTAs quantize what they pull (QuantSink), and that code in every CTA
-  // made ptxas spill in the blockwise and signal-warp kernels (tests/test_codegen.py).
+  // made ptxas spill in the blockwise kernels (tests/test_codegen.py).
   static constexpr bool FWD_HEAD = COMM_ > 0 && !DPUSH_;
   static constexpr bool BWD_HEAD = COMM_ > 0 && !RCPUSH_ && Q_ == 0;
   static constexpr int PD = Q_ ? (D_ + 127) / 128 * 128 : D_;

@@ -36,12 +36,6 @@ MOKGEN_DEV void fence_mbarrier_init() {
 MOKGEN_DEV void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
-// `count` arrivals at once: a solo task's warpgroup frees a stage that counts both consumer
-// warpgroups' warps (gemm_tile.cuh consume_tile_solo).
-MOKGEN_DEV void mbar_arrive_cnt(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(count)
-               : "memory");
-}
 // Arrive and announce the number of bytes the TMA engine will deliver for this phase.
 MOKGEN_DEV void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),

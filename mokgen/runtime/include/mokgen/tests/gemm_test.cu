@@ -10,17 +10,17 @@
 //   gemm_swiglu    : grouped: rows [off[e], off[e+1]) of X[M,D] times expert e's stacked
 //                    w13[e] = [gate I rows; up I rows] -> H[M,I] = silu(X Wg^T) * (X Wu^T).
 //   gemm_down      : grouped: H[M,I] times w2[e][D,I]^T, times a per-row fp32 scale -> Y[M,D].
-// Each also as <name>_pp: the same problem on the ping-pong consumer schedule (GemmCfg
-// PINGPONG, gemm_tile.cuh), same tiles, stages and shared memory, so one process can time
-// both on the same inputs.
+// Then two experiments beside the engine's schedules: cluster pairs and whole-task ping-pong.
 #include <cuda_bf16.h>
 #include "mokgen/cluster.cuh"
 #include "mokgen/gemm_tile.cuh"
 
 using namespace mokgen;
 using CoopCfg = GemmCfg<256, 4>;  // BM=128, BN=256, 4 x 48 KB stages
-using PingPongCfg = GemmCfg<256, 4, 0, 0, 4, true>;
-static_assert(CoopCfg::SMEM_BYTES == PingPongCfg::SMEM_BYTES, "the host sizes both alike");
+// The megakernels' CTA pairs (GemmCfg PAIR: its mailbox beside the task slots), asserted here
+// with the experiments' configurations below
+static_assert(GemmCfg<256, 4, 0, 0, 4, 0, true>::SMEM_BYTES == 197976,
+              "mokgen/compiler/lower.py smem_bytes() mirrors it (tests/test_decisions.py)");
 #ifndef GROUP_M
 #define GROUP_M 16  // measured: 16 >= 8 > 4 on the benchmark shapes (within noise of 8)
 #endif
@@ -88,7 +88,6 @@ __device__ void plain(uint8_t* smem, const CUtensorMap& tmA, const CUtensorMap& 
     plain<Cfg>(smem, tmA, tmB, C, M, N, K, ldc, counter, 0);                                  \
   }
 MOKGEN_PLAIN(gemm_plain, CoopCfg)
-MOKGEN_PLAIN(gemm_plain_pp, PingPongCfg)
 
 // tmA: [M,K] box 64x128 (trans 0, 1) or [K,M] box 64x64 (trans 2); tmB: [K,N] box 64x64.
 #define MOKGEN_PLAIN_T(name, Cfg)                                                              \
@@ -99,7 +98,6 @@ MOKGEN_PLAIN(gemm_plain_pp, PingPongCfg)
     plain<Cfg>(smem, tmA, tmB, C, M, N, K, ldc, counter, trans);                              \
   }
 MOKGEN_PLAIN_T(gemm_plain_t, CoopCfg)
-MOKGEN_PLAIN_T(gemm_plain_t_pp, PingPongCfg)
 
 // ------------------------------------------------------------------ grouped (experts)
 // seg_off[E+1]: expert e owns rows [seg_off[e], seg_off[e+1]) of A (any sizes; multiples of
@@ -175,7 +173,6 @@ struct GroupedProblem {
     gemm_persistent<Cfg>(p, smem);                                                            \
   }
 MOKGEN_SWIGLU(gemm_swiglu, CoopCfg)
-MOKGEN_SWIGLU(gemm_swiglu_pp, PingPongCfg)
 
 // H[M,I] (tmH box 64x128), w2[E*D, I] (tmW box 64x256) -> Y[M,D] = scale[row] * (H w2^T).
 #define MOKGEN_DOWN(name, Cfg)                                                                 \
@@ -189,7 +186,6 @@ MOKGEN_SWIGLU(gemm_swiglu_pp, PingPongCfg)
     gemm_persistent<Cfg>(p, smem);                                                            \
   }
 MOKGEN_DOWN(gemm_down, CoopCfg)
-MOKGEN_DOWN(gemm_down_pp, PingPongCfg)
 
 // ------------------------------------------------------------------ cluster pairs (experiment)
 // Whether sharing B between two CTAs pays (cluster.cuh): the two CTAs of a cluster run
@@ -304,13 +300,13 @@ MOKGEN_PLAIN_PAIR(gemm_plain_pair, false)
 MOKGEN_PLAIN_PAIR(gemm_plain_mc, true)
 
 // ------------------------------------------------------------- whole-task ping-pong (experiment)
-// Whether an epilogue can hide behind the other warpgroup's MMA without the half-task
-// ping-pong's cost (gemm_tile.cuh: each 64-row half streamed its slices on its own, B twice
-// a task). Each consumer warpgroup runs every other task of its CTA end to end: a 128 x TN
-// task, two m64nTN chains a k16 step into 2 x TN/2 accumulators (TN = 128: the cooperative
-// tile's 128 a thread; 192: 192), its slices streamed once (a stage is 16 KB of A and TN x
-// 128 B of B, 6 or 5 stages), the mainloop turns handed over by named barriers as
-// consumer_pingpong does, so warpgroup h's epilogue of task i runs under warpgroup h ^ 1's
+// Whether an epilogue can hide behind the other warpgroup's MMA. Each consumer warpgroup
+// runs every other task of its CTA end to end: a 128 x TN task, two m64nTN chains a k16 step
+// into 2 x TN/2 accumulators (TN = 128: the cooperative tile's 128 a thread; 192: 192), its
+// slices streamed once (a stage is 16 KB of A and TN x 128 B of B, 6 or 5 stages), the
+// mainloop turns handed over by named barriers (kBarTurn + h: warpgroup h may run its
+// mainloop; the other arrives once its own last wgmma is issued, so the next chain queues
+// behind this one's tail), so warpgroup h's epilogue of task i runs under warpgroup h ^ 1's
 // mainloop of task i + 1. A static schedule (task blockIdx.x + i gridDim.x, grouped raster),
 // M a multiple of 128, N of TN, K of 64.
 // TR 0: K-major A [M, K] (box 64 x 128) and B [N, K] (box 64 x TN); TR 2: A as [K, M] and B
@@ -318,14 +314,75 @@ MOKGEN_PLAIN_PAIR(gemm_plain_mc, true)
 // slice). TN = 192 (5 stages of 40 KB) is QuACK's sm_90 ping-pong tile (quack gemm_sm90.py:
 // a warpgroup owns a whole 128 x 192 tile, 192 accumulators a thread): operand bytes a MAC
 // 11% above the cooperative 128 x 256 tile's, where 128 x 128 is 33% above.
-// ST = 4 (pt4): the megakernels' ring depth (4 stages) at the 128 x 128 task, as a solo task
-// of the engine (GemmCfg::SOLO) sees it: whether that depth is what held the megakernel's solo
-// weight-gradient tiles to about half the tensor rate (benchmarks/NOTES.md, session 8).
+// ST = 4 (pt4): the megakernels' ring depth (4 stages) at the 128 x 128 task.
 template <int TN, int ST = TN == 128 ? 6 : 5>
 using PtCfg = GemmCfg<TN, ST>;
 static_assert(PtCfg<128>::SMEM_BYTES == 197928 && PtCfg<192>::SMEM_BYTES == 206104 &&
                   PtCfg<128, 4>::SMEM_BYTES == 132360,
               "mokgen/compiler/lower.py smem_bytes() sizes the launches alike (tests/test_decisions.py)");
+
+constexpr uint32_t kBarTurn = 2;  // + h: 2 and 3 (gemm_types.cuh leaves them to experiments)
+
+// Ring state n slices ahead: past the other warpgroup's task.
+template <int S>
+__device__ void advance_by(PipeState& ps, int n) {
+  const uint32_t i = ps.idx() + (uint32_t)n, wraps = i / S;
+  ps.bits = ((ps.bits & 0x80000000u) ^ ((wraps & 1u) << 31)) | (i - wraps * S);
+}
+
+// One K slice of a 128-row task from one warpgroup: rows 0..63 of the stage's A into d0,
+// 64..127 into d1 (8 KB apart in either layout), against all of its B.
+template <class Mma, int BK, int TA, int TB>
+__device__ void mma_slice_two_chains(float (&d0)[Mma::kRegs], float (&d1)[Mma::kRegs],
+                                     const uint8_t* a, const uint8_t* b, bool accumulate) {
+  const uint64_t da0 = TA ? make_desc_mnmajor_sw128(a) : make_desc_kmajor_sw128(a);
+  const uint64_t da1 = TA ? make_desc_mnmajor_sw128(a + 64 * 128)
+                          : make_desc_kmajor_sw128(a + 64 * 128);
+  const uint64_t db = TB ? make_desc_mnmajor_sw128(b) : make_desc_kmajor_sw128(b);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < BK / 16; ++kk) {
+    const uint64_t dbk = TB ? desc_advance_k16_mn(db, kk) : desc_advance_k16(db, kk);
+    const int scale_d = accumulate || kk != 0;
+    Mma::template mma<TA, TB>(d0, TA ? desc_advance_k16_mn(da0, kk) : desc_advance_k16(da0, kk),
+                              dbk, scale_d);
+    Mma::template mma<TA, TB>(d1, TA ? desc_advance_k16_mn(da1, kk) : desc_advance_k16(da1, kk),
+                              dbk, scale_d);
+  }
+  wgmma_commit();
+}
+
+// The mainloop of a 128-row task run by one consumer warpgroup: k_blocks (> 0) slices into
+// two m64 chains (mma_slice_two_chains), one wgmma group in flight as in the engine's
+// consume_tile, each warp freeing each stage; hand_over: the named barrier the other
+// warpgroup waits on for its turn, arrived on once the last wgmma is issued.
+template <class Cfg, class Mma, int TA, int TB>
+__device__ void consume_two_chains(const GemmSmem<Cfg>& sm, PipeState& ps, int k_blocks,
+                                   float (&d0)[Mma::kRegs], float (&d1)[Mma::kRegs],
+                                   uint32_t hand_over) {
+  const bool lane0 = (threadIdx.x & 31) == 0;
+  const auto release = [&](int stage) {
+    __syncwarp();
+    if (lane0) mbar_arrive(&sm.empty()[stage]);
+  };
+  int prev = -1;
+  wgmma_fence_regs(d0);
+  wgmma_fence_regs(d1);
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    mbar_wait_lean(&sm.full()[ps.idx()], ps.phase());
+    mma_slice_two_chains<Mma, Cfg::BK, TA, TB>(d0, d1, sm.a_stage(ps.idx()),
+                                               sm.b_stage(ps.idx()), kb != 0);
+    wgmma_wait<1>();
+    if (prev >= 0) release(prev);
+    prev = (int)ps.idx();
+    ps.template advance<Cfg::STAGES>();
+  }
+  named_bar_arrive(hand_over, 256);
+  wgmma_wait<0>();
+  wgmma_fence_regs(d0);
+  wgmma_fence_regs(d1);
+  release(prev);
+}
 
 template <int TR, int TN, int ST>
 __device__ void plain_pt(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMap* tb,
@@ -375,7 +432,7 @@ __device__ void plain_pt(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMap*
     PipeState ps;
     if (h == 1) {
       named_bar_arrive(kBarTurn, 256);  // warpgroup 0 runs the first mainloop
-      ps.template advance_by<Cfg::STAGES>(kbn);  // past task 0's slices
+      advance_by<Cfg::STAGES>(ps, kbn);  // past task 0's slices
     }
     for (int i = h; i < mine; i += 2) {
       int mb, nb;
@@ -387,9 +444,8 @@ __device__ void plain_pt(uint8_t* dyn, const CUtensorMap* ta, const CUtensorMap*
         for (int r = 0; r < TN / 2; ++r) acc[c][r] = 0.f;
       named_bar_sync(kBarTurn + h, 256);
       // the other's mainloop queues behind ours (hand-over once our last wgmma is issued)
-      consume_two_chains<Cfg, Mma, TA, TB, 1>(sm, ps, kbn, acc[0], acc[1],
-                                              kBarTurn + (h ^ 1));
-      ps.template advance_by<Cfg::STAGES>(kbn);  // past the other's next task
+      consume_two_chains<Cfg, Mma, TA, TB>(sm, ps, kbn, acc[0], acc[1], kBarTurn + (h ^ 1));
+      advance_by<Cfg::STAGES>(ps, kbn);  // past the other's next task
       __nv_bfloat16* base = C + (size_t)mb * 128 * N + nb * TN;
 #pragma unroll
       for (int c = 0; c < 2; ++c)
@@ -417,75 +473,3 @@ MOKGEN_PLAIN_PT(gemm_plain_pt4, 0, 128, 4)
 MOKGEN_PLAIN_PT(gemm_plain_t2_pt4, 2, 128, 4)
 MOKGEN_PLAIN_PT(gemm_plain_pt192, 0, 192, 5)
 MOKGEN_PLAIN_PT(gemm_plain_t2_pt192, 2, 192, 5)
-
-// ------------------------------------------------------------- solo tasks beside cooperative ones
-// The engine's solo tasks (gemm_tile.cuh consume_tile_solo, GemmCfg::SOLO) in one persistent
-// kernel with cooperative tasks, as a weight-gradient phase would run them beside dgrad / dx:
-// C = A B^T with A given as [K, M] and B as [K, N] (both MN-major, boxes 64 x 64); m-blocks
-// below m_coop in cooperative 128 x 256 tiles, the rest in solo 128 x 128 tasks (m fastest),
-// tasks from an atomic counter. m_coop = 0: every task solo; m_coop = M / 128: none.
-using SoloCfg = GemmCfg<256, 4, 0, 0, 4, false, false, 0, true>;
-static_assert(SoloCfg::SMEM_BYTES == 197912,  // CoopCfg's and the two hand barriers
-              "mokgen/compiler/lower.py smem_bytes() sizes the launch alike (tests/test_decisions.py)");
-
-template <class Cfg>
-struct MixedProblem {
-  static constexpr bool kMNOperands = true;
-  static constexpr bool kNarrowTiles = false;
-  static constexpr int kQ = 0;
-  const CUtensorMap* ta;
-  const CUtensorMap* tb;
-  __nv_bfloat16* C;
-  int M, N, k_blocks, m_blocks, m_coop;
-  int* counter;
-
-  __device__ void prefetch() const { tma_prefetch_desc(ta); tma_prefetch_desc(tb); }
-  __device__ const CUtensorMap* map_a(const Task&) const { return ta; }
-  __device__ const CUtensorMap* map_b(const Task&) const { return tb; }
-  __device__ int coop_tasks() const { return m_coop * (N / Cfg::BN); }
-  __device__ Task next_task() {
-    const int t = atomicAdd(counter, 1);
-    const int solo_m = m_blocks - m_coop;
-    if (t >= coop_tasks() + solo_m * (N / (Cfg::BN / 2))) return stop_task();
-    int mb, n0, op = kAMN | kBMN;
-    if (t < coop_tasks()) {
-      int nb;
-      raster_grouped(t, m_coop, N / Cfg::BN, kGroupM, mb, nb);
-      n0 = nb * Cfg::BN;
-    } else {
-      const int u = t - coop_tasks();
-      mb = m_coop + u % solo_m;
-      n0 = (u / solo_m) * (Cfg::BN / 2);
-      op |= kSolo;
-    }
-    const int r0 = mb * Cfg::BM;
-    return Task{op, r0, n0, 0, r0, n0, min(Cfg::BM, M - r0), k_blocks};
-  }
-  __device__ void epilogue(const Task& t, float (&acc)[Cfg::kAccRegs], int cwg) {
-    __nv_bfloat16* base = C + (size_t)t.c_row0 * N + t.c_col0;
-    const int ld = N;
-    for_each_acc_pair<Cfg::BN>(acc, cwg, t.m_valid, [&](int r, int c, float v0, float v1) {
-      store_bf16x2(base + (size_t)r * ld + c, v0, v1);
-    });
-  }
-  __device__ void epilogue_solo(const Task& t, float (&acc)[Cfg::kAccRegs], int) {
-    constexpr int H = Cfg::kAccRegs / 2;
-    __nv_bfloat16* base = C + (size_t)t.c_row0 * N + t.c_col0;
-    const int ld = N;
-#pragma unroll
-    for (int c = 0; c < 2; ++c)
-      for_each_acc_pair<Cfg::BN / 2>(*reinterpret_cast<float(*)[H]>(&acc[c * H]), c, t.m_valid,
-                                     [&](int r, int col, float v0, float v1) {
-                                       store_bf16x2(base + (size_t)r * ld + col, v0, v1);
-                                     });
-  }
-  __device__ void signal(const Task&) const {}
-};
-
-extern "C" __global__ void __launch_bounds__(384, 1)
-gemm_mixed_t2(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
-              __nv_bfloat16* C, int M, int N, int K, int m_coop, int* counter) {
-  extern __shared__ __align__(1024) uint8_t smem[];
-  MixedProblem<SoloCfg> p{&tmA, &tmB, C, M, N, (K + 63) / 64, M / SoloCfg::BM, m_coop, counter};
-  gemm_persistent<SoloCfg>(p, smem);
-}
