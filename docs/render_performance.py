@@ -355,7 +355,7 @@ def render_performance() -> str:
         "Several GPUs: an FSDP all-gather beside the layer", "fsdp_overlap",
         "`torchrun --nproc-per-node=R benchmarks/fsdp_overlap.py`: a 256 MiB all-gather on a "
         "side stream beside one rank's layer, with `reserve_sms` SMs left free "
-        "(`overlap_comm=True` plans 16 on a 132-SM GPU); event times, ms.", fsdp_overlap))
+        "(`overlap_comm=True` plans 16 on an H100 or H200 SXM); event times, ms.", fsdp_overlap))
     parts.append(section(
         "Training step energy", "training_step",
         "A training step back to back for a few seconds against torch `_grouped_mm` with "
