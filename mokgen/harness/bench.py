@@ -358,8 +358,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "this GPU (default: %(default)s)")
     ap.add_argument("--iters", type=int, default=50,
                     help="timed runs per measurement; the median is kept (default: %(default)s)")
-    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"),
-                    help="folder of the result JSON (default: $OUT, else benchmarks/results)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."),
+                    help="folder of the result JSON (default: $OUT, else the current "
+                         "directory)")
     ap.add_argument("--comm-sms", default="", help="comma list: sweep comm_sms_fwd")
     ap.add_argument("--comm-sms-bwd", default="",
                     help="comma list: sweep comm_sms_bwd (with --backward)")
