@@ -33,6 +33,8 @@ def parser():
     ap.add_argument("--forward-only", action="store_true",
                     help="time the forward alone (default: forward and backward)")
     ap.set_defaults(out=result_file.RESULTS)
+    (out,) = [x for x in ap._actions if x.dest == "out"]
+    out.help = "folder of moe_layer.json and .png (default: benchmarks/results)"
     return ap
 
 

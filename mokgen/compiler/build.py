@@ -102,8 +102,7 @@ _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) b
 _REGS = re.compile(r"Used (\d+) registers.*?(?:(\d+) bytes smem)?")
 # ptxas's C751x notes, whatever their reason (C7511: too few registers for the wgmma
 # pipeline, seen here; others name calls or accesses to the accumulators): every wgmma of the
-# function then waits for the one before, which cost Mixtral-8x22B's backward 10% (H200,
-# benchmarks/NOTES.md session 8)
+# function then waits for the one before, which costs a large backward about 10%
 _SERIAL = re.compile(r"wgmma\.mma_async instructions are serialized.*?function '(\w+)'")
 
 

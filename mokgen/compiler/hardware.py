@@ -42,13 +42,13 @@ class GPU:
     copy_bw_per_sm: float       # bytes/s one SM moves with 16-byte loads/stores
     flag_latency: float         # seconds for a release/acquire hand-off between SMs
     # seconds for a hand-off through a flag in a peer GPU's memory (system-scope release,
-    # NVLink, the waiter's poll); an estimate until benchmarks/directions.py measures it
+    # NVLink, the waiter's poll); an estimate, not yet measured
     peer_flag_latency: float
     # whether the rates were measured on this kind (else: datasheet, derated like the H200's)
     measured: bool = False
     # the share of a weight re-read's HBM time that a layer's time shows: the reads overlap
     # the MMAs, but the GPU runs against its power cap and the traffic costs SM clock. Fit to
-    # the H200's minibatch sweeps (benchmarks/NOTES.md, ninth session): passes/granularity.py
+    # the H200's minibatch sweeps: passes/granularity.py
     hbm_exposed: float = 0.2
     # the driver's name of the device this was read from ("" for a table entry): not part of
     # a plan (two H100s of one kind plan alike)
@@ -63,7 +63,7 @@ class GPU:
 KIB, MIB, GB = 1024, 2**20, 10**9
 HOPPER_SMEM = dict(smem_per_block=227 * KIB, smem_per_sm=228 * KIB)
 
-# Measured on the lent H200 (benchmarks/NOTES.md): dense bf16 GEMM 750 TFLOP/s of the
+# Measured on an H200 (mokgen.harness.probe): dense bf16 GEMM 750 TFLOP/s of the
 # datasheet's 989, fp8 1,400 of 1,979, device copy 4.2 of 4.8 TB/s; NVLink 900 GB/s both ways.
 H200 = GPU(
     name="H200", arch="sm_90a", num_sms=132, **HOPPER_SMEM, l2_bytes=50 * MIB,
@@ -89,7 +89,7 @@ def datasheet(name: str, arch: str, num_sms: int, memory: int, bf16: float, fp8:
 
 
 # H100 SXM5 80 GB: 132 SMs, dense bf16 989 / fp8 1,979 TFLOP/s, HBM3 3.35 TB/s, NVLink 4
-# 900 GB/s both ways. Until `python -m mokgen.harness.probe` runs on the lent H100.
+# 900 GB/s both ways; datasheet rates until `python -m mokgen.harness.probe` runs on one.
 H100_SXM = datasheet("H100-SXM", "sm_90a", 132, 81559 * MIB, 989, 1979, 3.35, 450)
 # H800 SXM5: the H100 SXM with NVLink cut to 400 GB/s both ways (200 a direction).
 H800 = datasheet("H800", "sm_90a", 132, 81559 * MIB, 989, 1979, 3.35, 200)

@@ -69,8 +69,8 @@ def sustained_ms(fn, seconds: float, settle: float = 0.2, batch: int = 5) -> flo
     """ms a call of fn() run back to back for `seconds` (a sync every `batch` calls), over the
     calls after the first `settle` seconds: the rate a training loop holds once the board's
     power cap has set the clock. time_ms's synced calls leave the GPU idle between them, and
-    a few dozen of them can end before the cap bites (an H200: a standalone GEMM 20% faster
-    that way, benchmarks/NOTES.md session 28)."""
+    a few dozen of them can end before the cap bites (a standalone GEMM up to 20% faster
+    that way)."""
     torch.cuda.synchronize()
     t0 = time.time()
     settled, calls = None, 0  # calls completed since `settled`
@@ -97,9 +97,9 @@ def short_kernel_name(name: str) -> str:
 def kernel_times(setup, run):
     """The GPU kernels (and memsets / copies) of one run() after setup(), from torch.profiler:
     [(name, start us from the first, duration us)]: what an event time holds besides the
-    megakernel (its launch, the prologue's kernels, the combine; benchmarks/trace.py,
-    gaps.py). Names are whole: what tells CuTe DSL's GEMMs apart (operand majors, epilogue)
-    sits far into them; short_kernel_name prints them."""
+    megakernel (its launch, the prologue's kernels, the combine). Names are whole: what tells
+    CuTe DSL's GEMMs apart (operand majors, epilogue) sits far into them; short_kernel_name
+    prints them."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -358,8 +358,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "this GPU (default: %(default)s)")
     ap.add_argument("--iters", type=int, default=50,
                     help="timed runs per measurement; the median is kept (default: %(default)s)")
-    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"),
-                    help="folder of the result JSON (default: $OUT, else benchmarks/results)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."),
+                    help="folder of the result JSON (default: $OUT, else the current "
+                         "directory)")
     ap.add_argument("--comm-sms", default="", help="comma list: sweep comm_sms_fwd")
     ap.add_argument("--comm-sms-bwd", default="",
                     help="comma list: sweep comm_sms_bwd (with --backward)")

@@ -3,7 +3,7 @@ would spend per layer call, from the planning passes' cost model and published l
 tensor-core rates (mokgen/compiler/hardware.py).
 
     python -m mokgen simulate --shape kimi-k2.7 --ep 8,16,32,64 --system h200-nvl8
-    python -m mokgen simulate --validate       # predicted vs benchmarks/results/*.json
+    python -m mokgen simulate --validate       # predicted vs benchmarks/results (H200 rows)
 
 Model of one rank (uniform routing, N tokens per rank, so N k rows arrive on average):
   plan      mokgen.compiler.plan on the system's GPU: its SM partition, minibatch and ring
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,9 +62,9 @@ SYSTEMS = {
     "h200-1gpu": System("h200-1gpu", hardware.H200, 1 << 30, hardware.H200.hbm_bw / 2,
                         hardware.H200.hbm_bw / 2, 0.0, "virtual ranks on one H200"),
 }
-# Calibration (fitted on the ep=64 single-GPU slices, moe_layer_fwdbwd_bf16_ep64.json; the
-# ep=8 slices and the real-rank runs are out of sample): a GEMM tile's fixed cost in K steps,
-# and the share of the tensor rate the megakernels' GEMMs sustain per direction.
+# Calibration (fitted on the layer benchmark's ep=64 single-GPU slices; the ep=8 slices and the
+# real-rank runs are out of sample): a GEMM tile's fixed cost in K steps, and the share of the
+# tensor rate the megakernels' GEMMs sustain per direction.
 K_FIXED = 512
 EFFICIENCY = {"fwd": 1.0, "bwd": 0.87}
 LAUNCH_S = 5e-6      # one small kernel's launch-to-launch cost on the stream
@@ -178,45 +179,55 @@ def table(preds: list) -> str:
 
 
 # ---------------------------------------------------------------------------- validation
+def _rows(path: Path, gpu: hardware.GPU) -> list:
+    """A result file's rows measured on `gpu`'s kind (each row names its GPU by the driver's
+    device name, "NVIDIA H200"; a file holds rows of several kinds side by side), or none
+    where the file is absent."""
+    if not path.exists():
+        return []
+    kind = re.compile(rf"\b{re.escape(gpu.name)}\b", re.IGNORECASE)
+    return [r for r in json.loads(path.read_text())["rows"] if kind.search(r.get("gpu", ""))]
+
+
 def validate(results_dir: str | Path = "benchmarks/results") -> list:
-    """Predicted vs measured for every result file present: the single-GPU slices
-    (moe_layer_fwdbwd_bf16_ep*.json: rank 0's forward and backward, h200-1gpu) and the
-    real-rank runs (moe_layer_multigpu_R*.json: forward and training step, h200-nvl8)."""
+    """Predicted vs measured for the result files in `results_dir`, on the rows of the GPU
+    the systems model (the H200): the layer benchmark's single-GPU slices (moe_layer.json:
+    rank 0's forward, and its backward where measured, h200-1gpu) and the real-rank runs
+    (multigpu.json: forward and training step of one rank's load, h200-nvl8)."""
     from mokgen import shapes
 
     out = []
     d = Path(results_dir)
-    for f in sorted(d.glob("moe_layer_fwdbwd_bf16_ep*.json")):
-        for r in json.loads(f.read_text())["rows"]:
-            p = predict(shapes.get(r["shape"]), r["ep"], r["tokens"], "h200-1gpu")
-            out.append(dict(source=f.name, shape=r["shape"], ep=r["ep"], tokens=r["tokens"],
-                            what="fwd", measured_ms=r["mokgen_ms"], predicted_ms=p["fwd_ms"]))
-            if r.get("backward"):
-                out.append(dict(out[-1], what="bwd", measured_ms=r["backward"]["mokgen_ms"],
-                                predicted_ms=p["bwd_ms"]))
-    for f in sorted(d.glob("moe_layer_multigpu_R*.json")):
-        data = json.loads(f.read_text())
-        for r in data["rows"]:
-            if "local_experts" not in r:
-                continue  # an older file's rows
-            p = predict(shapes.get(r["shape"]), r["ep"], r["tokens"], "h200-nvl8",
-                        local_experts=r["local_experts"])
-            base = dict(source=f.name, shape=f"{r['shape']} ({r.get('load', '')})",
-                        ep=r["ep"], tokens=r["tokens"])
-            out.append(dict(base, what="fwd", measured_ms=r["mokgen_fwd_ms"],
-                            predicted_ms=p["fwd_ms"]))
-            out.append(dict(base, what="train", measured_ms=r["mokgen_train_ms"],
-                            predicted_ms=p["train_ms"]))
+    one = get_system("h200-1gpu")
+    for r in _rows(d / "moe_layer.json", one.gpu):
+        p = predict(shapes.get(r["shape"]), r["ep"], r["tokens"], one.name,
+                    **r.get("overrides", {}))
+        out.append(dict(source=f"moe_layer {r.get('commit', '?')}", shape=r["shape"],
+                        ep=r["ep"], tokens=r["tokens"], what="fwd", measured_ms=r["mokgen_ms"],
+                        predicted_ms=p["fwd_ms"]))
+        if r.get("backward"):
+            out.append(dict(out[-1], what="bwd", measured_ms=r["backward"]["mokgen_ms"],
+                            predicted_ms=p["bwd_ms"]))
+    nvl = get_system("h200-nvl8")
+    for r in _rows(d / "multigpu.json", nvl.gpu):
+        p = predict(shapes.get(r["shape"]), r["ep"], r["tokens"], nvl.name,
+                    local_experts=r["local_experts"])
+        base = dict(source=f"multigpu {r.get('commit', '?')}",
+                    shape=f"{r['shape']} ({r.get('load', '')})", ep=r["ep"], tokens=r["tokens"])
+        out.append(dict(base, what="fwd", measured_ms=r["mokgen_fwd_ms"],
+                        predicted_ms=p["fwd_ms"]))
+        out.append(dict(base, what="train", measured_ms=r["mokgen_train_ms"],
+                        predicted_ms=p["train_ms"]))
     for v in out:
         v["error"] = v["predicted_ms"] / v["measured_ms"] - 1
     return out
 
 
 def validation_table(rows: list) -> str:
-    lines = [f"{'source':<34}{'shape':<30}{'ep':>3}{'N':>6} {'what':>5} {'measured':>9} "
+    lines = [f"{'source':<20}{'shape':<30}{'ep':>3}{'N':>6} {'what':>5} {'measured':>9} "
              f"{'predicted':>9} {'error':>7}"]
     for v in rows:
-        lines.append(f"{v['source']:<34}{v['shape']:<30}{v['ep']:>3}{v['tokens']:>6} "
+        lines.append(f"{v['source']:<20}{v['shape']:<30}{v['ep']:>3}{v['tokens']:>6} "
                      f"{v['what']:>5} {v['measured_ms']:9.3f} {v['predicted_ms']:9.3f} "
                      f"{100 * v['error']:6.0f}%")
     if rows:
@@ -247,7 +258,8 @@ def add_arguments(ap) -> None:
                     help="leave SMs to collectives beside the layer (the plan's reserve)")
     ap.add_argument("--json", action="store_true", help="print the predictions as JSON")
     ap.add_argument("--validate", action="store_true",
-                    help="predicted vs measured for the result files in --results")
+                    help="predicted vs measured for the H200 rows of the result files in "
+                         "--results (moe_layer.json, multigpu.json)")
     ap.add_argument("--results", default="benchmarks/results",
                     help="folder of the benchmarks' result JSON that --validate reads "
                          "(default: %(default)s)")

@@ -1,6 +1,6 @@
 """The prologue's kernels alone: routing and the schedule (Algorithm 1) of a plan, built and
 run with no megakernel, on R virtual ranks' buffers sized as the runtime sizes them. For the
-GPU tests of the schedule (tests/test_gpu_prologue.py) and benchmarks/prologue.py."""
+GPU tests of the schedule (tests/test_gpu_prologue.py)."""
 from __future__ import annotations
 
 import torch

@@ -384,9 +384,8 @@ def _setup_with(extra: int):
     activations: saves the inputs (None-free) and the extra outputs (routes, token, kept)."""
     def setup(ctx, inputs, output):
         # no zero gradients made up for the outputs nothing differentiates (routes, kept
-        # activations: a keep_h call's h got one as large as itself, 250 MiB on Qwen3-30B;
-        # its step's peak was 204 MiB above the expected on an H200); an unused y's is made
-        # in _dy
+        # activations: a keep_h call's h would get one as large as itself, raising the step's
+        # peak by as much); an unused y's is made in _dy
         ctx.set_materialize_grads(False)
         tensors = inputs[:-1]
         ctx.has_shared = tensors[-2] is not None
@@ -450,9 +449,8 @@ moe_forward_routed.register_autograd(_backward_routed, setup_context=_setup_with
 
 # ---------------------------------------------------------------- eager calls
 # A custom op with autograd costs the host ~1 ms a training step in PyTorch's dispatcher and
-# its autograd wrapper (Qwen3-30B, N 8192, on the H200 machine: MoE.forward 2.3 ms of host
-# for 1.1 of our own work), about a fifth of a lone step's GPU time, and in a stack of layers
-# the GPU waits for it. So plain eager calls run the same bodies under an
+# its autograd wrapper, about a fifth of a lone step's GPU time on Qwen3-30B, and in a stack
+# of layers the GPU waits for it. So plain eager calls run the same bodies under an
 # autograd.Function with the same saving and backward (_setup_with, _backward*: bitwise the
 # ops' results); the ops remain what torch.compile, torch-function or dispatch modes, tensor
 # subclasses (FSDP2's DTensors) and functorch transforms see.

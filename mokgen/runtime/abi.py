@@ -133,28 +133,28 @@ PROFILES = {"no_routed_wgrad": ("kProfNoRoutedWgrad", 1), "no_dh_quant": ("kProf
             "no_fwd_epilogues": ("kProfNoFwdEpilogues", 128),
             "trace": ("kProfTrace", 256),  # results right: timestamps only (trace.cuh)
             # the routed SwiGLU backward (bf16): no g / u loads (the tile's d_a stands in) /
-            # no dh, w a stores: what each costs of its epilogue (benchmarks/trace.py)
+            # no dh, w a stores: what each costs of its epilogue
             "no_dgrad_loads": ("kProfNoDgradLoads", 512),
             "no_dgrad_stores": ("kProfNoDgradStores", 1024),
-            # gathered plans (benchmarks/trace.py --plan dispatch=gather): rows read in order,
-            # not through the table (what scattered rows cost the gathering producer) / no
-            # proxy fence in the consumers (what it costs them) / one lane a producer warp
-            # polling the empty barrier (what 128 pollers cost)
+            # gathered plans (dispatch="gather"): rows read in order, not through the table
+            # (what scattered rows cost the gathering producer) / no proxy fence in the
+            # consumers (what it costs them) / one lane a producer warp polling the empty
+            # barrier (what 128 pollers cost)
             "gather_in_order": ("kProfGatherInOrder", 2048),
             "gather_no_fence": ("kProfGatherNoFence", 4096),
             "gather_one_waiter": ("kProfGatherOneWaiter", 8192),
             # bf16 mainloops without their wgmma: the ring's fill rate in the megakernel, the
-            # tensor core not reading shared memory (benchmarks/fill_probe.sh)
+            # tensor core not reading shared memory
             "no_mma": ("kProfNoMma", 16384),
             # the forward's routed gate/up and down epilogues without their stores (values
             # still computed) / the down rows in order, without their table and weight loads
-            # (benchmarks/trace.py --also; results wrong)
+            # (results wrong)
             "fwd_sink_stores": ("kProfFwdSinkStores", 32768),
             "down_in_order": ("kProfDownInOrder", 65536)}
 
 
 # The megakernels' task opcodes (moe_fwd.cuh FwdOp, moe_bwd.cuh BwdOp), by value: what a
-# trace's records name (benchmarks/trace.py).
+# trace's records name (trace.cuh).
 FWD_OPS = {"kSharedGateUp": 0, "kSharedDown": 1, "kGateUp": 2, "kDown": 3}
 BWD_OPS = {"kSGateUp": 0, "kSDgrad": 1, "kSDx": 2, "kSWgrad2": 3, "kSWgrad1": 4,
            "kReplay": 5, "kDgrad": 6, "kDx": 7, "kWgrad2": 8, "kWgrad1": 9}
@@ -233,8 +233,8 @@ def pack(fields, ranks: int = 1, **values) -> bytes:
 @functools.lru_cache(maxsize=None)
 def _packer(fields: tuple, ranks: int) -> tuple[struct.Struct, frozenset]:
     """`layout` as one compiled struct.Struct (explicit pad bytes, zeros) and the field names:
-    a call's two structs are packed on the host's critical path (pack by pack_into and the
-    layout recomputed took ~65 us a struct on the H200 machine's host)."""
+    a call's two structs are packed on the host's critical path (pack_into with the layout
+    recomputed takes ~65 us a struct)."""
     offsets, size = layout(fields, ranks)
     fmt, at = "<", 0
     for name, kind in fields:

@@ -37,7 +37,7 @@ class ForwardRuntime:
         self.dev = torch.device("cuda", torch.cuda.current_device())
         pro = cuda.load_module(prologue_cubin)
         fwd = cuda.load_module(fwd_cubin)
-        self.fwd_module = fwd  # its globals: benchmarks/trace.py sets mokgen_trace
+        self.fwd_module = fwd  # its globals: a trace sets mokgen_trace (trace.cuh)
         self.prologue = Prologue(pro, spec.local_experts, spec.topk)
         self.f_sum = pro.function("mokgen_combine_sum")
         # the backward's dx sum where its rows stay in the dy ring (reverse_dispatch "ring")
@@ -71,8 +71,8 @@ class ForwardRuntime:
                 f"{self.num_sms // spec.ep} CTAs each, it launches {self.fwd_ctas} (compile with "
                 f"reserve_sms={self.num_sms - self.num_sms // spec.ep}, or use real ranks)")
         # Virtual ranks whose plan leaves room for all R megakernels at once (reserve_sms)
-        # run them side by side, whatever the directions: the directions ablation compares
-        # like with like (benchmarks/directions.py).
+        # run them side by side, whatever the directions, so that directions compare like
+        # with like.
         self.side_by_side_ranks = virtual and spec.ep > 1 and \
             spec.ep * self.fwd_ctas <= self.num_sms
         self._side_streams = None

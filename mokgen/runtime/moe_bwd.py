@@ -58,7 +58,7 @@ class BackwardPass(BackwardScratch):
         self.rt = rt
         self.kernel = self._load(bwd_cubin)
         self.resident_kernel = self._load(resident_cubin) if resident_cubin else None
-        # the modules whose globals benchmarks/trace.py sets (mokgen_trace): a keep_h call
+        # the modules whose mokgen_trace global a trace sets (trace.cuh): a keep_h call
         # whose ring holds its forward runs resident_kernel's
         self.modules = tuple(k.module for k in (self.kernel, self.resident_kernel) if k)
         # whether the kernel stores whole-expert weight-gradient tiles with TMA (moe_bwd.cuh

@@ -1,6 +1,6 @@
 """The prologue's routing and schedule kernels (route.cuh, schedule.cuh), launched on one
-rank's buffers. The forward runtime launches them before its megakernel; tests and
-benchmarks/prologue.py load the prologue cubin alone and run them with no megakernel built.
+rank's buffers. The forward runtime launches them before its megakernel; the schedule's tests
+load the prologue cubin alone and run them with no megakernel built.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from mokgen.compiler.plan import Plan
 
 # Output columns per tile in the model. The kernels' tiles are BN = plan.gemm_fwd.bn = 256 wide
 # (the rows, plan.block_m, are theirs): counting their tiles moves the minibatch of most
-# default plans, so that waits for a GPU benchmark of the plans it picks (issue #18).
+# default plans, and the plans it picks measured slower.
 MODEL_TILE_N = 128
 
 
@@ -84,10 +84,9 @@ def candidates(plan: Plan) -> list[int]:
 # The weight re-reads move the choice off the flag and wave terms' only where the re-reads
 # they save come to at least this share of the forward's compute time. Those terms misprice
 # near-equal candidates by a few percent, and a re-read term worth less than that only
-# reshuffled their ranking. Measured on 21 problems (shape, ep, tokens; NOTES, ninth session):
-# where the saving was >= 4.3% of the compute, the move gained 1.6% on average (-1.7 .. +3.7%:
-# Mixtral, Llama-4-Scout, Phi-3.5-MoE, DeepSeek-V2); where it was < 3%, it lost 0.6% on
-# average (-2.9 .. +1.0%: the many-small-expert shapes).
+# reshuffled their ranking. Fit on sweeps of 21 problems: the moves that saved more than ~4%
+# gained on average (the large experts: Mixtral, Llama-4-Scout, Phi-3.5-MoE, DeepSeek-V2),
+# those that saved less lost on average (the many-small-expert shapes).
 REREAD_MARGIN = 0.04
 
 

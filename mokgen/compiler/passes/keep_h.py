@@ -7,18 +7,16 @@ gate/up (x re-pulled, h recomputed). A call that keeps its own h replays nothing
 between its forward and backward, at the cost of its h held from forward to backward (the
 ring keeps no h then: the workspace shrinks by as much once).
 
-Measured on an H200 (Qwen3-30B-A3B, T 8192, benchmarks/NOTES.md sessions 18-22), ms a layer of
-a training step:
-- 4 stacked layers: 5.35 replaying against 4.51 keeping h (-16%), for 250 MiB a layer held
-  (240 since a call keeps only the ring rows its tokens fill; autograd through
-  torch._grouped_mm saves several times that; SonicMoE keeps 227 MB).
-- One layer, or under activation checkpointing (the forward re-runs right before its
-  backward, so the ring holds it): the backward runs the default plan's kernel there
-  (plan.resident_twin), 4.43 against 4.61, and the peak is lower (1,187 against 1,212 MB).
+Keeping h pays for itself in a stack: a layer's step runs about 16% faster than replaying
+(Qwen3-30B-A3B, T 8192), for about 240 MiB a layer held (a call keeps only the ring rows its
+tokens fill; autograd through torch._grouped_mm saves several times that). With one layer, or
+under activation checkpointing (the forward re-runs right before its backward, so the ring
+holds its h), the backward runs the default plan's kernel (plan.resident_twin), which is no
+slower and peaks lower.
 
 So it is the default wherever its rules hold (limits.keep_h_violations: one rank, bf16, a ring
 that holds every minibatch) and the forward copies x (a gathering forward keeps h only when
-asked: that pair is not measured); keep_h=False asks for the replaying backward (a model without
+asked: that pair is untimed); keep_h=False asks for the replaying backward (a model without
 checkpointing then holds 36 instead of 276 MiB a layer, and its non-last layers pay the
 replay). It runs last: the ring's size decides it, and it re-picks the backward's comm CTAs,
 which count x pulls for keep_h plans (passes/sm_partition.py direction_costs)."""
@@ -37,7 +35,7 @@ def keep_h(g):
     plan = Plan.of(g)
     if plan.is_forced("keep_h"):
         keep = plan.keep_h
-    else:  # the forward that gathers x (limits.GATHER) keeps it only when asked: not measured
+    else:  # the forward that gathers x (limits.GATHER) keeps it only when asked: untimed
         keep = plan.dispatch != GATHER and not keep_h_violations(plan.replace(keep_h=True))
     changes = {ir.op_of(g, OpKind.GATE_UP_GEMM).name: {"keep_h": keep}}
     if keep and not plan.keep_h:  # sm_partition priced a backward that finds x in the ring

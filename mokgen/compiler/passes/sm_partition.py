@@ -13,10 +13,9 @@ the two; pick the c that minimizes it (smallest c on ties: compute SMs are the s
 One rank in bf16 can move no rows at all (`gathers`, asked for with dispatch="gather" or
 comm_sms 0): its GEMMs gather x and dy from the caller's tensors (mokgen/compiler/limits.py GATHER), so
 every SM computes and no ring holds copies of x or dy; comm_direction then names those ops
-"gather". Not the default: measured on an H200 (Qwen3-30B-A3B, T 8192, benchmarks/NOTES.md)
-the forward gains (382 against 343 TFLOP/s) and the workspace halves, but the backward's
-gathered weight-gradient operands slow the training step to 0.85x. The forward can gather
-alone (dispatch="gather", reverse_combine="pull"): every SM computes the forward, and the
+"gather". Not the default: the forward gains and the workspace halves, but the backward's
+gathered weight-gradient operands slow the training step (measured about 0.85x). The forward
+can gather alone (dispatch="gather", reverse_combine="pull"): every SM computes the forward, and the
 backward's comm CTAs pull x into the ring beside dy (its moved bytes count both)."""
 from __future__ import annotations
 
@@ -81,10 +80,8 @@ def direction_costs(plan: Plan, backward: bool) -> tuple[float, float]:
         # pull x for every row (their forward's ring holds it in e4m3; the weight gradients
         # read bf16), and so do the plans whose forward gathered x (limits.GATHER: its ring
         # holds no x) or whose calls keep their own h (keep_h: the ring's x is the last call's).
-        # Those x pulls beside dy are counted at 3x their bytes: calibrated, not derived.
-        # Measured on an H200 (Qwen3-30B-A3B / OLMoE, T 8192; benchmarks/NOTES.md sessions 18
-        # and 19): at their bytes the model picked 12 / 9 backward comm CTAs, and 16 ran the
-        # step 2-4% faster for both the gathering forward and keep_h (4 stacked layers).
+        # Those x pulls beside dy count at 3x their bytes: calibrated, not derived (at their
+        # bytes the model picks too few backward comm CTAs, measured slower).
         pulls_x = plan.reverse_combine != GATHER and (plan.dispatch == GATHER or plan.keep_h)
         moved = rows * 2 * s.hidden * (5 if pulls_x else 3 if plan.scale_block else 2)
     return moved, flops

@@ -9,8 +9,7 @@ and a slot can be refilled once the dW1 tiles of every expert in its previous mi
 done (moe_bwd.cuh wait_x_slot). The window holds the fewest slots that keep that wait behind
 tasks listed before the refill (limits.x_window_min_slots): the x ring shrinks from the whole
 macrobatch to that many minibatches (Qwen3-30B-A3B at T 8192: 20 slots -> 4, workspace
-1,101 -> 837 MiB; measured on an H200: fresh step peak 1,136 -> 872 MB, the step within noise
-of the whole ring's; benchmarks/NOTES.md session 17).
+1,101 -> 837 MiB), and the step runs as fast as with the whole ring.
 
 It runs after ring (it reads the minibatch and the ring's slots), where its rules hold
 (limits.x_window_violations) and the window is smaller than the ring, unless x_slots is forced."""

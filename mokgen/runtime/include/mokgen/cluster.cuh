@@ -39,7 +39,7 @@ MOKGEN_DEV void cluster_sync() {
 // (itself included): a consumer freeing a stage that the peer's producer multicasts into.
 // The arrive's default release.cta: what it orders is this warp's wgmma reads of the stage,
 // complete at wgmma_wait; release.cluster compiles to MEMBAR.ALL.GPU before every arrive
-// (waiting for the epilogue's global stores too): the mainloop at 0.6-0.7x (H200).
+// (waiting for the epilogue's global stores too), which slows the mainloop by about a third.
 MOKGEN_DEV void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
   asm volatile(
       "{\n .reg .b32 remote;\n"

@@ -178,9 +178,9 @@ __device__ void pull_rows(const int2* __restrict__ table, const __nv_bfloat16* c
 
 // pull_rows of two row sources at once (the backward's x and dy, XPULL: moe_bwd.cuh
 // bwd_pull_minibatch), for rows of whole warp sweeps (D a multiple of 256): one pass over the
-// table, each warp with both rows' loads in flight before its stores. Measured against two
-// pull_rows passes: no clear change of the step (benchmarks/NOTES.md, session 17); more comm
-// CTAs were what helped. Padding rows: zeros in both, as pull_rows.
+// table, each warp with both rows' loads in flight before its stores. No faster than two
+// pull_rows passes (more comm CTAs are what helps); kept as the tested path. Padding rows:
+// zeros in both, as pull_rows.
 template <int D, int K>
 __device__ void pull_row_pairs(const int2* __restrict__ table,
                                const __nv_bfloat16* const* peer_a, __nv_bfloat16* __restrict__ ring_a,

@@ -3,10 +3,9 @@
 // pull combine (each owner fetches its weighted rows from the expert ranks' staging rows).
 //
 // Both walk another rank's schedule: its table and row count (meta) are read through peer
-// pointers, so the runtime puts a barrier between the schedule kernels and the megakernel.
-// Both need cross-GPU flags, which is what the paper's choice avoids and what the ablation
-// (benchmarks/directions.py) measures. The cross-rank words of a rank (DirPeers::xflags,
-// zeroed before each call like the counters):
+// pointers, so the runtime puts a barrier between the schedule kernels and the megakernel. Both
+// need cross-GPU flags, which is what the paper's choice avoids. The cross-rank words of a rank
+// (DirPeers::xflags, zeroed before each call like the counters):
 //   [0, MB)    landed[m]: source comm CTAs that finished pushing minibatch m here
 //   [MB, 2MB)  dn_done[m]: this rank's down tiles done (peers poll it: its ring slot is free
 //              again for a pusher; its staging rows are final for a puller)

@@ -83,7 +83,7 @@ MOKGEN_DEV void for_each_dual_pair(const float (&acc)[BN / 2], int cwg, int m_va
 // A row's 8 consecutive columns at a time, for 16-byte loads and stores: a warp's access
 // then covers 64 contiguous bytes of each of its 8 rows where a pair's covers 16 (half a
 // sector each), so an epilogue issues a quarter of the instructions for half the sectors
-// (trace.cuh put the pairwise SwiGLU backward at 29 us a 128 x 256 tile, half its mainloop).
+// (pair by pair, the SwiGLU backward's epilogue takes half as long as its mainloop).
 // quad_transpose: the 4 lanes of a quad (one row) trade their pairs. On entry lane q holds
 // e[i] = columns 8 (4 g + i) + 2 q, +1; on exit e[i] = columns 8 (4 g + q) + 2 i, +1, the
 // 8 columns of group 4 g + q. Two xor-shuffle rounds; selects, not a runtime index (that
@@ -336,17 +336,16 @@ MOKGEN_DEV void store_rows_to(const float (&acc)[BN / 2], __nv_bfloat16* const (
   }
 }
 
-// Rows through shared memory instead of quad transposes (store_rows_staged): the warp
-// writes its 16 rows x 64 columns (a chunk) as bf16 with stmatrix (4 instructions a chunk),
-// then each lane reads back 16-byte pieces of its own two rows and stores them as the
-// register path does. Why: the transposes (8 shuffles and 16 selects per 8 values) are
-// register work: with its stores or its table loads taken out (trace.py's fwd_sink_stores,
-// down_in_order) the down tile's epilogue still took 2.5 of its 2.7 us; staged, 7-9% fewer
-// cycles (session 27). A warp reads only its own rows: a __syncwarp orders the writes and
-// the reads, no barrier. stage: the warp's 4 KB, two 2 KB chunk buffers in turn (a chunk's
-// writes never wait on the previous chunk's reads; the one after it does, behind the
-// previous __syncwarp). A row's 16-byte piece c sits at c ^ (row % 8): no bank conflict for
-// stmatrix's 8 rows nor the readback's 8 rows x 4 lanes.
+// Rows through shared memory instead of quad transposes (store_rows_staged): the warp writes
+// its 16 rows x 64 columns (a chunk) as bf16 with stmatrix (4 instructions a chunk), then each
+// lane reads back 16-byte pieces of its own two rows and stores them as the register path does.
+// Why: the down tile's epilogue is register work, the transposes (8 shuffles and 16 selects per
+// 8 values), not its stores nor its table loads (the profiles fwd_sink_stores and down_in_order
+// leave most of its time); staged, it takes 7-9% fewer cycles. A warp reads only its own rows:
+// a __syncwarp orders the writes and the reads, no barrier. stage: the warp's 4 KB, two 2 KB
+// chunk buffers in turn (a chunk's writes never wait on the previous chunk's reads; the one
+// after it does, behind the previous __syncwarp). A row's 16-byte piece c sits at c ^ (row %
+// 8): no bank conflict for stmatrix's 8 rows nor the readback's 8 rows x 4 lanes.
 // stmatrix_chunk: chunk c into buf; pair(j, h) gives this lane's bf16x2 of 8-column group j,
 // row half h (row l / 4 + 8 h, columns 8 j + 2 (l % 4), +1: the accumulator layout).
 template <class P>

@@ -209,18 +209,17 @@ MOKGEN_DEV int gather_token(const GatherSrc& g, int p) {
 }
 
 // The producer warpgroup's four warps gather: each brings a quarter of every slice's rows.
-// One warp alone issued a slice's 32-64 cp.async instructions with their shuffles and
-// addresses too slowly for the tensor core (an H200: the layer at half speed, 0.75x unrolled).
+// One warp alone issues a slice's 32-64 cp.async instructions with their shuffles and
+// addresses too slowly for the tensor core (the layer at half speed).
 constexpr int kGatherWarps = 4;
 static_assert(kGatherWarps * 32 == 128 && kGatherWarps * 16 == 64,
               "a warp's share: 32 rows of a K-major A tile, 16 of an MN-major slice");
 
-// K-major A slice: tile rows 0..127 at columns k0 .. k0 + 63; warp w the rows 32 w .. 32 w +
-// 31. tok: the token of row 32 w + l for lane l, read once a task by produce_tile_gather
-// (read here every slice, the table load sat at the head of each slice's copies; measured on
-// Qwen3-235B's gathered forward: +6% in one A/B, level in the next: within noise, kept as one
-// load less a slice); lanes 8 s .. 8 s + 7 bring one row's 128 contiguous bytes (an
-// instruction: four rows), the row's token shuffled from the lane that holds it.
+// K-major A slice: tile rows 0..127 at columns k0 .. k0 + 63; warp w the rows 32 w .. 32 w + 31.
+// tok: the token of row 32 w + l for lane l, read once a task by produce_tile_gather (read here
+// every slice, the table load would sit at the head of each slice's copies; the gain is within
+// noise, kept as one load less a slice); lanes 8 s .. 8 s + 7 bring one row's 128 contiguous bytes
+// (an instruction: four rows), the row's token shuffled from the lane that holds it.
 template <int LD>
 MOKGEN_DEV void gather_k_major(uint8_t* stage, const GatherSrc& g, int tok, int k0, int w) {
   const int lane = threadIdx.x & 31, c = lane & 7, sub = lane >> 3;
@@ -577,14 +576,13 @@ MOKGEN_DEV void trace_task_got(int i, const Task& t, uint64_t ask) {
 // the rest as a pad task: its stages filled with nothing and freed), and every consumer warp
 // frees each stage in both CTAs (free_stage). So stage s holds slice j in both at once, and
 // where the two tasks read the same B (Problem::shares_b: the same weight rows and K, as
-// vertically adjacent tiles of one expert are) each CTA loads its A and half of B (a dual B:
-// rank 0 the rows at b_row0, rank 1 those at b_row1), multicast into both CTAs' stage: B's
-// reads from L2 halve. Why: at the board's power limit the tensor cores' clock is what
-// bounds the long GEMMs, and the L2 -> SM traffic is energy (benchmarks/NOTES.md session
-// 28: multicast pairs of a standalone GEMM 2.5-3.7% faster at the cap than the same pairs
-// without it). The decisions that must agree in both CTAs (how many slices, multicast or
-// not, stop) are pure functions of base (Problem::task_at<false>, which waits for nothing);
-// each CTA waits only for its own task's inputs (task_at<true>).
+// vertically adjacent tiles of one expert are) each CTA loads its A and half of B (a dual B: rank
+// 0 the rows at b_row0, rank 1 those at b_row1), multicast into both CTAs' stage: B's reads from
+// L2 halve. Why: at the board's power limit the tensor cores' clock is what bounds the long GEMMs,
+// and the L2 -> SM traffic is energy (a standalone GEMM's multicast pairs run a few percent faster
+// at the cap than the same pairs without it). The decisions that must agree in both CTAs (how many
+// slices, multicast or not, stop) are pure functions of base (Problem::task_at<false>, which waits
+// for nothing); each CTA waits only for its own task's inputs (task_at<true>).
 template <class Cfg>
 MOKGEN_DEV void pair_post(const GemmSmem<Cfg>& sm, PipeState& ms, int base) {  // rank 0
   mbar_wait(&sm.mail_empty()[ms.idx()], ms.phase() ^ 1, 105);
@@ -631,9 +629,8 @@ MOKGEN_DEV void produce_pairs(Problem& prob, const GemmSmem<Cfg>& sm) {
   PipeState ps, ts, ms;  // ring, task channel, mailbox
   // Rank 0 claims and posts each pair one pair ahead: the claim's atomic runs under this
   // pair's decoding and waits, and rank 1 finds the pair in its mailbox when it gets there.
-  // (Measured against claiming when needed, benchmarks/NOTES.md session 29: the producer's
-  // ask per task no shorter, 5.5-5.6 us against the default's 3.6-4.0: its two decodes, not
-  // the atomic, are what pairs add.)
+  // (What pairs add to the producer's ask is its two decodes, not the atomic: claiming ahead
+  // leaves the ask as long as claiming when needed.)
   int next = 0;
   if (rank == 0) {
     next = prob.claim(2);
@@ -723,18 +720,15 @@ MOKGEN_DEV void produce_gathering(Problem& prob, const GemmSmem<Cfg>& sm) {
   }
 }
 
-// The scheduling thread (warp 2 of the producer warpgroup, beside the producing thread of
-// warp 0): takes each task from the Problem (next_task: the list's atomic, the task's decode,
-// its dependency waits) and publishes it on the task channel, one task ahead of the
-// producer. It asks for task i + 1 once the producer has started streaming task i
-// (sm.taken()), so the ask runs under task i's slices. When one thread did both, the ask
-// (3.6-4.0 us a task in the forward, up to 6.9 in the backward) ran between task i's last
-// slice and task i + 1's first. Measured (benchmarks/NOTES.md session 30, Qwen3-30B): the
-// producer's wait for a forward task 0.3-0.8 us, the backward's 8-slice weight-gradient
-// tasks at 12-15% more FLOP a clock (their first slices no longer wait behind the ask),
-// the traced backward 2% shorter. One ahead, not TASK_SLOTS - 1: a claimed task is one
-// other CTAs may wait on, so claims stay as close to their runs as the ask allows.
-// Deadlock-free as before: a task waits only on tasks earlier in the list, and the earliest
+// The scheduling thread (warp 2 of the producer warpgroup, beside the producing thread of warp
+// 0): takes each task from the Problem (next_task: the list's atomic, the task's decode, its
+// dependency waits) and publishes it on the task channel, one task ahead of the producer. It
+// asks for task i + 1 once the producer has started streaming task i (sm.taken()), so the ask
+// runs under task i's slices. Why: an ask takes microseconds (a task's decode and dependency
+// waits); done by the producing thread it runs between task i's last slice and task i + 1's
+// first, which the short-K weight-gradient tasks feel most. One ahead, not TASK_SLOTS - 1: a
+// claimed task is one other CTAs may wait on, so claims stay as close to their runs as the ask
+// allows. Deadlock-free: a task waits only on tasks earlier in the list, and the earliest
 // unfinished one is running (its CTA's task before it, if any, is finished).
 template <class Cfg, class Problem>
 MOKGEN_DEV void schedule_tasks(Problem& prob, const GemmSmem<Cfg>& sm) {

@@ -127,25 +127,22 @@ struct GemmCfg {
   static constexpr int ENGINE_BYTES = TAKEN_AT + 8;
   static constexpr int EPI_AT = (ENGINE_BYTES + 1023) / 1024 * 1024;  // 1024-aligned
   static constexpr int SMEM_BYTES = 1024 + (EPI_BYTES ? EPI_AT + EPI_BYTES : ENGINE_BYTES);
-  // The producer warpgroup runs the Problem's schedule (next_task: its waits, the task's
-  // expert and rows) beside the slices' TMA issue: at 40 registers the bf16 backwards
-  // spilled it (72-120 B, nvcc 13.0; unseen until
-  // build.parse_ptxas stopped letting a called device function's report overwrite its
-  // kernel's); 56 leaves the consumers 224, where no bf16 consumer code spills. fp8
-  // consumers keep 232 (their scratch beside the accumulators), their producers 40 (none
+  // The producer warpgroup runs the Problem's schedule (next_task: its waits, the task's expert
+  // and rows) beside the slices' TMA issue: at 40 registers the bf16 backwards spill it
+  // (72-120 B, nvcc 13.0); 56 leaves the consumers 224, where no bf16 consumer code spills.
+  // fp8 consumers keep 232 (their scratch beside the accumulators), their producers 40 (none
   // spills there).
   static constexpr int kProducerRegs = Q == 0 ? 56 : 40, kConsumerRegs = Q == 0 ? 224 : 232;
   // A scheduling thread takes the tasks one ahead of the producing thread (gemm_tile.cuh
   // schedule_tasks) where the producer warpgroup's registers hold the Problem's schedule
-  // state: at the fp8 kernels' 40 its loop spilled 16-44 B (nvcc 13.0; the producer's
-  // loop that takes its own tasks does not), so they keep that one. (Though the decode
-  // launders its schedule state, BwdSchedule::launder, 25 of the 29 fp8 compile checks
-  // fail with it, backwards spilling 12-28 B: session 31.)
+  // state: at the fp8 kernels' 40 its loop spills (nvcc 13.0, even with the decode's
+  // BwdSchedule::launder; the producer's loop that takes its own tasks does not), so they
+  // keep that one.
   // More producer registers are not free: setmaxnreg shares the launch's 168 a thread, so
   // 48 would leave the fp8 consumers 224, where they spill.
   static constexpr bool SCHEDULER = Q == 0;
   // producer warps that gather rows (produce_tile_gather) compute their addresses beside the
-  // Problem's schedule state: 40 spilled the backward with a shared expert (nvcc 13.0), 56
+  // Problem's schedule state: 40 spills the backward with a shared expert (nvcc 13.0), 56
   // leaves the consumers 224, where none of their code spills
   static constexpr int kGatherProducerRegs = 56, kGatherConsumerRegs = 224;
   static_assert(BN == 128 || BN == 192 || BN == 256, "wgmma wrappers exist for N = 128, 192, "

@@ -37,8 +37,8 @@
 // earlier (at least 2 ring slots; FIN(b-2) stays ahead of R(b) for that), so any interleaving
 // of CTAs makes progress and every output element is computed by one tile in a fixed K order:
 // bitwise reproducible. DG(b-1) leads its block so that a whole DG block lies between DG(u)
-// and the FIN(u) tiles that wait for it (FIN first, they followed DG(u) at once: the trace
-// put their waits at 11% of Qwen3's backward).
+// and the FIN(u) tiles that wait for it (with FIN first they would follow DG(u) at once and
+// wait for it: a tenth of the backward's time on Qwen3).
 // The other directions (FwdConsts::RCPUSH, RDPULL; direction_bwd.cuh): the owners push dy
 // into the ring (the comm CTAs then only replay x, and push their own rank's dy to every
 // rank), and the dx tiles stage their rows for the owners to pull.
@@ -183,9 +183,8 @@ struct BwdSchedule {
   // whole expert region must stay in L2 while each block of the held one is read from DRAM
   // once. Walk the smaller: dW2 [D, I] = (w dy)^T a walks dy's D columns (M) when D <= I,
   // dW1 [2I, D] = dh^T x walks x's D columns (N) when D <= 2I. Walking dh's 2I columns
-  // instead (the order until session 32) read Mixtral-8x22B's dh (67 MB an expert, past
-  // the 50 MB L2) once per 256-column block of D: 24 times (ncu: 28.5 GB of DRAM reads in
-  // the backward, against ~6 GB of operands).
+  // instead would read Mixtral-8x22B's dh (67 MB an expert, past the 50 MB L2) once per
+  // 256-column block of D: 24 times.
   static constexpr bool kW2WalkM = C::D <= C::I, kW1WalkM = 2 * C::I < C::D;
   using W2Order = WgradOrder<MT_D, WN_I, kW2WalkM>;
   using W1Order = WgradOrder<MT_2I, WN_D, kW1WalkM>;
@@ -219,9 +218,8 @@ struct BwdSchedule {
   }
   // Called at each task's decode (BwdProblem::next_task): an empty asm that may change the
   // fields, so what the decode derives from them is derived again per task, not hoisted out
-  // of the task-taking thread's loop into registers it lacks (56 in bf16: the scheduling
-  // thread spilled 8-24 B, and three backwards' producers had spilled 8-16 B since session
-  // 25: tests/conftest.py KNOWN_SPILLS)
+  // of the task-taking thread's loop into registers it lacks (56 in bf16: without it the
+  // scheduling thread and some backwards' producers spill)
   MOKGEN_DEV void launder() {
     asm volatile("" : "+r"(rows), "+r"(nm), "+r"(rt_last), "+r"(shared_rt), "+r"(resident),
                  "+r"(first_slot));
@@ -247,7 +245,7 @@ struct BwdSchedule {
     return u == 0 ? shared_rt * DX_N : row_tiles(u - 1) * DX_N;
   }
   MOKGEN_DEV int wg_size(int u) const {
-    if constexpr ((Cfg::PROF & kProfNoRoutedWgrad) != 0) {  // profiling (profile_bwd.py)
+    if constexpr ((Cfg::PROF & kProfNoRoutedWgrad) != 0) {  // profiling (Plan.profile)
       if (u > 0) return 0;
     }
     return (u == 0 && C::IS ? SW2T + SW1T : 0) + segments(u) * WT;
@@ -337,16 +335,16 @@ struct BwdProblem {
   // so an edge row tile's rows past the expert's are dropped, not written into the next.
   // Each consumer warpgroup stages in its half of EPI_BYTES: 8 KB boxes (lower.py sizes it).
   static constexpr bool kTmaWgrad = Cfg::EPI_BYTES >= 2 * 16384;
-  // kTmaWgrad kernels: what the epilogue and the signal of a routed weight-gradient task
-  // need of its segment travels in the task (the producer read the segment anyway), so
-  // neither reads it from global memory when the segment is its expert's only one: a
-  // dependent load at each short-K tile's end, in its warpgroup's way (trace.py: the
-  // signal's 0.5 us a tile). The op's bits above kOpUserShift (gemm_types.cuh): the segment
-  // is the expert's only one (whole), it has no rows (empty: a zero tile), the expert; c_col0
-  // holds the minibatch its unit closes (the fin_done count its signal adds to). The fp8
-  // kernels (no staging, no such fast path) read the segment: their producers keep 40
-  // registers, none to spare for the bits' code. Weight-gradient tasks' output origin is
-  // (a_row0, b_row0) in every kernel, which is where their operands start.
+  // kTmaWgrad kernels: what the epilogue and the signal of a routed weight-gradient task need
+  // of its segment travels in the task (the producer read the segment anyway), so neither reads
+  // it from global memory when the segment is its expert's only one: a dependent load at each
+  // short-K tile's end, in its warpgroup's way (about 0.5 us a tile). The op's bits above
+  // kOpUserShift (gemm_types.cuh): the segment is the expert's only one (whole), it has no rows
+  // (empty: a zero tile), the expert; c_col0 holds the minibatch its unit closes (the fin_done
+  // count its signal adds to). The fp8 kernels (no staging, no such fast path) read the
+  // segment: their producers keep 40 registers, none to spare for the bits' code.
+  // Weight-gradient tasks' output origin is (a_row0, b_row0) in every kernel, which is where
+  // their operands start.
   static constexpr int kWgradWhole = 1 << kOpUserShift, kWgradEmpty = 1 << (kOpUserShift + 1);
   static constexpr int kWgradExpertShift = kOpUserShift + 2;
   static_assert(!kTmaWgrad || C::L <= (1 << (29 - kWgradExpertShift)),
@@ -524,8 +522,8 @@ struct BwdProblem {
     const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * (BN / 2);
     const int p0 = m * C::B + rt * BM, e = expert_of(p0);
     if (!wait_ready(m, kPhaseReplay)) return stop_task();
-    // (XWIN apart, the expression as it was: a call to an identity x_row moved ptxas's
-    // register allocation of the whole kernel)
+    // (XWIN on its own branch: an identity x_row call in the common expression moves
+    // ptxas's register allocation of the whole kernel)
     if constexpr (C::XWIN)
       return Task{kReplay | kRouted, s.x_row(s.slot_row(m) + rt * BM), e * 2 * C::PI + n0,
                   e * 2 * C::PI + C::PI + n0, p0, n0, BM, k_d};
@@ -616,7 +614,7 @@ struct BwdProblem {
       // the segment's row tiles; a whole-expert segment (schedule_segments) spans minibatches,
       // contiguous in the ring because the ring then holds every minibatch in layout order
       if (!MOKGEN_OK(e < C::L && (seg.z - 1) / C::B == u - 1, 21, sid, u)) return stop_task();
-      // profiling (profile_bwd.py): without these waits, what the dependencies cost
+      // profiling (Plan.profile): without these waits, what the dependencies cost
       if constexpr ((Cfg::PROF & kProfNoWgradWaits) == 0) {
         if (!kWgSeen || sid != wg_seen) {
           for (int p = seg.y; p < seg.z; p += BM) {
@@ -688,8 +686,7 @@ struct BwdProblem {
     if constexpr (!kKeep && C::Q == 0) {  // 8 columns at a time (for_each_acc_oct's groups,
       // oct_of), the g / u of kAhead groups loaded before any of their stores: dh lands over
       // h, so the compiler may not hoist a group's loads above the previous group's stores,
-      // and each group would wait a memory round trip (the trace: 16-17 us a tile, a group
-      // at a time)
+      // and each group would wait a memory round trip
       constexpr int kAhead = 4;
       static_assert((BN / 32) % kAhead == 0, "whole batches of groups");
       const int q = threadIdx.x & 3;
@@ -763,7 +760,7 @@ struct BwdProblem {
   // columns, as W1^T's (FwdConsts::PI): when I is not a multiple of 128 the edge tile also
   // writes zeros from I to PI (the dx GEMM reads them), its partial block zero-padded.
   MOKGEN_DEV void quantize_dh(const Task& t, const float (&acc)[BN / 2], int cwg) const {
-    if constexpr ((Cfg::PROF & kProfNoDhQuant) != 0) return;  // profiling (profile_bwd.py)
+    if constexpr ((Cfg::PROF & kProfNoDhQuant) != 0) return;  // profiling (Plan.profile)
     if constexpr (C::Q > 0) {
       constexpr int G = C::Q / 8;  // 8-column groups per block
       const int row0 = 64 * cwg + acc_row(0);  // rows row0 (h = 0) and row0 + 8 (h = 1)
@@ -815,7 +812,7 @@ struct BwdProblem {
   // barriers).
   MOKGEN_DEV void wgrad_epilogue(const Task& t, float (&acc)[BN / 2], int cwg) const {
     const int op = opcode(t);
-    if constexpr ((Cfg::PROF & kProfNoWgradEpilogue) != 0)  // profiling (profile_bwd.py)
+    if constexpr ((Cfg::PROF & kProfNoWgradEpilogue) != 0)  // profiling (Plan.profile)
       if (op == kWgrad2 || op == kWgrad1) return;
     const int row0 = t.a_row0, col0 = t.b_row0;  // the output's origin (kWgradWhole)
     if constexpr (kTmaWgrad) {
@@ -869,7 +866,7 @@ struct BwdProblem {
     if (count == 1 && !add) {  // the whole expert in one segment: bf16 stores alone. Its
       // own path: with the sum's load and the branches of the general one below in each
       // pair's body, ptxas kept them there (a loop of 64 pairs is not unswitched), ~10
-      // instructions a pair where this needs a convert and a store (ncu, kimi ep 8)
+      // instructions a pair where this needs a convert and a store
       for_each_acc_pair<BN>(acc, cwg, m_valid, [&](int r, int c, float v0, float v1) {
         *reinterpret_cast<__nv_bfloat162*>(out + (size_t)r * ld + c) =
             __floats2bfloat162_rn(v0, v1);
@@ -898,7 +895,7 @@ struct BwdProblem {
   }
 
   MOKGEN_DEV void epilogue(const Task& t, float (&acc)[Cfg::kAccRegs], int cwg) {
-    // profiling (profile_bwd.py): the task's completion signals are the engine's, after this
+    // profiling (Plan.profile): the task's completion signals are the engine's, after this
     if constexpr ((Cfg::PROF & kProfNoBwdEpilogues) != 0) return;
     const int op = opcode(t);
     const int row0 = 64 * cwg;  // this warpgroup's first tile row
@@ -1045,8 +1042,8 @@ struct BwdProblem {
         } else {
           // the last segment: its bf16 gradient is read by no one in the kernel, and the ring
           // slot this count frees was read by TMA before the mainloop ended, so no fence: the
-          // stores drain under the next tile's mainloop (profile_bwd.py: fenced, this
-          // epilogue was 41-45% of the short-K weight gradients' time)
+          // stores drain under the next tile's mainloop (fenced, this epilogue takes ~40% of
+          // the short-K weight gradients' time)
           signal_add_relaxed(wg_seq() + e * S::WT + tt);
           signal_add_relaxed(fin_done() + unit);
         }
@@ -1083,7 +1080,7 @@ MOKGEN_DEV void bwd_pull_minibatch(const BwdPeers<C::R>& peers, const BwdBuffers
         pull_row_pairs<C::D, C::K>(buf.table, peers.x, buf.ring_x, s.x_row(ring0), peers.dy,
                                    buf.ring_dy, ring0, p0, p1, worker, workers);
     } else {
-      if constexpr (C::XWIN)  // (beside the expression as it was: see replay)
+      if constexpr (C::XWIN)  // (its own branch: see replay)
         pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, s.x_row(ring0), worker,
                               workers);
       else if (C::XPULL ? buf.resident < 2 || s.replayed(m) : s.replayed(m))
@@ -1211,14 +1208,13 @@ MOKGEN_DEV bool bwd_comm(const BwdPeers<C::R>& peers, const BwdBuffers& buf,
 // done with their pulls long before the last tile. A joined CTA takes tasks from the same
 // atomic list as the others (BwdProblem::next_task), after its last pull: every task it
 // waits on is earlier in the list or a pull, which progress without it. The default
-// directions only. (Session 20 measured the same for the default kernels, 8 comm CTAs
-// pulling dy alone: neutral; benchmarks/NOTES.md.)
+// directions only. (Kernels whose few comm CTAs pull dy alone do not join: there joining
+// measured neutral.)
 template <class C>
 constexpr bool kCommJoins = C::XPULL && !C::XWIN && !C::BDIRS;
 
-// bwd_comm outlined for the joining kernels: inlined, ptxas kept values of the comm code and
-// of the compute's setup live across both roles and spilled (session 20's forward and
-// backward builds: 12 and 52 B).
+// bwd_comm outlined for the joining kernels: inlined, ptxas keeps values of the comm code and
+// of the compute's setup live across both roles and spills.
 template <class C, class Cfg>
 __device__ __noinline__ bool bwd_comm_join(const BwdPeers<C::R>& peers, const BwdBuffers& buf) {
   return bwd_comm<C, Cfg>(peers, buf);

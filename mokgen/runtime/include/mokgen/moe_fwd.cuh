@@ -89,11 +89,11 @@ struct FwdConsts {
   static_assert(XSLOTS_ == 0 || (XPULL_ && XSLOTS_ >= 3 && XSLOTS_ <= SLOTS_),
                 "an x window: a backward that pulls x (XPULL), 3 .. SLOTS slots");
   // The head pull (fwd_head_pull, bwd_head_pull): every CTA's warps pull the first minibatch
-  // together before taking their roles, where this rank's comm CTAs pull (not where the
-  // owners push it in): a few comm CTAs copying it alone kept every compute CTA waiting
-  // through the first ~5% of each direction (trace.py's first time bin). Not in the fp8
-  // backward: its comm CTAs quantize what they pull (QuantSink), and that code in every CTA
-  // made ptxas spill in the blockwise kernels (tests/test_codegen.py).
+  // together before taking their roles, where this rank's comm CTAs pull (not where the owners
+  // push it in): a few comm CTAs copying it alone keep every compute CTA waiting through the
+  // first ~5% of each direction. Not in the fp8 backward: its comm CTAs quantize what they pull
+  // (QuantSink), and that code in every CTA makes ptxas spill in the blockwise kernels
+  // (tests/test_codegen.py).
   static constexpr bool FWD_HEAD = COMM_ > 0 && !DPUSH_;
   static constexpr bool BWD_HEAD = COMM_ > 0 && !RCPUSH_ && Q_ == 0;
   static constexpr int PD = Q_ ? (D_ + 127) / 128 * 128 : D_;
@@ -276,8 +276,7 @@ struct FwdProblem {
   // The routed down rows leave through shared memory (store_rows_staged: stmatrix, no quad
   // transposes) in bf16 kernels whose plan gave the epilogue staging (lower.py
   // FWD_STAGE_BYTES: 4 KB a consumer warp); from registers (store_rows_to) otherwise.
-  // Measured on Qwen3-30B (session 27, traced against the register path in one call,
-  // twice): the down tile's epilogue 3,850 -> 3,570 and 3,860 -> 3,510 cycles.
+  // Staged, the down tile's epilogue takes ~8% fewer cycles (gemm_epilogue.cuh says why).
   static constexpr int kWarpStage = 4096;  // two 2 KB chunk buffers (store_rows_staged)
   static constexpr bool kStagedRows = C::Q == 0 && Cfg::EPI_BYTES > 0;
   static_assert(!kStagedRows || Cfg::EPI_BYTES == 8 * kWarpStage,
@@ -443,10 +442,10 @@ struct FwdProblem {
 
   // Consumer threads: rows 64 cwg .. of the tile, stored from registers (signal() then
   // publishes the task's completion).
-  // (Staging rows through shared memory for 16-byte stores made ptxas spill in the mainloop
-  // at 168 registers; see benchmarks/NOTES.md.)
+  // (Staging every epilogue through shared memory for 16-byte stores makes ptxas spill in
+  // the mainloop at 168 registers: only the down rows are staged, kStagedRows.)
   MOKGEN_DEV void epilogue(const Task& t, float (&acc)[Cfg::kAccRegs], int cwg) {
-    // profiling (profile_bwd.py): the task's completion signals are the engine's, after this
+    // profiling (Plan.profile): the task's completion signals are the engine's, after this
     if constexpr ((Cfg::PROF & kProfNoFwdEpilogues) != 0) return;
     constexpr int BN = Cfg::BN;
     const int op = opcode(t);
@@ -464,8 +463,8 @@ struct FwdProblem {
           : (buf->ring_h ? buf->ring_h + (size_t)t.a_row0 * 2 * C::I + t.c_col0 : nullptr);
       const int n_valid = shared ? cols_valid<C::IS, BN / 2>(t.c_col0)
                                  : cols_valid<C::I, BN / 2>(t.c_col0);
-      // (through shared memory like the down rows, store_gate_up_staged, it ran slower:
-      // 6,084 -> 6,860 cycles a tile, session 27; its three outputs take six chunk rounds)
+      // (not through shared memory like the down rows: its three outputs take six chunk
+      // rounds, slower than the register path)
       store_gate_up<BN, C::Q == 0, (Cfg::PROF & kProfFwdSinkStores) != 0>(
           acc, cwg, t.m_valid, pre, out, ld, n_valid);
       fence_proxy_async_global();  // the down GEMM reads these rows through TMA

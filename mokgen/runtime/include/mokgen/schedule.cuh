@@ -5,7 +5,7 @@
 //              CHUNK consecutive routes of rank r: every route to a local expert gets its
 //              ordinal inside the chunk, and the chunk its count per local expert. Blocks are
 //              independent (one rank's routes are not scanned by one block in series: at
-//              ep = 1 that was one SM walking every route);
+//              ep = 1 that would be one SM walking every route);
 //  2. offsets: one block turns the chunk counts into each chunk's base (routes of r to l in
 //              earlier chunks), sums them into M[r][l] (routes of r to local expert l), and M
 //              into expert regions padded to the GEMM tile (so no tile mixes experts); writes
@@ -194,7 +194,7 @@ __device__ void schedule_place(const int* __restrict__ routes, const float* __re
 // least one of its rows, so that end is in the same minibatch as the region's.
 // counts[ranks][L]: each source rank's routes to each local expert (schedule_offsets).
 // The walk is serial (one thread), so it reads the offsets from shared memory, staged by the
-// warp: from global memory every expert cost the thread an L2 round trip.
+// warp: from global memory every expert costs the thread an L2 round trip.
 template <int L, int B>
 __device__ void schedule_segments(const int* offsets, const int* counts, int ranks,
                                   const int* meta, int slots, int4* segs, int* seg_start) {

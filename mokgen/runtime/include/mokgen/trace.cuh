@@ -6,8 +6,8 @@
 // signal: where a persistent kernel's time goes, task by task (ncu's stall samples cannot
 // tell a wait for a dependency from a wait for data, nor one phase from another). Other
 // builds compile none of it; the pointer costs 8 bytes.
-// The host (benchmarks/trace.py) points mokgen_trace at a buffer of
-// gridDim.x * kTraceRecs records (runtime/abi.py has the layout) and sums them.
+// The host points mokgen_trace at a buffer of gridDim.x * kTraceRecs records (runtime/abi.py
+// has the layout) and sums them.
 #pragma once
 #include <cstdint>
 #include "mokgen/sync.cuh"
