@@ -66,8 +66,8 @@ TESTS_A="tests/test_gpu_memory.py tests/test_gpu_shapes.py tests/test_gpu_widths
   tests/test_gpu_trace.py"
 TESTS_B="tests/test_gpu_fp8.py tests/test_gpu_reliability.py tests/test_gpu_prologue.py
   tests/test_gpu_directions.py"
-TESTS_C="tests/test_gpu_transformers.py tests/test_gpu_pingpong.py tests/test_gpu_pair.py
-  tests/test_gpu_cluster.py"
+TESTS_C="tests/test_gpu_transformers.py tests/test_gpu_pair.py
+  tests/test_gpu_cluster.py tests/test_hardware.py tests/test_docs.py"
 PRESETS=kimi-k2.7,glm-5.2,qwen3.5-397b-a17b,deepseek-v4-pro
 MODELS_A=qwen3-30b-a3b,qwen3-235b-a22b,qwen1.5-moe-a2.7b,deepseek-v2-lite,deepseek-v3
 MODELS_B=mixtral-8x7b,mixtral-8x22b,olmoe-1b-7b,llama-4-scout,granite-3.0-3b-a800m
@@ -85,7 +85,7 @@ case $CHUNK in
 chunk            carry                     minutes  what
 tests-a          .kcache (tests.pkl)       8-9      GPU tests: memory shapes widths module backward forward trace
 tests-b          .kcache (tests.pkl)       6-8      GPU tests: fp8 reliability prologue directions
-tests-c          .kcache (tests.pkl)       5-7      GPU tests: transformers pingpong pair cluster
+tests-c          .kcache (tests.pkl)       5-7      GPU tests: transformers pair cluster hardware docs
 layer-ep64       -                         4-6      moe_layer.py, the presets' ep 64 slices, forward + backward
 layer-ep8        -                         5-7      moe_layer.py, the ep 8 slices
 fp8-ep64         -                         5-7      fp8.py --backward, ep 64
