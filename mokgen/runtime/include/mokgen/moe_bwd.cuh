@@ -211,8 +211,8 @@ struct BwdSchedule {
     rt_last = nm ? (rows - (nm - 1) * C::B) / BM : 0;
     shared_rt = C::IS ? (n_tokens + BM - 1) / BM : 0;
     resident = resident_flag ? min(C::SLOTS, nm) : 0;
-    // fp8 kernels recompute it (their registers have no room for the flag); their forward
-    // does not keep it (runtime/moe.py)
+    // fp8 kernels recompute it (the flag's register made an MXFP8 backward's producer spill
+    // 8 B); their forward does not keep it (runtime/moe.py)
     shared_kept = C::Q == 0 && resident_flag != 0;
     first_slot = max(0, nm - C::SLOTS) % C::SLOTS;  // where the forward left minibatch 0
     seg_start = starts;
@@ -328,8 +328,8 @@ struct BwdProblem {
   // counts only grow within a launch, so those waits (and their fence) are done once per
   // segment and CTA instead of once per tile: a whole expert's segment is 8 row tiles at
   // Mixtral's 1,024 rows, 8 dependent acquire loads in each short-K tile's next_task.
-  // bf16 kernels only: the fp8 producers keep 40 registers (GemmCfg kProducerRegs), none to
-  // spare for it, so fp8 kernels wait per tile.
+  // bf16 kernels only: in an MXFP8 backward the producer's extra register (of its 40) made
+  // ptxas spill 8 B, so fp8 kernels wait per tile.
   static constexpr bool kWgSeen = C::Q == 0;
   int wg_seen = -1;
   // A weight-gradient tile of a whole expert goes out through shared memory and TMA stores
@@ -344,8 +344,8 @@ struct BwdProblem {
   // signal's 0.5 us a tile). The op's bits above kOpUserShift (gemm_types.cuh): the segment
   // is the expert's only one (whole), it has no rows (empty: a zero tile), the expert; c_col0
   // holds the minibatch its unit closes (the fin_done count its signal adds to). The fp8
-  // kernels (no staging, no such fast path) read the segment: their producers keep 40
-  // registers, none to spare for the bits' code. Weight-gradient tasks' output origin is
+  // kernels (no staging, no such fast path) read the segment: the bits' producer code alone
+  // made ptxas spill 8 B in an MXFP8 backward. Weight-gradient tasks' output origin is
   // (a_row0, b_row0) in every kernel, which is where their operands start.
   static constexpr int kWgradWhole = 1 << kOpUserShift, kWgradEmpty = 1 << (kOpUserShift + 1);
   static constexpr int kWgradExpertShift = kOpUserShift + 2;
@@ -683,8 +683,8 @@ struct BwdProblem {
                                   __nv_bfloat16* const (&ap)[2], const float (&w)[2],
                                   float (&dot)[2]) const {
     dot[0] = dot[1] = 0.f;
-    // fp8 kernels (their shared expert's dgrad) keep pairs: their consumers have no registers
-    // to spare for 8 columns at a time
+    // fp8 kernels (their shared expert's dgrad) keep pairs: 8 columns at a time spilled 8 B
+    // in an fp8 backward
     if constexpr (!kKeep && C::Q == 0) {  // 8 columns at a time (for_each_acc_oct's groups,
       // oct_of), the g / u of kAhead groups loaded before any of their stores: dh lands over
       // h, so the compiler may not hoist a group's loads above the previous group's stores,
