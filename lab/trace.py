@@ -124,7 +124,7 @@ def summarize(recs, ops, bm, bn):
             d["fill_issue_ms"] += row[fill_i] * ms
             d["full_wait_ms"] += row[full_w] * ms
             bk = 128 if op & abi.F8_TASK else 64  # fp8 tiles count K blocks of 128
-            n = bn // 2 if op & (abi.HALF_N_TASK | abi.SOLO_TASK) else bn  # narrow, solo
+            n = bn // 2 if op & (abi.HALF_N_TASK) else bn  # narrow
             d["flops"] += 2.0 * bm * n * bk * kb
             prev_done = row[done]
             g = row[gns]  # the pop's global ns; the phases after it by this CTA's ratio

@@ -260,7 +260,7 @@ MOKGEN_DEV bool store_kept(const uint4& v) { return !kSink || v.x == 0x7fc1deadu
 
 // Epilogue stores, 8 columns (16 or 32 bytes) at a time (for_each_acc_oct / _dual_oct), or
 // with kOct = false a pair (4 or 8 bytes) at a time: the fp8 kernels, whose consumers have
-// no registers to spare for the 8-column walk.
+// no registers to spare (the 8-column walk spilled 8 B in an fp8 backward).
 // Gate/up + SwiGLU: act[r * ld + c] = silu(g) u and, unless pre is null, the pre-activations
 // pre[r * 2 ld + c] = g, pre[r * 2 ld + ld + c] = u (a backward reads them).
 template <int BN, bool kOct = true, bool kSink = false>

@@ -210,8 +210,8 @@ struct BwdSchedule {
     rt_last = nm ? (rows - (nm - 1) * C::B) / BM : 0;
     shared_rt = C::IS ? (n_tokens + BM - 1) / BM : 0;
     resident = resident_flag ? min(C::SLOTS, nm) : 0;
-    // fp8 kernels recompute it (their registers have no room for the flag); their forward
-    // does not keep it (runtime/moe.py)
+    // fp8 kernels recompute it (the flag's register made an MXFP8 backward's producer spill
+    // 8 B); their forward does not keep it (runtime/moe.py)
     shared_kept = C::Q == 0 && resident_flag != 0;
     first_slot = max(0, nm - C::SLOTS) % C::SLOTS;  // where the forward left minibatch 0
     seg_start = starts;
@@ -326,8 +326,8 @@ struct BwdProblem {
   // counts only grow within a launch, so those waits (and their fence) are done once per
   // segment and CTA instead of once per tile: a whole expert's segment is 8 row tiles at
   // Mixtral's 1,024 rows, 8 dependent acquire loads in each short-K tile's next_task.
-  // bf16 kernels only: the fp8 producers keep 40 registers (GemmCfg kProducerRegs), none to
-  // spare for it, so fp8 kernels wait per tile.
+  // bf16 kernels only: in an MXFP8 backward the producer's extra register (of its 40) made
+  // ptxas spill 8 B, so fp8 kernels wait per tile.
   static constexpr bool kWgSeen = C::Q == 0;
   int wg_seen = -1;
   // A weight-gradient tile of a whole expert goes out through shared memory and TMA stores
@@ -681,8 +681,8 @@ struct BwdProblem {
                                   __nv_bfloat16* const (&ap)[2], const float (&w)[2],
                                   float (&dot)[2]) const {
     dot[0] = dot[1] = 0.f;
-    // fp8 kernels (their shared expert's dgrad) keep pairs: their consumers have no registers
-    // to spare for 8 columns at a time
+    // fp8 kernels (their shared expert's dgrad) keep pairs: 8 columns at a time spilled 8 B
+    // in an fp8 backward
     if constexpr (!kKeep && C::Q == 0) {  // 8 columns at a time (for_each_acc_oct's groups,
       // oct_of), the g / u of kAhead groups loaded before any of their stores: dh lands over
       // h, so the compiler may not hoist a group's loads above the previous group's stores,
