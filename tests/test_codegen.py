@@ -420,7 +420,7 @@ def test_engine_test_kernels_compile(tmp_path):
     cubin = str(tmp_path / "gemm_test.cubin")
     res = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17",
                           "-cubin", "-Xptxas", "-v", "-I", inc,
-                          os.path.join(inc, "mokgen/tests/gemm_test.cu"), "-o", cubin],
+                          os.path.join(root, "tests/cuda/gemm_test.cu"), "-o", cubin],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "bytes spill" in res.stderr

@@ -244,8 +244,8 @@ def test_the_hosts_engine_bytes_are_gemm_test_cus():
 
     from mokgen.compiler.lower import smem_bytes
 
-    src = open(os.path.join(os.path.dirname(mokgen.__file__),
-                            "runtime/include/mokgen/tests/gemm_test.cu")).read()
+    src = open(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                            "cuda", "gemm_test.cu")).read()
     asserted = re.findall(r"PtCfg<(\d+)(?:, (\d+))?>::SMEM_BYTES == (\d+)", src)
     assert len(asserted) == 3, asserted
     for tn, st, size in asserted:  # PtCfg<TN>: 6 stages at 128 columns, else 5

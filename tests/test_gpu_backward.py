@@ -412,7 +412,7 @@ def gemm_test_module(tmp_path):
     cubin = str(tmp_path / "gemm_test.cubin")
     subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17",
                     "-cubin", "-I", os.path.join(ROOT, "mokgen/runtime/include"),
-                    os.path.join(ROOT, "mokgen/runtime/include/mokgen/tests/gemm_test.cu"),
+                    os.path.join(ROOT, "tests/cuda/gemm_test.cu"),
                     "-o", cubin], check=True, capture_output=True)
     return mc.load_module(cubin), smem_bytes(GemmConfig(128, 256, 4))  # its CoopCfg
 
