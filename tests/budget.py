@@ -29,6 +29,12 @@ import pytest
 
 # CPU seconds per file; in the comment, what it used on the 2-core CI machine (cold cache)
 BUDGET = {
+    "test_codegen.py": 480,          # 326: the presets', widths', fp8 and schedule builds
+    "test_compile_shapes.py": 260,   # 174: every public model's preset, sampled shapes
+    "test_hardware.py": 40,          # 24: presets for 78 SMs
+    "test_directions.py": 40,        # 24: each communication direction's kernel
+    "test_example_fsdp.py": 30,      # 18: two torchrun launches of examples/04
+    "test_wheel.py": 25,             # 14: pip wheel, a venv, one cold compile
 }
 DEFAULT = 15
 TOTAL = 1000
