@@ -16,8 +16,8 @@ numbers in the comments), so a regression of half again, not noise, trips it.
 Adding a slow test: share kernels with the tests that already build them (the kernel cache is
 keyed by source, so the same plan builds once per run), build only the units the test reads,
 and raise the file's line here with what it now uses. MOKGEN_TEST_BUDGET=warn reports without
-failing (a slower machine), =off skips the check. The whole table prints with -v or when a
-limit is passed.
+failing (a slower machine), =off skips the check. The whole table prints with -v or
+--durations=N, or when a limit is passed.
 """
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ class Budget:
         top = sorted(self.cpu, key=self.cpu.get, reverse=True)
         tr.write_line(f"test time: {total:.0f} CPU s of {TOTAL} (tests/budget.py); most: "
                       + ", ".join(f"{f} {self.cpu[f]:.0f}" for f in top[:3]))
-        if over or self.config.getoption("verbose") > 0:
+        if over or self.config.getoption("verbose") > 0 or self.config.getoption("durations"):
             tr.write_sep("=", "CPU seconds per test file (budget: tests/budget.py)")
             for f in top:
                 b = BUDGET.get(f, DEFAULT)
