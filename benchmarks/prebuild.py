@@ -86,7 +86,8 @@ def pytest_sessionfinish(session, exitstatus):
 
 def collect(out: str, files: list) -> int:
     files = files or [os.path.join(ROOT, "tests")]
-    pytest.main(["-q", "-p", "no:cacheprovider", "-p", "prebuild", "-m", "gpu",
+    # -n 0: in this process, where the plugin records the plans (not in xdist workers)
+    pytest.main(["-q", "-n", "0", "-p", "no:cacheprovider", "-p", "prebuild", "-m", "gpu",
                  "--collect-out", out, *files])
     return 0 if os.path.exists(out) else 1
 

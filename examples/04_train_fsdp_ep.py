@@ -211,6 +211,9 @@ def main(argv=None):
         print(json.dumps(summary, indent=1))
         if args.out:
             json.dump(dict(summary, losses=losses, ref_losses=ref_losses), open(args.out, "w"))
+    # the ranks leave together: one that tore gloo down while rank 0 still wrote the summary
+    # could abort at exit ("terminate called without an active exception") on a busy CPU
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -1,3 +1,7 @@
+import contextlib
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -10,6 +14,33 @@ hardware.set_default(hardware.CPU_DEFAULT)
 
 def _has_gpu() -> bool:
     return torch.cuda.is_available()
+
+
+# Where no GPU is visible the suite runs in pytest-xdist workers, one per core (pyproject's
+# `-n auto`), beside the nvcc processes of the compile tests: a torch that spreads its small
+# CPU ops over every core then waits on threads the other workers hold (an interpreter test
+# ran 10x slower so). One thread per process, children included (torchrun's ranks).
+if not _has_gpu():
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker per core on a CPU machine, at most 8 (each holds torch; more
+    gain little on ~150 compile tests), or $PYTEST_XDIST_AUTO_NUM_WORKERS; none where a GPU
+    is visible, whose tests share the one device and time it."""
+    if _has_gpu():
+        return 0
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own hook reads it
+    return max(1, min(len(os.sched_getaffinity(0)), 8))
+
+
+def pytest_configure(config):
+    from budget import Budget
+
+    config.pluginmanager.register(Budget(config), "mokgen-time-budget")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -56,3 +87,20 @@ def assert_spills_within_known(layer, unit: str, fn: str, r: dict) -> None:
     allowed = KNOWN_SPILLS.get(key, 0) if fn.startswith("mokgen_") else 0
     assert r["spill_stores"] + r["spill_loads"] <= allowed and r["stack"] <= allowed, \
         (unit, fn, r, f"allowed {allowed}")
+
+
+@contextlib.contextmanager
+def kernels_not_built():
+    """mokgen.compile with its kernels emitted but not built (no nvcc), for tests of what a
+    layer does before any kernel runs (its plan, its argument checks) that read no binary:
+    the same kernels' builds are what the nvcc tests check."""
+    from mokgen.compiler import build, codegen
+    from mokgen.pytorch import api
+
+    def emit_only(plans, jobs=None):
+        return [build.Binary(k.name, Path(os.devnull), "", {}) for p in plans
+                for k in codegen.emit(p)]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(api, "build_plans", emit_only)
+        yield

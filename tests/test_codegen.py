@@ -12,6 +12,7 @@ import mokgen
 from mokgen.compiler import build, codegen, limits
 from mokgen.runtime import abi
 
+import race_build
 from conftest import assert_spills_within_known
 
 PRESETS = ("kimi-k2.7", "glm-5.2", "qwen3.5-397b-a17b", "deepseek-v4-pro")
@@ -96,27 +97,10 @@ def test_cache_key_tracks_source_flags_and_arch():
     assert build.cache_key(k, "sm_90a") != build.cache_key(k, "sm_100a")
 
 
-def _build_in(cache):
-    import os
-
-    os.environ["MOKGEN_CACHE"] = cache
-    import importlib
-
-    import mokgen.config
-
-    importlib.reload(mokgen.config)
-    from mokgen.compiler import build as b
-
-    importlib.reload(b)
-    k = b.Kernel("race", '#include "mokgen/sync.cuh"\nextern "C" __global__ void k(int* p) '
-                         "{ if (p) *p = 1; }\n")
-    return str(b.build([k])[0].path)
-
-
 @needs_nvcc
 def test_concurrent_builds_share_one_binary(tmp_path):
     with mp.get_context("spawn").Pool(8) as pool:  # 8 ranks compiling the same kernel
-        paths = pool.map(_build_in, [str(tmp_path)] * 8)
+        paths = pool.map(race_build.build_in, [str(tmp_path)] * 8)
     assert len(set(paths)) == 1
     folders = [p for p in tmp_path.iterdir() if p.name.startswith("kernel.race.")]
     assert len(folders) == 1 and (folders[0] / "kernel.cubin").stat().st_size > 0

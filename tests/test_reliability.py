@@ -7,6 +7,8 @@ import torch
 import mokgen
 from mokgen.compiler import build
 
+from conftest import kernels_not_built
+
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 SHAPE = mokgen.shapes.get("gpu-small")  # E=32 D=1024 I=512 k=4, one shared expert
 R, N = 2, 64
@@ -15,9 +17,10 @@ L, D, I, E = SHAPE.num_experts // R, SHAPE.hidden, SHAPE.intermediate, SHAPE.num
 
 @pytest.fixture(scope="module")
 def layer():
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc not on PATH")
-    return mokgen.compile(SHAPE, ep=R, tokens_per_rank=N, virtual=True)
+    """The layer mokgen.compile returns, its kernels unbuilt: every bad call is refused
+    before any kernel would run."""
+    with kernels_not_built():
+        return mokgen.compile(SHAPE, ep=R, tokens_per_rank=N, virtual=True)
 
 
 def good(n=N):
@@ -65,10 +68,9 @@ def test_callable_rejects_bad_input(layer, case, make, exc, match):
 
 
 def test_shared_weights_refused_for_a_shape_without_shared_expert():
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc not on PATH")
     shape = mokgen.MoEShape(16, 512, 256, 2, shared_experts=0)
-    lay = mokgen.compile(shape, ep=1, tokens_per_rank=8)
+    with kernels_not_built():
+        lay = mokgen.compile(shape, ep=1, tokens_per_rank=8)
     bf = torch.bfloat16
     with pytest.raises(ValueError, match="no shared expert"):
         lay(torch.randn(8, 512).to(bf), torch.randn(8, 16), torch.randn(16, 512, 512).to(bf),

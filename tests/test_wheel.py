@@ -14,6 +14,8 @@ import pytest
 import mokgen
 
 ROOT = Path(__file__).parents[1]
+# one xdist worker builds the wheel and its venv (module fixtures) for the three tests
+pytestmark = pytest.mark.xdist_group("wheel")
 
 
 def _run(cmd, cwd, **env) -> subprocess.CompletedProcess:
