@@ -30,6 +30,9 @@ a sigmoid gate), tensor parallelism on the experts, expert parallelism > 1.
 """
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -44,13 +47,10 @@ except ImportError as e:  # torchtitan is an optional extra
     raise ImportError("mokgen.integrations.torchtitan needs torchtitan >= 0.3 "
                       "(pip install 'mokgen[torchtitan]'): " + str(e)) from e
 
-import dataclasses
-from dataclasses import dataclass
-
-from .. import plan as make_plan
-from ..module import LayerRegistration
-from ..shapes import MoEShape
-from .. import ops
+from mokgen import plan as make_plan
+from mokgen.pytorch import ops
+from mokgen.pytorch.module import LayerRegistration
+from mokgen.shapes import MoEShape
 
 # torchtitan's names for the gate, up and down weights, as its checkpoints hold them
 GATE, UP, DOWN = "w1_EFD", "w3_EFD", "w2_EDF"
