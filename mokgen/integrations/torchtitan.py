@@ -31,6 +31,7 @@ a sigmoid gate), tensor parallelism on the experts, expert parallelism > 1.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -172,9 +173,10 @@ class MokgenMoE(MoE):
                          name="torchtitan")
         self.plan = make_plan(shape, ep=1, dtype=config.dtype,
                               tokens_per_rank=config.tokens_per_rank)
+        self._registration = _shared_registration(self.plan, config.backend)
         # fused gradient accumulation off: torchtitan trains under FSDP2, whose gradients
         # autograd must produce
-        LayerRegistration.attach(self, self.plan, None, config.backend, False)
+        self.fuse_grad_accumulation = False
 
     def parallelize(self, parallel_dims) -> None:
         if parallel_dims.ep > 1:
@@ -224,6 +226,24 @@ class MokgenMoE(MoE):
         return (f"mokgen: E={s.num_experts}, D={s.hidden}, I={s.intermediate}, k={s.topk}, "
                 f"shared={s.shared_dim}, dtype={self.plan.dtype}, "
                 f"tokens_per_rank={self.plan.tokens_per_rank}")
+
+
+# (plan as JSON, backend) -> the registration every block of that plan shares. torchtitan
+# compiles each block on its own with one code object for all of them: one handle (the int
+# the custom ops take) for all keeps it a constant of one graph; a handle per block would be
+# a new constant per block, a recompile each, and past the first, a symbolic int the ops
+# cannot look up. Blocks may share it: the workspace is per plan anyway, a call's state goes
+# from forward to backward in its token, and no block owns gradients to accumulate into.
+_REGISTRATIONS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _shared_registration(plan, backend: str) -> LayerRegistration:
+    key = (plan.to_json(indent=None), backend)
+    registration = _REGISTRATIONS.get(key)
+    if registration is None:
+        registration = LayerRegistration(plan, None, backend, owner=None)
+        _REGISTRATIONS[key] = registration
+    return registration
 
 
 # ---------------------------------------------------------------- the override
