@@ -86,7 +86,7 @@ class MokgenGroupedExperts(GroupedExperts):
         self.num_experts, self.hidden_dim = E, Fh
         self.w13 = nn.Parameter(torch.empty(E, 2 * Fh, D))
         self.w2_EDF = nn.Parameter(torch.empty(E, D, Fh))
-        self.register_state_dict_post_hook(_save_split(self, "w13", GATE, UP, -2))
+        self.register_state_dict_post_hook(_save_split("w13", GATE, UP, -2))
         self.register_load_state_dict_pre_hook(_load_joined("w13", GATE, UP, -2))
 
     @property
@@ -113,7 +113,7 @@ class MokgenSharedExpert(FeedForward):
         self.hidden_dim = Fs
         self.w13 = nn.Parameter(torch.empty(2 * Fs, D))
         self.w2 = config.w2.build()
-        self.register_state_dict_post_hook(_save_split(self, "w13", "w1.weight", "w3.weight", 0))
+        self.register_state_dict_post_hook(_save_split("w13", "w1.weight", "w3.weight", 0))
         self.register_load_state_dict_pre_hook(_load_joined("w13", "w1.weight", "w3.weight", 0))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -121,7 +121,7 @@ class MokgenSharedExpert(FeedForward):
         return self.w2(F.silu(gate) * up)
 
 
-def _save_split(module, fused: str, first: str, second: str, dim: int):
+def _save_split(fused: str, first: str, second: str, dim: int):
     """State-dict post-hook: the fused weight saved as torchtitan's two halves."""
     def hook(mod, state_dict, prefix, local_metadata):
         w = state_dict.pop(prefix + fused)
