@@ -27,13 +27,21 @@ The data folder (--data, default .torchtitan-data/, not in git: carry it to the 
                       "text" field) where available, else a plain text corpus, e.g. the
                       tiny-shakespeare input.txt of karpathy/char-rnn
 
-Needs torchtitan (pip install 'mokgen[torchtitan]'; on the GPU machine its wheels installed
-with --target and put on PYTHONPATH) and a CUDA GPU; `report` needs neither (matplotlib for
-the PNG). One GPU call per run, for example:
+Needs torchtitan (pip install 'mokgen[torchtitan]') and a CUDA GPU; `report` needs neither
+(matplotlib for the PNG). A GPU machine without a package index gets torchtitan 0.3 as wheels
+in a carried folder with its pure-Python needs (spmd_types, torch_checkpointing, tyro,
+typeguard, docstring_parser, torchdata), installed with
+`pip install --no-index --no-deps --target /tmp/site WHEELS` and /tmp/site on PYTHONPATH; a
+carried $MOKGEN_CACHE spares the kernels' first compile. One GPU call per run (about 1-3 min
+for debug, more for qwen3-30b-a3b: --max-seconds stops a run before the call's limit), then
+the report, for example:
 
   python benchmarks/torchtitan_train.py run --model debug --impl torchtitan --seed 0 --out $OUT
+  python benchmarks/torchtitan_train.py run --model debug --impl torchtitan --seed 1 --out $OUT
+  python benchmarks/torchtitan_train.py run --model debug --impl torchtitan --seed 2 --out $OUT
   python benchmarks/torchtitan_train.py run --model debug --impl mokgen --seed 0 --out $OUT
-  python benchmarks/torchtitan_train.py report --model debug RUN_JSON...
+  python benchmarks/torchtitan_train.py run --model debug --impl mokgen --dtype mxfp8 --out $OUT
+  python benchmarks/torchtitan_train.py report --model debug RUN_JSON_OR_FOLDER...
 """
 from __future__ import annotations
 
