@@ -1,10 +1,11 @@
 """Training torchtitan MoE models on real text, through torchtitan's own MoE and through mokgen.
 
 One `run` trains one model with one implementation and one seed (a chunk sized for one
-10-minute GPU call) and writes that run's JSON; `report` gathers runs into
-benchmarks/results/torchtitan_<model>.json (`loss`, `tokens_per_s`, `peak_mb` per
-implementation, and whether mokgen's curve stays inside the band of torchtitan's seeds) and a
-PNG of the loss curves.
+10-minute GPU call) and writes its row — `loss` (every step's), `tokens_per_s`, `peak_mb` —
+into OUT/torchtitan_<model>.json (rows per GPU kind, benchmarks/result_file.py: fold a GPU
+machine's file into benchmarks/results/ with `result_file.py merge`). `report` reads that
+file: per GPU, whether each mokgen curve stays inside the band of torchtitan's seeds, the
+tokens/s and peak memory side by side, and a PNG of the loss curves beside the JSON.
 
 Both implementations train under one configuration: torchtitan's model config, its
 parallelize function (FSDP2 with bf16 parameters and fp32 reductions, its selective or full
@@ -21,27 +22,23 @@ width 768, top-8) with as many layers as fit the GPU (--layers; the default from
 and the tokenizer's vocabulary instead of Qwen3's 151,936 (the embedding would be a layer's
 worth of memory for ids the tokenizer never makes).
 
-The data folder (--data, default .torchtitan-data/, not in git: carry it to the GPU machine):
+The data folder (--data, default .torchtitan/data/, not in git: carry .torchtitan/ to the GPU
+machine; benchmarks/peers/fetch_torchtitan.sh fills it, with the wheels in .torchtitan/whl/):
   tokenizer.json      torchtitan's tests/assets/tokenizer/tokenizer.json
   *.txt | *.json      the text: torchtitan's tests/assets/c4_test/data.json (JSON lines with a
                       "text" field) where available, else a plain text corpus, e.g. the
                       tiny-shakespeare input.txt of karpathy/char-rnn
 
 Needs torchtitan (pip install 'mokgen[torchtitan]') and a CUDA GPU; `report` needs neither
-(matplotlib for the PNG). A GPU machine without a package index gets torchtitan 0.3 as wheels
-in a carried folder with its pure-Python needs (spmd_types, torch_checkpointing, tyro,
-typeguard, docstring_parser, torchdata), installed with
-`pip install --no-index --no-deps --target /tmp/site WHEELS` and /tmp/site on PYTHONPATH; a
-carried $MOKGEN_CACHE spares the kernels' first compile. One GPU call per run (about 1-3 min
-for debug, more for qwen3-30b-a3b: --max-seconds stops a run before the call's limit), then
-the report, for example:
+(matplotlib for the PNG). On the GPU machine `bash benchmarks/run_gpu.sh torchtitan MODEL
+RUN...` installs the carried wheels and runs each RUN (IMPL:SEED, IMPL one of torchtitan,
+mokgen, mokgen-mxfp8) as a step of the call; one run takes about 1-3 minutes for debug, more
+for qwen3-30b-a3b (--max-seconds stops a run before the call's limit). By hand:
 
-  python benchmarks/torchtitan_train.py run --model debug --impl torchtitan --seed 0 --out $OUT
-  python benchmarks/torchtitan_train.py run --model debug --impl torchtitan --seed 1 --out $OUT
-  python benchmarks/torchtitan_train.py run --model debug --impl torchtitan --seed 2 --out $OUT
-  python benchmarks/torchtitan_train.py run --model debug --impl mokgen --seed 0 --out $OUT
-  python benchmarks/torchtitan_train.py run --model debug --impl mokgen --dtype mxfp8 --out $OUT
-  python benchmarks/torchtitan_train.py report --model debug RUN_JSON_OR_FOLDER...
+  python benchmarks/torchtitan_train.py run --model debug --impl torchtitan --seed 0 --out DIR
+  python benchmarks/torchtitan_train.py run --model debug --impl mokgen --seed 0 --out DIR
+  python benchmarks/torchtitan_train.py run --model debug --impl mokgen --dtype mxfp8 --out DIR
+  python benchmarks/torchtitan_train.py report --model debug [--results DIR]
 """
 from __future__ import annotations
 
@@ -50,12 +47,14 @@ import glob
 import json
 import math
 import os
-import platform
-import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import result_file  # noqa: E402
+
 MODELS = ("debug", "qwen3-30b-a3b")
 OVERRIDE = "mokgen.integrations.torchtitan.mokgen_moe"
 # bytes a Qwen3-30B-A3B block holds per parameter in this training setup: fp32 master,
@@ -90,24 +89,26 @@ def parse(argv=None):
                    help="torch.compile each block, as torchtitan does (default on)")
     r.add_argument("--dtype", choices=("bf16", "mxfp8"), default="bf16",
                    help="mokgen's precision for the routed experts (--impl mokgen)")
-    r.add_argument("--data", default=os.path.join(ROOT, ".torchtitan-data"),
+    r.add_argument("--data", default=os.path.join(ROOT, ".torchtitan", "data"),
                    help="folder with tokenizer.json and the text (see above)")
-    r.add_argument("--out", required=True, help="folder for the run's JSON")
+    r.add_argument("--out", default=result_file.RESULTS,
+                   help="results folder (default: %(default)s; a GPU machine: $OUT/results)")
     r.add_argument("--max-seconds", type=float, default=540,
                    help="stop training past this wall time (a call's limit), and say so")
-    p = sub.add_parser("report", help="gather run JSONs into benchmarks/results/"
-                                      "torchtitan_<model>.json and a PNG of loss curves")
+    p = sub.add_parser("report", help="the band check, tokens/s and peak memory of the runs "
+                                      "in a results file, and a PNG of their loss curves")
     p.add_argument("--model", choices=MODELS, required=True)
-    p.add_argument("runs", nargs="+", help="run JSON files or folders holding them")
+    p.add_argument("--results", default=result_file.RESULTS,
+                   help="folder of torchtitan_<model>.json (default: %(default)s)")
     p.add_argument("--smooth", type=int, default=20,
-                   help="moving-average window of the band check (steps)")
-    p.add_argument("--results", default=os.path.join(ROOT, "benchmarks", "results"))
+                   help="moving-average window of the band check and the plot (steps)")
     return ap.parse_args(argv)
 
 
 # ---------------------------------------------------------------- data
 def load_tokens(folder: str):
-    """All text of the folder, tokenized by its tokenizer.json, as one int64 tensor."""
+    """All text of the folder, tokenized by its tokenizer.json: (one int64 tensor, the
+    tokenizer's vocabulary size, the text files' names)."""
     import torch
     from tokenizers import Tokenizer
 
@@ -115,7 +116,7 @@ def load_tokens(folder: str):
     if not os.path.exists(tok_path):
         raise SystemExit(f"no tokenizer.json in {folder} (see --help: the data folder)")
     tokenizer = Tokenizer.from_file(tok_path)
-    texts = []
+    texts, names = [], []
     for path in sorted(glob.glob(os.path.join(folder, "*"))):
         name = os.path.basename(path)
         if name.startswith("tokenizer"):
@@ -126,10 +127,13 @@ def load_tokens(folder: str):
         elif name.endswith(".json") or name.endswith(".jsonl"):
             with open(path, encoding="utf-8") as f:
                 texts.extend(json.loads(line)["text"] for line in f if line.strip())
+        else:
+            continue
+        names.append(name)
     if not texts:
         raise SystemExit(f"no .txt or .json text in {folder} (see --help: the data folder)")
     ids = [i for t in texts for i in tokenizer.encode(t).ids]
-    return torch.tensor(ids, dtype=torch.int64), tokenizer.get_vocab_size()
+    return torch.tensor(ids, dtype=torch.int64), tokenizer.get_vocab_size(), names
 
 
 def batches(tokens, batch: int, seq: int, seed: int):
@@ -205,7 +209,7 @@ def build(args, vocab: int):
     model = parallelize_qwen3(model, parallel_dims=dims, training=TrainingConfig(),
                               parallelism=parallelism,
                               compile_config=CompileConfig(enable=args.compile),
-                              ac_config=ac, dump_folder=args.out)
+                              ac_config=ac, dump_folder=os.path.join(args.out, "torchtitan_dump"))
     return model, dims, layers
 
 
@@ -236,7 +240,7 @@ def run(args) -> int:
         raise SystemExit("--dtype applies to --impl mokgen (torchtitan's own MoE runs bf16)")
     os.makedirs(args.out, exist_ok=True)
     t_start = time.time()
-    tokens, vocab = load_tokens(args.data)
+    tokens, vocab, texts = load_tokens(args.data)
     dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29571", rank=0, world_size=1)
     try:
         model, dims, layers = build(args, vocab)
@@ -273,56 +277,33 @@ def run(args) -> int:
         peak_mb = torch.cuda.max_memory_allocated() / 2**20
     finally:
         dist.destroy_process_group()
-    steady = sorted(step_ms[10:]) or sorted(step_ms)
+    steady = sorted(step_ms[10:]) or sorted(step_ms)  # past compilation and warmup
     median_ms = steady[len(steady) // 2]
-    result = {
-        "model": args.model, "impl": args.impl, "dtype": args.dtype, "seed": args.seed,
-        "steps_asked": args.steps, "steps_done": len(losses), "loss": losses,
-        "step_ms": step_ms, "tokens_per_s": args.batch * args.seq / (median_ms / 1e3),
-        "peak_mb": peak_mb, "layers": layers,
-        "config": {k: v for k, v in vars(args).items() if k not in ("out", "data")},
-        "data": {"folder": os.path.basename(os.path.abspath(args.data)),
-                 "tokens": int(tokens.numel()), "vocab": vocab},
-        **environment(),
-    }
-    name = f"{args.model}_{label(result)}_s{args.seed}.json"
-    with open(os.path.join(args.out, name), "w") as f:
-        json.dump(result, f)
-    print(f"{name}: {len(losses)} steps, {result['tokens_per_s']:,.0f} tokens/s, "
-          f"peak {peak_mb:,.0f} MiB")
+    row = {"model": args.model, "impl": label(args.impl, args.dtype), "seed": args.seed,
+           "layers": layers, "batch": args.batch, "seq": args.seq, "compile": args.compile,
+           "ac": args.ac, "steps": args.steps, "steps_done": len(losses), "loss": losses,
+           "tokens_per_s": args.batch * args.seq / (median_ms / 1e3), "peak_mb": peak_mb,
+           "data": f"{', '.join(texts)}: {tokens.numel()} tokens, vocab {vocab}"}
+    import torchtitan
+
+    path = result_file.write(f"torchtitan_{args.model.replace('-', '_')}", [row], KEY,
+                             out=args.out, meta=result_file.run_meta(
+                                 torchtitan=torchtitan.__version__))
+    print(f"{path}: {row['impl']} seed {args.seed}, {len(losses)} steps, "
+          f"{row['tokens_per_s']:,.0f} tokens/s, peak {peak_mb:,.0f} MiB")
     return 0 if len(losses) == args.steps else 2
 
 
-def label(run: dict) -> str:
-    return run["impl"] if run["dtype"] == "bf16" else f"{run['impl']}-{run['dtype']}"
+# a row's identity in the results file: a rerun of the same run replaces it
+KEY = ("model", "impl", "seed", "layers", "batch", "seq", "compile", "ac", "steps")
 
 
-def environment() -> dict:
-    import torch
-
-    env = {"torch": torch.__version__, "python": platform.python_version()}
-    try:
-        import torchtitan
-
-        env["torchtitan"] = torchtitan.__version__
-    except ImportError:
-        pass
-    if torch.cuda.is_available():
-        env["gpu"] = torch.cuda.get_device_name(0)
-        env["cuda"] = torch.version.cuda
-    commit = os.environ.get("MOKGEN_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                                    capture_output=True, text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            commit = "unknown"
-    env["commit"] = commit
-    return env
+def label(impl: str, dtype: str) -> str:
+    return impl if dtype == "bf16" else f"{impl}-{dtype}"
 
 
-# ---------------------------------------------------------------- report
 def smooth(values: list, window: int) -> list:
+    """Trailing moving average."""
     out, acc = [], 0.0
     for i, v in enumerate(values):
         acc += v
@@ -332,68 +313,56 @@ def smooth(values: list, window: int) -> list:
     return out
 
 
+# ---------------------------------------------------------------- report
+def band_check(rows: list, window: int) -> dict:
+    """Per row not torchtitan's: the fraction of steps its smoothed loss lies within the range
+    of torchtitan's seeds' smoothed losses (same configuration), and its worst distance
+    outside; {} where fewer than two torchtitan seeds ran."""
+    band = [r for r in rows if r["impl"] == "torchtitan"]
+    if len(band) < 2:
+        return {}
+    n = min(len(r["loss"]) for r in rows)
+    curves = [smooth(r["loss"][:n], window) for r in band]
+    lo = [min(c[i] for c in curves) for i in range(n)]
+    hi = [max(c[i] for c in curves) for i in range(n)]
+    out = {}
+    for r in rows:
+        if r["impl"] == "torchtitan":
+            continue
+        c = smooth(r["loss"][:n], window)
+        out[f"{r['impl']} seed {r['seed']}"] = {
+            "inside_fraction": sum(lo[i] <= c[i] <= hi[i] for i in range(n)) / n,
+            "worst_excursion": max(max(lo[i] - c[i], c[i] - hi[i], 0.0) for i in range(n)),
+            "steps": n}
+    return out
+
+
 def report(args) -> int:
-    paths = []
-    for item in args.runs:
-        paths += sorted(glob.glob(os.path.join(item, f"{args.model}_*.json"))) \
-            if os.path.isdir(item) else [item]
-    runs = [json.load(open(p)) for p in paths]
-    runs = [r for r in runs if r.get("model") == args.model]
-    if not runs:
-        raise SystemExit(f"no runs of {args.model} in {args.runs}")
-    by_impl: dict = {}
-    for r in runs:
-        by_impl.setdefault(label(r), []).append(r)
-    band_runs = by_impl.get("torchtitan", [])
-    out = {"model": args.model, "implementations": {}}
-    for impl, rs in sorted(by_impl.items()):
-        rs.sort(key=lambda r: r["seed"])
-        out["implementations"][impl] = {
-            "seeds": [r["seed"] for r in rs],
-            "loss": {str(r["seed"]): r["loss"] for r in rs},
-            "tokens_per_s": {str(r["seed"]): r["tokens_per_s"] for r in rs},
-            "peak_mb": {str(r["seed"]): r["peak_mb"] for r in rs},
-            "steps_done": {str(r["seed"]): r["steps_done"] for r in rs},
-            "environment": {k: rs[0].get(k) for k in ("gpu", "torch", "cuda", "torchtitan",
-                                                      "commit")},
-            "layers": rs[0]["layers"], "config": rs[0]["config"],
-        }
-    if len(band_runs) >= 2:
-        n = min(len(r["loss"]) for r in runs)
-        curves = [smooth(r["loss"][:n], args.smooth) for r in band_runs]
-        lo = [min(c[i] for c in curves) for i in range(n)]
-        hi = [max(c[i] for c in curves) for i in range(n)]
-        out["band"] = {"seeds": [r["seed"] for r in band_runs], "smooth": args.smooth,
-                       "steps": n}
-        for impl, rs in by_impl.items():
-            if impl == "torchtitan":
-                continue
-            for r in rs:
-                c = smooth(r["loss"][:n], args.smooth)
-                inside = sum(lo[i] <= c[i] <= hi[i] for i in range(n)) / n
-                worst = max(max(lo[i] - c[i], c[i] - hi[i], 0.0) for i in range(n))
-                out["band"][f"{impl}_s{r['seed']}"] = {"inside_fraction": inside,
-                                                       "worst_excursion": worst}
-    os.makedirs(args.results, exist_ok=True)
-    path = os.path.join(args.results, f"torchtitan_{args.model.replace('-', '_')}.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
-    print("wrote", path)
-    for impl, d in out["implementations"].items():
-        tps = list(d["tokens_per_s"].values())
-        mb = list(d["peak_mb"].values())
-        print(f"{impl:>16}: seeds {d['seeds']}, tokens/s {sum(tps) / len(tps):,.0f}, "
-              f"peak {max(mb):,.0f} MiB, final loss "
-              f"{[round(v[-1], 4) for v in d['loss'].values()]}")
-    for key, v in out.get("band", {}).items():
-        if isinstance(v, dict):
-            print(f"{key}: inside the torchtitan band {v['inside_fraction']:.1%} of steps, "
-                  f"worst excursion {v['worst_excursion']:.4f}")
-    plot(out, path.replace(".json", ".png"), args.smooth)
+    name = f"torchtitan_{args.model.replace('-', '_')}"
+    path = os.path.join(args.results, f"{name}.json")
+    if not os.path.exists(path):
+        raise SystemExit(f"no {path}: run first (see --help)")
+    with open(path) as f:
+        data = json.load(f)
+    groups: dict = {}  # one band per GPU kind and training configuration
+    for r in data["rows"]:
+        groups.setdefault(tuple(r.get(k) for k in ("gpu",) + KEY[3:]), []).append(r)
+    for i, (key, rows) in enumerate(sorted(groups.items(), key=lambda kv: str(kv[0]))):
+        rows.sort(key=lambda r: (r["impl"], r["seed"]))
+        print(f"{key[0]}: {dict(zip(KEY[3:], key[1:]))}")
+        for r in rows:
+            print(f"  {r['impl']:>14} seed {r['seed']}: {r['tokens_per_s']:>10,.0f} tokens/s, "
+                  f"peak {r['peak_mb']:>8,.0f} MiB, loss {r['loss'][0]:.3f} -> "
+                  f"{r['loss'][-1]:.3f} ({r['steps_done']} steps), commit {r['commit']}")
+        for run_name, v in band_check(rows, args.smooth).items():
+            print(f"  {run_name}: inside torchtitan's seed band {v['inside_fraction']:.1%} of "
+                  f"{v['steps']} steps, worst {v['worst_excursion']:.4f} outside")
+        suffix = "" if len(groups) == 1 else f"_{i}"
+        plot(rows, args.model, os.path.join(args.results, f"{name}{suffix}.png"), args.smooth)
     return 0
 
 
-def plot(out: dict, path: str, window: int) -> None:
+def plot(rows: list, model: str, path: str, window: int) -> None:
     try:
         import matplotlib
 
@@ -404,14 +373,13 @@ def plot(out: dict, path: str, window: int) -> None:
         return
     fig, ax = plt.subplots(figsize=(8, 5))
     colors = {"torchtitan": "tab:gray", "mokgen": "tab:red", "mokgen-mxfp8": "tab:blue"}
-    for impl, d in out["implementations"].items():
-        for seed, loss in d["loss"].items():
-            ax.plot(smooth(loss, window), color=colors.get(impl, None), lw=1,
-                    alpha=0.6 if impl == "torchtitan" else 1.0,
-                    label=f"{impl} seed {seed}")
-    env = next(iter(out["implementations"].values()))["environment"]
+    for r in rows:
+        ax.plot(smooth(r["loss"], window), color=colors.get(r["impl"]), lw=1,
+                alpha=0.6 if r["impl"] == "torchtitan" else 1.0,
+                label=f"{r['impl']} seed {r['seed']}: {r['tokens_per_s']:,.0f} tokens/s, "
+                      f"{r['peak_mb'] / 1024:.1f} GiB")
     ax.set(xlabel="step", ylabel=f"training loss ({window}-step mean)",
-           title=f"torchtitan {out['model']}: {env.get('gpu')}, commit {env.get('commit')}")
+           title=f"torchtitan {model} ({rows[0]['layers']} layers), {rows[0]['gpu']}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

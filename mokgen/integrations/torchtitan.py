@@ -44,9 +44,10 @@ try:
     from torchtitan.models.common.moe import GroupedExperts, MoE
     from torchtitan.protocols.module import Module
     from torchtitan.protocols.sharding import ShardingConfig
-except ImportError as e:  # torchtitan is an optional extra
-    raise ImportError("mokgen.integrations.torchtitan needs torchtitan >= 0.3 "
-                      "(pip install 'mokgen[torchtitan]'): " + str(e)) from e
+except ModuleNotFoundError as e:  # torchtitan is an optional extra; e.name: what is missing
+    raise ModuleNotFoundError("mokgen.integrations.torchtitan needs torchtitan >= 0.3 "
+                              "(pip install 'mokgen[torchtitan]'): " + str(e),
+                              name=e.name) from e
 
 from mokgen import plan as make_plan
 from mokgen.pytorch import ops
