@@ -99,8 +99,11 @@ sonicmoe [S,..]  .peersB .peersC           3-9      SonicMoE, call 2 (right afte
 multigpu         -                         5-7      2+ GPUs: multigpu.py and fsdp_overlap.py at R = GPUs
 multigpu-tests   -                         5-8      2+ GPUs: test_multigpu, the killed-rank test, the FSDP2 example
 deepep           .peers-deepep             5-8      2 GPUs: build DeepEP, peers_deepep.py
+torchtitan M [R] .torchtitan               2-9      torchtitan_train.py: model M (debug | qwen3-30b-a3b),
+                                                    runs R (IMPL:SEED; default the four of the band)
 Here first: tests.pkl by `python benchmarks/prebuild.py collect .kcache/tests.pkl` (~6-10 min);
-SonicMoE's wheels by benchmarks/peers/fetch_sonicmoe.sh, DeepEP's source by fetch_deepep.sh.
+SonicMoE's wheels by benchmarks/peers/fetch_sonicmoe.sh, DeepEP's source by fetch_deepep.sh,
+torchtitan's wheels and text by fetch_torchtitan.sh.
 EOF
     ;;
   tests-a|tests-b|tests-c)
@@ -201,6 +204,22 @@ EOF
     step prebuild.log 100 python3 benchmarks/prebuild.py multigpu --world 2 --tokens 2048
     TAIL=16 step peers_deepep.log 240 torchrun --nproc-per-node=2 benchmarks/peers_deepep.py \
       --tokens 2048 --out "$RES"
+    ;;
+  torchtitan)
+    # one step per run (IMPL:SEED, IMPL torchtitan | mokgen | mokgen-mxfp8), each stopping
+    # before the call's budget; a debug run is 1-2 minutes, so the band's four fit one call
+    [ -d .torchtitan/whl ] || { echo "no .torchtitan: run benchmarks/peers/fetch_torchtitan.sh, carry .torchtitan"; exit 2; }
+    python3 -m pip install -q --no-index --no-deps --target /tmp/torchtitan .torchtitan/whl/*.whl || exit 3
+    export PYTHONPATH=$PYTHONPATH:/tmp/torchtitan
+    M=${1:-debug}
+    shift || true
+    for R in ${@:-torchtitan:0 torchtitan:1 torchtitan:2 mokgen:0}; do
+      IMPL=${R%%:*} SEED=${R#*:}
+      DT=bf16; [ "$IMPL" = mokgen-mxfp8 ] && IMPL=mokgen DT=mxfp8
+      step "torchtitan_${M}_${R/:/_s}.log" 560 python3 benchmarks/torchtitan_train.py run \
+        --model "$M" --impl "$IMPL" --dtype "$DT" --seed "$SEED" --out "$RES" \
+        --max-seconds $(( $(left) - 30 ))
+    done
     ;;
   *)
     echo "unknown chunk '$CHUNK'; bash benchmarks/run_gpu.sh list"; exit 2 ;;

@@ -12,7 +12,8 @@ from benchmark_scripts import load
 
 ROOT = Path(__file__).parents[1]
 SCRIPTS = ("moe_layer", "fp8", "models", "model_stack", "peers_sonicmoe", "peers_deepep",
-           "multigpu", "fsdp_overlap", "training_step", "prebuild", "result_file")
+           "multigpu", "fsdp_overlap", "training_step", "prebuild", "result_file",
+           "torchtitan_train")
 
 
 # ids "multigpu.py", not "multigpu": a bare marker name as an id would skip the case
@@ -67,7 +68,8 @@ def test_merge_folds_a_device_calls_file_into_the_results(tmp_path):
 def test_gpu_driver_lists_its_chunks():
     out = subprocess.run(["bash", str(ROOT / "benchmarks" / "run_gpu.sh"), "list"],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout
-    for chunk in ("tests-a", "layer-ep64", "models-a", "sonicmoe-stage", "multigpu", "deepep"):
+    for chunk in ("tests-a", "layer-ep64", "models-a", "sonicmoe-stage", "multigpu", "deepep",
+                  "torchtitan"):
         assert f"\n{chunk} " in out
 
 

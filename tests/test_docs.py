@@ -5,7 +5,8 @@ benchmarks/results and the planner (docs/render_performance.py) are current.
 
 A snippet's fence says what it needs: ```python runs here (CPU, in the file's order, one
 namespace per file); ```python gpu needs a CUDA GPU and nvcc (run by the gpu-marked test);
-```python torchrun needs several processes (never run). Every snippet must at least compile."""
+```python torchrun needs several processes (never run); ```python torchtitan needs the
+optional torchtitan extra (run where it imports). Every snippet must at least compile."""
 import importlib.util
 import os
 import re
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = [README, ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 README_LIMIT = 15_000
-KINDS = {"", "gpu", "torchrun"}  # what may follow ```python
+KINDS = {"", "gpu", "torchrun", "torchtitan"}  # what may follow ```python
 FENCE = re.compile(r"^```python([^\n]*)\n(.*?)^```", re.S | re.M)
 ANY_FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 TOP = ("mokgen", "docs", "tests", "examples", "benchmarks")
@@ -76,6 +77,15 @@ def test_gpu_snippets_run(path):
     run(path, {"", "gpu"})
 
 
+@pytest.mark.parametrize("path", DOCS, ids=ids(DOCS))
+def test_torchtitan_snippets_run(path):
+    if not any(kind == "torchtitan" for _, kind, _ in snippets(path)):
+        pytest.skip("no ```python torchtitan snippet")
+    pytest.importorskip("torchtitan", reason="torchtitan is an optional extra "
+                        "(pip install 'mokgen[torchtitan]'); it is not installed here")
+    run(path, {"", "torchtitan"})
+
+
 def slug(heading: str) -> str:
     """GitHub's anchor of a heading."""
     s = re.sub(r"[^\w\- ]", "", heading.strip().lower())
@@ -109,7 +119,9 @@ def test_named_paths_links_and_anchors_exist(path):
 
 
 def resolves(name: str) -> bool:
-    """Whether `mokgen.a.b.c` is a module or an attribute of one."""
+    """Whether `mokgen.a.b.c` is a module or an attribute of one. A module that needs an
+    optional extra not installed here (mokgen.integrations.torchtitan) is read, not
+    imported: the name must be defined at its top level."""
     parts = name.split(".")
     obj = importlib.import_module(parts[0])
     for i, part in enumerate(parts[1:], 2):
@@ -118,9 +130,30 @@ def resolves(name: str) -> bool:
             continue
         try:  # a submodule not imported yet
             obj = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError as e:
+            if e.name and e.name.split(".")[0] != "mokgen":  # an optional extra's package
+                return defined_in_source(parts[:i], parts[i:])
+            return False
         except ImportError:
             return False
     return True
+
+
+def defined_in_source(module: list, rest: list) -> bool:
+    """Whether module (a list of names, a .py file under ROOT) defines rest[0] at its top
+    level (the module itself where rest is empty)."""
+    import ast
+
+    path = ROOT.joinpath(*module).with_suffix(".py")
+    if not path.exists():
+        return False
+    if not rest:
+        return True
+    tree = ast.parse(path.read_text())
+    top = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    top |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
+            if isinstance(t, ast.Name)}
+    return rest[0] in top
 
 
 @pytest.mark.parametrize("path", DOCS, ids=ids(DOCS))

@@ -1,0 +1,395 @@
+"""Training torchtitan MoE models on real text, through torchtitan's own MoE and through mokgen.
+
+One `run` trains one model with one implementation and one seed (a chunk sized for one
+10-minute GPU call) and writes its row — `loss` (every step's), `tokens_per_s`, `peak_mb` —
+into OUT/torchtitan_<model>.json (rows per GPU kind, benchmarks/result_file.py: fold a GPU
+machine's file into benchmarks/results/ with `result_file.py merge`). `report` reads that
+file: per GPU, whether each mokgen curve stays inside the band of torchtitan's seeds, the
+tokens/s and peak memory side by side, and a PNG of the loss curves beside the JSON.
+
+Both implementations train under one configuration: torchtitan's model config, its
+parallelize function (FSDP2 with bf16 parameters and fp32 reductions, its selective or full
+activation checkpointing, per-block torch.compile), its AdamW, warmup + decay schedule,
+gradient clipping and load-balancing hook; mokgen enters only through its override
+(mokgen.integrations.torchtitan.mokgen_moe). Data: real text, tokenized with torchtitan's test
+tokenizer, read in order from a start the seed picks; a seed sets the initial weights too, so
+the three torchtitan seeds are the noise band and mokgen's seed 0 starts from torchtitan
+seed 0's weights and data.
+
+Models: `debug` is torchtitan's Qwen3-MoE debug model (8 layers, dim 256, 64 experts of width
+768, top-8); `qwen3-30b-a3b` has Qwen3-30B-A3B's blocks (dim 2048, 32 heads, 128 experts of
+width 768, top-8) with as many layers as fit the GPU (--layers; the default from its memory),
+and the tokenizer's vocabulary instead of Qwen3's 151,936 (the embedding would be a layer's
+worth of memory for ids the tokenizer never makes).
+
+The data folder (--data, default .torchtitan/data/, not in git: carry .torchtitan/ to the GPU
+machine; benchmarks/peers/fetch_torchtitan.sh fills it, with the wheels in .torchtitan/whl/):
+  tokenizer.json      torchtitan's tests/assets/tokenizer/tokenizer.json
+  *.txt | *.json      the text: torchtitan's tests/assets/c4_test/data.json (JSON lines with a
+                      "text" field) where available, else a plain text corpus, e.g. the
+                      tiny-shakespeare input.txt of karpathy/char-rnn
+
+Needs torchtitan (pip install 'mokgen[torchtitan]') and a CUDA GPU; `report` needs neither
+(matplotlib for the PNG). On the GPU machine `bash benchmarks/run_gpu.sh torchtitan MODEL
+RUN...` installs the carried wheels and runs each RUN (IMPL:SEED, IMPL one of torchtitan,
+mokgen, mokgen-mxfp8) as a step of the call; one run takes about 1-3 minutes for debug, more
+for qwen3-30b-a3b (--max-seconds stops a run before the call's limit). By hand:
+
+  python benchmarks/torchtitan_train.py run --model debug --impl torchtitan --seed 0 --out DIR
+  python benchmarks/torchtitan_train.py run --model debug --impl mokgen --seed 0 --out DIR
+  python benchmarks/torchtitan_train.py run --model debug --impl mokgen --dtype mxfp8 --out DIR
+  python benchmarks/torchtitan_train.py report --model debug [--results DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import result_file  # noqa: E402
+
+MODELS = ("debug", "qwen3-30b-a3b")
+OVERRIDE = "mokgen.integrations.torchtitan.mokgen_moe"
+# bytes a Qwen3-30B-A3B block holds per parameter in this training setup: fp32 master,
+# fp32 gradient, AdamW's two fp32 moments, FSDP's bf16 unsharded copy
+BYTES_PER_PARAM = 18
+BLOCK_PARAMS_30B = 128 * 3 * 2048 * 768 + 2048 * (32 + 4 + 4) * 128 + 32 * 128 * 2048
+ACTIVATION_RESERVE_GB = 12  # activations, workspace, allocator slack
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="train one model with one implementation and seed; "
+                                   "write its JSON into --out")
+    r.add_argument("--model", choices=MODELS, required=True, help="which model (see above)")
+    r.add_argument("--impl", choices=("torchtitan", "mokgen"), required=True,
+                   help="torchtitan's own MoE, or mokgen's through its override")
+    r.add_argument("--seed", type=int, default=0, help="initial weights and data start")
+    r.add_argument("--steps", type=int, default=500, help="optimizer steps (default 500)")
+    r.add_argument("--batch", type=int, default=4, help="sequences per step (default 4)")
+    r.add_argument("--seq", type=int, default=2048, help="tokens per sequence (default 2048)")
+    r.add_argument("--layers", type=int, default=None,
+                   help="blocks of qwen3-30b-a3b (default: as many as the GPU's memory "
+                        "holds); debug keeps its 8")
+    r.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (AdamW)")
+    r.add_argument("--warmup", type=int, default=20, help="warmup steps, then linear decay")
+    r.add_argument("--ac", choices=("selective", "full", "none"), default="selective",
+                   help="torchtitan's activation checkpointing (default selective)")
+    r.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                   help="torch.compile each block, as torchtitan does (default on)")
+    r.add_argument("--dtype", choices=("bf16", "mxfp8"), default="bf16",
+                   help="mokgen's precision for the routed experts (--impl mokgen)")
+    r.add_argument("--data", default=os.path.join(ROOT, ".torchtitan", "data"),
+                   help="folder with tokenizer.json and the text (see above)")
+    r.add_argument("--out", default=result_file.RESULTS,
+                   help="results folder (default: %(default)s; a GPU machine: $OUT/results)")
+    r.add_argument("--max-seconds", type=float, default=540,
+                   help="stop training past this wall time (a call's limit), and say so")
+    p = sub.add_parser("report", help="the band check, tokens/s and peak memory of the runs "
+                                      "in a results file, and a PNG of their loss curves")
+    p.add_argument("--model", choices=MODELS, required=True)
+    p.add_argument("--results", default=result_file.RESULTS,
+                   help="folder of torchtitan_<model>.json (default: %(default)s)")
+    p.add_argument("--smooth", type=int, default=20,
+                   help="moving-average window of the band check and the plot (steps)")
+    return ap.parse_args(argv)
+
+
+# ---------------------------------------------------------------- data
+def load_tokens(folder: str):
+    """All text of the folder, tokenized by its tokenizer.json: (one int64 tensor, the
+    tokenizer's vocabulary size, the text files' names)."""
+    import torch
+    from tokenizers import Tokenizer
+
+    tok_path = os.path.join(folder, "tokenizer.json")
+    if not os.path.exists(tok_path):
+        raise SystemExit(f"no tokenizer.json in {folder} (see --help: the data folder)")
+    tokenizer = Tokenizer.from_file(tok_path)
+    texts, names = [], []
+    for path in sorted(glob.glob(os.path.join(folder, "*"))):
+        name = os.path.basename(path)
+        if name.startswith("tokenizer"):
+            continue
+        if name.endswith(".txt"):
+            with open(path, encoding="utf-8") as f:
+                texts.append(f.read())
+        elif name.endswith(".json") or name.endswith(".jsonl"):
+            with open(path, encoding="utf-8") as f:
+                texts.extend(json.loads(line)["text"] for line in f if line.strip())
+        else:
+            continue
+        names.append(name)
+    if not texts:
+        raise SystemExit(f"no .txt or .json text in {folder} (see --help: the data folder)")
+    ids = [i for t in texts for i in tokenizer.encode(t).ids]
+    return torch.tensor(ids, dtype=torch.int64), tokenizer.get_vocab_size(), names
+
+
+def batches(tokens, batch: int, seq: int, seed: int):
+    """Consecutive windows of seq + 1 tokens, in order, wrapping around, from a start the
+    seed picks: (inputs, labels) of [batch, seq]."""
+    import torch
+
+    n = tokens.numel()
+    gen = torch.Generator().manual_seed(seed)
+    pos = int(torch.randint(0, n, (1,), generator=gen))
+    while True:
+        rows = []
+        for _ in range(batch):
+            idx = torch.arange(pos, pos + seq + 1) % n
+            rows.append(tokens[idx])
+            pos = (pos + seq) % n
+        block = torch.stack(rows)
+        yield block[:, :-1], block[:, 1:]
+
+
+# ---------------------------------------------------------------- model
+def model_config(name: str, vocab: int, layers: int | None):
+    from torchtitan.models.qwen3 import model_registry
+
+    if name == "debug":
+        cfg = model_registry("debugmodel_moe").model
+        if vocab > cfg.vocab_size:
+            raise SystemExit(f"the tokenizer's {vocab} ids exceed the debug model's "
+                             f"{cfg.vocab_size}")
+        return cfg, len(cfg.layers)
+    cfg = model_registry("30B-A3B").model
+    if layers is None:
+        import torch
+
+        total_gb = torch.cuda.get_device_properties(0).total_memory / 2**30
+        per_block_gb = BLOCK_PARAMS_30B * BYTES_PER_PARAM / 2**30
+        layers = max(1, int((total_gb - ACTIVATION_RESERVE_GB) // per_block_gb))
+    cfg.layers = cfg.layers[:layers]
+    padded = 256 * math.ceil(vocab / 256)
+    cfg.vocab_size = padded
+    cfg.tok_embeddings.num_embeddings = padded
+    cfg.lm_head.out_features = padded
+    return cfg, layers
+
+
+def build(args, vocab: int):
+    import torch
+    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+    from torchtitan.config.override import OverrideConfig, apply_overrides
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed import utils as dist_utils
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+    from torchtitan.models.qwen3 import parallelize_qwen3
+    from torchtitan.models.qwen3.sharding import set_qwen3_sharding_config
+
+    parallelism = ParallelismConfig()
+    dist_utils.set_spmd_backend(parallelism.spmd_backend)
+    dims = ParallelDims.from_config(parallelism, 1)
+    cfg, layers = model_config(args.model, vocab, args.layers)
+    set_qwen3_sharding_config(cfg, enable_sp=False, enable_ep=False)  # as the trainer does
+    # the initial weights are torchtitan's model's under the seed, for both implementations
+    # (the converted model's fused weights would draw from the generator in another order)
+    model = materialize(cfg, args.seed)
+    if args.impl == "mokgen":
+        state = {k: v.cpu() for k, v in model.state_dict().items()}
+        del model
+        options = {"tokens_per_rank": args.batch * args.seq, "dtype": args.dtype}
+        apply_overrides(OverrideConfig(imports=[(OVERRIDE, options)]), cfg)
+        model = materialize(cfg, args.seed)
+        model.load_state_dict(state, strict=True)
+        del state
+    ac = {"selective": SelectiveAC.Config(), "full": FullAC.Config(), "none": None}[args.ac]
+    model = parallelize_qwen3(model, parallel_dims=dims, training=TrainingConfig(),
+                              parallelism=parallelism,
+                              compile_config=CompileConfig(enable=args.compile),
+                              ac_config=ac, dump_folder=os.path.join(args.out, "torchtitan_dump"))
+    return model, dims, layers
+
+
+def materialize(cfg, seed: int):
+    """The model of `cfg` built on the meta device, then on the GPU with torchtitan's
+    initializers (which draw from the global generator) under `seed`, as the trainer does."""
+    import torch
+
+    with torch.device("meta"):
+        model = cfg.build()
+    model.to_empty(device="cuda")
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        model.init_states()
+    return model
+
+
+def run(args) -> int:
+    import torch
+    import torch.distributed as dist
+    from torchtitan.components.optimizer import (LRSchedulersContainer, default_adamw,
+                                                 register_moe_load_balancing_hook)
+    from torchtitan.distributed import utils as dist_utils
+
+    if not torch.cuda.is_available():
+        raise SystemExit("run needs a CUDA GPU")
+    if args.impl == "torchtitan" and args.dtype != "bf16":
+        raise SystemExit("--dtype applies to --impl mokgen (torchtitan's own MoE runs bf16)")
+    os.makedirs(args.out, exist_ok=True)
+    t_start = time.time()
+    tokens, vocab, texts = load_tokens(args.data)
+    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29571", rank=0, world_size=1)
+    try:
+        model, dims, layers = build(args, vocab)
+        optimizers = default_adamw(lr=args.lr).build(model_parts=[model])
+        register_moe_load_balancing_hook(optimizers, [model], dims)
+        schedulers = LRSchedulersContainer.Config(
+            warmup_steps=args.warmup, decay_ratio=0.8, decay_type="linear",
+            min_lr_factor=0.1).build(optimizers=optimizers, training_steps=args.steps)
+        positions = torch.arange(args.seq, device="cuda").repeat(args.batch, 1)
+        masks = model.get_attention_masks(positions=positions)
+        data = batches(tokens, args.batch, args.seq, args.seed)
+        losses, step_ms = [], []
+        torch.cuda.reset_peak_memory_stats()
+        for step in range(args.steps):
+            if time.time() - t_start > args.max_seconds:
+                print(f"stopped at step {step}: past --max-seconds {args.max_seconds}")
+                break
+            x, y = (t.cuda(non_blocking=True) for t in next(data))
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            optimizers.zero_grad()
+            logits = model(x, positions=positions, attention_masks=masks)
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(),
+                                                     y.flatten())
+            loss.backward()
+            dist_utils.clip_grad_norm_(list(model.parameters()), 1.0, foreach=True)
+            optimizers.step()
+            schedulers.step()
+            torch.cuda.synchronize()
+            step_ms.append((time.perf_counter() - t0) * 1e3)
+            losses.append(loss.item())
+            if step % 50 == 0 or step == args.steps - 1:
+                print(f"step {step} loss {losses[-1]:.4f} {step_ms[-1]:.1f} ms", flush=True)
+        peak_mb = torch.cuda.max_memory_allocated() / 2**20
+    finally:
+        dist.destroy_process_group()
+    steady = sorted(step_ms[10:]) or sorted(step_ms)  # past compilation and warmup
+    median_ms = steady[len(steady) // 2]
+    row = {"model": args.model, "impl": label(args.impl, args.dtype), "seed": args.seed,
+           "layers": layers, "batch": args.batch, "seq": args.seq, "compile": args.compile,
+           "ac": args.ac, "steps": args.steps, "steps_done": len(losses), "loss": losses,
+           "tokens_per_s": args.batch * args.seq / (median_ms / 1e3), "peak_mb": peak_mb,
+           "data": f"{', '.join(texts)}: {tokens.numel()} tokens, vocab {vocab}"}
+    import torchtitan
+
+    path = result_file.write(f"torchtitan_{args.model.replace('-', '_')}", [row], KEY,
+                             out=args.out, meta=result_file.run_meta(
+                                 torchtitan=torchtitan.__version__))
+    print(f"{path}: {row['impl']} seed {args.seed}, {len(losses)} steps, "
+          f"{row['tokens_per_s']:,.0f} tokens/s, peak {peak_mb:,.0f} MiB")
+    return 0 if len(losses) == args.steps else 2
+
+
+# a row's identity in the results file: a rerun of the same run replaces it
+KEY = ("model", "impl", "seed", "layers", "batch", "seq", "compile", "ac", "steps")
+
+
+def label(impl: str, dtype: str) -> str:
+    return impl if dtype == "bf16" else f"{impl}-{dtype}"
+
+
+def smooth(values: list, window: int) -> list:
+    """Trailing moving average."""
+    out, acc = [], 0.0
+    for i, v in enumerate(values):
+        acc += v
+        if i >= window:
+            acc -= values[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+# ---------------------------------------------------------------- report
+def band_check(rows: list, window: int) -> dict:
+    """Per row not torchtitan's: the fraction of steps its smoothed loss lies within the range
+    of torchtitan's seeds' smoothed losses (same configuration), and its worst distance
+    outside; {} where fewer than two torchtitan seeds ran."""
+    band = [r for r in rows if r["impl"] == "torchtitan"]
+    if len(band) < 2:
+        return {}
+    n = min(len(r["loss"]) for r in rows)
+    curves = [smooth(r["loss"][:n], window) for r in band]
+    lo = [min(c[i] for c in curves) for i in range(n)]
+    hi = [max(c[i] for c in curves) for i in range(n)]
+    out = {}
+    for r in rows:
+        if r["impl"] == "torchtitan":
+            continue
+        c = smooth(r["loss"][:n], window)
+        out[f"{r['impl']} seed {r['seed']}"] = {
+            "inside_fraction": sum(lo[i] <= c[i] <= hi[i] for i in range(n)) / n,
+            "worst_excursion": max(max(lo[i] - c[i], c[i] - hi[i], 0.0) for i in range(n)),
+            "steps": n}
+    return out
+
+
+def report(args) -> int:
+    name = f"torchtitan_{args.model.replace('-', '_')}"
+    path = os.path.join(args.results, f"{name}.json")
+    if not os.path.exists(path):
+        raise SystemExit(f"no {path}: run first (see --help)")
+    with open(path) as f:
+        data = json.load(f)
+    groups: dict = {}  # one band per GPU kind and training configuration
+    for r in data["rows"]:
+        groups.setdefault(tuple(r.get(k) for k in ("gpu",) + KEY[3:]), []).append(r)
+    for i, (key, rows) in enumerate(sorted(groups.items(), key=lambda kv: str(kv[0]))):
+        rows.sort(key=lambda r: (r["impl"], r["seed"]))
+        print(f"{key[0]}: {dict(zip(KEY[3:], key[1:]))}")
+        for r in rows:
+            print(f"  {r['impl']:>14} seed {r['seed']}: {r['tokens_per_s']:>10,.0f} tokens/s, "
+                  f"peak {r['peak_mb']:>8,.0f} MiB, loss {r['loss'][0]:.3f} -> "
+                  f"{r['loss'][-1]:.3f} ({r['steps_done']} steps), commit {r['commit']}")
+        for run_name, v in band_check(rows, args.smooth).items():
+            print(f"  {run_name}: inside torchtitan's seed band {v['inside_fraction']:.1%} of "
+                  f"{v['steps']} steps, worst {v['worst_excursion']:.4f} outside")
+        suffix = "" if len(groups) == 1 else f"_{i}"
+        plot(rows, args.model, os.path.join(args.results, f"{name}{suffix}.png"), args.smooth)
+    return 0
+
+
+def plot(rows: list, model: str, path: str, window: int) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no PNG")
+        return
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colors = {"torchtitan": "tab:gray", "mokgen": "tab:red", "mokgen-mxfp8": "tab:blue"}
+    for r in rows:
+        ax.plot(smooth(r["loss"], window), color=colors.get(r["impl"]), lw=1,
+                alpha=0.6 if r["impl"] == "torchtitan" else 1.0,
+                label=f"{r['impl']} seed {r['seed']}: {r['tokens_per_s']:,.0f} tokens/s, "
+                      f"{r['peak_mb'] / 1024:.1f} GiB")
+    ax.set(xlabel="step", ylabel=f"training loss ({window}-step mean)",
+           title=f"torchtitan {model} ({rows[0]['layers']} layers), {rows[0]['gpu']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print("wrote", path)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    return run(args) if args.command == "run" else report(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""benchmarks/torchtitan_train.py without a GPU: its data windows, its text folder, and its
+report's band arithmetic over a results file (the training itself runs on the GPU machine)."""
+import pytest
+import torch
+
+from benchmark_scripts import load
+
+bench = load("torchtitan_train")
+rf = load("result_file")
+
+
+def test_windows_are_consecutive_text_with_labels_one_token_ahead():
+    tokens = torch.arange(100)
+    data = bench.batches(tokens, batch=3, seq=8, seed=5)
+    seen = []
+    for _ in range(6):  # 6 * 3 * 8 = 144 tokens: wraps around the 100
+        x, y = next(data)
+        assert x.shape == y.shape == (3, 8)
+        assert torch.equal(y[:, :-1], x[:, 1:])
+        assert torch.equal((x[:, 1:] - x[:, :-1]) % 100, torch.ones(3, 7, dtype=torch.int64))
+        seen.append(x[:, 0])
+    starts = torch.cat(seen)
+    assert torch.equal((starts[1:] - starts[:-1]) % 100, torch.full((17,), 8))
+    other = next(bench.batches(tokens, batch=3, seq=8, seed=6))[0]
+    assert not torch.equal(other, next(bench.batches(tokens, batch=3, seq=8, seed=5))[0])
+
+
+def test_the_text_folder_reads_plain_text_and_json_lines(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models, pre_tokenizers
+
+    tok = tokenizers.Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "b": 2, "c": 3},
+                                                unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "a.txt").write_text("a b a")
+    (tmp_path / "b.json").write_text('{"text": "c c"}\n{"text": "b"}\n')
+    (tmp_path / "notes.md").write_text("a a a a")  # neither: not read
+    ids, vocab, names = bench.load_tokens(str(tmp_path))
+    assert ids.tolist() == [1, 2, 1, 3, 3, 2] and vocab == 4 and names == ["a.txt", "b.json"]
+
+
+def _row(impl, seed, loss):
+    return {"model": "debug", "impl": impl, "seed": seed, "layers": 8, "batch": 4, "seq": 64,
+            "compile": True, "ac": "selective", "steps": len(loss), "steps_done": len(loss),
+            "loss": loss, "tokens_per_s": 1000.0 + seed, "peak_mb": 10.0 * (seed + 1)}
+
+
+def test_band_counts_the_steps_inside_the_seeds_range(tmp_path):
+    rows = [_row("torchtitan", s, [lvl] * 10) for s, lvl in ((0, 1.0), (1, 2.0), (2, 3.0))]
+    rows += [_row("mokgen", 0, [2.5] * 6 + [3.5] * 4),  # inside for 6 steps, then 0.5 above
+             _row("mokgen-mxfp8", 0, [0.5] * 10)]
+    band = bench.band_check(rows, window=1)
+    assert band["mokgen seed 0"] == pytest.approx(
+        {"inside_fraction": 0.6, "worst_excursion": 0.5, "steps": 10})
+    assert band["mokgen-mxfp8 seed 0"]["inside_fraction"] == 0.0
+    assert bench.band_check(rows[:1] + rows[3:], window=1) == {}  # one seed is no band
+    meta = dict(gpu="NVIDIA H200", torch="2.11", cuda="13.0", commit="c1", time="t")
+    for r in rows:  # as the runs write them, one per call
+        rf.write("torchtitan_debug", [r], bench.KEY, out=str(tmp_path), meta=meta)
+    assert bench.main(["report", "--model", "debug", "--results", str(tmp_path),
+                       "--smooth", "1"]) == 0
+
+
+def test_smoothing_is_a_trailing_mean():
+    assert bench.smooth([1.0, 2.0, 3.0, 4.0], 2) == [1.0, 1.5, 2.5, 3.5]
