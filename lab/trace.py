@@ -32,7 +32,6 @@ import collections
 import datetime
 import json
 import os
-import struct
 import subprocess
 import sys
 import time
@@ -45,7 +44,8 @@ import mokgen  # noqa: E402
 from mokgen.harness.bench import (kernel_times, make_slice, short_kernel_name, sustained_ms,  # noqa: E402
                           time_ms)
 from mokgen.cli import _gemm  # noqa: E402
-from mokgen.runtime import abi, cuda  # noqa: E402
+from mokgen.harness.trace import traced  # noqa: E402
+from mokgen.runtime import abi  # noqa: E402
 
 F = {k: i for i, k in enumerate(abi.TRACE_FIELDS)}
 BINS = 20
@@ -60,23 +60,6 @@ def overrides(pairs: list) -> dict:
     return out
 
 
-def traced(modules, ctas, run):
-    """run() once with the mokgen_trace of the module (or of each of a sequence: a keep_h
-    backward's two kernels, BackwardPass.modules; one of them runs) pointing at a zeroed
-    buffer; its records [ctas, TRACE_RECS, TRACE_WORDS] (int64; rows of tasks not run are
-    zero)."""
-    modules = modules if isinstance(modules, (tuple, list)) else (modules,)
-    buf = torch.zeros(ctas * abi.TRACE_RECS * abi.TRACE_WORDS, dtype=torch.int64, device="cuda")
-    torch.cuda.synchronize()
-    for m in modules:
-        cuda.set_global(m, "mokgen_trace", struct.pack("<Q", buf.data_ptr()))
-    try:
-        run()
-        torch.cuda.synchronize()
-    finally:
-        for m in modules:
-            cuda.set_global(m, "mokgen_trace", struct.pack("<Q", 0))
-    return buf.view(ctas, abi.TRACE_RECS, abi.TRACE_WORDS).cpu().tolist()
 
 
 def summarize(recs, ops, bm, bn):

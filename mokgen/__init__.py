@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from mokgen import shapes
-from mokgen.compiler.plan import Plan, initial_plan
+from mokgen.compiler.plan import Plan
 from mokgen.compiler.planner import plan
 from mokgen.shapes import MoEShape
 

@@ -1,13 +1,13 @@
 """The `trace` profile on the GPU (marked gpu): a traced build's outputs and gradients are
 bitwise those of the plain build, and its buffer holds a record per task with its clocks in
 order."""
-import struct
 
 import pytest
 import torch
 
 import mokgen
-from mokgen.runtime import abi, cuda
+from mokgen.runtime import abi
+from mokgen.harness.trace import traced as read_trace
 from mokgen.harness.workloads import make_inputs
 from test_gpu_backward import NAMES
 
@@ -16,22 +16,6 @@ SHAPE = mokgen.MoEShape(16, 1024, 512, 4, shared_intermediate=512, name="trace-s
 TOKENS = 700
 
 
-def read_trace(modules, ctas, run):
-    """run() once with the trace buffer (the modules' `mokgen_trace` global) pointing at a
-    zeroed buffer: -> its records [ctas][TRACE_RECS][TRACE_WORDS] (rows of tasks not run are
-    zero). `modules`: one module or a sequence (a keep_h backward's two kernels)."""
-    modules = modules if isinstance(modules, (tuple, list)) else (modules,)
-    buf = torch.zeros(ctas * abi.TRACE_RECS * abi.TRACE_WORDS, dtype=torch.int64, device="cuda")
-    torch.cuda.synchronize()
-    for m in modules:
-        cuda.set_global(m, "mokgen_trace", struct.pack("<Q", buf.data_ptr()))
-    try:
-        run()
-        torch.cuda.synchronize()
-    finally:
-        for m in modules:
-            cuda.set_global(m, "mokgen_trace", struct.pack("<Q", 0))
-    return buf.view(ctas, abi.TRACE_RECS, abi.TRACE_WORDS).cpu().tolist()
 
 
 def _leaves(inputs):

@@ -276,13 +276,20 @@ def _remap_state_sharding(sc, fused: str, first: str, second: str):
     return dataclasses.replace(sc, state_shardings=state)
 
 
+def _refuse_other_type(cfg, expected: type, what: str, only: str) -> None:
+    """ValueError unless `cfg` is exactly an `expected` config; gpt-oss's named as such."""
+    if type(cfg) is expected:
+        return
+    if "GptOss" in type(cfg).__qualname__:
+        raise ValueError(f"mokgen_moe: gpt-oss's {what} (a clamped SwiGLU with biases) is not "
+                         "supported; mokgen implements SwiGLU experts without biases")
+    raise ValueError(f"mokgen_moe: {what} of type {type(cfg).__qualname__} is not supported "
+                     f"(only {only})")
+
+
 def _experts_config(cfg: GroupedExperts.Config) -> MokgenGroupedExperts.Config:
-    if type(cfg) is not GroupedExperts.Config:
-        if "GptOss" in type(cfg).__qualname__:
-            raise ValueError("mokgen_moe: gpt-oss's experts (a clamped SwiGLU with biases) are "
-                             "not supported; mokgen implements SwiGLU experts without biases")
-        raise ValueError(f"mokgen_moe: routed experts of type {type(cfg).__qualname__} are not "
-                         "supported (only torchtitan's GroupedExperts: SwiGLU, no biases)")
+    _refuse_other_type(cfg, GroupedExperts.Config, "routed experts",
+                       "torchtitan's GroupedExperts: SwiGLU, no biases")
     _refuse_expert_parallel(cfg, "routed_experts.inner_experts")
     init = dict(cfg.param_init or {})
     gate_init, up_init = init.pop(GATE, None), init.pop(UP, None)
@@ -327,12 +334,7 @@ def mokgen_moe(cfg: MoE.Config, *, tokens_per_rank: int = 16384, dtype: str = "b
     Raises ValueError for what mokgen does not run (module docstring)."""
     if isinstance(cfg, MokgenMoE.Config):
         return cfg
-    if type(cfg) is not MoE.Config:
-        if "GptOss" in type(cfg).__qualname__:
-            raise ValueError("mokgen_moe: gpt-oss's MoE (a clamped SwiGLU with biases) is not "
-                             "supported; mokgen implements SwiGLU experts without biases")
-        raise ValueError(f"mokgen_moe: {type(cfg).__qualname__} is not supported (only "
-                         "torchtitan's MoE)")
+    _refuse_other_type(cfg, MoE.Config, "MoE", "torchtitan's MoE")
     if backend not in ("kernels", "reference"):
         raise ValueError(f"mokgen_moe: backend must be 'kernels' or 'reference', got {backend!r}")
     routed = dataclasses.replace(cfg.routed_experts,
