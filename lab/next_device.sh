@@ -15,11 +15,10 @@
 # to +4% (Qwen3-30B N 4096) synced, less at the cap; J a step lower by the skipped MMAs' share.
 #
 # CALLS 2-4 (carry .kcache: tests.pkl): the GPU suite of the tree that lands (pad-half's if
-# call 1 holds, else main's: the solo hand barrier and its scheduler, and the weight
-# gradients' tile order's untested files), one third a call:
+# call 1 holds, else main's: the weight gradients' tile order's untested files), one third a
+# call:
 #   (cd .build/ab/pad && KERNELS=$OLDPWD/.kcache/tests.pkl MOKGEN_COMMIT=<sha> \
 #      bash benchmarks/run_gpu.sh tests-a)     (then tests-b, tests-c; main's: from the root)
-# test_gpu_backward's engine experiments [solo] and [mixed] are the solo fix's GPU check;
 # test_gpu_trace's test_padding_halves_skip_their_mmas_in_every_row_tile_kind is pad-half's.
 #
 # CALL 5 (carry .build/kc, .build/ab/pad): the missed Mixtral-8x22B ep 1 N 4096 row,
@@ -64,12 +63,12 @@ PY
 # CALL 7 (carry .build/ab/pair, ~31 MB; pairs with a scheduling thread,
 # lab/patches/pair_sched.patch; prepared by `bash lab/prepare_ab.sh pair
 # lab/patches/pair_sched.patch --gather qwen3-235b-a22b,mixtral-8x7b,sonicmoe-readme,qwen3-30b-a3b
-# pull,pull+gemm_fwd=128:256:4:false:false:false:true`): its GPU tests, then pairs against the
+# pull,pull+gemm_fwd=128:256:4:true`): its GPU tests, then pairs against the
 # default at the cap in one process:
 #   cd .build/ab/pair && export PYTHONPATH=$PWD
 #   timeout 150 python3 -m pytest -q -x tests/test_gpu_pair.py 2>&1 | tail -3
 #   MOKGEN_CACHE=$PWD/kc timeout 330 python3 lab/gather_ab.py --out $OUT --sustained 2 \
-#     --variants pull,pull+gemm_fwd=128:256:4:false:false:false:true \
+#     --variants pull,pull+gemm_fwd=128:256:4:true \
 #     --shapes qwen3-235b-a22b,mixtral-8x7b,sonicmoe-readme,qwen3-30b-a3b 2>&1 | tail -12
 # Prediction: the forward at the cap +1-3% with pairs (their SM clock was 54 MHz higher
 # without a scheduler, eaten by a 5.5 us ask a task that the scheduling thread now hides);
