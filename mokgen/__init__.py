@@ -23,9 +23,9 @@ def compile(shape: MoEShape, ep: int, dtype: str = "bf16", tokens_per_rank: int 
     run beside the layer (FSDP gathers on a side stream); the kernels leave them SMs (H100 /
     H200: 16, passes/sm_partition.py); `reserve_sms=n` forces the count.
 
-    The GPU: by default the current CUDA device (its SM count, shared memory and memory,
-    with the measured rates of its kind: mokgen/compiler/hardware.py), with no GPU visible
-    $MOKGEN_GPU or else the H200. `gpu="h100-sxm"` (or "h200", "h800", "h100-pcie", "h20")
+    The GPU: by default $MOKGEN_GPU where set, else the current CUDA device (its SM count,
+    shared memory and memory, with the rates of its kind: mokgen/compiler/hardware.py), else
+    the H200. `gpu="h100-sxm"` (or "h200", "h800", "h100-pcie", "h20")
     plans and builds for that GPU on any machine: kernels built ahead so are the ones that
     GPU finds in the cache. A layer loaded on a GPU whose SM count or shared memory differs
     from its plan's is refused (ValueError naming both)."""

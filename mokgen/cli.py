@@ -43,7 +43,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="what the routed GEMMs read: bf16 | fp8 | mxfp8 (default: %(default)s)")
     p.add_argument("--gpu", default=None,
                    help="plan for this GPU: h100-sxm, h200, h800, h100-pcie, h20 (default: "
-                        "the visible GPU, else $MOKGEN_GPU, else h200)")
+                        "$MOKGEN_GPU, else the visible GPU, else h200)")
     for name, what in _OVERRIDES.items():
         p.add_argument(f"--{name}", type=int, default=None, metavar="N",
                        help=f"{what} (default: the planner's choice)")

@@ -17,8 +17,8 @@ def plan(shape: MoEShape, ep: int, dtype: str = "bf16", tokens_per_rank: int = 2
     its layer compiles, else ValueError.
 
     The plan is for `gpu=` ("h100-sxm", "h200", "h800", "h100-pcie", "h20", or a
-    `hardware.GPU`), else the current CUDA device, else (no GPU visible) $MOKGEN_GPU or the
-    H200 (mokgen/compiler/hardware.py `target`): its SM count sizes the grids and the SM
+    `hardware.GPU`), else $MOKGEN_GPU, else the current CUDA device, else the H200
+    (mokgen/compiler/hardware.py `target`): its SM count sizes the grids and the SM
     partition, its rates the cost models. `arch="sm_90a"` alone: the current device if it is
     one, else the H200."""
     p = Plan.of(run(initial_graph(shape, ep, dtype, tokens_per_rank, **overrides)))
