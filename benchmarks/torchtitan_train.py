@@ -29,11 +29,12 @@ machine; benchmarks/peers/fetch_torchtitan.sh fills it, with the wheels in .torc
                       "text" field) where available, else a plain text corpus, e.g. the
                       tiny-shakespeare input.txt of karpathy/char-rnn
 
-Needs torchtitan (pip install 'mokgen[torchtitan]') and a CUDA GPU; `report` needs neither
-(matplotlib for the PNG). On the GPU machine `bash benchmarks/run_gpu.sh torchtitan MODEL
-RUN...` installs the carried wheels and runs each RUN (IMPL:SEED, IMPL one of torchtitan,
-mokgen, mokgen-mxfp8) as a step of the call; one run takes about 1-3 minutes for debug, more
-for qwen3-30b-a3b (--max-seconds stops a run before the call's limit). By hand:
+Needs torchtitan (the torchtitan extra: pip install -e '.[torchtitan]') and a CUDA GPU;
+`report` needs neither (matplotlib for the PNG). On the GPU machine
+`bash benchmarks/run_gpu.sh torchtitan MODEL RUN...` installs the carried wheels and runs each
+RUN (IMPL:SEED, IMPL one of torchtitan, mokgen, mokgen-mxfp8) as a step of the call; one
+run takes about 1-3 minutes for debug, more for qwen3-30b-a3b (--max-seconds stops a run
+before the call's limit). By hand:
 
   python benchmarks/torchtitan_train.py run --model debug --impl torchtitan --seed 0 --out DIR
   python benchmarks/torchtitan_train.py run --model debug --impl mokgen --seed 0 --out DIR
@@ -180,7 +181,6 @@ def model_config(name: str, vocab: int, layers: int | None):
 
 
 def build(args, vocab: int):
-    import torch
     from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
     from torchtitan.config.override import OverrideConfig, apply_overrides
     from torchtitan.distributed import ParallelDims

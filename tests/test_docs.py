@@ -82,7 +82,7 @@ def test_torchtitan_snippets_run(path):
     if not any(kind == "torchtitan" for _, kind, _ in snippets(path)):
         pytest.skip("no ```python torchtitan snippet")
     pytest.importorskip("torchtitan", reason="torchtitan is an optional extra "
-                        "(pip install 'mokgen[torchtitan]'); it is not installed here")
+                        "(pip install -e '.[torchtitan]'); it is not installed here")
     run(path, {"", "torchtitan"})
 
 

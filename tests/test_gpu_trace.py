@@ -16,8 +16,6 @@ SHAPE = mokgen.MoEShape(16, 1024, 512, 4, shared_intermediate=512, name="trace-s
 TOKENS = 700
 
 
-
-
 def _leaves(inputs):
     out = {k: [t.detach().clone().requires_grad_() for t in inputs[k]] for k in NAMES}
     out.update({k: inputs[k].detach().clone().requires_grad_()

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 pytest.importorskip("torchtitan", reason="torchtitan is an optional extra "
-                    "(pip install 'mokgen[torchtitan]'); it is not installed here")
+                    "(pip install -e '.[torchtitan]'); it is not installed here")
 try:
     from torchtitan.config.override import OverrideConfig, apply_overrides
     from torchtitan.models.common.attention import ScaledDotProductAttention

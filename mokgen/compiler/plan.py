@@ -248,10 +248,6 @@ class Plan:
         return "\n".join(lines)
 
 
-
-
-
-
 def initial_plan(shape: MoEShape, ep: int, dtype: str, tokens_per_rank: int,
                  **overrides) -> Plan:
     """The problem before any pass: the view of `initial_graph`."""

@@ -46,7 +46,7 @@ try:
     from torchtitan.protocols.sharding import ShardingConfig
 except ModuleNotFoundError as e:  # torchtitan is an optional extra; e.name: what is missing
     raise ModuleNotFoundError("mokgen.integrations.torchtitan needs torchtitan >= 0.3 "
-                              "(pip install 'mokgen[torchtitan]'): " + str(e),
+                              "(the torchtitan extra: pip install -e '.[torchtitan]'): " + str(e),
                               name=e.name) from e
 
 from mokgen import plan as make_plan

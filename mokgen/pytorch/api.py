@@ -224,8 +224,6 @@ class _MoEFunction(torch.autograd.Function):
                 *dw2s, dsw1, dsw2)
 
 
-
-
 def memory_report(plan: Plan, device_memory: int | None = None) -> dict:
     """Device bytes the plan's layers use beyond their weights, per rank, before any GPU:
     the workspace (paid once per device, group and plan, shared by every layer of the plan;
