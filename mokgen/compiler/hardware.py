@@ -105,15 +105,9 @@ H20 = datasheet("H20", "sm_90a", 78, 97871 * MIB, 148, 296, 4.0, 450, l2_bytes=6
 # dense BF16 2.5 PFLOP/s and FP8 5 PFLOP/s (360 / 720 PFLOP/s per rack with sparsity, halved),
 # HBM3e 8 TB/s (576 TB/s per rack), NVLink 5 1.8 TB/s both ways (130 TB/s per rack), i.e.
 # 900 GB/s per direction; 186 GB (13.4 TB per rack); 148 SMs (B200), 228 KB shared memory
-# per SM. Tensor and HBM rates are derated as the H200's measured ones are to its datasheet
-# (bf16 750 of 989 TFLOP/s = 0.76, HBM 4.2 of 4.8 TB/s = 0.875); the per-SM copy rate and the
-# flag latency are the H200's (unmeasured on Blackwell), and so is hbm_exposed.
-GB200 = GPU(
-    name="GB200", arch="sm_100a", num_sms=148, **HOPPER_SMEM, l2_bytes=126 * MIB,
-    bf16_flops=0.76 * 2.5e15, fp8_flops=0.76 * 5.0e15, hbm_bw=0.875 * 8.0e12,
-    nvlink_bw=900e9, copy_bw_per_sm=40e9, flag_latency=2e-6, peer_flag_latency=4e-6,
-    memory=186 * GB,
-)
+# per SM. Rates derated by datasheet() as the Hopper kinds' are; the per-SM copy rate and the
+# flag latencies are the H200's (unmeasured on Blackwell), and so is hbm_exposed.
+GB200 = datasheet("GB200", "sm_100a", 148, 186 * GB, 2500, 5000, 8.0, 900, l2_bytes=126 * MIB)
 
 KINDS = {g.name: g for g in (H200, H100_SXM, H800, H100_PCIE, H20, GB200)}
 _ALIASES = {"h100": "H100-SXM", "h100-sxm5": "H100-SXM", "h800-sxm": "H800",
