@@ -20,7 +20,7 @@ E4M3_EMAX = 8
 SCALE_BIAS, SCALE_NAN = 127, 255
 
 
-def _pad_to(t: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
+def pad_to(t: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
     """t with zeros appended along dim up to a multiple of `multiple` (t itself if none)."""
     extra = -t.shape[dim] % multiple
     if not extra:
@@ -34,7 +34,7 @@ def _blocks(t: torch.Tensor, dim: int) -> torch.Tensor:
     """t's dim split into blocks of 32 (a partial last block padded with zeros)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"t must be a torch.Tensor, got {type(t).__name__}")
-    moved = _pad_to(t.movedim(dim % t.dim(), -1), -1, BLOCK)
+    moved = pad_to(t.movedim(dim % t.dim(), -1), -1, BLOCK)
     return moved.reshape(*moved.shape[:-1], moved.shape[-1] // BLOCK, BLOCK)
 
 
@@ -101,7 +101,7 @@ def _tiles(t: torch.Tensor, block) -> torch.Tensor:
     if t.dim() < 2:
         raise ValueError("blockwise fp8 needs at least 2 dimensions")
     br, bc = block
-    t = _pad_to(_pad_to(t, -2, br), -1, bc)
+    t = pad_to(pad_to(t, -2, br), -1, bc)
     R, C = t.shape[-2], t.shape[-1]
     x = t.reshape(*t.shape[:-2], R // br, br, C // bc, bc)
     return x.transpose(-3, -2)
@@ -155,84 +155,26 @@ def fake_quant(t: torch.Tensor, fmt: str, weight: bool = False,
     raise ValueError(f"unknown fp8 format {fmt!r}: expected 'mxfp8' or 'fp8'")
 
 
-# ---------------------------------------------------------------- weights on the GPU
-def quantize_weight(w: torch.Tensor, transposed: bool = False):
-    """MXFP8 of a weight [..., rows, cols] with blocks along its last dim (the forward's K), or
-    with `transposed` along rows, returned in the transposed layout [..., cols, rows] (the
-    backward's K): bit for bit `to_mxfp8(w)` / `to_mxfp8(w.transpose(-1, -2).contiguous())`,
-    a partial last block included. CUDA tensors run the generated kernel
-    (mokgen/runtime/include/mokgen/quant.cuh, on a copy zero-padded to whole blocks when the
-    quantized dim is not); others the reference."""
+# ------------------------------------------------ weights in the kernels' layouts (references)
+def check_weight(w) -> None:
     if not isinstance(w, torch.Tensor) or w.dim() < 2:
         raise TypeError("w must be a torch.Tensor with at least 2 dimensions")
     if w.dtype not in (torch.bfloat16, torch.float32):
         raise TypeError(f"w must be bfloat16 or float32, got {w.dtype}")
-    rows, cols = w.shape[-2], w.shape[-1]
-    if not w.is_cuda:
-        return to_mxfp8(w.transpose(-1, -2).contiguous() if transposed else w)
-    k = rows if transposed else cols
-    if k % BLOCK:  # zeros leave a partial block's scale as it is
-        data, scales = quantize_weight(_pad_to(w, -2 if transposed else -1, BLOCK), transposed)
-        return data[..., :k], scales
-    from mokgen.runtime import cuda
 
-    w = w.contiguous()
-    batch = w.numel() // (rows * cols)
-    out_shape = (*w.shape[:-2], cols, rows) if transposed else tuple(w.shape)
-    data = torch.empty(out_shape, dtype=torch.uint8, device=w.device)
-    scales = torch.empty((*out_shape[:-1], out_shape[-1] // BLOCK), dtype=torch.uint8,
-                         device=w.device)
-    kind = "cols" if transposed else "rows"
-    f = _quant_function(f"mokgen_mx_{kind}_{'bf16' if w.dtype == torch.bfloat16 else 'f32'}")
-    blocks = rows * cols // BLOCK
-    cuda.launch(f, (max(1, min(4096, -(-blocks // 256))), batch), 256, 0, None,
-                [w, rows, cols, data, scales])
-    return data.view(torch.float8_e4m3fn), scales
+
+def quantize_weight(w: torch.Tensor, transposed: bool = False):
+    """MXFP8 of a weight [..., rows, cols] with blocks along its last dim (the forward's K), or
+    with `transposed` along rows, returned in the transposed layout [..., cols, rows] (the
+    backward's K): `to_mxfp8(w)` / `to_mxfp8(w.transpose(-1, -2).contiguous())`, a partial last
+    block included. The GPU's bit-exact twin: mokgen.runtime.weight_quant.mx."""
+    check_weight(w)
+    return to_mxfp8(w.transpose(-1, -2).contiguous() if transposed else w)
 
 
 def quantize_weight_blockwise(w: torch.Tensor):
     """Blockwise fp8 of a weight [..., rows, cols] (128 x 128 blocks over the last two dims):
-    bit for bit `to_fp8_blockwise(w, WEIGHT_BLOCK)`, partial blocks included. CUDA tensors run
-    the generated kernel (mokgen/runtime/include/mokgen/fp8.cuh, on a copy zero-padded to
-    whole blocks when a dim is not); others the reference."""
-    if not isinstance(w, torch.Tensor) or w.dim() < 2:
-        raise TypeError("w must be a torch.Tensor with at least 2 dimensions")
-    if w.dtype not in (torch.bfloat16, torch.float32):
-        raise TypeError(f"w must be bfloat16 or float32, got {w.dtype}")
-    rows, cols = w.shape[-2], w.shape[-1]
-    if not w.is_cuda:
-        return to_fp8_blockwise(w, WEIGHT_BLOCK)
-    if rows % WEIGHT_BLOCK[0] or cols % WEIGHT_BLOCK[1]:  # zeros leave partial blocks' scales
-        data, scales = quantize_weight_blockwise(
-            _pad_to(_pad_to(w, -2, WEIGHT_BLOCK[0]), -1, WEIGHT_BLOCK[1]))
-        return data[..., :rows, :cols], scales
-    from mokgen.runtime import cuda
-
-    w = w.contiguous()
-    batch = w.numel() // (rows * cols)
-    data = torch.empty(w.shape, dtype=torch.uint8, device=w.device)
-    scales = torch.empty((*w.shape[:-2], rows // 128, cols // 128), dtype=torch.float32,
-                         device=w.device)
-    f = _quant_function(f"mokgen_fp8w_{'bf16' if w.dtype == torch.bfloat16 else 'f32'}")
-    blocks = rows * cols // (128 * 128)
-    cuda.launch(f, (max(1, min(4096, blocks)), batch), 256, 0, None,
-                [w, rows, cols, data, scales])
-    return data.view(torch.float8_e4m3fn), scales
-
-
-_QUANT_MODULE: list = []
-
-
-def _quant_function(name: str):
-    if not _QUANT_MODULE:
-        from pathlib import Path
-
-        from mokgen.compiler.build import Kernel, build
-        from mokgen.runtime import cuda
-
-        src = (Path(__file__).parent / "compiler" / "templates" / "quant.cu.j2").read_text()
-        import jinja2
-
-        binary = build([Kernel("quant_fp8", jinja2.Template(src).render())])[0]
-        _QUANT_MODULE.append(cuda.load_module(binary.image))
-    return _QUANT_MODULE[0].function(name)
+    `to_fp8_blockwise(w, WEIGHT_BLOCK)`, partial blocks included. The GPU's bit-exact twin:
+    mokgen.runtime.weight_quant.blockwise."""
+    check_weight(w)
+    return to_fp8_blockwise(w, WEIGHT_BLOCK)

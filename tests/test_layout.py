@@ -77,6 +77,14 @@ def test_runtime_imports_nothing_above_it():
                                        "mokgen.integrations")) == []
 
 
+def test_runtime_needs_no_compiler_even_through_the_reference():
+    """Nothing the runtime imports, directly or not, reaches the compiler: an fp8 layer's
+    weight quantizers come in its prologue's cubin, not from nvcc at run time."""
+    g = _graph()
+    reached = {m for r in g if r.startswith("mokgen.runtime") for m in nx.descendants(g, r)}
+    assert sorted(m for m in reached if m.startswith("mokgen.compiler")) == []
+
+
 def test_product_does_not_import_the_harness():
     """Only the command line reaches the harness (its bench, tune and simulate commands)."""
     g = _graph()

@@ -1,9 +1,12 @@
 """MXFP8 quantization against hand-computed blocks (OCP MX v1.0)."""
+import re
+
 import pytest
 import torch
 
 from mokgen import quant
 from mokgen.quant import from_mxfp8, to_mxfp8
+from mokgen.runtime import weight_quant
 
 
 def block(values):
@@ -216,13 +219,39 @@ def _special_weight(dtype):
     return w.to(dtype)
 
 
+def _quantizers(fmt):
+    """The weight quantizers an `fmt` layer's prologue carries (runtime/weight_quant.py
+    launches them), from a layer of the fp8 GPU tests."""
+    import mokgen
+
+    layer = mokgen.compile(mokgen.shapes.get("gpu-small"), ep=1, dtype=fmt,
+                           tokens_per_rank=1000, virtual=True)
+    return layer.runtime().prologue.module
+
+
+@pytest.mark.parametrize("fmt,entries", [
+    ("fp8", ["mokgen_fp8w_bf16", "mokgen_fp8w_f32"]),
+    ("mxfp8", ["mokgen_mx_rows_bf16", "mokgen_mx_cols_bf16", "mokgen_mx_rows_f32",
+               "mokgen_mx_cols_f32"]),
+    ("bf16", [])])
+def test_prologue_carries_its_formats_weight_quantizers(fmt, entries):
+    """What runtime/weight_quant.py launches is in the layer's prologue, and only in fp8 ones."""
+    import mokgen
+    from mokgen.compiler import codegen
+
+    p = mokgen.plan(mokgen.shapes.get("gpu-small"), ep=1, dtype=fmt, tokens_per_rank=1000)
+    (k,) = codegen.emit(p, units=("prologue",))
+    found = sorted(set(re.findall(r"mokgen_(?:mx_(?:rows|cols)|fp8w)_\w+", k.source)))
+    assert found == sorted(entries)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("transposed", [False, True])
 def test_gpu_weight_quantization_is_bit_exact(dtype, transposed):
     w = _special_weight(dtype)
-    d, s = quant.quantize_weight(w.cuda(), transposed=transposed)
+    d, s = weight_quant.mx(_quantizers("mxfp8"), w.cuda(), transposed=transposed)
     rd, rs = quant.quantize_weight(w, transposed=transposed)  # the torch reference, on CPU
     assert torch.equal(s.cpu(), rs), "scales differ"
     diff = (d.view(torch.uint8).cpu() != rd.view(torch.uint8)).sum().item()
@@ -236,12 +265,12 @@ def test_gpu_weight_quantization_of_partial_blocks_is_bit_exact(transposed):
     """Widths of 16 past whole blocks (MX: 1.5 blocks; blockwise: 1.125 x 1.625 blocks): the
     GPU entry points (which pad a copy with zeros) against the references."""
     w = _special_weight(torch.bfloat16)[:, :48, :80].contiguous()
-    d, s = quant.quantize_weight(w.cuda(), transposed=transposed)
+    d, s = weight_quant.mx(_quantizers("mxfp8"), w.cuda(), transposed=transposed)
     rd, rs = quant.quantize_weight(w, transposed=transposed)
     assert torch.equal(s.cpu(), rs)
     assert torch.equal(d.view(torch.uint8).cpu(), rd.view(torch.uint8))
     wb = torch.randn(3, 144, 208).bfloat16()
-    d, s = quant.quantize_weight_blockwise(wb.cuda())
+    d, s = weight_quant.blockwise(_quantizers("fp8"), wb.cuda())
     rd, rs = quant.quantize_weight_blockwise(wb)
     assert s.shape == (3, 2, 2) and torch.equal(s.cpu(), rs)
     assert torch.equal(d.view(torch.uint8).cpu(), rd.view(torch.uint8))
@@ -319,7 +348,7 @@ def test_gpu_blockwise_weight_quantization_is_bit_exact(dtype):
     w[1, 200, 300] = float("inf")
     w[2, :128, 256:] = w[2, :128, 256:].sign() * torch.rand(128, 128, generator=g)
     w = w.to(dtype)
-    d, s = quant.quantize_weight_blockwise(w.cuda())
+    d, s = weight_quant.blockwise(_quantizers("fp8"), w.cuda())
     rd, rs = quant.quantize_weight_blockwise(w)
     assert torch.equal(s.cpu().isnan(), rs.isnan())
     assert torch.equal(s.cpu().nan_to_num(), rs.nan_to_num()), "scales differ"

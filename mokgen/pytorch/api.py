@@ -55,7 +55,8 @@ class CompiledMoE:
                     spec, self.binaries["prologue"].image, self.binaries["fwd"].image,
                     hosted_virtual, None if hosted_virtual else self.group, self.watchdog_s))
             self._runtime.layers.add(self)
-            self._weights = WeightCache(spec.scale_block, len(self._runtime.ranks))
+            self._weights = WeightCache(spec.scale_block, len(self._runtime.ranks),
+                                        self._runtime.prologue.module)
         self._runtime.weights = self._weights  # this layer's fp8 weights (see ForwardRuntime)
         return self._runtime
 

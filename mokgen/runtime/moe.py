@@ -17,7 +17,8 @@ from collections import OrderedDict
 
 import torch
 
-from mokgen.runtime import abi, cuda
+from mokgen import quant
+from mokgen.runtime import abi, cuda, weight_quant
 from mokgen.runtime.abi import padded
 from mokgen.runtime.checks import check_ctas
 from mokgen.runtime.peers import PeerSet
@@ -93,7 +94,7 @@ class ForwardRuntime:
         self.stats = {"backward": 0, "replayed": 0, "resident_kernel": 0}
         # The calling layer's fp8 weight cache: each layer owns one (CompiledMoE sets it
         # before a call), so layers sharing this runtime do not evict each other's weights.
-        self.weights = WeightCache(spec.scale_block, len(self.ranks))
+        self.weights = WeightCache(spec.scale_block, len(self.ranks), pro)
 
     def adopt_module(self, m) -> None:
         """Point a loaded module's watchdog globals (each module has its own copy) at this
@@ -471,9 +472,18 @@ class WeightCache:
     forward's, transposed; MX blocks run along the other dim, so those are quantized again
     from the weight."""
 
-    def __init__(self, scale_block: int, slots: int):
+    def __init__(self, scale_block: int, slots: int, module=None):
         self.q, self.slots = scale_block, slots  # slots: one per hosted rank
+        self.module = module  # the layer's prologue: its weight quantizers (weight_quant.py)
         self._cache: dict = {}
+
+    def _mx(self, w, transposed=False):
+        return (weight_quant.mx(self.module, w, transposed) if w.is_cuda
+                else quant.quantize_weight(w, transposed))
+
+    def _blockwise(self, w):
+        return (weight_quant.blockwise(self.module, w) if w.is_cuda
+                else quant.quantize_weight_blockwise(w))
 
     def get(self, w1, w2):
         key = (id(w1), w1._version, id(w2), w2._version)
@@ -500,29 +510,23 @@ class WeightCache:
     def _transpose(self, w, data, scales):
         """w [L, rows, cols] (padded) and its forward quantization -> ([L*cols, rows],
         scales)."""
-        from mokgen import quant
-
         L, rows, cols = w.shape
         if self.q == 128:
             blocks = (L, rows // 128, cols // 128)
             return (data.view(L, rows, cols).transpose(1, 2).reshape(L * cols, rows),
                     scales.view(blocks).transpose(1, 2).reshape(L * cols // 128, rows // 128))
-        d, sc = quant.quantize_weight(w, transposed=True)
+        d, sc = self._mx(w, transposed=True)
         return self._mx_layout(d.reshape(L * cols, rows), sc.reshape(L * cols, rows // 32))
 
     def quantize(self, w):
-        from mokgen import quant
-
         w2d = w.reshape(-1, w.shape[-1])
         if self.q == 128:
-            data, scales = quant.quantize_weight_blockwise(w2d)
+            data, scales = self._blockwise(w2d)
             return data.view(torch.uint8), scales
-        return self._mx_layout(*quant.quantize_weight(w2d))
+        return self._mx_layout(*self._mx(w2d))
 
     @staticmethod
     def _mx_layout(data, scales):
-        from mokgen import quant
-
         s = torch.exp2(scales.float() - quant.SCALE_BIAS)
         s = torch.where(scales == quant.SCALE_NAN, torch.full_like(s, float("nan")), s)
         return data.view(torch.uint8), s.t().contiguous()

@@ -23,6 +23,7 @@ class Prologue:
             raise RuntimeError(f"mokgen: the prologue's count kernel takes {chunk} routes per "
                                f"block, this runtime sizes for {abi.SCHED_CHUNK} (a cubin "
                                f"built by another mokgen version)")
+        self.module = module  # fp8 plans: also the weight quantizers (runtime/weight_quant.py)
         self.L, self.K = local_experts, topk
         self.f_route = module.function("mokgen_route")
         self.f_route_given = module.function("mokgen_route_given")
