@@ -22,6 +22,10 @@ git) to carry the result.
         tests/test_multigpu.py's layers (direction tests included), benchmarks/multigpu.py's,
         fsdp_overlap.py's and examples/04_train_fsdp_ep.py's at world size R.
 
+--pack FILE.tar.xz (before the subcommand) also writes the kernels built or found to a
+tarball (~50 KB a kernel): built here on a CPU machine and carried in .kcache/ as
+kernels*.tar.xz, run_gpu.sh unpacks it, so a device call spends no minutes in nvcc.
+
 Each imports the mokgen of the tree it sits in (its parent folder), not an installed one.
 """
 from __future__ import annotations
@@ -150,7 +154,7 @@ def multigpu_bench_plans(R: int, tokens: str | None) -> list:
     return multigpu.plans(args, R) + fsdp_overlap.plans(fsdp_overlap.parse([]), R)
 
 
-def build(plans: list, jobs: int) -> int:
+def build(plans: list, jobs: int, pack: str | None = None) -> int:
     from mokgen.config import CONFIG
     from mokgen.pytorch.api import build_plans
 
@@ -161,7 +165,25 @@ def build(plans: list, jobs: int) -> int:
           f"{len(bins) - built} cached) in {time.perf_counter() - t0:.0f} s, "
           f"spills {sum(b.spills for b in bins)}, wgmma serialized in "
           f"{sum(bool(b.serialized) for b in bins)} -> {CONFIG.cache}", flush=True)
+    if pack:
+        write_pack(bins, pack)
     return 0
+
+
+def write_pack(bins: list, out: str) -> None:
+    """The kernels' cache folders (cubin, meta.json, ptxas.txt; no sources) as an xz tarball,
+    about 50 KB a kernel: carried to the GPU machine, run_gpu.sh unpacks it into
+    $MOKGEN_CACHE, where the loader checks each cubin against its recorded hash."""
+    import tarfile
+
+    with tarfile.open(out, "w:xz") as tar:
+        for b in bins:
+            for name in ("kernel.cubin", "meta.json", "ptxas.txt"):
+                path = b.path.parent / name
+                if path.exists():
+                    tar.add(path, f"{b.path.parent.name}/{name}")
+    print(f"prebuild: {len(bins)} kernels packed -> {out} "
+          f"({os.path.getsize(out) / 2**20:.1f} MiB)", flush=True)
 
 
 # ------------------------------------------------------------------------- command line
@@ -171,6 +193,9 @@ def parser() -> argparse.ArgumentParser:
                                              "call will load, into $MOKGEN_CACHE")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2,
                     help="parallel nvcc processes (default: every core)")
+    ap.add_argument("--pack", metavar="FILE.tar.xz", default=None,
+                    help="also write the built kernels to this tarball, for a GPU machine "
+                         "(run_gpu.sh unpacks .kcache/kernels*.tar.xz into its cache)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("collect", help="list the plans the GPU tests build (runs them on CPU)")
     c.add_argument("out", help="the plan list to write (a .pkl)")
@@ -205,7 +230,7 @@ def main(argv=None) -> int:
                 plans = pickle.load(f)
         if a.bench:
             plans += bench_plans(shlex.split(a.bench))
-        return build(plans, a.jobs)
+        return build(plans, a.jobs, a.pack)
     if a.cmd == "layers":
         over = {}
         if a.gemm_bwd:
@@ -213,11 +238,11 @@ def main(argv=None) -> int:
             over["gemm_bwd"] = _gemm(a.gemm_bwd)
         ints = lambda text: [int(v) for v in text.split(",") if v]  # noqa: E731
         return build(layer_plans(a.presets.split(","), ints(a.ep) or None, ints(a.tokens),
-                                 a.dtypes.split(","), **over), a.jobs)
+                                 a.dtypes.split(","), **over), a.jobs, a.pack)
     plans = multigpu_test_plans(a.world) + example_plans(a.world)
     if not a.skip_bench:
         plans += multigpu_bench_plans(a.world, a.tokens)
-    return build(plans, a.jobs)
+    return build(plans, a.jobs, a.pack)
 
 
 if __name__ == "__main__":

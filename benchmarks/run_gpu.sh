@@ -11,7 +11,9 @@
 # into the repository's files (rows per GPU kind):
 #   python benchmarks/result_file.py merge <returned $OUT>/results/*.json
 # Kernels build on the machine's cores at the start of each chunk (benchmarks/prebuild.py)
-# into $MOKGEN_CACHE (default /tmp/mokgen-cache: kept while the machine stays warm). Two-GPU
+# into $MOKGEN_CACHE (default /tmp/mokgen-cache: kept while the machine stays warm), after
+# unpacking any carried .kcache/kernels*.tar.xz there (`prebuild.py --pack` here: then they
+# are found built). Two-GPU
 # chunks print why they are skipped where one GPU is visible and exit 0.
 set -uo pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -79,6 +81,13 @@ shift || true
   [ -n "${MOKGEN_COMMIT:-}" ] || [ -e .git ] || echo "warning: no MOKGEN_COMMIT and no .git:" \
     "results will record commit '?'"
 }
+if [ "$CHUNK" != list ]; then
+  for pack in .kcache/kernels*.tar.xz; do
+    [ -f "$pack" ] || continue
+    mkdir -p "$MOKGEN_CACHE" && tar -xJf "$pack" -C "$MOKGEN_CACHE" --skip-old-files &&
+      echo "unpacked $pack into $MOKGEN_CACHE ($SECONDS s)"
+  done
+fi
 case $CHUNK in
   list)
     cat <<'EOF'
@@ -101,7 +110,9 @@ multigpu-tests   -                         5-8      2+ GPUs: test_multigpu, the 
 deepep           .peers-deepep             5-8      2 GPUs: build DeepEP, peers_deepep.py
 torchtitan M [R] .torchtitan               2-9      torchtitan_train.py: model M (debug | qwen3-30b-a3b),
                                                     runs R (IMPL:SEED; default the four of the band)
-Here first: tests.pkl by `python benchmarks/prebuild.py collect .kcache/tests.pkl` (~6-10 min);
+Here first: tests.pkl by `python benchmarks/prebuild.py collect .kcache/tests.pkl` (~2-10 min),
+its kernels packed by `python benchmarks/prebuild.py --pack .kcache/kernels.tar.xz build
+.kcache/tests.pkl` (~10 min on 2 cores; optional, saves the call ~1-2 min);
 SonicMoE's wheels by benchmarks/peers/fetch_sonicmoe.sh, DeepEP's source by fetch_deepep.sh,
 torchtitan's wheels and text by fetch_torchtitan.sh.
 EOF
