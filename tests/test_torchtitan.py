@@ -298,6 +298,18 @@ def test_blocks_compiled_one_by_one_share_one_graph():
         assert rel(p.grad, want[name].grad) <= 1e-4, name
 
 
+def test_blocks_sharing_a_registration_keep_a_weight_set_each():
+    """The shared registration counts its blocks, so the compiled layer's fp8 weight cache
+    holds every block's quantized weights from forward to backward (none re-quantizes)."""
+    model = convert(qwen3(n_layers=3), backend="kernels", dtype="mxfp8").build()
+    (registration,) = {id(b.moe._registration): b.moe._registration
+                       for b in model.layers.values()}.values()
+    assert registration.kernels.weight_sets == 3
+    (copied,) = {id(b.moe._registration): b.moe._registration
+                 for b in copy.deepcopy(model).layers.values()}.values()
+    assert copied is not registration and copied.kernels.weight_sets == 3
+
+
 def test_the_experts_are_what_sets_the_logits():
     """The tolerance means something: the same model with one expert's gate and up weights
     exchanged is far outside it."""

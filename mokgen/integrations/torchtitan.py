@@ -234,16 +234,18 @@ class MokgenMoE(MoE):
 # the custom ops take) for all keeps it a constant of one graph; a handle per block would be
 # a new constant per block, a recompile each, and past the first, a symbolic int the ops
 # cannot look up. Blocks may share it: the workspace is per plan anyway, a call's state goes
-# from forward to backward in its token, and no block owns gradients to accumulate into.
+# from forward to backward in its token, no block owns gradients to accumulate into, and the
+# fp8 weight cache keeps a set per block (LayerRegistration.share).
 _REGISTRATIONS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _shared_registration(plan, backend: str) -> LayerRegistration:
     key = (plan.to_json(indent=None), backend)
     registration = _REGISTRATIONS.get(key)
-    if registration is None:
-        registration = LayerRegistration(plan, None, backend, owner=None)
-        _REGISTRATIONS[key] = registration
+    if registration is not None:
+        return registration.share()
+    registration = LayerRegistration(plan, None, backend, owner=None)
+    _REGISTRATIONS[key] = registration
     return registration
 
 

@@ -28,6 +28,10 @@ class CompiledMoE:
         self._runtime = None
         self._backward = None
         self._weights = None
+        # how many layers' weights this one compiled layer is called with (torchtitan's blocks
+        # of one plan share it): its fp8 weight cache keeps a set per rank for each, as a
+        # compiled layer per block would, so a backward finds what its forward quantized
+        self.weight_sets = 1
 
     @property
     def resources(self) -> dict:
@@ -57,6 +61,7 @@ class CompiledMoE:
             self._runtime.layers.add(self)
             self._weights = WeightCache(spec.scale_block, len(self._runtime.ranks),
                                         self._runtime.prologue.module)
+        self._weights.slots = len(self._runtime.ranks) * self.weight_sets
         self._runtime.weights = self._weights  # this layer's fp8 weights (see ForwardRuntime)
         return self._runtime
 

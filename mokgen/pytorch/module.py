@@ -205,9 +205,16 @@ class LayerRegistration:
 
     def __init__(self, plan, ep_group=None, backend: str = "kernels", owner=None):
         self.args, self.owner = (plan, ep_group, backend), owner
-        kernels = _LazyKernels(plan, ep_group) if backend == "kernels" else None
-        self.handle = ops.register(kernels, plan.shape.topk, plan.ep,
+        self.kernels = _LazyKernels(plan, ep_group) if backend == "kernels" else None
+        self.handle = ops.register(self.kernels, plan.shape.topk, plan.ep,
                                    None if plan.dtype == "bf16" else plan.dtype, owner)
+
+    def share(self) -> "LayerRegistration":
+        """One more module calls through this registration (torchtitan's blocks of one plan):
+        the layer's fp8 weight cache then keeps a weight set for each caller."""
+        if self.kernels is not None:
+            self.kernels.weight_sets += 1
+        return self
 
     @classmethod
     def attach(cls, module, plan, ep_group, backend: str, fuse_grad_accumulation) -> None:
@@ -222,7 +229,10 @@ class LayerRegistration:
         # the copy of the owning module (deepcopy made it first) owns the new registration
         owner = self.owner() if self.owner is not None else None
         copy = memo.get(id(owner)) if owner is not None else None
-        return LayerRegistration(*self.args, weakref.ref(copy) if copy is not None else None)
+        new = LayerRegistration(*self.args, weakref.ref(copy) if copy is not None else None)
+        if new.kernels is not None:  # a model's copy calls it from as many modules
+            new.kernels.weight_sets = self.kernels.weight_sets
+        return new
 
     def __del__(self):
         unregister = getattr(ops, "unregister", None)  # None at interpreter shutdown
@@ -236,6 +246,7 @@ class _LazyKernels:
 
     def __init__(self, plan, group):
         self.plan, self.group, self.compiled = plan, group, None
+        self.weight_sets = 1  # modules calling through it (LayerRegistration.share)
 
     def layer(self):
         from mokgen.pytorch.api import compile_layer
@@ -243,6 +254,7 @@ class _LazyKernels:
         if self.compiled is None:
             self.compiled = compile_layer(self.plan, virtual=self.group is None,
                                           group=self.group)
+        self.compiled.weight_sets = self.weight_sets
         return self.compiled
 
     def forward(self, x, logits, w1, w2, sw1, sw2, routes=None, save=False):
