@@ -68,7 +68,8 @@ def test_the_kinds_table():
                                    ("h100-sxm", "H800", "h100_pcie", "h20", "h200"))
     assert hardware.get("H100") is h100 and hardware.get("sm_90a") is h200
     assert (h100.num_sms, pcie.num_sms, h20.num_sms) == (132, 114, 78)
-    assert h200.measured and not any(g.measured for g in (h100, h800, pcie, h20))
+    assert h200.measured and h100.measured and not any(g.measured for g in (h800, pcie, h20))
+    assert h800.bf16_flops == h100.bf16_flops  # an H100 with less NVLink
     assert h800.nvlink_bw == 200e9 and h100.nvlink_bw == h200.nvlink_bw == 450e9
     assert h20.bf16_flops < pcie.bf16_flops < h100.bf16_flops  # H20: 148 TFLOP/s peak
     assert h100.hbm_bw < h200.hbm_bw and h100.memory < h20.memory < h200.memory

@@ -88,11 +88,17 @@ def datasheet(name: str, arch: str, num_sms: int, memory: int, bf16: float, fp8:
                measured=False)
 
 
-# H100 SXM5 80 GB: 132 SMs, dense bf16 989 / fp8 1,979 TFLOP/s, HBM3 3.35 TB/s, NVLink 4
-# 900 GB/s both ways; datasheet rates until `python -m mokgen.harness.probe` runs on one.
-H100_SXM = datasheet("H100-SXM", "sm_90a", 132, 81559 * MIB, 989, 1979, 3.35, 450)
-# H800 SXM5: the H100 SXM with NVLink cut to 400 GB/s both ways (200 a direction).
-H800 = datasheet("H800", "sm_90a", 132, 81559 * MIB, 989, 1979, 3.35, 200)
+# H100 SXM5 80 GB (datasheet: dense bf16 989 / fp8 1,979 TFLOP/s, HBM3 3.35 TB/s, NVLink 4
+# 900 GB/s both ways). Measured on one by `python -m mokgen.harness.probe` (torch 2.11.0+cu130,
+# commit 9b5cb33); NVLink and the peer flag latency need two GPUs: the H200's.
+H100_SXM = GPU(
+    name="H100-SXM", arch="sm_90a", num_sms=132, **HOPPER_SMEM, l2_bytes=50 * MIB,
+    memory=81559 * MIB, bf16_flops=784e12, fp8_flops=1410e12, hbm_bw=3.03e12, nvlink_bw=450e9,
+    copy_bw_per_sm=37.8e9, flag_latency=0.64e-6, peer_flag_latency=4e-6, measured=True,
+)
+# H800 SXM5: the H100 SXM with NVLink cut to 400 GB/s both ways (200 a direction); the
+# H100's rates, unmeasured on an H800 itself.
+H800 = dataclasses.replace(H100_SXM, name="H800", nvlink_bw=200e9, measured=False)
 # H100 PCIe 80 GB: 114 SMs, dense bf16 756 / fp8 1,513 TFLOP/s, HBM2e 2.0 TB/s; no NVLink
 # (the optional bridge aside): peers over PCIe Gen5 x16, 64 GB/s a direction.
 H100_PCIE = datasheet("H100-PCIe", "sm_90a", 114, 81559 * MIB, 756, 1513, 2.0, 64)
