@@ -5,8 +5,7 @@ from mokgen import shapes
 from mokgen.compiler.plan import Plan
 from mokgen.compiler.planner import plan
 from mokgen.shapes import MoEShape
-
-__version__ = "0.1.0"
+from mokgen.version import __version__
 
 
 def compile(shape: MoEShape, ep: int, dtype: str = "bf16", tokens_per_rank: int = 2048,

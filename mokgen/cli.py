@@ -8,7 +8,7 @@ import signal
 import sys
 from importlib import import_module
 
-from mokgen import __version__
+from mokgen.version import __version__
 from mokgen import plan as make_plan
 from mokgen import shapes
 

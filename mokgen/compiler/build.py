@@ -26,6 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from mokgen.config import CONFIG
+from mokgen.version import __version__
 
 INCLUDE_DIR = Path(__file__).parents[1] / "runtime" / "include"
 BASE_FLAGS = ("-O3", "-std=c++17", "-cubin", "-lineinfo", "-Xptxas=-v",
@@ -85,8 +86,6 @@ def _headers_digest() -> str:
 
 
 def cache_key(kernel: Kernel, arch: str) -> str:
-    from mokgen import __version__
-
     h = hashlib.sha256()
     for part in (kernel.source, _headers_digest(), " ".join(BASE_FLAGS + kernel.flags),
                  nvcc_version(), arch, __version__):
