@@ -13,8 +13,8 @@
 # Kernels build on the machine's cores at the start of each chunk (benchmarks/prebuild.py)
 # into $MOKGEN_CACHE (default /tmp/mokgen-cache: kept while the machine stays warm), after
 # unpacking any carried .kcache/kernels*.tar.xz there (`prebuild.py --pack` here: then they
-# are found built). Two-GPU
-# chunks print why they are skipped where one GPU is visible and exit 0.
+# are found built). Two-GPU chunks print why they are skipped where one GPU is visible and
+# exit 0.
 set -uo pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export MOKGEN_CACHE=${MOKGEN_CACHE:-/tmp/mokgen-cache}
