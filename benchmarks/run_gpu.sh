@@ -109,7 +109,8 @@ multigpu         -                         5-7      2+ GPUs: multigpu.py and fsd
 multigpu-tests   -                         5-8      2+ GPUs: test_multigpu, the killed-rank test, the FSDP2 example
 deepep           .peers-deepep             5-8      2 GPUs: build DeepEP, peers_deepep.py
 torchtitan M [R] .torchtitan               2-9      torchtitan_train.py: model M (debug | qwen3-30b-a3b),
-                                                    runs R (IMPL:SEED; default the four of the band)
+                                                    runs R (IMPL:SEED; default the four of the band);
+                                                    TESTS=1: tests/test_torchtitan.py's GPU tests first
 Here first: tests.pkl by `python benchmarks/prebuild.py collect .kcache/tests.pkl` (~2-10 min),
 its kernels packed by `python benchmarks/prebuild.py --pack .kcache/kernels.tar.xz build
 .kcache/tests.pkl` (~10 min on 2 cores; optional, saves the call ~1-2 min);
@@ -221,9 +222,11 @@ EOF
     # before the call's budget; a debug run is 1-2 minutes, so the band's four fit one call
     [ -d .torchtitan/whl ] || { echo "no .torchtitan: run benchmarks/peers/fetch_torchtitan.sh, carry .torchtitan"; exit 2; }
     python3 -m pip install -q --no-index --no-deps --target /tmp/torchtitan .torchtitan/whl/*.whl || exit 3
-    export PYTHONPATH=$PYTHONPATH:/tmp/torchtitan
+    # torch211_compat: the one PyTorch 2.12 name torchtitan 0.3 imports (a no-op on newer)
+    export PYTHONPATH=$PYTHONPATH:/tmp/torchtitan:$PWD/benchmarks/peers/torch211_compat
     M=${1:-debug}
     shift || true
+    [ -n "${TESTS:-}" ] && pytest_gpu pytest_torchtitan.log tests/test_torchtitan.py
     for R in ${@:-torchtitan:0 torchtitan:1 torchtitan:2 mokgen:0}; do
       IMPL=${R%%:*} SEED=${R#*:}
       DT=bf16; [ "$IMPL" = mokgen-mxfp8 ] && IMPL=mokgen DT=mxfp8
