@@ -221,11 +221,13 @@ def model_stack(data: dict) -> str:
                      "yes" if r["checkpointing"] else "no",
                      "yes" if r["fused_grad_accumulation"] else "no", keep_h,
                      num(r.get("mokgen_workspace_mb")), num(r.get("mokgen_held_mb_per_layer"), 1),
-                     num(r.get("mokgen_peak_mb")), torch_peak, num(r.get("mokgen_step_ms"), 1),
+                     num(r.get("mokgen_peak_mb")), torch_peak,
+                     num(r.get("mokgen_predicted_mb")), num(r.get("mokgen_measured_mb")),
+                     num(r.get("mokgen_step_ms"), 1),
                      torch_ms, ratio(r.get("torch_step_ms"), r.get("mokgen_step_ms"))])
     return table(["GPU", "commit", "shape", "layers", "N", "checkpointing", "fused accumulation",
                   "keep_h", "workspace MB", "held MB / layer", "peak MB", "torch peak MB",
-                  "step ms", "torch step ms", "x"], rows)
+                  "predicted MB", "measured MB", "step ms", "torch step ms", "x"], rows)
 
 
 def multigpu(data: dict) -> str:
@@ -340,7 +342,9 @@ def render_performance() -> str:
         "autograd); steps accumulate into the first step's gradients. `held` is what stays "
         "allocated after a step beyond weights and gradients, divided by the layers (mokgen's "
         "one shared workspace included); `peak` the most allocated during a step beyond what "
-        "was allocated before it. See docs/training.md.", model_stack))
+        "was allocated before it. `predicted` is `mokgen.pytorch.api.stack_memory` (held + peak beyond "
+        "weights and gradients), `measured` the same bytes as the step allocated "
+        "them. See docs/training.md.", model_stack))
     parts.append(section(
         "Several GPUs: expert parallelism against NCCL", "multigpu",
         "`torchrun --nproc-per-node=R benchmarks/multigpu.py`: each GPU carries one rank's load "
