@@ -10,10 +10,13 @@ adds nothing, for either layer). mokgen runs twice: with fuse_grad_accumulation=
 =True (the kernel adds them into .grad: `mokgen_fused_*`, the default in one process; with
 no .grad to add into it is the other's path, so it has no fresh column). --sustained S also
 runs the forward and the step back to back for S seconds each, at the power cap (the
-`*_sustained_*` columns).
+`*_sustained_*` columns). --dtypes bf16,fp8 also runs mokgen's blockwise fp8 layers the same
+two ways, into the same columns named `mokgen_fp8_*` (SonicMoE runs bf16 only).
 
-    python benchmarks/peers_sonicmoe.py [--shapes qwen3-30b-a3b,...] [--sustained 2] [--out DIR]
-    python benchmarks/peers_sonicmoe.py --prebuild   (no GPU: mokgen's kernels into $MOKGEN_CACHE)
+    python benchmarks/peers_sonicmoe.py [--shapes qwen3-30b-a3b,...] [--dtypes bf16,fp8]
+        [--sustained 2] [--out DIR]
+    python benchmarks/peers_sonicmoe.py --prebuild [--dtypes ...]   (no GPU: mokgen's kernels
+        into $MOKGEN_CACHE)
 
 SonicMoE (the sonic-moe package) is installed on the GPU machine from wheels fetched here:
 benchmarks/peers/README.md. Its first call per shape JIT-compiles for minutes; QuACK keeps
@@ -68,19 +71,19 @@ def mokgen_shape(D, I, E, k):
     return mokgen.MoEShape(E, D, I, k, shared_experts=0)
 
 
-def mokgen_layer(D, I, E, k, T, fuse=False):
+def mokgen_layer(D, I, E, k, T, fuse=False, dtype="bf16"):
     # .to(bf16) as SonicMoE's layer above (its router included): the user's model dtype
-    layer = mokgen.MoE(mokgen_shape(D, I, E, k), tokens_per_rank=T,
+    layer = mokgen.MoE(mokgen_shape(D, I, E, k), tokens_per_rank=T, dtype=dtype,
                        fuse_grad_accumulation=fuse, device="cuda").to(torch.bfloat16)
     return layer, layer
 
 
-def prebuild(shapes) -> None:
+def prebuild(shapes, dtypes=("bf16",)) -> None:
     """Compile the kernels mokgen.MoE builds for `shapes` (its plan: ep = 1, tuned overrides)."""
     from mokgen.pytorch.api import build_plans
     from mokgen.compiler.tuned import tuned_plan
-    bins = build_plans([tuned_plan(mokgen_shape(D, I, E, k), 1, "bf16", T)
-                        for _, T, D, I, E, k in shapes], jobs=os.cpu_count())
+    bins = build_plans([tuned_plan(mokgen_shape(D, I, E, k), 1, dt, T)
+                        for _, T, D, I, E, k in shapes for dt in dtypes], jobs=os.cpu_count())
     print(f"prebuild: {len(bins)} kernels, {sum(not b.cached for b in bins)} built")
 
 
@@ -150,6 +153,9 @@ def main(argv=None):
                     help="folder of peers_sonicmoe.json (default: %(default)s)")
     ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES),
                     help="comma-separated names from SHAPES")
+    ap.add_argument("--dtypes", default="bf16",
+                    help="mokgen's precisions, comma-separated: bf16 and/or fp8 (default: "
+                         "%(default)s); fp8 fills the mokgen_fp8_* columns")
     ap.add_argument("--prebuild", action="store_true",
                     help="only compile mokgen's kernels for the shapes (no GPU needed)")
     ap.add_argument("--sustained", type=float, default=0.0, metavar="S",
@@ -161,40 +167,60 @@ def main(argv=None):
     unknown = set(wanted) - {s[0] for s in SHAPES}
     if unknown:
         ap.error(f"unknown shapes {sorted(unknown)}; known: {[s[0] for s in SHAPES]}")
+    dtypes = a.dtypes.split(",")
+    if not dtypes or set(dtypes) - {"bf16", "fp8"}:
+        ap.error(f"--dtypes takes bf16 and/or fp8, got {a.dtypes!r}")
     if a.prebuild:
-        prebuild([s for s in SHAPES if s[0] in wanted])
+        prebuild([s for s in SHAPES if s[0] in wanted], dtypes)
         return 0
     rows = []
     for name, T, D, I, E, k in (s for s in SHAPES if s[0] in wanted):
         flops = 6 * T * k * D * I
-        print(f"{name}: mokgen", flush=True)
-        m = measure(lambda: mokgen_layer(D, I, E, k, T), T, D, a.iters)
-        print(f"{name}: mokgen fused", flush=True)
-        xm, xs = {}, {}
-        mf = measure(lambda: mokgen_layer(D, I, E, k, T, fuse=True), T, D, a.iters,
-                     a.sustained, xm)
-        print(f"{name}: SonicMoE", flush=True)
-        s = measure(lambda: sonicmoe_layer(D, I, E, k), T, D, a.iters, a.sustained, xs)
-        tf = lambda ms, f: None if ms is None else f / ms / 1e9  # noqa: E731
-        rows.append(dict(shape=name, T=T, D=D, I=I, E=E, k=k,
-                         mokgen_fwd_tflops=tf(m[0], flops), sonicmoe_fwd_tflops=tf(s[0], flops),
-                         mokgen_train_tflops=tf(m[1], 3 * flops),
-                         sonicmoe_train_tflops=tf(s[1], 3 * flops),
-                         mokgen_peak_mb=m[2], sonicmoe_peak_mb=s[2],
-                         mokgen_fused_train_tflops=tf(mf[1], 3 * flops),
-                         mokgen_fused_peak_mb=mf[2],
-                         mokgen_train_fresh_tflops=tf(m[3], 3 * flops),
-                         sonicmoe_train_fresh_tflops=tf(s[3], 3 * flops),
-                         mokgen_peak_fresh_mb=m[4], sonicmoe_peak_fresh_mb=s[4]))
+        row = dict(shape=name, T=T, D=D, I=I, E=E, k=k)
         if a.sustained > 0:
-            rows[-1].update(
-                sustained_s=a.sustained,
-                mokgen_fwd_sustained_tflops=tf(xm.get("fwd_sustained_ms"), flops),
-                sonicmoe_fwd_sustained_tflops=tf(xs.get("fwd_sustained_ms"), flops),
-                mokgen_fused_train_sustained_tflops=tf(xm.get("train_sustained_ms"), 3 * flops),
-                sonicmoe_train_sustained_tflops=tf(xs.get("train_sustained_ms"), 3 * flops))
-        print(json.dumps(rows[-1]), flush=True)
+            row["sustained_s"] = a.sustained
+        for dt in dtypes:
+            row.update(mokgen_columns(name, (D, I, E, k, T), dt, flops, a.iters, a.sustained))
+        print(f"{name}: SonicMoE", flush=True)
+        xs = {}
+        s = measure(lambda: sonicmoe_layer(D, I, E, k), T, D, a.iters, a.sustained, xs)
+        row.update(sonicmoe_fwd_tflops=tflops(s[0], flops),
+                   sonicmoe_train_tflops=tflops(s[1], 3 * flops), sonicmoe_peak_mb=s[2],
+                   sonicmoe_train_fresh_tflops=tflops(s[3], 3 * flops),
+                   sonicmoe_peak_fresh_mb=s[4])
+        if a.sustained > 0:
+            row.update(sonicmoe_fwd_sustained_tflops=tflops(xs.get("fwd_sustained_ms"), flops),
+                       sonicmoe_train_sustained_tflops=tflops(xs.get("train_sustained_ms"),
+                                                              3 * flops))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
         write(a.out, rows)
+
+
+def tflops(ms, flops):
+    return None if ms is None else flops / ms / 1e9
+
+
+def mokgen_columns(name, dims, dtype, flops, iters, sustained) -> dict:
+    """mokgen's columns of a row in one precision (bf16: `mokgen_*`, fp8: `mokgen_fp8_*`):
+    the layer with autograd adding the expert gradients, then with fused accumulation."""
+    D, I, E, k, T = dims
+    p = "mokgen" if dtype == "bf16" else f"mokgen_{dtype}"
+    print(f"{name}: {p}", flush=True)
+    m = measure(lambda: mokgen_layer(D, I, E, k, T, dtype=dtype), T, D, iters)
+    print(f"{name}: {p} fused", flush=True)
+    xm = {}
+    mf = measure(lambda: mokgen_layer(D, I, E, k, T, fuse=True, dtype=dtype), T, D, iters,
+                 sustained, xm)
+    cols = {f"{p}_fwd_tflops": tflops(m[0], flops), f"{p}_train_tflops": tflops(m[1], 3 * flops),
+            f"{p}_peak_mb": m[2], f"{p}_fused_train_tflops": tflops(mf[1], 3 * flops),
+            f"{p}_fused_peak_mb": mf[2], f"{p}_train_fresh_tflops": tflops(m[3], 3 * flops),
+            f"{p}_peak_fresh_mb": m[4]}
+    if sustained > 0:
+        cols[f"{p}_fwd_sustained_tflops"] = tflops(xm.get("fwd_sustained_ms"), flops)
+        cols[f"{p}_fused_train_sustained_tflops"] = tflops(xm.get("train_sustained_ms"),
+                                                            3 * flops)
+    return cols
 
 
 def write(out: str, rows: list) -> None:
@@ -216,6 +242,19 @@ def write(out: str, rows: list) -> None:
               f"| {fmt(r.get('mokgen_train_fresh_tflops'))} "
               f"| {fmt(r.get('sonicmoe_train_fresh_tflops'))} "
               f"| {fmt(r.get('mokgen_peak_fresh_mb'))} | {fmt(r.get('sonicmoe_peak_fresh_mb'))} |")
+    if any("mokgen_fp8_train_tflops" in r for r in rows):
+        print("\nmokgen fp8 against SonicMoE bf16, TFLOP/s and MB:")
+        print("| shape | fwd fp8 | train fp8 / fused | SonicMoE train | x | peak fp8 fused / "
+              "fresh | SonicMoE peak / fresh |")
+        print("|---|---|---|---|---|---|---|")
+        for r in rows:
+            x8, xs = r.get("mokgen_fp8_train_tflops"), r.get("sonicmoe_train_tflops")
+            print(f"| {r['shape']} | {fmt(r.get('mokgen_fp8_fwd_tflops'))} "
+                  f"| {fmt(x8)} / {fmt(r.get('mokgen_fp8_fused_train_tflops'))} | {fmt(xs)} "
+                  f"| {'-' if not (x8 and xs) else f'{x8 / xs:.2f}'} "
+                  f"| {fmt(r.get('mokgen_fp8_fused_peak_mb'))} / "
+                  f"{fmt(r.get('mokgen_fp8_peak_fresh_mb'))} "
+                  f"| {fmt(r.get('sonicmoe_peak_mb'))} / {fmt(r.get('sonicmoe_peak_fresh_mb'))} |")
     if any("sustained_s" in r for r in rows):
         print("\nback to back at the power cap (sustained), TFLOP/s:")
         print("| shape | fwd mokgen | SonicMoE | train mokgen fused | SonicMoE |")

@@ -105,6 +105,7 @@ stack            -                         4-8      model_stack.py (Qwen3-30B, O
 training         -                         3-4      training_step.py (Mixtral-8x22B, Qwen3-30B)
 sonicmoe-stage   .peersA                   <1       SonicMoE, call 1 of 2: the first part of its big wheel
 sonicmoe [S,..]  .peersB .peersC           3-9      SonicMoE, call 2 (right after 1): install, peers_sonicmoe.py
+                                                    (DTYPES=bf16,fp8: mokgen's fp8 columns too)
 multigpu         -                         5-7      2+ GPUs: multigpu.py and fsdp_overlap.py at R = GPUs
 multigpu-tests   -                         5-8      2+ GPUs: test_multigpu, the killed-rank test, the FSDP2 example
 deepep           .peers-deepep             5-8      2 GPUs: build DeepEP, peers_deepep.py
@@ -182,9 +183,10 @@ EOF
     export QUACK_CACHE_DIR=${QUACK_CACHE_DIR:-$PWD/.peersC/quack_cache}
     mkdir -p "$QUACK_CACHE_DIR"
     echo "QuACK cache: $(ls "$QUACK_CACHE_DIR" | wc -l) entries"
-    step prebuild.log 120 python3 benchmarks/peers_sonicmoe.py --prebuild ${1:+--shapes "$1"}
+    step prebuild.log 120 python3 benchmarks/peers_sonicmoe.py --prebuild ${1:+--shapes "$1"} \
+      ${DTYPES:+--dtypes "$DTYPES"}
     TAIL=25 step peers_sonicmoe.log 480 python3 benchmarks/peers_sonicmoe.py --sustained 2 \
-      --out "$RES" ${1:+--shapes "$1"}
+      --out "$RES" ${1:+--shapes "$1"} ${DTYPES:+--dtypes "$DTYPES"}
     tar -czf "$OUT/quack_cache.tgz" -C "$(dirname "$QUACK_CACHE_DIR")" \
       "$(basename "$QUACK_CACHE_DIR")" && ls -la "$OUT/quack_cache.tgz"
     ;;
