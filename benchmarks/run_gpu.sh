@@ -220,7 +220,7 @@ EOF
       --tokens 2048 --out "$RES"
     ;;
   torchtitan)
-    # one step per run (IMPL:SEED, IMPL torchtitan | mokgen | mokgen-mxfp8), each stopping
+    # one step per run (IMPL:SEED, IMPL torchtitan | mokgen | mokgen-fp8 | mokgen-mxfp8), each stopping
     # before the call's budget; a debug run is 1-2 minutes, so the band's four fit one call
     [ -d .torchtitan/whl ] || { echo "no .torchtitan: run benchmarks/peers/fetch_torchtitan.sh, carry .torchtitan"; exit 2; }
     python3 -m pip install -q --no-index --no-deps --target /tmp/torchtitan .torchtitan/whl/*.whl || exit 3
@@ -231,7 +231,7 @@ EOF
     [ -n "${TESTS:-}" ] && pytest_gpu pytest_torchtitan.log tests/test_torchtitan.py
     for R in ${@:-torchtitan:0 torchtitan:1 torchtitan:2 mokgen:0}; do
       IMPL=${R%%:*} SEED=${R#*:}
-      DT=bf16; [ "$IMPL" = mokgen-mxfp8 ] && IMPL=mokgen DT=mxfp8
+      DT=bf16; case $IMPL in mokgen-*) DT=${IMPL#mokgen-} IMPL=mokgen;; esac
       step "torchtitan_${M}_${R/:/_s}.log" 560 python3 benchmarks/torchtitan_train.py run \
         --model "$M" --impl "$IMPL" --dtype "$DT" --seed "$SEED" --out "$RES" \
         --max-seconds $(( $(left) - 30 ))

@@ -32,13 +32,13 @@ machine; benchmarks/peers/fetch_torchtitan.sh fills it, with the wheels in .torc
 Needs torchtitan (the torchtitan extra: pip install -e '.[torchtitan]') and a CUDA GPU;
 `report` needs neither (matplotlib for the PNG). On the GPU machine
 `bash benchmarks/run_gpu.sh torchtitan MODEL RUN...` installs the carried wheels and runs each
-RUN (IMPL:SEED, IMPL one of torchtitan, mokgen, mokgen-mxfp8) as a step of the call; one
+RUN (IMPL:SEED, IMPL one of torchtitan, mokgen, mokgen-fp8, mokgen-mxfp8) as a step of the call; one
 run takes about 1-3 minutes for debug, more for qwen3-30b-a3b (--max-seconds stops a run
 before the call's limit). By hand:
 
   python benchmarks/torchtitan_train.py run --model debug --impl torchtitan --seed 0 --out DIR
   python benchmarks/torchtitan_train.py run --model debug --impl mokgen --seed 0 --out DIR
-  python benchmarks/torchtitan_train.py run --model debug --impl mokgen --dtype mxfp8 --out DIR
+  python benchmarks/torchtitan_train.py run --model debug --impl mokgen --dtype fp8 --out DIR
   python benchmarks/torchtitan_train.py report --model debug [--results DIR]
 """
 from __future__ import annotations
@@ -88,7 +88,7 @@ def parse(argv=None):
                    help="torchtitan's activation checkpointing (default selective)")
     r.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                    help="torch.compile each block, as torchtitan does (default on)")
-    r.add_argument("--dtype", choices=("bf16", "mxfp8"), default="bf16",
+    r.add_argument("--dtype", choices=("bf16", "fp8", "mxfp8"), default="bf16",
                    help="mokgen's precision for the routed experts (--impl mokgen)")
     r.add_argument("--data", default=os.path.join(ROOT, ".torchtitan", "data"),
                    help="folder with tokenizer.json and the text (see above)")
@@ -372,7 +372,8 @@ def plot(rows: list, model: str, path: str, window: int) -> None:
         print("matplotlib is not installed: no PNG")
         return
     fig, ax = plt.subplots(figsize=(8, 5))
-    colors = {"torchtitan": "tab:gray", "mokgen": "tab:red", "mokgen-mxfp8": "tab:blue"}
+    colors = {"torchtitan": "tab:gray", "mokgen": "tab:red", "mokgen-fp8": "tab:green",
+              "mokgen-mxfp8": "tab:blue"}
     for r in rows:
         ax.plot(smooth(r["loss"], window), color=colors.get(r["impl"]), lw=1,
                 alpha=0.6 if r["impl"] == "torchtitan" else 1.0,

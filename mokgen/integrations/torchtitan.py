@@ -59,6 +59,8 @@ GATE, UP, DOWN = "w1_EFD", "w3_EFD", "w2_EDF"
 # the experts compute in bf16 whatever the master weights' dtype, as torchtitan's own
 # grouped GEMMs do (GroupedExperts casts to bf16)
 COMPUTE_DTYPE = torch.bfloat16
+# the routed experts' precisions the override takes (docs/fp8.md: what each quantizes)
+DTYPES = ("bf16", "fp8", "mxfp8")
 
 
 def _split_init(gate_init, up_init, rows: int):
@@ -151,7 +153,8 @@ class MokgenMoE(MoE):
         tokens_per_rank: int = 16384
         """Most tokens (local batch x sequence length) one call may take; sizes the plan."""
         dtype: str = "bf16"
-        """mokgen's precision for the routed experts: "bf16" or "mxfp8"."""
+        """mokgen's precision for the routed experts: "bf16", "fp8" (blockwise, DeepSeek-style
+        scales) or "mxfp8"."""
         backend: str = "kernels"
         """"kernels": the megakernels on CUDA (the PyTorch reference elsewhere);
         "reference": the PyTorch reference on every device (for comparisons)."""
@@ -332,11 +335,13 @@ def mokgen_moe(cfg: MoE.Config, *, tokens_per_rank: int = 16384, dtype: str = "b
     """torchtitan override factory: `cfg` (a MoE block's config) as a MokgenMoE's.
 
     tokens_per_rank: the most tokens one call may take (training.local_batch_size x
-    training.seq_len); dtype: "bf16" or "mxfp8"; backend: "kernels" or "reference".
+    training.seq_len); dtype: "bf16", "fp8" or "mxfp8"; backend: "kernels" or "reference".
     Raises ValueError for what mokgen does not run (module docstring)."""
     if isinstance(cfg, MokgenMoE.Config):
         return cfg
     _refuse_other_type(cfg, MoE.Config, "MoE", "torchtitan's MoE")
+    if dtype not in DTYPES:
+        raise ValueError(f"mokgen_moe: dtype must be one of {DTYPES}, got {dtype!r}")
     if backend not in ("kernels", "reference"):
         raise ValueError(f"mokgen_moe: backend must be 'kernels' or 'reference', got {backend!r}")
     routed = dataclasses.replace(cfg.routed_experts,
