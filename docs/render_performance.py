@@ -147,9 +147,18 @@ def models(data: dict) -> str:
 
 
 def sonicmoe(data: dict) -> str:
-    rows, sustained, memory = [], [], []
+    rows, sustained, memory, fp8_rows = [], [], [], []
     for r in by_gpu(data["rows"]):
         shape = f"{r['shape']} (T {r['T']}, D {r['D']}, I {r['I']}, E {r['E']}, k {r['k']})"
+        if r.get("mokgen_fp8_train_tflops") is not None:  # peers_sonicmoe.py --dtypes bf16,fp8
+            fp8_rows.append([gpu(r), r["commit"], r["shape"], num(r["mokgen_fp8_fwd_tflops"]),
+                             num(r["mokgen_fp8_train_tflops"]),
+                             num(r.get("mokgen_fp8_fused_train_tflops")),
+                             num(r.get("sonicmoe_train_tflops")),
+                             ratio(r["mokgen_fp8_train_tflops"], r.get("sonicmoe_train_tflops")),
+                             num(r.get("mokgen_fp8_fused_peak_mb")),
+                             num(r.get("mokgen_fp8_peak_fresh_mb")),
+                             num(r.get("sonicmoe_peak_mb")), num(r.get("sonicmoe_peak_fresh_mb"))])
         rows.append([gpu(r), r["commit"], shape, num(r["mokgen_fwd_tflops"]),
                      num(r["sonicmoe_fwd_tflops"]), num(r["mokgen_train_tflops"]),
                      num(r.get("mokgen_fused_train_tflops")), num(r["sonicmoe_train_tflops"]),
@@ -181,6 +190,12 @@ def sonicmoe(data: dict) -> str:
                      "their gradients excluded):"), "",
             table(["GPU", "commit", "shape", "mokgen", "mokgen fused", "SonicMoE",
                    "mokgen fresh", "SonicMoE fresh"], memory)]
+    if fp8_rows:
+        out += ["", wrap("mokgen in blockwise fp8 against SonicMoE in bf16 (synced; x: the "
+                         "training step's ratio), TFLOP/s and peak MB:"), "",
+                table(["GPU", "commit", "shape", "fp8 fwd", "fp8 train", "fp8 train fused",
+                       "SonicMoE train", "x", "fp8 peak fused", "fp8 peak fresh",
+                       "SonicMoE peak", "SonicMoE peak fresh"], fp8_rows)]
     return "\n".join(out)
 
 

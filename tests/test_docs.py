@@ -163,14 +163,33 @@ def test_named_mokgen_objects_exist(path):
     assert not missing, f"{path.relative_to(ROOT)} names what mokgen does not have: {missing}"
 
 
-def test_rendered_tables_are_current():
+def load_renderer():
     spec = importlib.util.spec_from_file_location("render_performance",
                                                   ROOT / "docs" / "render_performance.py")
     render = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(render)
+    return render
+
+
+def test_rendered_tables_are_current():
+    render = load_renderer()
     stale = [str(p.relative_to(ROOT)) for p, text in render.rendered().items()
              if not p.exists() or p.read_text() != text]
     assert not stale, f"out of date: {stale}; run python docs/render_performance.py"
+
+
+def test_sonicmoe_section_shows_fp8_rows_where_measured():
+    """peers_sonicmoe.py --dtypes bf16,fp8 rows get their own table (issue 63's keys);
+    bf16-only rows none."""
+    render = load_renderer()
+    row = dict(shape="qwen3-30b-a3b", T=8192, D=2048, I=768, E=128, k=8, gpu="H100",
+               commit="abc1234", mokgen_fwd_tflops=300.0, sonicmoe_fwd_tflops=290.0,
+               mokgen_train_tflops=310.0, sonicmoe_train_tflops=300.0)
+    assert "blockwise fp8" not in render.sonicmoe({"rows": [row]})
+    fp8 = dict(row, mokgen_fp8_fwd_tflops=450.0, mokgen_fp8_train_tflops=420.0,
+               mokgen_fp8_fused_peak_mb=900.0)
+    text = render.sonicmoe({"rows": [fp8]})
+    assert "blockwise fp8" in text and "| 450 | 420 |" in text and "1.40x" in text
 
 
 def test_readme_is_short():
