@@ -220,11 +220,11 @@ EOF
       --tokens 2048 --out "$RES"
     ;;
   torchtitan)
-    # one step per run (IMPL:SEED, IMPL torchtitan | mokgen | mokgen-fp8 | mokgen-mxfp8), each stopping
-    # before the call's budget; a debug run is 1-2 minutes, so the band's four fit one call
+    # one step per run (IMPL:SEED, IMPL torchtitan | mokgen | mokgen-fp8 | mokgen-mxfp8), each
+    # stopping before the call's budget; a debug run is 1-2 minutes: the band's four fit a call
     [ -d .torchtitan/whl ] || { echo "no .torchtitan: run benchmarks/peers/fetch_torchtitan.sh, carry .torchtitan"; exit 2; }
     python3 -m pip install -q --no-index --no-deps --target /tmp/torchtitan .torchtitan/whl/*.whl || exit 3
-    # torch211_compat: the one PyTorch 2.12 name torchtitan 0.3 imports (a no-op on newer)
+    # torch211_compat: the two PyTorch 2.12 additions torchtitan 0.3 uses (no-ops on newer)
     export PYTHONPATH=$PYTHONPATH:/tmp/torchtitan:$PWD/benchmarks/peers/torch211_compat
     M=${1:-debug}
     shift || true

@@ -32,9 +32,9 @@ machine; benchmarks/peers/fetch_torchtitan.sh fills it, with the wheels in .torc
 Needs torchtitan (the torchtitan extra: pip install -e '.[torchtitan]') and a CUDA GPU;
 `report` needs neither (matplotlib for the PNG). On the GPU machine
 `bash benchmarks/run_gpu.sh torchtitan MODEL RUN...` installs the carried wheels and runs each
-RUN (IMPL:SEED, IMPL one of torchtitan, mokgen, mokgen-fp8, mokgen-mxfp8) as a step of the call; one
-run takes about 1-3 minutes for debug, more for qwen3-30b-a3b (--max-seconds stops a run
-before the call's limit). By hand:
+RUN (IMPL:SEED, IMPL one of torchtitan, mokgen, mokgen-fp8, mokgen-mxfp8) as a step of the
+call; one run takes about 1-3 minutes for debug, more for qwen3-30b-a3b (--max-seconds stops
+a run before the call's limit). By hand:
 
   python benchmarks/torchtitan_train.py run --model debug --impl torchtitan --seed 0 --out DIR
   python benchmarks/torchtitan_train.py run --model debug --impl mokgen --seed 0 --out DIR
