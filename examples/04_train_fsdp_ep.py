@@ -13,6 +13,7 @@ With --moe mokgen the layers are planned with overlap_comm=True (SMs left to FSD
 and reduce-scatters; pass --no-overlap to compare). Prints a JSON summary (rank 0).
 """
 import argparse
+import gc
 import importlib
 import json
 import os
@@ -211,9 +212,12 @@ def main(argv=None):
         print(json.dumps(summary, indent=1))
         if args.out:
             json.dump(dict(summary, losses=losses, ref_losses=ref_losses), open(args.out, "w"))
-    # the ranks leave together: one that tore gloo down while rank 0 still wrote the summary
-    # could abort at exit ("terminate called without an active exception") on a busy CPU
+    # the ranks leave together, and drop what holds the process group (FSDP's DTensors and
+    # their mesh) before it is destroyed: left to the interpreter's exit, a rank could abort
+    # there ("terminate called without an active exception", seen on a busy CPU)
     dist.barrier()
+    del model, ref, opt, ref_opt
+    gc.collect()
     dist.destroy_process_group()
 
 
