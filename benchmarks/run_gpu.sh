@@ -50,9 +50,9 @@ need_gpus() {  # need_gpus N: exit 0 with the reason where fewer are visible
     echo "skipped: '$CHUNK' needs $1 GPUs, $n visible (ask for a multi-GPU kind)"; exit 0
   fi
 }
-pytest_gpu() {  # pytest_gpu LOG FILES...: one GPU's share of the suite
+pytest_gpu() {  # pytest_gpu LOG FILES...: one GPU's share of the suite (TIMEOUT: its limit)
   local log=$1; shift
-  step "$log" 450 python3 -m pytest -q -m gpu -p no:cacheprovider -o faulthandler_timeout=120 "$@"
+  step "$log" "${TIMEOUT:-450}" python3 -m pytest -q -m gpu -p no:cacheprovider -o faulthandler_timeout=120 "$@"
 }
 prebuild_tests() {  # the GPU tests' kernels from the plan list collected on a CPU machine
   if [ -f "${KERNELS:-.kcache/tests.pkl}" ]; then
@@ -95,6 +95,8 @@ chunk            carry                     minutes  what
 tests-a          .kcache (tests.pkl)       8-9      GPU tests: memory shapes widths module backward forward trace
 tests-b          .kcache (tests.pkl)       6-8      GPU tests: fp8 reliability prologue directions
 tests-c          .kcache (tests.pkl)       5-7      GPU tests: transformers pair cluster hardware docs
+tests-bc         .kcache (tests.pkl, pack) 6        tests-b and tests-c in one pytest: fits a call where
+                                                    the kernels come packed (kernels*.tar.xz)
 layer-ep64       -                         4-6      moe_layer.py, the presets' ep 64 slices, forward + backward
 layer-ep8        -                         5-7      moe_layer.py, the ep 8 slices
 fp8-ep64         -                         5-7      fp8.py --backward, ep 64
@@ -119,12 +121,13 @@ SonicMoE's wheels by benchmarks/peers/fetch_sonicmoe.sh, DeepEP's source by fetc
 torchtitan's wheels and text by fetch_torchtitan.sh.
 EOF
     ;;
-  tests-a|tests-b|tests-c)
+  tests-a|tests-b|tests-c|tests-bc)
     prebuild_tests
     case $CHUNK in
       tests-a) pytest_gpu pytest_a.log $TESTS_A ;;
       tests-b) pytest_gpu pytest_b.log $TESTS_B ;;
       tests-c) pytest_gpu pytest_c.log $TESTS_C ;;
+      tests-bc) TIMEOUT=$(left) pytest_gpu pytest_bc.log $TESTS_B $TESTS_C ;;
     esac
     grep -h "^FAILED\|^ERROR" "$OUT"/pytest_*.log | head -20
     ;;
