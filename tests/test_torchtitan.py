@@ -28,6 +28,7 @@ try:
 except ImportError as e:  # e.g. a torch too old for this torchtitan
     pytest.skip(f"torchtitan does not import here: {e}", allow_module_level=True)
 
+from mokgen.harness.workloads import cosine  # noqa: E402
 from mokgen.integrations.torchtitan import (MokgenGroupedExperts, MokgenMoE,  # noqa: E402
                                             MokgenSharedExpert, mokgen_moe)
 
@@ -202,11 +203,6 @@ def test_converted_block_matches_torchtitans_moe(block):
 # (benchmarks/fp8.py's error columns), more with a 128-wide block spanning a whole 128-wide
 # expert; gradients as docs/fp8.md holds them (cosine >= 0.996)
 FP8_TOL, FP8_COSINE = 0.1, 0.996
-
-
-def cosine(a, b):
-    a, b = a.float().flatten(), b.float().flatten()
-    return (a @ b / (a.norm() * b.norm())).item()
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp8"])
