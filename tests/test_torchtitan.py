@@ -218,7 +218,9 @@ def test_fp8_blocks_match_torchtitans_moe_to_fp8s_tolerance(block, fmt):
     ours = mokgen_moe(copy.deepcopy(cfg), backend="reference", dtype=fmt).build()
     assert ours.plan.dtype == fmt
     ours.load_state_dict(theirs.state_dict(), strict=True)
-    x = torch.randn(2, 48, cfg.router.gate.in_features, generator=gen)
+    # 384 tokens: the router weight's gradient sums the quantization's error over the tokens,
+    # and over 96 its cosine fell to 0.995 (MX) in about one run in twenty
+    x = torch.randn(4, 96, cfg.router.gate.in_features, generator=gen)
     outs = []
     for m in (theirs, ours):
         xi = x.clone().requires_grad_()
