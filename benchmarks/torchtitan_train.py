@@ -28,6 +28,7 @@ machine; benchmarks/peers/fetch_torchtitan.sh fills it, with the wheels in .torc
   *.txt | *.json      the text: torchtitan's tests/assets/c4_test/data.json (JSON lines with a
                       "text" field) where available, else a plain text corpus, e.g. the
                       tiny-shakespeare input.txt of karpathy/char-rnn
+  SOURCE              the text's address (fetch_torchtitan.sh writes it), named in each row
 
 Needs torchtitan (the torchtitan extra: pip install -e '.[torchtitan]') and a CUDA GPU;
 `report` needs neither (matplotlib for the PNG). On the GPU machine
@@ -94,6 +95,9 @@ def parse(argv=None):
                    help="folder with tokenizer.json and the text (see above)")
     r.add_argument("--out", default=result_file.RESULTS,
                    help="results folder (default: %(default)s; a GPU machine: $OUT/results)")
+    r.add_argument("--profile", metavar="STEPS", type=int, default=0,
+                   help="torch.profiler over this many steps after step 20: the GPU kernels' "
+                        "time table printed and written beside the results (default: none)")
     r.add_argument("--max-seconds", type=float, default=540,
                    help="stop training past this wall time (a call's limit), and say so")
     p = sub.add_parser("report", help="the band check, tokens/s and peak memory of the runs "
@@ -120,7 +124,7 @@ def load_tokens(folder: str):
     texts, names = [], []
     for path in sorted(glob.glob(os.path.join(folder, "*"))):
         name = os.path.basename(path)
-        if name.startswith("tokenizer"):
+        if name.startswith("tokenizer") or name == "SOURCE":
             continue
         if name.endswith(".txt"):
             with open(path, encoding="utf-8") as f:
@@ -133,6 +137,10 @@ def load_tokens(folder: str):
         names.append(name)
     if not texts:
         raise SystemExit(f"no .txt or .json text in {folder} (see --help: the data folder)")
+    source = os.path.join(folder, "SOURCE")  # where fetch_torchtitan.sh got the text
+    if os.path.exists(source):
+        with open(source) as f:
+            names.append(f"from {f.read().strip()}")
     ids = [i for t in texts for i in tokenizer.encode(t).ids]
     return torch.tensor(ids, dtype=torch.int64), tokenizer.get_vocab_size(), names
 
@@ -233,6 +241,7 @@ def run(args) -> int:
     from torchtitan.components.optimizer import (LRSchedulersContainer, default_adamw,
                                                  register_moe_load_balancing_hook)
     from torchtitan.distributed import utils as dist_utils
+    from torchtitan.tools.utils import GarbageCollection
 
     if not torch.cuda.is_available():
         raise SystemExit("run needs a CUDA GPU")
@@ -253,14 +262,21 @@ def run(args) -> int:
         masks = model.get_attention_masks(positions=positions)
         data = batches(tokens, args.batch, args.seq, args.seed)
         losses, step_ms = [], []
+        # as torchtitan's trainer: Python's collector off, a collection every GC_EVERY steps
+        # (else a collection lands at random in a step and stalls it)
+        gc_handler = GarbageCollection(gc_freq=GC_EVERY)
         torch.cuda.reset_peak_memory_stats()
         for step in range(args.steps):
             if time.time() - t_start > args.max_seconds:
                 print(f"stopped at step {step}: past --max-seconds {args.max_seconds}")
                 break
+            if args.profile and step == PROFILE_FROM:
+                prof = torch.profiler.profile(
+                    activities=[torch.profiler.ProfilerActivity.CUDA]).__enter__()
             x, y = (t.cuda(non_blocking=True) for t in next(data))
             torch.cuda.synchronize()
             t0 = time.perf_counter()
+            gc_handler.run(step + 1)  # torchtitan's steps count from 1
             optimizers.zero_grad()
             logits = model(x, positions=positions, attention_masks=masks)
             loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(),
@@ -274,7 +290,11 @@ def run(args) -> int:
             losses.append(loss.item())
             if step % 50 == 0 or step == args.steps - 1:
                 print(f"step {step} loss {losses[-1]:.4f} {step_ms[-1]:.1f} ms", flush=True)
+            if args.profile and step == PROFILE_FROM + args.profile - 1:
+                prof.__exit__(None, None, None)
+                write_profile(prof, args, step_ms[-args.profile:])
         peak_mb = torch.cuda.max_memory_allocated() / 2**20
+        stats = torch.cuda.memory_stats()
     finally:
         dist.destroy_process_group()
     steady = sorted(step_ms[10:]) or sorted(step_ms)  # past compilation and warmup
@@ -283,6 +303,12 @@ def run(args) -> int:
            "layers": layers, "batch": args.batch, "seq": args.seq, "compile": args.compile,
            "ac": args.ac, "steps": args.steps, "steps_done": len(losses), "loss": losses,
            "tokens_per_s": args.batch * args.seq / (median_ms / 1e3), "peak_mb": peak_mb,
+           # the steps' spread (a stall shows as p90 past p50) and the caching allocator's
+           # retries (a cudaMalloc that failed, cache freed, tried again: it synchronizes)
+           "step_ms": {q: steady[int(f * (len(steady) - 1))]
+                       for q, f in (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))},
+           "reserved_peak_mb": stats.get("reserved_bytes.all.peak", 0) / 2**20,
+           "alloc_retries": stats.get("num_alloc_retries", 0),
            "data": f"{', '.join(texts)}: {tokens.numel()} tokens, vocab {vocab}"}
     import torchtitan
 
@@ -292,6 +318,22 @@ def run(args) -> int:
     print(f"{path}: {row['impl']} seed {args.seed}, {len(losses)} steps, "
           f"{row['tokens_per_s']:,.0f} tokens/s, peak {peak_mb:,.0f} MiB")
     return 0 if len(losses) == args.steps else 2
+
+
+GC_EVERY = 50  # torchtitan's training.gc_freq default
+PROFILE_FROM = 20  # past compilation and the first steps' allocations
+
+
+def write_profile(prof, args, step_ms: list) -> None:
+    """The profiled steps' GPU kernels by total time -> profile_<model>_<impl>.txt."""
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40,
+                                      max_name_column_width=90)
+    head = (f"{args.model} {label(args.impl, args.dtype)}: {len(step_ms)} steps, "
+            f"{', '.join(f'{t:.1f}' for t in step_ms)} ms (synced, profiler on)")
+    path = os.path.join(args.out, f"profile_{args.model}_{label(args.impl, args.dtype)}.txt")
+    with open(path, "w") as f:
+        f.write(head + "\n" + table)
+    print(head + "\n" + "\n".join(table.splitlines()[:28]))
 
 
 # a row's identity in the results file: a rerun of the same run replaces it
@@ -317,23 +359,33 @@ def smooth(values: list, window: int) -> list:
 def band_check(rows: list, window: int) -> dict:
     """Per row not torchtitan's: the fraction of steps its smoothed loss lies within the range
     of torchtitan's seeds' smoothed losses (same configuration), and its worst distance
-    outside; {} where fewer than two torchtitan seeds ran."""
+    outside; under "torchtitan (each seed against the others)" the same of each torchtitan
+    seed against the range of the other seeds (its least and greatest): the noise a curve of
+    torchtitan's own shows, what a mokgen curve is judged against (three seeds' range holds
+    a fourth run's curve only about half the time). {} where fewer than two seeds ran."""
     band = [r for r in rows if r["impl"] == "torchtitan"]
     if len(band) < 2:
         return {}
     n = min(len(r["loss"]) for r in rows)
     curves = [smooth(r["loss"][:n], window) for r in band]
-    lo = [min(c[i] for c in curves) for i in range(n)]
-    hi = [max(c[i] for c in curves) for i in range(n)]
+
+    def against(c: list, others: list) -> tuple:
+        lo = [min(o[i] for o in others) for i in range(n)]
+        hi = [max(o[i] for o in others) for i in range(n)]
+        return (sum(lo[i] <= c[i] <= hi[i] for i in range(n)) / n,
+                max(max(lo[i] - c[i], c[i] - hi[i], 0.0) for i in range(n)))
+
     out = {}
     for r in rows:
-        if r["impl"] == "torchtitan":
-            continue
-        c = smooth(r["loss"][:n], window)
-        out[f"{r['impl']} seed {r['seed']}"] = {
-            "inside_fraction": sum(lo[i] <= c[i] <= hi[i] for i in range(n)) / n,
-            "worst_excursion": max(max(lo[i] - c[i], c[i] - hi[i], 0.0) for i in range(n)),
-            "steps": n}
+        if r["impl"] != "torchtitan":
+            inside, worst = against(smooth(r["loss"][:n], window), curves)
+            out[f"{r['impl']} seed {r['seed']}"] = {
+                "inside_fraction": inside, "worst_excursion": worst, "steps": n}
+    if len(curves) >= 3:
+        own = [against(c, curves[:i] + curves[i + 1:]) for i, c in enumerate(curves)]
+        out["torchtitan (each seed against the others)"] = {
+            "inside_fraction": [min(o[0] for o in own), max(o[0] for o in own)],
+            "worst_excursion": [min(o[1] for o in own), max(o[1] for o in own)], "steps": n}
     return out
 
 
@@ -354,7 +406,17 @@ def report(args) -> int:
             print(f"  {r['impl']:>14} seed {r['seed']}: {r['tokens_per_s']:>10,.0f} tokens/s, "
                   f"peak {r['peak_mb']:>8,.0f} MiB, loss {r['loss'][0]:.3f} -> "
                   f"{r['loss'][-1]:.3f} ({r['steps_done']} steps), commit {r['commit']}")
+            if "step_ms" in r:
+                q = r["step_ms"]
+                print(f"  {'':>14}   step p10/p50/p90 {q['p10']:.1f}/{q['p50']:.1f}/"
+                      f"{q['p90']:.1f} ms, reserved {r['reserved_peak_mb']:,.0f} MiB, "
+                      f"{r['alloc_retries']} allocator retries")
         for run_name, v in band_check(rows, args.smooth).items():
+            if run_name.startswith("torchtitan"):
+                (f0, f1), (w0, w1) = v["inside_fraction"], v["worst_excursion"]
+                print(f"  {run_name}: inside {f0:.1%}-{f1:.1%} of {v['steps']} steps, worst "
+                      f"{w0:.4f}-{w1:.4f} outside")
+                continue
             print(f"  {run_name}: inside torchtitan's seed band {v['inside_fraction']:.1%} of "
                   f"{v['steps']} steps, worst {v['worst_excursion']:.4f} outside")
         suffix = "" if len(groups) == 1 else f"_{i}"

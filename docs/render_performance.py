@@ -298,6 +298,46 @@ def training_step(data: dict) -> str:
                   "grouped_mm SM MHz"], rows)
 
 
+def torchtitan_runs(data: dict) -> str:
+    """One row per run; each mokgen row against torchtitan's run of the same seed (same
+    weights and data) and against the band of torchtitan's seeds (torchtitan_train.band_check),
+    whose own seeds' excursions follow the table as the noise to judge it by."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from torchtitan_train import band_check
+
+    rows, notes = [], []
+    groups: dict = {}
+    for r in by_gpu(data["rows"]):
+        groups.setdefault((gpu(r), r["layers"], r["batch"], r["seq"], r["ac"]), []).append(r)
+    for (kind, *_), runs in groups.items():
+        band = band_check(runs, SMOOTH)
+        same_seed = {r["seed"]: r for r in runs if r["impl"] == "torchtitan"}
+        for r in sorted(runs, key=lambda r: (r["impl"] != "torchtitan", r["impl"], r["seed"])):
+            b = band.get(f"{r['impl']} seed {r['seed']}")
+            base = same_seed.get(r["seed"]) if r["impl"] != "torchtitan" else None
+            tail = r["loss"][-SMOOTH:]
+            rows.append([kind, r["commit"], r["impl"], str(r["seed"]), str(r["layers"]),
+                         num(r["tokens_per_s"]),
+                         ratio(r["tokens_per_s"], base["tokens_per_s"]) if base else "-",
+                         num(r["peak_mb"]), f"{sum(tail) / len(tail):.3f}",
+                         f"{100 * b['inside_fraction']:.0f}%" if b else "-",
+                         f"{b['worst_excursion']:.4f}" if b else "-"])
+        own = band.get("torchtitan (each seed against the others)")
+        if own:
+            (f0, f1), (w0, w1) = own["inside_fraction"], own["worst_excursion"]
+            notes.append(f"{kind}, {runs[0]['layers']} layers: each torchtitan seed against the "
+                         f"others' range is inside {100 * f0:.0f}-{100 * f1:.0f}% of the steps, "
+                         f"at worst {w0:.4f}-{w1:.4f} outside.")
+    out = table(["GPU", "commit", "MoE", "seed", "layers", "tokens/s", "x torchtitan",
+                 "peak MiB", f"loss (last {SMOOTH})", "inside band", "worst outside"], rows)
+    data_line = "; ".join(dict.fromkeys(r.get("data", "?") for r in data["rows"]))
+    return (out + "\n\n" + wrap(f"Data: {data_line}.")
+            + ("\n\n" + wrap("Noise: " + " ".join(notes)) if notes else ""))
+
+
+SMOOTH = 20  # the loss curves' moving average (torchtitan_train.py report's default)
+
+
 PREAMBLE = """# Performance
 
 Every table below is rendered by `docs/render_performance.py` from the results files in
@@ -375,6 +415,20 @@ def render_performance() -> str:
         "`torchrun --nproc-per-node=R benchmarks/fsdp_overlap.py`: a 256 MiB all-gather on a "
         "side stream beside one rank's layer, with `reserve_sms` SMs left free "
         "(`overlap_comm=True` plans 16 on an H100 or H200 SXM); event times, ms.", fsdp_overlap))
+    for model, what in (("debug", "torchtitan's Qwen3-MoE debug model"),
+                        ("qwen3_30b_a3b", "a Qwen3-30B-A3B-shaped model, as many layers as fit")):
+        parts.append(section(
+            f"torchtitan: {what}", f"torchtitan_{model}",
+            "`python benchmarks/torchtitan_train.py`: torchtitan trains on real text (the "
+            "Data line below, tokenized by torchtitan's test tokenizer) through its own MoE "
+            "and through mokgen's override, one "
+            "configuration (batch 4 x 2048 tokens, FSDP2, selective activation "
+            "checkpointing, torch.compile, AdamW); tokens/s from the median step after the "
+            "tenth. `x torchtitan` against torchtitan's run of the same seed (same weights and "
+            f"data); `inside band` the share of steps the {SMOOTH}-step mean loss lies within "
+            f"the range of torchtitan's seeds, `worst outside` its largest distance past it. "
+            f"Curves: `benchmarks/results/torchtitan_{model}.png`. See docs/torchtitan.md.",
+            torchtitan_runs))
     parts.append(section(
         "Training step energy", "training_step",
         "A training step back to back for a few seconds against torch `_grouped_mm` with "

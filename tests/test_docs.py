@@ -238,3 +238,20 @@ def test_license_is_named_in_the_package_metadata():
     assert 'license = "Apache-2.0"' in text and "LICENSE" in text
     assert "Apache License" in (ROOT / "LICENSE").read_text()
     assert os.path.getsize(ROOT / "LICENSE") > 10_000  # the full text
+
+
+def test_torchtitan_section_compares_same_seed_and_band():
+    """A mokgen run is set against torchtitan's run of its seed, the band of torchtitan's
+    seeds and their own excursions (what the section's numbers mean)."""
+    render = load_renderer()
+
+    def run(impl, seed, level, tps):
+        return {"gpu": "NVIDIA H100 80GB HBM3", "commit": "c1", "model": "debug", "impl": impl,
+                "seed": seed, "layers": 8, "batch": 4, "seq": 2048, "ac": "selective",
+                "loss": [level] * 30, "tokens_per_s": tps, "peak_mb": 100.0, "data": "t.txt"}
+    rows = [run("torchtitan", 0, 1.0, 1000.0), run("torchtitan", 1, 2.0, 1000.0),
+            run("torchtitan", 2, 3.0, 1000.0), run("mokgen", 0, 2.5, 1500.0)]
+    text = render.torchtitan_runs({"rows": rows})
+    line = next(ln for ln in text.splitlines() if "| mokgen |" in ln)
+    assert "| 1.50x |" in line and "| 100% |" in line and "| 0.0000 |" in line
+    assert "Data: t.txt." in text and "at worst 0.0000-1.0000 outside" in text

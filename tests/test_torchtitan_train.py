@@ -38,6 +38,9 @@ def test_the_text_folder_reads_plain_text_and_json_lines(tmp_path):
     (tmp_path / "notes.md").write_text("a a a a")  # neither: not read
     ids, vocab, names = bench.load_tokens(str(tmp_path))
     assert ids.tolist() == [1, 2, 1, 3, 3, 2] and vocab == 4 and names == ["a.txt", "b.json"]
+    (tmp_path / "SOURCE").write_text("https://example.org/text\n")  # named, not read as text
+    ids, _, names = bench.load_tokens(str(tmp_path))
+    assert len(ids) == 6 and names == ["a.txt", "b.json", "from https://example.org/text"]
 
 
 def _row(impl, seed, loss):
@@ -54,6 +57,9 @@ def test_band_counts_the_steps_inside_the_seeds_range(tmp_path):
     assert band["mokgen seed 0"] == pytest.approx(
         {"inside_fraction": 0.6, "worst_excursion": 0.5, "steps": 10})
     assert band["mokgen-mxfp8 seed 0"]["inside_fraction"] == 0.0
+    # each torchtitan seed against the other two: 1.0 and 3.0 lie 1.0 outside, 2.0 inside
+    assert band["torchtitan (each seed against the others)"] == pytest.approx(
+        {"inside_fraction": [0.0, 1.0], "worst_excursion": [0.0, 1.0], "steps": 10})
     assert bench.band_check(rows[:1] + rows[3:], window=1) == {}  # one seed is no band
     meta = dict(gpu="NVIDIA H200", torch="2.11", cuda="13.0", commit="c1", time="t")
     for r in rows:  # as the runs write them, one per call

@@ -22,5 +22,6 @@ case $text_url in
   *.json|*.jsonl) curl -fsSL "$text_url" -o .torchtitan/data/text.json ;;
   *) curl -fsSL "$text_url" -o .torchtitan/data/text.txt ;;
 esac
+echo "$text_url" > .torchtitan/data/SOURCE  # the runs' rows name their text by it
 du -sh .torchtitan/whl .torchtitan/data
 echo "next: a device call carrying .torchtitan: bash benchmarks/run_gpu.sh torchtitan debug"
