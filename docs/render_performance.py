@@ -469,6 +469,16 @@ def readme_table() -> str:
         rows.append([f"{r['layers']} layers of {r['shape']}, 1 GPU, N {r['tokens']}",
                      gpu(r), r["commit"], f"{num(r['mokgen_step_ms'])} ms",
                      "PyTorch: out of memory", "-"])
+    data = load("torchtitan_qwen3_30b_a3b") or {"rows": []}
+    base = {(gpu(r), r["seed"], r["layers"]): r for r in data["rows"]
+            if r["impl"] == "torchtitan"}
+    for r in by_gpu(data["rows"]):  # mokgen against torchtitan's run of the same seed
+        b = base.get((gpu(r), r["seed"], r["layers"]))
+        if r["impl"] == "mokgen" and b:
+            rows.append([f"torchtitan, Qwen3-30B-A3B-shaped, {r['layers']} layers, 1 GPU",
+                         gpu(r), r["commit"], f"{num(r['tokens_per_s'])} tokens/s",
+                         f"torchtitan's MoE {num(b['tokens_per_s'])} tokens/s",
+                         ratio(r["tokens_per_s"], b["tokens_per_s"])])
     data = load("multigpu") or {"rows": []}
     for r in by_gpu(data["rows"]):
         if r["load"] == README_MULTIGPU_LOAD:
