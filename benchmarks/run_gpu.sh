@@ -113,7 +113,8 @@ multigpu-tests   -                         5-8      2+ GPUs: test_multigpu, the 
 deepep           .peers-deepep             5-8      2 GPUs: build DeepEP, peers_deepep.py
 torchtitan M [R] .torchtitan               2-9      torchtitan_train.py: model M (debug | qwen3-30b-a3b),
                                                     runs R (IMPL:SEED; default the four of the band);
-                                                    TESTS=1: tests/test_torchtitan.py's GPU tests first
+                                                    TESTS=1: tests/test_torchtitan.py's GPU tests first;
+                                                    TT_ARGS: more options (e.g. "--steps 24 --profile 3")
 Here first: tests.pkl by `python benchmarks/prebuild.py collect .kcache/tests.pkl` (~2-10 min),
 its kernels packed by `python benchmarks/prebuild.py --pack .kcache/kernels.tar.xz build
 .kcache/tests.pkl` (~10 min on 2 cores; optional, saves the call ~1-2 min);
@@ -237,7 +238,7 @@ EOF
       DT=bf16; case $IMPL in mokgen-*) DT=${IMPL#mokgen-} IMPL=mokgen;; esac
       step "torchtitan_${M}_${R/:/_s}.log" 560 python3 benchmarks/torchtitan_train.py run \
         --model "$M" --impl "$IMPL" --dtype "$DT" --seed "$SEED" --out "$RES" \
-        --max-seconds $(( $(left) - 30 ))
+        --max-seconds $(( $(left) - 30 )) ${TT_ARGS:-}
     done
     ;;
   *)

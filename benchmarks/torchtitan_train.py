@@ -324,12 +324,35 @@ GC_EVERY = 50  # torchtitan's training.gc_freq default
 PROFILE_FROM = 20  # past compilation and the first steps' allocations
 
 
+def idle_gaps(kernels: list, top: int = 12) -> tuple:
+    """kernels: (start, end, name) of GPU work on any stream, in us. -> (busy us, idle us
+    between the first start and the last end, the `top` longest idle gaps as (us, the name
+    of the work before, of the work after)): where the GPU waited for the host."""
+    busy = idle = 0.0
+    gaps, end, last = [], None, ""
+    for start, stop, name in sorted(kernels):
+        if end is not None and start > end:
+            idle += start - end
+            gaps.append((start - end, last, name))
+        if end is None or stop > end:
+            busy += stop - max(start, end if end is not None else start)
+            end, last = stop, name
+    return busy, idle, sorted(gaps, reverse=True)[:top]
+
+
 def write_profile(prof, args, step_ms: list) -> None:
-    """The profiled steps' GPU kernels by total time -> profile_<model>_<impl>.txt."""
+    """The profiled steps' GPU kernels by total time and the GPU's idle gaps between them
+    -> profile_<model>_<impl>.txt."""
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40,
                                       max_name_column_width=90)
+    kernels = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+               if e.device_type.name == "CUDA"]
+    busy, idle, gaps = idle_gaps(kernels)
     head = (f"{args.model} {label(args.impl, args.dtype)}: {len(step_ms)} steps, "
-            f"{', '.join(f'{t:.1f}' for t in step_ms)} ms (synced, profiler on)")
+            f"{', '.join(f'{t:.1f}' for t in step_ms)} ms (synced, profiler on); GPU busy "
+            f"{busy / 1e3:.1f} ms, idle between kernels {idle / 1e3:.1f} ms; longest gaps:\n"
+            + "\n".join(f"  {us / 1e3:8.2f} ms after {a[:60]} before {b[:60]}"
+                        for us, a, b in gaps))
     path = os.path.join(args.out, f"profile_{args.model}_{label(args.impl, args.dtype)}.txt")
     with open(path, "w") as f:
         f.write(head + "\n" + table)

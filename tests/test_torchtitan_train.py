@@ -70,3 +70,11 @@ def test_band_counts_the_steps_inside_the_seeds_range(tmp_path):
 
 def test_smoothing_is_a_trailing_mean():
     assert bench.smooth([1.0, 2.0, 3.0, 4.0], 2) == [1.0, 1.5, 2.5, 3.5]
+
+
+def test_idle_gaps_merge_streams_and_rank_the_gaps():
+    # two streams overlapping (0-10, 5-12), a 3 us gap, then 15-20, a 10 us gap, 30-31
+    busy, idle, gaps = bench.idle_gaps([(15, 20, "c"), (0, 10, "a"), (5, 12, "b"),
+                                        (30, 31, "d")])
+    assert busy == 18 and idle == 13
+    assert gaps == [(10, "c", "d"), (3, "b", "c")]
