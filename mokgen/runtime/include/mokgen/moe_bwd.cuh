@@ -865,11 +865,11 @@ struct BwdProblem {
                                          : rows_valid<C::D, BM>(row0);  // dW2, dsw2
     if (count == 1 && !add) {  // the whole expert in one segment: bf16 stores alone. Its
       // own path: with the sum's load and the branches of the general one below in each
-      // pair's body, ptxas kept them there (a loop of 64 pairs is not unswitched), ~10
-      // instructions a pair where this needs a convert and a store
-      for_each_acc_pair<BN>(acc, cwg, m_valid, [&](int r, int c, float v0, float v1) {
-        *reinterpret_cast<__nv_bfloat162*>(out + (size_t)r * ld + c) =
-            __floats2bfloat162_rn(v0, v1);
+      // pair's body, ptxas kept them there (a loop of 64 pairs is not unswitched). 16-byte
+      // stores, 8 columns each: the store path of kernels whose stages leave no room for
+      // the TMA path's staging tile (fp8), where 4-byte pair stores would issue 4x as many
+      for_each_acc_oct<BN>(acc, cwg, m_valid, [&](int r, int c, const float (&v)[8]) {
+        *reinterpret_cast<uint4*>(out + (size_t)r * ld + c) = bf16x8(v);
       }, n_valid);
       return;
     }
