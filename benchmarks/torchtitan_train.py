@@ -41,6 +41,8 @@ a run before the call's limit). By hand:
   python benchmarks/torchtitan_train.py run --model debug --impl mokgen --seed 0 --out DIR
   python benchmarks/torchtitan_train.py run --model debug --impl mokgen --dtype fp8 --out DIR
   python benchmarks/torchtitan_train.py report --model debug [--results DIR]
+  MOKGEN_GPU=h100-sxm python benchmarks/torchtitan_train.py prebuild --pack FILE.tar.xz
+      (the runs' kernels compiled here, without a GPU; run_gpu.sh unpacks .kcache/*.tar.xz)
 """
 from __future__ import annotations
 
@@ -58,6 +60,7 @@ sys.path.insert(0, HERE)
 import result_file  # noqa: E402
 
 MODELS = ("debug", "qwen3-30b-a3b")
+REGISTRY = {"debug": "debugmodel_moe", "qwen3-30b-a3b": "30B-A3B"}  # torchtitan's qwen3 names
 OVERRIDE = "mokgen.integrations.torchtitan.mokgen_moe"
 # bytes a Qwen3-30B-A3B block holds per parameter in this training setup: fp32 master,
 # fp32 gradient, AdamW's two fp32 moments, FSDP's bf16 unsharded copy
@@ -107,6 +110,14 @@ def parse(argv=None):
                    help="folder of torchtitan_<model>.json (default: %(default)s)")
     p.add_argument("--smooth", type=int, default=20,
                    help="moving-average window of the band check and the plot (steps)")
+    b = sub.add_parser("prebuild", help="compile the mokgen kernels the runs load, no GPU "
+                                        "needed ($MOKGEN_GPU names the GPU kind)")
+    b.add_argument("--models", default=",".join(MODELS), help="comma list (default: all)")
+    b.add_argument("--dtypes", default="bf16,fp8", help="comma list (default: %(default)s)")
+    b.add_argument("--batch", type=int, default=4, help="as run's (default 4)")
+    b.add_argument("--seq", type=int, default=2048, help="as run's (default 2048)")
+    b.add_argument("--pack", metavar="FILE.tar.xz", default=None,
+                   help="also write them to a tarball for the GPU machine (prebuild.py --pack)")
     return ap.parse_args(argv)
 
 
@@ -168,12 +179,12 @@ def model_config(name: str, vocab: int, layers: int | None):
     from torchtitan.models.qwen3 import model_registry
 
     if name == "debug":
-        cfg = model_registry("debugmodel_moe").model
+        cfg = model_registry(REGISTRY[name]).model
         if vocab > cfg.vocab_size:
             raise SystemExit(f"the tokenizer's {vocab} ids exceed the debug model's "
                              f"{cfg.vocab_size}")
         return cfg, len(cfg.layers)
-    cfg = model_registry("30B-A3B").model
+    cfg = model_registry(REGISTRY[name]).model
     if layers is None:
         import torch
 
@@ -472,9 +483,32 @@ def plot(rows: list, model: str, path: str, window: int) -> None:
     print("wrote", path)
 
 
+def prebuild(args) -> int:
+    """The kernels of each model's MoE blocks (one plan a model and dtype: every block of a
+    model has the same shape), as run's mokgen override will plan them."""
+    from torchtitan.models.qwen3 import model_registry
+
+    from mokgen.integrations.torchtitan import moe_plan
+    from mokgen.pytorch.api import build_plans
+
+    plans = []
+    for name in args.models.split(","):
+        cfg = model_registry(REGISTRY[name]).model
+        moe = next(layer.moe for layer in cfg.layers if getattr(layer, "moe", None) is not None)
+        plans += [moe_plan(moe, tokens_per_rank=args.batch * args.seq, dtype=dt)
+                  for dt in args.dtypes.split(",")]
+    bins = build_plans(plans)
+    print(f"prebuild: {len(plans)} plans, {len(bins)} kernels")
+    if args.pack:
+        import prebuild as packer
+
+        packer.write_pack(bins, args.pack)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse(argv)
-    return run(args) if args.command == "run" else report(args)
+    return {"run": run, "report": report, "prebuild": prebuild}[args.command](args)
 
 
 if __name__ == "__main__":

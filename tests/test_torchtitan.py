@@ -30,7 +30,7 @@ except ImportError as e:  # e.g. a torch too old for this torchtitan
 
 from mokgen.harness.workloads import cosine  # noqa: E402
 from mokgen.integrations.torchtitan import (MokgenGroupedExperts, MokgenMoE,  # noqa: E402
-                                            MokgenSharedExpert, mokgen_moe)
+                                            MokgenSharedExpert, mokgen_moe, moe_plan)
 
 TARGET = "mokgen.integrations.torchtitan.mokgen_moe"
 TOL = 1e-2  # outputs and logits: bf16 experts on both sides
@@ -460,6 +460,15 @@ def test_too_many_tokens_name_the_option():
     ours.init_states()
     with pytest.raises(ValueError, match="tokens_per_rank"):
         ours(torch.randn(2, 40, 256))
+
+
+@pytest.mark.parametrize("block", list(BLOCKS))
+def test_moe_plan_is_the_plan_a_converted_block_runs(block):
+    """moe_plan (what benchmarks compile ahead) from the config alone, the block's own plan
+    from its built modules: one plan, so kernels built ahead are the ones a run loads."""
+    cfg = BLOCKS[block]()
+    built = mokgen_moe(cfg, backend="reference", tokens_per_rank=512, dtype="fp8").build()
+    assert moe_plan(cfg, tokens_per_rank=512, dtype="fp8").to_json() == built.plan.to_json()
 
 
 def test_the_override_is_found_by_name_and_idempotent():

@@ -169,12 +169,9 @@ class MokgenMoE(MoE):
                                                               MokgenSharedExpert):
             raise ValueError("MokgenMoE needs MokgenSharedExpert as its shared expert; "
                              "build it through the mokgen_moe override")
-        E, D, Fh = inner.num_experts, inner.w2_EDF.shape[1], inner.hidden_dim
         shared = self.shared_experts
-        shape = MoEShape(E, D, Fh, int(self.router.top_k),
-                         shared_experts=int(shared is not None),
-                         shared_intermediate=shared.hidden_dim if shared is not None else None,
-                         name="torchtitan")
+        shape = _shape(inner.num_experts, inner.w2_EDF.shape[1], inner.hidden_dim,
+                       int(self.router.top_k), shared.hidden_dim if shared is not None else None)
         self.plan = make_plan(shape, ep=1, dtype=config.dtype,
                               tokens_per_rank=config.tokens_per_rank)
         self._registration = _shared_registration(self.plan, config.backend)
@@ -349,14 +346,23 @@ def mokgen_moe(cfg: MoE.Config, *, tokens_per_rank: int = 16384, dtype: str = "b
     shared = None if cfg.shared_experts is None else _shared_config(cfg.shared_experts)
     out = derive(cfg, MokgenMoE.Config, routed_experts=routed, shared_experts=shared,
                  tokens_per_rank=tokens_per_rank, dtype=dtype, backend=backend)
-    # the plan is made now, so a shape or option mokgen cannot run fails at conversion
-    E, top_k = cfg.num_experts, cfg.router.top_k
-    inner = routed.inner_experts
-    make_plan(MoEShape(E, inner.dim, inner.hidden_dim, top_k,
-                       shared_experts=int(shared is not None),
-                       shared_intermediate=shared.w1.out_features if shared is not None
-                       else None), ep=1, dtype=dtype, tokens_per_rank=tokens_per_rank)
+    moe_plan(cfg, tokens_per_rank=tokens_per_rank, dtype=dtype)  # fails at conversion
     return out
 
 
-__all__ = ["mokgen_moe", "MokgenMoE", "MokgenGroupedExperts", "MokgenSharedExpert"]
+def _shape(E: int, D: int, I: int, k: int, shared_width: int | None) -> MoEShape:
+    return MoEShape(E, D, I, k, shared_experts=int(shared_width is not None),
+                    shared_intermediate=shared_width, name="torchtitan")
+
+
+def moe_plan(cfg: MoE.Config, *, tokens_per_rank: int = 16384, dtype: str = "bf16"):
+    """The plan the mokgen_moe blocks of `cfg` (a MoE block's config) run: to compile their
+    kernels ahead, without a GPU (mokgen.pytorch.api.build_plans; the GPU from gpu= rules,
+    $MOKGEN_GPU where no device is visible). Raises ValueError as mokgen.plan does."""
+    inner, shared = cfg.routed_experts.inner_experts, cfg.shared_experts
+    return make_plan(_shape(cfg.num_experts, inner.dim, inner.hidden_dim, cfg.router.top_k,
+                            shared.w1.out_features if shared is not None else None),
+                     ep=1, dtype=dtype, tokens_per_rank=tokens_per_rank)
+
+
+__all__ = ["mokgen_moe", "moe_plan", "MokgenMoE", "MokgenGroupedExperts", "MokgenSharedExpert"]
