@@ -105,3 +105,27 @@ def test_a_closed_pipe_ends_quietly(argv):
     os.close(write)
     assert proc.stderr == "" and proc.returncode in QUIET_EXITS, proc
 
+
+
+@pytest.mark.parametrize("ok", [True, False])
+def test_compile_run_exits_1_when_the_check_fails(monkeypatch, capsys, ok):
+    """compile --run's exit status is the reference check's (a script can rely on it); the
+    layer and the GPU call are stand-ins here."""
+    from types import SimpleNamespace
+
+    import mokgen.harness.smoke as smoke
+    import mokgen.pytorch.api as api
+
+    monkeypatch.setattr(api, "compile_layer", lambda plan, virtual: SimpleNamespace(
+        binaries={}, build_seconds=0.0))
+    monkeypatch.setattr(smoke, "run_once", lambda layer: ("checked", ok))
+    assert cli.main(["compile", "--shape", "tiny", "--ep", "1", "--tokens", "64",
+                     "--run"]) == (0 if ok else 1)
+    assert "checked" in capsys.readouterr().out
+
+
+def test_run_once_without_a_gpu_compiles_only(monkeypatch):
+    import mokgen.harness.smoke as smoke
+
+    monkeypatch.setattr(smoke.torch.cuda, "is_available", lambda: False)
+    assert smoke.run_once(None) == ("no GPU visible: compiled only", True)
