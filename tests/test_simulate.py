@@ -51,9 +51,12 @@ def test_validation_against_the_committed_slices():
     rows = simulate.validate(RESULTS)
     layer = [r for r in rows if r["source"].startswith("moe_layer")]
     multi = [r for r in rows if r["source"].startswith("multigpu")]
-    # 24 H200 slices, forward and backward; 8 two-GPU rows, forward and training step
-    assert len(layer) == 48 and len(multi) == 16 and len(rows) == 64
-    assert {r["source"] for r in rows} == {"moe_layer 0e2a036", "multigpu 1f4c34c"}
+    fp8 = [r for r in rows if r["source"].startswith("fp8")]
+    # 24 H200 slices, forward and backward; 8 fp8 slices, forward and backward; 8 two-GPU
+    # rows, forward and training step
+    assert len(layer) == 48 and len(fp8) == 16 and len(multi) == 16 and len(rows) == 80
+    assert {r["source"] for r in rows} == {"moe_layer 0e2a036", "fp8 38c569e",
+                                           "multigpu 1f4c34c"}
     assert len([r for r in layer if r["ep"] == 8]) == 24
     for what in ("fwd", "bwd"):
         errs = [abs(r["error"]) for r in layer if r["what"] == what]
@@ -61,6 +64,11 @@ def test_validation_against_the_committed_slices():
     for what in ("fwd", "train"):
         errs = [abs(r["error"]) for r in multi if r["what"] == what]
         assert sum(errs) / len(errs) < 0.25, what
+    # fp8: the weight gradients and the shared expert at the bf16 rate (the backward was
+    # predicted ~40% short while all its GEMMs ran at the fp8 rate)
+    for what, bound in (("fwd8", 0.2), ("bwd8", 0.15)):
+        errs = [abs(r["error"]) for r in fp8 if r["what"] == what]
+        assert sum(errs) / len(errs) < bound, what
     assert "mean |error| fwd" in simulate.validation_table(rows)
 
 

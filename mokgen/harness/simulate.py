@@ -95,21 +95,27 @@ def _link_seconds(moved: float, ep: int, system: System) -> float:
     return max(near / system.link_bw, (off - near) / system.scale_out_bw)
 
 
-def gemm_flops(plan, padded: int, backward: bool) -> float:
+def gemm_flops(plan, padded: int, backward: bool) -> tuple[float, float]:
     """FLOPs the tensor cores spend on one call's GEMMs (routed rows padded to the tile),
-    each tile's K stretched by K_FIXED: its fixed cost (pipeline fill, epilogue) in K steps."""
+    each tile's K stretched by K_FIXED: its fixed cost (pipeline fill, epilogue) in K steps.
+    -> (FLOPs in the plan's precision, FLOPs in bf16): the shared expert and the weight
+    gradients run in bf16 whatever the plan's dtype (docs/fp8.md); in a bf16 plan all are
+    the first."""
     s, n = plan.shape, plan.tokens_per_rank
     D, I, IS, L, k0 = s.hidden, s.intermediate, s.shared_dim, plan.local_experts, K_FIXED
     ns = -(-n // plan.block_m) * plan.block_m
     mm = lambda m, n_, k: 2 * m * n_ * (k + k0)  # noqa: E731
     if not backward:  # gate/up (K = D) and down (K = I), routed and shared
-        return mm(padded, 2 * I, D) + mm(padded, D, I) + mm(ns, 2 * IS, D) + mm(ns, D, IS)
-    kpe = padded // L  # the weight gradients' K: one expert's rows
-    routed = mm(padded, I, D) + mm(padded, D, 2 * I) + L * (mm(D, I, kpe) + mm(2 * I, D, kpe))
-    replay = mm(plan.expected_replay_rows, 2 * I, D)
-    # dgrad, dx, weight grads (its gate/up stays from the forward, as the ring does)
-    shared = mm(ns, IS, D) + mm(ns, D, 2 * IS) + mm(D, IS, ns) + mm(2 * IS, D, ns) if IS else 0
-    return routed + replay + shared
+        low, bf16 = mm(padded, 2 * I, D) + mm(padded, D, I), mm(ns, 2 * IS, D) + mm(ns, D, IS)
+    else:
+        kpe = padded // L  # the weight gradients' K: one expert's rows
+        # dgrad, dx and the replay of gate/up in the plan's precision; the weight gradients
+        # (the gate/up stays from the forward, as the ring does) and the shared expert's bf16
+        low = mm(padded, I, D) + mm(padded, D, 2 * I) + mm(plan.expected_replay_rows, 2 * I, D)
+        bf16 = L * (mm(D, I, kpe) + mm(2 * I, D, kpe))
+        if IS:
+            bf16 += mm(ns, IS, D) + mm(ns, D, 2 * IS) + mm(D, IS, ns) + mm(2 * IS, D, ns)
+    return (low, bf16) if plan.scale_block else (low + bf16, 0.0)
 
 
 def predict_plan(plan, system: str | System) -> dict:
@@ -129,12 +135,14 @@ def predict_plan(plan, system: str | System) -> dict:
     for d, backward in (("fwd", False), ("bwd", True)):
         c = plan.comm_sms_bwd if backward else plan.comm_sms_fwd
         moved, _ = direction_costs(plan, backward)
-        flops = gemm_flops(plan, padded, backward)
+        low, bf16 = gemm_flops(plan, padded, backward)
         mem = wbytes
         if backward:
             mem = 2 * wbytes + L * 3 * s.intermediate * s.hidden * 2  # + the bf16 grads
         eff = EFFICIENCY["bwd" if backward else "fwd"]
-        t_comp = max(flops / (rate * eff * (plan.num_sms - c)), mem / gpu.hbm_bw)
+        sms = eff * (plan.num_sms - c)
+        t_comp = max(low / (rate * sms) + bf16 / (gpu.bf16_flops / gpu.num_sms * sms),
+                     mem / gpu.hbm_bw)
         # no comm CTAs: one rank's GEMMs gather the rows, nothing is copied (limits.GATHER)
         t_comm = 0.0 if c == 0 else \
             max(_link_seconds(moved, plan.ep, sysm), moved / (c * gpu.copy_bw_per_sm))
@@ -192,8 +200,9 @@ def _rows(path: Path, gpu: hardware.GPU) -> list:
 def validate(results_dir: str | Path = "benchmarks/results") -> list:
     """Predicted vs measured for the result files in `results_dir`, on the rows of the GPU
     the systems model (the H200): the layer benchmark's single-GPU slices (moe_layer.json:
-    rank 0's forward, and its backward where measured, h200-1gpu) and the real-rank runs
-    (multigpu.json: forward and training step of one rank's load, h200-nvl8)."""
+    rank 0's forward, and its backward where measured, h200-1gpu), the same slices in
+    blockwise fp8 (fp8.json: fwd8, bwd8) and the real-rank runs (multigpu.json: forward and
+    training step of one rank's load, h200-nvl8)."""
     from mokgen import shapes
 
     out = []
@@ -207,6 +216,14 @@ def validate(results_dir: str | Path = "benchmarks/results") -> list:
                         predicted_ms=p["fwd_ms"]))
         if r.get("backward"):
             out.append(dict(out[-1], what="bwd", measured_ms=r["backward"]["mokgen_ms"],
+                            predicted_ms=p["bwd_ms"]))
+    for r in _rows(d / "fp8.json", one.gpu):  # blockwise fp8 slices (fp8.py): fwd8 / bwd8
+        p = predict(shapes.get(r["shape"]), r["ep"], r["tokens"], one.name, dtype="fp8")
+        out.append(dict(source=f"fp8 {r.get('commit', '?')}", shape=r["shape"], ep=r["ep"],
+                        tokens=r["tokens"], what="fwd8", measured_ms=r["fp8_ms"],
+                        predicted_ms=p["fwd_ms"]))
+        if r.get("fp8_bwd_ms"):
+            out.append(dict(out[-1], what="bwd8", measured_ms=r["fp8_bwd_ms"],
                             predicted_ms=p["bwd_ms"]))
     nvl = get_system("h200-nvl8")
     for r in _rows(d / "multigpu.json", nvl.gpu):
