@@ -99,8 +99,8 @@ def gemm_flops(plan, padded: int, backward: bool) -> tuple[float, float]:
     """FLOPs the tensor cores spend on one call's GEMMs (routed rows padded to the tile),
     each tile's K stretched by K_FIXED: its fixed cost (pipeline fill, epilogue) in K steps.
     -> (FLOPs in the plan's precision, FLOPs in bf16): the shared expert and the weight
-    gradients run in bf16 whatever the plan's dtype (docs/fp8.md); in a bf16 plan all are
-    the first."""
+    gradients run in bf16 whatever the plan's dtype (docs/fp8.md); a bf16 plan's FLOPs are
+    all in the first."""
     s, n = plan.shape, plan.tokens_per_rank
     D, I, IS, L, k0 = s.hidden, s.intermediate, s.shared_dim, plan.local_experts, K_FIXED
     ns = -(-n // plan.block_m) * plan.block_m
