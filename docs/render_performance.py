@@ -199,6 +199,13 @@ def sonicmoe(data: dict) -> str:
     return "\n".join(out)
 
 
+def step_ms(row: dict, dtype: str) -> float | None:
+    """A format's forward + backward ms in an fp8.py row (None where the backward was not
+    timed): the training step's time, what an fp8 step has to beat bf16 on."""
+    f, b = row.get(f"{dtype}_ms"), row.get(f"{dtype}_bwd_ms")
+    return f + b if f is not None and b is not None else None
+
+
 def fp8(data: dict) -> str:
     rows, errs = [], []
     for r in by_gpu(data["rows"]):
@@ -208,7 +215,8 @@ def fp8(data: dict) -> str:
                      ratio(r["bf16_ms"], r["fp8_ms"]), ratio(r["bf16_ms"], r["mxfp8_ms"]),
                      num(r.get("bf16_bwd_tflops")), num(r.get("fp8_bwd_tflops")),
                      num(r.get("mxfp8_bwd_tflops")),
-                     ratio(r.get("bf16_bwd_ms"), r.get("fp8_bwd_ms"))])
+                     ratio(r.get("bf16_bwd_ms"), r.get("fp8_bwd_ms")),
+                     ratio(step_ms(r, "bf16"), step_ms(r, "fp8"))])
         errs.append([gpu(r), r["commit"], r["shape"], str(r["ep"]),
                      num(r.get("fp8_err_vs_bf16"), 3), num(r.get("mxfp8_err_vs_bf16"), 3),
                      num(r.get("fp8_routed_err_vs_bf16"), 3),
@@ -218,7 +226,7 @@ def fp8(data: dict) -> str:
         "TFLOP/s (forward 6 N (k + s) D I / t, backward twice that):", "",
         table(["GPU", "commit", "shape", "ep", "N", "bf16", "fp8", "MXFP8", "grouped_mm bf16",
                "scaled_grouped_mm fp8", "fp8 / bf16", "MXFP8 / bf16", "bwd bf16", "bwd fp8",
-               "bwd MXFP8", "bwd fp8 / bf16"], rows),
+               "bwd MXFP8", "bwd fp8 / bf16", "step fp8 / bf16"], rows),
         "", wrap("Relative error against the bf16 layer (`||y - y_bf16|| / ||y_bf16||`; "
                  "routed: the routed experts' rows alone, beside torch's scaled_grouped_mm "
                  "pipeline's; dx: the backward's input gradient):"), "",
