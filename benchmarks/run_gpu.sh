@@ -234,7 +234,7 @@ EOF
     shift || true
     [ -n "${TESTS:-}" ] && pytest_gpu pytest_torchtitan.log tests/test_torchtitan.py
     DTS=bf16  # the mokgen runs' kernels first, on every core (found at once where packed)
-    case " ${*:-} " in *mokgen-fp8*) DTS=bf16,fp8;; esac
+    for R in "$@"; do case ${R%%:*} in mokgen-*) I=${R%%:*}; DTS=$DTS,${I#mokgen-};; esac; done
     step prebuild.log 200 python3 benchmarks/torchtitan_train.py prebuild --models "$M" \
       --dtypes "$DTS"
     for R in ${@:-torchtitan:0 torchtitan:1 torchtitan:2 mokgen:0}; do

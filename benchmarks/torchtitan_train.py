@@ -345,8 +345,8 @@ def idle_gaps(kernels: list, top: int = 12) -> tuple:
         if end is not None and start > end:
             idle += start - end
             gaps.append((start - end, last, name))
-        if end is None or stop > end:
-            busy += stop - max(start, end if end is not None else start)
+        if end is None or stop > end:  # the part of this kernel past what ran before
+            busy += stop - (start if end is None else max(start, end))
             end, last = stop, name
     return busy, idle, sorted(gaps, reverse=True)[:top]
 
@@ -390,10 +390,13 @@ def smooth(values: list, window: int) -> list:
 
 
 # ---------------------------------------------------------------- report
+OWN_NOISE = "torchtitan (each seed against the others)"  # band_check's entry of the noise
+
+
 def band_check(rows: list, window: int) -> dict:
     """Per row not torchtitan's: the fraction of steps its smoothed loss lies within the range
     of torchtitan's seeds' smoothed losses (same configuration), and its worst distance
-    outside; under "torchtitan (each seed against the others)" the same of each torchtitan
+    outside; under OWN_NOISE the same of each torchtitan
     seed against the range of the other seeds (its least and greatest): the noise a curve of
     torchtitan's own shows, what a mokgen curve is judged against (three seeds' range holds
     a fourth run's curve only about half the time). {} where fewer than two seeds ran."""
@@ -417,7 +420,7 @@ def band_check(rows: list, window: int) -> dict:
                 "inside_fraction": inside, "worst_excursion": worst, "steps": n}
     if len(curves) >= 3:
         own = [against(c, curves[:i] + curves[i + 1:]) for i, c in enumerate(curves)]
-        out["torchtitan (each seed against the others)"] = {
+        out[OWN_NOISE] = {
             "inside_fraction": [min(o[0] for o in own), max(o[0] for o in own)],
             "worst_excursion": [min(o[1] for o in own), max(o[1] for o in own)], "steps": n}
     return out
@@ -446,7 +449,7 @@ def report(args) -> int:
                       f"{q['p90']:.1f} ms, reserved {r['reserved_peak_mb']:,.0f} MiB, "
                       f"{r['alloc_retries']} allocator retries")
         for run_name, v in band_check(rows, args.smooth).items():
-            if run_name.startswith("torchtitan"):
+            if run_name == OWN_NOISE:
                 (f0, f1), (w0, w1) = v["inside_fraction"], v["worst_excursion"]
                 print(f"  {run_name}: inside {f0:.1%}-{f1:.1%} of {v['steps']} steps, worst "
                       f"{w0:.4f}-{w1:.4f} outside")

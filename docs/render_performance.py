@@ -311,7 +311,7 @@ def torchtitan_runs(data: dict) -> str:
     weights and data) and against the band of torchtitan's seeds (torchtitan_train.band_check),
     whose own seeds' excursions follow the table as the noise to judge it by."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from torchtitan_train import band_check
+    from torchtitan_train import OWN_NOISE, band_check
 
     rows, notes = [], []
     groups: dict = {}
@@ -330,7 +330,7 @@ def torchtitan_runs(data: dict) -> str:
                          num(r["peak_mb"]), f"{sum(tail) / len(tail):.3f}",
                          f"{100 * b['inside_fraction']:.0f}%" if b else "-",
                          f"{b['worst_excursion']:.4f}" if b else "-"])
-        own = band.get("torchtitan (each seed against the others)")
+        own = band.get(OWN_NOISE)
         if own:
             (f0, f1), (w0, w1) = own["inside_fraction"], own["worst_excursion"]
             notes.append(f"{kind}, {runs[0]['layers']} layers: each torchtitan seed against the "

@@ -1,6 +1,6 @@
 """One tree's layer slice, forward and backward, on fixed random inputs: the outputs and
 gradients saved (to compare two trees bitwise) and the times printed. Run once per tree with
-that tree's PYTHONPATH and MOKGEN_CACHE (lab/prepare_ab.sh's layout), then --compare.
+that tree's PYTHONPATH and MOKGEN_CACHE (lab/prepare_ab.sh's layout), then compare.
 
   python lab/ab_fp8_bwd.py run SHAPE EP N DTYPE OUT.pt
   python lab/ab_fp8_bwd.py compare A.pt B.pt

@@ -464,8 +464,8 @@ def test_too_many_tokens_name_the_option():
 
 @pytest.mark.parametrize("block", list(BLOCKS))
 def test_moe_plan_is_the_plan_a_converted_block_runs(block):
-    """moe_plan (what benchmarks compile ahead) from the config alone, the block's own plan
-    from its built modules: one plan, so kernels built ahead are the ones a run loads."""
+    """moe_plan of torchtitan's own config (what benchmarks compile ahead) and the plan the
+    converted block built: one plan, so kernels built ahead are the ones a run loads."""
     cfg = BLOCKS[block]()
     built = mokgen_moe(cfg, backend="reference", tokens_per_rank=512, dtype="fp8").build()
     assert moe_plan(cfg, tokens_per_rank=512, dtype="fp8").to_json() == built.plan.to_json()

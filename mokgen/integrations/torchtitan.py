@@ -169,11 +169,7 @@ class MokgenMoE(MoE):
                                                               MokgenSharedExpert):
             raise ValueError("MokgenMoE needs MokgenSharedExpert as its shared expert; "
                              "build it through the mokgen_moe override")
-        shared = self.shared_experts
-        shape = _shape(inner.num_experts, inner.w2_EDF.shape[1], inner.hidden_dim,
-                       int(self.router.top_k), shared.hidden_dim if shared is not None else None)
-        self.plan = make_plan(shape, ep=1, dtype=config.dtype,
-                              tokens_per_rank=config.tokens_per_rank)
+        self.plan = moe_plan(config, tokens_per_rank=config.tokens_per_rank, dtype=config.dtype)
         self._registration = _shared_registration(self.plan, config.backend)
         # fused gradient accumulation off: torchtitan trains under FSDP2, whose gradients
         # autograd must produce
@@ -350,19 +346,17 @@ def mokgen_moe(cfg: MoE.Config, *, tokens_per_rank: int = 16384, dtype: str = "b
     return out
 
 
-def _shape(E: int, D: int, I: int, k: int, shared_width: int | None) -> MoEShape:
-    return MoEShape(E, D, I, k, shared_experts=int(shared_width is not None),
-                    shared_intermediate=shared_width, name="torchtitan")
-
-
 def moe_plan(cfg: MoE.Config, *, tokens_per_rank: int = 16384, dtype: str = "bf16"):
-    """The plan the mokgen_moe blocks of `cfg` (a MoE block's config) run: to compile their
-    kernels ahead, without a GPU (mokgen.pytorch.api.build_plans; the GPU from gpu= rules,
-    $MOKGEN_GPU where no device is visible). Raises ValueError as mokgen.plan does."""
+    """The plan the mokgen_moe blocks of `cfg` (a MoE block's config, torchtitan's or the
+    converted one) run: what MokgenMoE builds, and what compiles their kernels ahead, without
+    a GPU (mokgen.pytorch.api.build_plans; the GPU from gpu= rules, $MOKGEN_GPU where no
+    device is visible). Raises ValueError as mokgen.plan does."""
     inner, shared = cfg.routed_experts.inner_experts, cfg.shared_experts
-    return make_plan(_shape(cfg.num_experts, inner.dim, inner.hidden_dim, cfg.router.top_k,
-                            shared.w1.out_features if shared is not None else None),
-                     ep=1, dtype=dtype, tokens_per_rank=tokens_per_rank)
+    width = shared.w1.out_features if shared is not None else None
+    shape = MoEShape(cfg.num_experts, inner.dim, inner.hidden_dim, cfg.router.top_k,
+                     shared_experts=int(width is not None), shared_intermediate=width,
+                     name="torchtitan")
+    return make_plan(shape, ep=1, dtype=dtype, tokens_per_rank=tokens_per_rank)
 
 
 __all__ = ["mokgen_moe", "moe_plan", "MokgenMoE", "MokgenGroupedExperts", "MokgenSharedExpert"]
