@@ -24,19 +24,26 @@ def run(shape_name, ep, n, dtype, out):
     layer(x=xs, router_logits=zs, w1=[w1] * ep, w2=[w2] * ep, shared_w1=sw1, shared_w2=sw2)
     bwd = layer.backward_runtime()
     fwd = lambda: rt.forward_rank(0, *args, save=True)  # noqa: E731
-    back = lambda: bwd.backward_rank(0, dys, xs, [w1] * ep, [w2] * ep, sw1, sw2)  # noqa: E731
+    back = lambda acc=None: bwd.backward_rank(  # noqa: E731
+        0, dys, xs, [w1] * ep, [w2] * ep, sw1, sw2, accumulate=acc)
     y = fwd().clone()
     grads = [t.clone() if t is not None else None for t in back()]
+    # fused gradient accumulation: the expert gradients added into random ones
+    acc = tuple(torch.randn(w.shape, device="cuda", generator=g).bfloat16() for w in (w1, w2))
+    fwd()
+    grads += [t.clone() for t in back(tuple(a.clone() for a in acc))[1:3]]
     torch.cuda.synchronize()
     f_ms = time_ms(lambda: rt.forward_rank(0, *args), 30)
     b_ms = time_ms(back, 30, setup=fwd)
-    torch.save({"y": y, "grads": grads, "fwd_ms": f_ms, "bwd_ms": b_ms}, out)
-    print(f"{shape_name} ep {ep} N {n} {dtype}: fwd {f_ms:.3f} ms, bwd {b_ms:.3f} ms -> {out}")
+    a_ms = time_ms(lambda: back(acc), 30, setup=fwd)
+    torch.save({"y": y, "grads": grads, "fwd_ms": f_ms, "bwd_ms": b_ms, "acc_ms": a_ms}, out)
+    print(f"{shape_name} ep {ep} N {n} {dtype}: fwd {f_ms:.3f} ms, bwd {b_ms:.3f} ms, "
+          f"bwd accumulating {a_ms:.3f} ms -> {out}")
 
 
 def compare(a, b):
     A, B = torch.load(a), torch.load(b)
-    names = ["y", "dx", "dw1", "dw2", "dsw1", "dsw2"]
+    names = ["y", "dx", "dw1", "dw2", "dsw1", "dsw2", "dw1 accumulated", "dw2 accumulated"]
     ok = True
     for name, s, t in zip(names, [A["y"]] + A["grads"], [B["y"]] + B["grads"]):
         if s is None and t is None:
@@ -48,6 +55,8 @@ def compare(a, b):
         print(f"  {name}: {'bitwise equal' if same else f'differs, max |diff| {diff:.3g}'}"
               f" (NaNs {nan})")
     print(f"bwd {A['bwd_ms']:.3f} -> {B['bwd_ms']:.3f} ms ({A['bwd_ms'] / B['bwd_ms']:.3f}x), "
+          f"accumulating {A['acc_ms']:.3f} -> {B['acc_ms']:.3f} ms "
+          f"({A['acc_ms'] / B['acc_ms']:.3f}x), "
           f"fwd {A['fwd_ms']:.3f} -> {B['fwd_ms']:.3f} ms; {'SAME' if ok else 'DIFFERENT'}")
     return 0 if ok else 1
 

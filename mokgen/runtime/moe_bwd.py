@@ -188,10 +188,11 @@ class BackwardPass(BackwardScratch):
         dsw1, dsw2 = (None if shared_w1 is None else _sum([d[j] for d in dsw]) for j in (0, 1))
         return dxs, dweights, dw1s, dw2s, dsw1, dsw2
 
-    def backward_rank(self, i, dys, xs, w1s, w2s, shared_w1, shared_w2):
+    def backward_rank(self, i, dys, xs, w1s, w2s, shared_w1, shared_w2, accumulate=None):
         """Hosted rank i's own backward alone (segments, megakernel, its dx sum) right after
         its forward_rank(save=True), reusing the other ranks' buffers from an earlier full
-        call: the per-rank slice that benchmarks time. -> (dx, dw1, dw2, dsw1, dsw2)."""
+        call: the per-rank slice that benchmarks time. `accumulate`: rank i's (dw1, dw2) to
+        add the expert weight gradients into, as backward's. -> (dx, dw1, dw2, dsw1, dsw2)."""
         rt, n = self.rt, xs[0].shape[0]
         if rt.spec.bwd_peer_directions:
             raise ValueError(f"reverse_combine={rt.spec.reverse_combine!r} reverse_dispatch="
@@ -206,12 +207,16 @@ class BackwardPass(BackwardScratch):
         resident = _resident(rt.spec, rt.saved, kept)
         rt.generation += 1
         rt.saved = False
-        dw1, dw2 = torch.empty_like(w1s[i]), torch.empty_like(w2s[i])
+        if accumulate is not None:
+            _check_accumulate([accumulate], [w1s[i]], [w2s[i]])
+            dw1, dw2 = accumulate
+        else:
+            dw1, dw2 = torch.empty_like(w1s[i]), torch.empty_like(w2s[i])
         dsw1 = None if shared_w1 is None else torch.empty_like(shared_w1)
         dsw2 = None if shared_w2 is None else torch.empty_like(shared_w2)
         self._launch(i, n, xs[i], dys[i], rt.peers.x_pointers(xs),
                      rt.peers.x_pointers(dys, "dy"), w1s[i], w2s[i], shared_w1, shared_w2, dw1,
-                     dw2, dsw1, dsw2, resident, kept=kept)
+                     dw2, dsw1, dsw2, resident, accumulate is not None, kept=kept)
         return self.dx_of(i, n), dw1, dw2, dsw1, dsw2
 
     def dx_of(self, i, n):

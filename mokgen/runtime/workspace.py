@@ -264,7 +264,7 @@ class BackwardScratch:
         self.counters = torch.empty(backward_counter_words(s), dtype=torch.int32, device=dev)
         q = s.scale_block
         if q:  # the fp8 backward's e4m3 rings of dy and dh and their scales [K/q, M]; dh's
-            # d gate and d up each padded to whole 128-blocks (moe_bwd.cuh quantize_dh)
+            # d gate and d up each padded to whole 128-blocks (moe_bwd.cuh swiglu_backward_fp8)
             u8, f32 = dict(dtype=torch.uint8, device=dev), dict(dtype=torch.float32, device=dev)
             self.ring_dy8 = torch.empty(M, D, **u8)
             self.ring_sdy = torch.empty(-(-D // q), M, **f32)

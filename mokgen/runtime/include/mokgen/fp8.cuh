@@ -47,21 +47,17 @@ MOKGEN_DEV uint16_t fp8x2(float a, float b, float inv) {
                                             __NV_E4M3);
 }
 
+// Eight e4m3 of v * inv in one 8-byte vector, v[0] in the low byte.
+MOKGEN_DEV uint2 fp8x8(const float (&v)[8], float inv) {
+  return make_uint2(fp8x2(v[0], v[1], inv) | (uint32_t)fp8x2(v[2], v[3], inv) << 16,
+                    fp8x2(v[4], v[5], inv) | (uint32_t)fp8x2(v[6], v[7], inv) << 16);
+}
+
 // max that propagates NaN (fmaxf drops it): a block's amax is NaN or Inf when it holds one.
 MOKGEN_DEV float max_nan(float a, float b) {
   float d;
   asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
   return d;
-}
-
-// A bf16 pair held in one 32-bit register (an epilogue keeping rounded values in its fp32
-// accumulator registers until their block's scale is known), low element first.
-MOKGEN_DEV float pack_bf16x2(__nv_bfloat162 v) {
-  return __uint_as_float(*reinterpret_cast<const uint32_t*>(&v));
-}
-MOKGEN_DEV float2 unpack_bf16x2(float bits) {
-  const uint32_t u = __float_as_uint(bits);
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
 }
 
 // Max over groups of LANES consecutive lanes (every lane of the warp must call it).

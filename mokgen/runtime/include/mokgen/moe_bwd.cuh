@@ -105,7 +105,7 @@ struct BwdBuffers {
   float* wg_acc;            // [slots, 3 I D] fp32 sums of experts spanning several minibatches
   uint32_t* counters;
   // fp8 plans (unused otherwise): e4m3 rings [SLOTS*B, K] and their scales
-  // [ceil(K/Q), SLOTS*B]; dh's K is 2 PI, each half padded (FwdConsts::PI, quantize_dh)
+  // [ceil(K/Q), SLOTS*B]; dh's K is 2 PI, each half padded (FwdConsts::PI, swiglu_backward_fp8)
   uint8_t* ring_x8;         //   x (replay), quantized by the comm CTAs
   float* ring_sx;
   uint8_t* ring_dy8;        //   dy (dgrad), quantized by the comm CTAs
@@ -671,19 +671,17 @@ struct BwdProblem {
   // be hp: each element is read, then written, by this thread alone), ap their a rows (row
   // stride NI) that get w * a (the weight gradient of W2 reads it), or nullptr.
   // Returns <a, d_a> per row (the router-weight gradient's partial sum over these columns).
-  // kKeep (fp8 dgrad): pair by pair, leaving dh in acc as stored, bf16 pairs packed in place
-  // (acc[r]: d gate of the pair, acc[r + 1]: d up) for quantize_dh; bf16 kernels 8 columns
-  // at a time (for_each_acc_oct). Columns past NI (an edge tile) are skipped.
-  template <int NI, bool kKeep = false>
+  // bf16 kernels 8 columns at a time (for_each_acc_oct), fp8 kernels (their shared expert's
+  // dgrad; the routed one is swiglu_backward_fp8) pair by pair: 8 columns at a time spilled
+  // 8 B in an fp8 backward. Columns past NI (an edge tile) are skipped.
+  template <int NI>
   MOKGEN_DEV void swiglu_backward(float (&acc)[BN / 2], int col0,
                                   const __nv_bfloat16* const (&hp)[2],
                                   __nv_bfloat16* const (&dhp)[2],
                                   __nv_bfloat16* const (&ap)[2], const float (&w)[2],
                                   float (&dot)[2]) const {
     dot[0] = dot[1] = 0.f;
-    // fp8 kernels (their shared expert's dgrad) keep pairs: 8 columns at a time spilled 8 B
-    // in an fp8 backward
-    if constexpr (!kKeep && C::Q == 0) {  // 8 columns at a time (for_each_acc_oct's groups,
+    if constexpr (C::Q == 0) {  // 8 columns at a time (for_each_acc_oct's groups,
       // oct_of), the g / u of kAhead groups loaded before any of their stores: dh lands over
       // h, so the compiler may not hoist a group's loads above the previous group's stores,
       // and each group would wait a memory round trip
@@ -746,45 +744,82 @@ struct BwdProblem {
       *reinterpret_cast<__nv_bfloat162*>(dhp[h] + NI + c) = du2;
       if (ap[h] != nullptr)
         *reinterpret_cast<__nv_bfloat162*>(ap[h] + c) = __floats2bfloat162_rn(wa[0], wa[1]);
-      if constexpr (kKeep) {
-        acc[r] = pack_bf16x2(dg2);
-        acc[r + 1] = pack_bf16x2(du2);
-      }
     }
   }
 
-  // fp8 plans: a dgrad tile's dh, as swiglu_backward<., true> stored it and left it packed in
-  // acc, quantized along 2I (the dx GEMM's K) into ring_dh8 + ring_sdh, block by block
-  // (quantize_quad_block; each half, d gate and d up, is the tile's 256 columns, of which an
-  // edge tile has fewer: the blocks past I are skipped). Each half is laid out padded to PI
-  // columns, as W1^T's (FwdConsts::PI): when I is not a multiple of 128 the edge tile also
-  // writes zeros from I to PI (the dx GEMM reads them), its partial block zero-padded.
-  MOKGEN_DEV void quantize_dh(const Task& t, const float (&acc)[BN / 2], int cwg) const {
-    if constexpr ((Cfg::PROF & kProfNoDhQuant) != 0) return;  // profiling (Plan.profile)
+  // fp8 plans: the routed SwiGLU backward of a dgrad tile 8 columns at a time, as
+  // swiglu_backward's bf16 path (dh over h, w a over a, <a, d_a> per row in dot), with dh
+  // also quantized along 2I (the dx GEMM's K) into ring_dh8 + ring_sdh from its bf16 values.
+  // A lane's 4 groups of a batch (oct_of: group 4 g + lane % 4) cover 128 columns of its row
+  // across the quad, so a Q-column block is Q / 32 of its groups and a quad max: dh waits in
+  // registers (packed bf16) for its block's scale alone, and goes out in 8-byte stores where
+  // pair by pair it went in 2-byte ones. Each half (d gate, d up) is laid out padded to PI
+  // columns (as W1^T's, FwdConsts::PI): an edge tile writes zeros from I to PI (the dx GEMM
+  // reads them). Rows r_h: this thread's two tile rows.
+  MOKGEN_DEV void swiglu_backward_fp8(const Task& t, const float (&acc)[BN / 2],
+                                      const int (&r_h)[2], __nv_bfloat16* const (&hp)[2],
+                                      __nv_bfloat16* const (&ap)[2], const float (&w)[2],
+                                      float (&dot)[2]) const {
     if constexpr (C::Q > 0) {
-      constexpr int G = C::Q / 8;  // 8-column groups per block
-      const int row0 = 64 * cwg + acc_row(0);  // rows row0 (h = 0) and row0 + 8 (h = 1)
-      uint8_t* out = buf->ring_dh8 + (size_t)t.a_row0 * 2 * C::PI + t.c_col0;
+      constexpr int kBatch = 4, kPerBlock = C::Q / 32;  // groups a lane has of a batch, a block
+      static_assert((BN / 32) % kBatch == 0 && kBatch % kPerBlock == 0, "whole blocks a batch");
+      const int q = threadIdx.x & 3;
+      dot[0] = dot[1] = 0.f;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int row = row0 + 8 * h;
+        uint8_t* const out = buf->ring_dh8 + (size_t)(t.a_row0 + r_h[h]) * 2 * C::PI;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {  // d gate, then d up (columns + PI)
+        for (int g0 = 0; g0 < BN / 32; g0 += kBatch) {
+          // g / u of the batch loaded before its stores (dh lands over h: the compiler may
+          // not hoist a group's loads above the previous group's stores)
+          uint4 dg[kBatch], du[kBatch];  // g / u as loaded, then d gate / d up as stored
+          int col[kBatch];
 #pragma unroll
-          for (int g0 = 0; g0 < BN / 8; g0 += G) {
-            if (C::I % BN != 0 && t.c_col0 + 8 * g0 >= C::PI) break;
-            const float scale = quantize_quad_block<C::Q>(
-                [&](int g) {
-                  if constexpr (C::I % 128 != 0) {  // zeros past I (the columns there hold
-                    // the dgrad accumulators swiglu_backward skipped)
-                    if (t.c_col0 + 8 * g >= C::I) return make_float2(0.f, 0.f);
-                  }
-                  return unpack_bf16x2(acc[4 * g + 2 * h + half]);
-                },
-                g0, out + (size_t)row * 2 * C::PI + half * C::PI);
-            if ((threadIdx.x & 3) == 0)
-              buf->ring_sdh[(size_t)((half * C::PI + t.c_col0 + 8 * g0) / C::Q) * C::RING_ROWS +
-                            t.a_row0 + row] = scale;
+          for (int i = 0; i < kBatch; ++i) {
+            col[i] = t.c_col0 + 8 * (4 * (g0 + i) + q);
+            const bool ok = C::I % BN == 0 || col[i] < C::I;
+            dg[i] = ok ? *reinterpret_cast<const uint4*>(hp[h] + col[i]) : uint4{};
+            du[i] = ok ? *reinterpret_cast<const uint4*>(hp[h] + C::I + col[i]) : uint4{};
+          }
+#pragma unroll
+          for (int i = 0; i < kBatch; ++i) {
+            float v[8], g[8], u[8], fg[8], fu[8], wa[8];
+            oct_of<0>(acc, g0 + i, h, v);  // every lane shuffles, before the mask
+            if (C::I % BN != 0 && col[i] >= C::I) continue;  // zeros (loaded as such)
+            floats_of_bf16x8(dg[i], g);
+            floats_of_bf16x8(du[i], u);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) swiglu_grad(v[j], g[j], u[j], w[h], dot[h], fg[j],
+                                                    fu[j], wa[j]);
+            dg[i] = bf16x8(fg);
+            du[i] = bf16x8(fu);
+            *reinterpret_cast<uint4*>(hp[h] + col[i]) = dg[i];  // dh over h
+            *reinterpret_cast<uint4*>(hp[h] + C::I + col[i]) = du[i];
+            *reinterpret_cast<uint4*>(ap[h] + col[i]) = bf16x8(wa);
+          }
+          if constexpr ((Cfg::PROF & kProfNoDhQuant) != 0) continue;  // profiling
+#pragma unroll
+          for (int b = 0; b < kBatch; b += kPerBlock) {
+            // the block's first column: past PI (an edge tile's last blocks), nothing
+            const int block_col = t.c_col0 + 32 * (g0 + b);
+            if (C::I % BN != 0 && block_col >= C::PI) break;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {  // d gate, then d up (columns + PI)
+              float amax = 0.f, f[kPerBlock][8];
+#pragma unroll
+              for (int i = 0; i < kPerBlock; ++i) {
+                floats_of_bf16x8(half ? du[b + i] : dg[b + i], f[i]);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) amax = max_nan(amax, fabsf(f[i][j]));
+              }
+              const Fp8Scale sc = fp8_scale<C::Q>(group_max<4>(amax));
+#pragma unroll
+              for (int i = 0; i < kPerBlock; ++i)
+                *reinterpret_cast<uint2*>(out + half * C::PI + col[b + i]) = fp8x8(f[i], sc.inv);
+              if (q == 0)
+                buf->ring_sdh[(size_t)((half * C::PI + block_col) / C::Q) * C::RING_ROWS +
+                              t.a_row0 + r_h[h]] = sc.scale;
+            }
           }
         }
       }
@@ -797,6 +832,44 @@ struct BwdProblem {
                                    __nv_bfloat16* pre, __nv_bfloat16* act, int NI,
                                    int n_valid) const {
     store_gate_up<BN, C::Q == 0>(acc, cwg, t.m_valid, pre, act, NI, n_valid);
+  }
+
+  // A whole expert's weight-gradient tile through registers (the store path of kernels
+  // whose stages leave no room for the TMA path's staging tile: fp8), 8 columns at a time
+  // (oct_of): 16-byte stores where pairs would issue 4x as many. kAdd: the gradient already
+  // there added first, rounded once (fused gradient accumulation); a row's loads all go
+  // before its stores, which the compiler could not hoist them above (it cannot tell rows
+  // apart: ld is the operand's).
+  template <bool kAdd>
+  MOKGEN_DEV void store_whole_wgrad(const float (&acc)[BN / 2], int cwg, int m_valid,
+                                    int n_valid, __nv_bfloat16* out, int ld) const {
+    const int w = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = 64 * cwg + 16 * w + (l >> 2) + 8 * h;
+      __nv_bfloat16* const o = out + (size_t)row * ld;
+      const auto in = [&](int g) { return row < m_valid && 8 * (4 * g + (l & 3)) < n_valid; };
+      uint4 before[BN / 32];
+      if constexpr (kAdd) {
+#pragma unroll
+        for (int g = 0; g < BN / 32; ++g)
+          before[g] = in(g) ? *reinterpret_cast<const uint4*>(o + 8 * (4 * g + (l & 3)))
+                            : uint4{};
+      }
+#pragma unroll
+      for (int g = 0; g < BN / 32; ++g) {
+        float v[8];
+        oct_of<0>(acc, g, h, v);  // every lane shuffles, before the mask
+        if (!in(g)) continue;
+        if constexpr (kAdd) {
+          float b[8];
+          floats_of_bf16x8(before[g], b);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[j] += b[j];
+        }
+        *reinterpret_cast<uint4*>(o + 8 * (4 * g + (l & 3))) = bf16x8(v);
+      }
+    }
   }
 
   // A weight-gradient tile: one segment's contribution, summed in segment order (fp32 in
@@ -863,14 +936,11 @@ struct BwdProblem {
     const int m_valid = op == kWgrad1    ? rows_valid<2 * C::I, BM>(row0)
                         : op == kSWgrad1 ? rows_valid<2 * C::IS, BM>(row0)
                                          : rows_valid<C::D, BM>(row0);  // dW2, dsw2
-    if (count == 1 && !add) {  // the whole expert in one segment: bf16 stores alone. Its
-      // own path: with the sum's load and the branches of the general one below in each
-      // pair's body, ptxas kept them there (a loop of 64 pairs is not unswitched). 16-byte
-      // stores, 8 columns each: the store path of kernels whose stages leave no room for
-      // the TMA path's staging tile (fp8), where 4-byte pair stores would issue 4x as many
-      for_each_acc_oct<BN>(acc, cwg, m_valid, [&](int r, int c, const float (&v)[8]) {
-        *reinterpret_cast<uint4*>(out + (size_t)r * ld + c) = bf16x8(v);
-      }, n_valid);
+    if (count == 1) {  // the whole expert in one segment: its own path (with the running
+      // sum's load and the branches of the general one below in each pair's body, ptxas
+      // kept them there: a loop of 64 pairs is not unswitched)
+      if (add) store_whole_wgrad<true>(acc, cwg, m_valid, n_valid, out, ld);
+      else store_whole_wgrad<false>(acc, cwg, m_valid, n_valid, out, ld);
       return;
     }
     if (add && last) {  // the gradient already there, in a pass of loads alone (a load next
@@ -928,28 +998,31 @@ struct BwdProblem {
       }
       swiglu_backward<C::IS>(acc, t.c_col0, hp, dhp, ap, w, dot);
     } else if (op == kDgrad) {
-      const __nv_bfloat16* hp[2];
-      __nv_bfloat16* dhp[2];
+      __nv_bfloat16* hp[2];
       __nv_bfloat16* ap[2];
       float w[2], dot[2];
-      int p[2];
+      int r[2], p[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int r = row0 + acc_row(2 * h);
-        p[h] = t.c_row0 + r;
+        r[h] = row0 + acc_row(2 * h);
+        p[h] = t.c_row0 + r[h];
         const bool pad = buf->table[p[h]].x < 0;
         w[h] = pad ? 0.f : buf->row_weight[p[h]];  // padding rows: dh = 0 (their weight is unset)
-        hp[h] = dhp[h] = buf->ring_h + (size_t)(t.a_row0 + r) * 2 * C::I;  // dh over h
-        ap[h] = buf->ring_a + (size_t)(t.a_row0 + r) * C::I;  // w * a over a
+        hp[h] = buf->ring_h + (size_t)(t.a_row0 + r[h]) * 2 * C::I;  // dh over h
+        ap[h] = buf->ring_a + (size_t)(t.a_row0 + r[h]) * C::I;  // w * a over a
       }
-      swiglu_backward<C::I, (C::Q > 0)>(acc, t.c_col0, hp, dhp, ap, w, dot);
+      if constexpr (C::Q > 0) {
+        swiglu_backward_fp8(t, acc, r, hp, ap, w, dot);
+      } else {
+        const __nv_bfloat16* const h_in[2] = {hp[0], hp[1]};
+        swiglu_backward<C::I>(acc, t.c_col0, h_in, hp, ap, w, dot);
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // a row lives in the 4 lanes of a quad: fixed-order sum
         dot[h] += __shfl_xor_sync(0xffffffff, dot[h], 1);
         dot[h] += __shfl_xor_sync(0xffffffff, dot[h], 2);
         if ((threadIdx.x & 3) == 0) buf->dw_part[(size_t)p[h] * S::DG_N + t.c_col0 / BN] = dot[h];
       }
-      quantize_dh(t, acc, cwg);
     } else if (op == kSDx) {
       store_f32<BN, C::Q == 0>(acc, cwg, t.m_valid,
                                buf->dx_shared + (size_t)t.c_row0 * C::D + t.c_col0, C::D,

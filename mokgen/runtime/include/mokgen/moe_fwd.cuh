@@ -38,7 +38,7 @@ enum FwdPhase : int { kPhaseSharedDown = 1, kPhaseGateUp = 2, kPhaseDown = 3, kP
 // PD, PI: D and I as the routed experts' B operands lay them out. fp8: padded to whole 128 x
 // 128 blocks per expert, W1 per gate / up half (runtime/moe.py pad_weight), so every weight
 // tile and blockwise scale starts at a whole block of its expert's part, and dh's halves the
-// same (quantize_dh); D and I themselves otherwise (and for every width a multiple of 128).
+// same (swiglu_backward_fp8); D and I themselves otherwise (and for every width a multiple of 128).
 // The backward (moe_bwd.cuh) instantiates the same constants with its own directions, RCPUSH:
 // push reverse-combine instead of pull, RDPULL: pull reverse-dispatch instead of push
 // (direction_bwd.cuh); RDPULL splits its comm CTAs like CPULL: [0, CD) dy, [CD, COMM) dx.
