@@ -76,6 +76,7 @@ MODELS_B=mixtral-8x7b,mixtral-8x22b,olmoe-1b-7b,llama-4-scout,granite-3.0-3b-a80
 
 CHUNK=${1:-list}
 shift || true
+[ "$CHUNK" != tests ] || [ $# -gt 0 ] || { echo "tests FILE..: name the test files"; exit 2; }
 [ "$CHUNK" = list ] || {
   nvidia-smi --query-gpu=index,name,clocks.sm,power.limit,memory.used --format=csv,noheader
   [ -n "${MOKGEN_COMMIT:-}" ] || [ -e .git ] || echo "warning: no MOKGEN_COMMIT and no .git:" \
@@ -97,6 +98,8 @@ tests-b          .kcache (tests.pkl)       6-8      GPU tests: fp8 reliability p
 tests-c          .kcache (tests.pkl)       5-7      GPU tests: transformers pair cluster hardware docs
 tests-bc         .kcache (tests.pkl, pack) 6        tests-b and tests-c in one pytest: fits a call where
                                                     the kernels come packed (kernels*.tar.xz)
+tests FILE..     .kcache (tests.pkl, pack) 1-9      the named GPU test files alone (a short call: the
+                                                    tests a change touches, ahead of the whole suite)
 layer-ep64       -                         4-6      moe_layer.py, the presets' ep 64 slices, forward + backward
 layer-ep8        -                         5-7      moe_layer.py, the ep 8 slices
 fp8-ep64         -                         5-7      fp8.py --backward, ep 64
@@ -122,9 +125,10 @@ SonicMoE's wheels by benchmarks/peers/fetch_sonicmoe.sh, DeepEP's source by fetc
 torchtitan's wheels and text by fetch_torchtitan.sh.
 EOF
     ;;
-  tests-a|tests-b|tests-c|tests-bc)
+  tests-a|tests-b|tests-c|tests-bc|tests)
     prebuild_tests
     case $CHUNK in
+      tests) TIMEOUT=$(left) pytest_gpu pytest_files.log "$@" ;;
       tests-a) pytest_gpu pytest_a.log $TESTS_A ;;
       tests-b) pytest_gpu pytest_b.log $TESTS_B ;;
       tests-c) pytest_gpu pytest_c.log $TESTS_C ;;

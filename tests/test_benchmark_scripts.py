@@ -3,6 +3,7 @@ rows per GPU kind, the GPU machine's driver lists its chunks, and the harness's 
 power cap counts only settled calls. (No test reads benchmarks/results: the results move with
 every GPU run.)"""
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -65,12 +66,17 @@ def test_merge_folds_a_device_calls_file_into_the_results(tmp_path):
                  dict(benchmark="stack", runs=[], rows=[]), ("shape",))
 
 
-def test_gpu_driver_lists_its_chunks():
+def test_gpu_driver_lists_its_chunks(tmp_path):
     out = subprocess.run(["bash", str(ROOT / "benchmarks" / "run_gpu.sh"), "list"],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout
-    for chunk in ("tests-a", "layer-ep64", "models-a", "sonicmoe-stage", "multigpu", "deepep",
-                  "torchtitan"):
+    for chunk in ("tests-a", "tests", "layer-ep64", "models-a", "sonicmoe-stage", "multigpu",
+                  "deepep", "torchtitan"):
         assert f"\n{chunk} " in out
+    # `tests` runs the files it is given, and refuses to run none
+    none = subprocess.run(["bash", str(ROOT / "benchmarks" / "run_gpu.sh"), "tests"],
+                          capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "OUT": str(tmp_path)})
+    assert none.returncode == 2 and "name the test files" in none.stdout
 
 
 def test_sustained_ms_refuses_a_window_with_no_call(monkeypatch):
