@@ -32,6 +32,12 @@ def run(shape_name, ep, n, dtype, out):
     acc = tuple(torch.randn(w.shape, device="cuda", generator=g).bfloat16() for w in (w1, w2))
     fwd()
     grads += [t.clone() for t in back(tuple(a.clone() for a in acc))[1:3]]
+    # the router logits' gradient (from the router weights' one), through autograd: the
+    # per-rank slice above does not return it
+    xl, zl = ([t.detach().requires_grad_() for t in ts] for ts in (xs, zs))
+    ys = layer(x=xl, router_logits=zl, w1=[w1] * ep, w2=[w2] * ep, shared_w1=sw1, shared_w2=sw2)
+    torch.autograd.backward(ys, dys)
+    grads.append(torch.cat([z.grad for z in zl]))
     torch.cuda.synchronize()
     f_ms = time_ms(lambda: rt.forward_rank(0, *args), 30)
     b_ms = time_ms(back, 30, setup=fwd)
@@ -43,7 +49,8 @@ def run(shape_name, ep, n, dtype, out):
 
 def compare(a, b):
     A, B = torch.load(a), torch.load(b)
-    names = ["y", "dx", "dw1", "dw2", "dsw1", "dsw2", "dw1 accumulated", "dw2 accumulated"]
+    names = ["y", "dx", "dw1", "dw2", "dsw1", "dsw2", "dw1 accumulated", "dw2 accumulated",
+             "router logits grad"]
     ok = True
     for name, s, t in zip(names, [A["y"]] + A["grads"], [B["y"]] + B["grads"]):
         if s is None and t is None:
