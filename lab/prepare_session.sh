@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Here, at a session's start: a new checkout has none of the ignored folders the device calls
+# carry. Builds them in one go (~25 min on 2 cores; run it in the background and do CPU work):
+#   bash lab/prepare_session.sh > /tmp/prepare.log 2>&1 &
+# .kcache: the tests' plan list and the H100 packs (tests, peers, stack, torchtitan);
+# .peersA/.peersB: SonicMoE's wheels; .torchtitan: torchtitan's wheels, tokenizer and text.
+# Where raw.githubusercontent.com does not resolve, the tokenizer and text come from the git
+# mirrors of the `fetch` tool: fetch github:pytorch/torchtitan and github:karpathy/char-rnn
+# first. A pack that exists is kept: delete .kcache/kernels-* after a kernel source change.
+set -uo pipefail
+[ -e .git ] || { echo "run from the repository root"; exit 2; }
+python3 -m pip install -q torch==2.13.0 && python3 -m pip install -q -e '.[test]'
+[ -d .peersB ] || bash benchmarks/peers/fetch_sonicmoe.sh
+if [ ! -f .torchtitan/data/tokenizer.json ]; then
+  bash benchmarks/peers/fetch_torchtitan.sh || {
+    tt=/work/.mirror/pytorch+torchtitan/repo cr=/work/.mirror/karpathy+char-rnn/repo
+    for f in tokenizer.json tokenizer_config.json; do
+      git --git-dir=$tt show HEAD:tests/assets/tokenizer/$f > .torchtitan/data/$f
+    done
+    git --git-dir=$cr show HEAD:data/tinyshakespeare/input.txt > .torchtitan/data/text.txt
+    echo https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt \
+      > .torchtitan/data/SOURCE
+  }
+fi
+[ -f .kcache/tests.pkl ] || MOKGEN_GPU=h100-sxm python3 benchmarks/prebuild.py collect .kcache/tests.pkl
+packs=()
+for p in tests peers stack; do
+  f=.kcache/kernels-h100$([ $p = tests ] || echo "-$p").tar.xz
+  [ -f "$f" ] || packs+=("$p")
+done
+[ ${#packs[@]} = 0 ] || bash lab/pack_kernels.sh h100-sxm "${packs[@]}"
+if [ ! -f .kcache/kernels-h100-tt.tar.xz ]; then  # torchtitan importable here: --target
+  python3 -m pip install -q --no-deps --target /tmp/ttsite .torchtitan/whl/*.whl
+  python3 -m pip install -q triton  # torchtitan imports it; a CPU-only torch does not bring it
+  PYTHONPATH=/tmp/ttsite bash lab/pack_kernels.sh h100-sxm torchtitan
+fi
+ls -la .kcache .peersA .peersB .torchtitan/data
