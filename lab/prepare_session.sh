@@ -22,7 +22,8 @@ if [ ! -f .torchtitan/data/tokenizer.json ]; then
       > .torchtitan/data/SOURCE
   }
 fi
-[ -f .kcache/tests.pkl ] || MOKGEN_GPU=h100-sxm python3 benchmarks/prebuild.py collect .kcache/tests.pkl
+[ -f .kcache/tests.pkl ] ||
+  MOKGEN_GPU=h100-sxm python3 benchmarks/prebuild.py collect .kcache/tests.pkl
 packs=()
 for p in tests peers stack; do
   f=.kcache/kernels-h100$([ $p = tests ] || echo "-$p").tar.xz
