@@ -31,8 +31,9 @@ for p in tests peers stack; do
 done
 [ ${#packs[@]} = 0 ] || bash lab/pack_kernels.sh h100-sxm "${packs[@]}"
 if [ ! -f .kcache/kernels-h100-tt.tar.xz ]; then  # torchtitan importable here: --target
-  python3 -m pip install -q --no-deps --target /tmp/ttsite .torchtitan/whl/*.whl
-  python3 -m pip install -q triton  # torchtitan imports it; a CPU-only torch does not bring it
+  # torchtitan imports triton, which a CPU-only torch does not bring: beside it, not in the
+  # environment (installed there, torch imports more and the CPU suite's budgets trip)
+  python3 -m pip install -q --no-deps --target /tmp/ttsite .torchtitan/whl/*.whl triton
   PYTHONPATH=/tmp/ttsite bash lab/pack_kernels.sh h100-sxm torchtitan
 fi
 ls -la .kcache .peersA .peersB .torchtitan/data
