@@ -34,7 +34,7 @@ BUDGET = {
     "test_compile_shapes.py": 280,   # 170: every public model's preset, sampled shapes
     "test_hardware.py": 45,          # 24: presets for 78 SMs
     "test_directions.py": 45,        # 24: each communication direction's kernel
-    "test_example_fsdp.py": 35,      # 18: two torchrun launches of examples/04
+    "test_example_fsdp.py": 35,      # 24: two torchrun launches of examples/04, one layer
     "test_wheel.py": 25,             # 13: pip wheel, a venv, one cold compile
 }
 DEFAULT = 15
