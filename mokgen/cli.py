@@ -104,7 +104,8 @@ def build_parser(tools=tuple(TOOLS)) -> argparse.ArgumentParser:
     _common(c)
     c.add_argument("--run", action="store_true",
                    help="run one call on the GPU (256 tokens a rank), check it against the "
-                        "PyTorch reference; exit 1 past the tests' tolerance")
+                        "PyTorch reference; exit 1 past the tests' tolerance, or where the "
+                        "ep virtual ranks would not fit the GPU's free memory")
     for name, line in TOOLS.items():
         t = sub.add_parser(name, help=line, description=line)
         if name in tools:

@@ -4,7 +4,7 @@ import importlib
 import os
 
 
-def build_in(cache: str) -> str:
+def build_in(cache: str) -> tuple[str, bool]:
     os.environ["MOKGEN_CACHE"] = cache
     import mokgen.config
 
@@ -14,4 +14,5 @@ def build_in(cache: str) -> str:
     importlib.reload(b)
     k = b.Kernel("race", '#include "mokgen/sync.cuh"\nextern "C" __global__ void k(int* p) '
                          "{ if (p) *p = 1; }\n")
-    return str(b.build([k])[0].path)
+    binary = b.build([k])[0]
+    return str(binary.path), binary.cached

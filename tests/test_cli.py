@@ -124,6 +124,25 @@ def test_compile_run_exits_1_when_the_check_fails(monkeypatch, capsys, ok):
     assert "checked" in capsys.readouterr().out
 
 
+def test_run_once_refuses_ranks_that_would_not_fit_the_gpu(monkeypatch):
+    """One GPU holds every virtual rank: a check past its free memory is refused with both
+    sizes, before any allocation (the stand-in layer has no runtime to call)."""
+    from types import SimpleNamespace
+
+    import mokgen
+    import mokgen.harness.smoke as smoke
+
+    plan = mokgen.plan(mokgen.shapes.get("kimi-k2.7"), ep=64, tokens_per_rank=2048,
+                       gpu="h100-sxm")
+    need = smoke.footprint(plan, 256)
+    assert need > 80 * 2**30  # all 384 experts' weights and 64 workspaces
+    monkeypatch.setattr(smoke.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(smoke.torch.cuda, "mem_get_info", lambda: (78 * 2**30, 80 * 2**30))
+    text, ok = smoke.run_once(SimpleNamespace(plan=plan))
+    assert not ok and text.startswith("not run: 64 virtual ranks x 256 tokens need about")
+    assert f"{need / 2**30:.1f} GiB" in text and "78.0 GiB are free" in text
+
+
 def test_run_once_without_a_gpu_compiles_only(monkeypatch):
     import mokgen.harness.smoke as smoke
 

@@ -99,9 +99,12 @@ def test_cache_key_tracks_source_flags_and_arch():
 
 @needs_nvcc
 def test_concurrent_builds_share_one_binary(tmp_path):
+    """Eight ranks building the same kernel at once: one compiles it (its lock held), the
+    others wait and load that one binary."""
     with mp.get_context("spawn").Pool(8) as pool:  # 8 ranks compiling the same kernel
-        paths = pool.map(race_build.build_in, [str(tmp_path)] * 8)
+        paths, cached = zip(*pool.map(race_build.build_in, [str(tmp_path)] * 8))
     assert len(set(paths)) == 1
+    assert sorted(cached) == [False] + [True] * 7, "built by exactly one rank"
     folders = [p for p in tmp_path.iterdir() if p.name.startswith("kernel.race.")]
     assert len(folders) == 1 and (folders[0] / "kernel.cubin").stat().st_size > 0
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("build.")], "temp dirs left"

@@ -212,16 +212,23 @@ def test_presets_table_matches_the_presets():
 
 def test_readme_commands_are_the_set_up_commands_and_parse(capsys):
     """The two commands stay as written; the main one's shape, ep and tokens plan (its build
-    and run are the CLI's own tests)."""
+    and run are the CLI's own tests), and its check's ep virtual ranks fit an 80 GB H100
+    (every expert's weights and ep workspaces on one GPU: at ep 64 Kimi-K2.7 needs ~85 GiB)."""
+    import mokgen
     from mokgen.cli import main
+    from mokgen.compiler import hardware
+    from mokgen.harness.smoke import footprint
 
     text = README.read_text()
     main_cmd = "pip install -e '.[test]' && python -m mokgen compile --shape kimi-k2.7 " \
-               "--ep 64 --tokens 2048 --run"
+               "--ep 8 --tokens 2048 --run"
     assert main_cmd in text and "pip install -e '.[test]' && python -m pytest -q" in text
     args = main_cmd.split("python -m mokgen ")[1].split()
     assert main(["plan"] + [a for a in args[1:] if a != "--run"]) == 0
     assert "kimi-k2.7" in capsys.readouterr().out
+    plan = mokgen.plan(mokgen.shapes.get("kimi-k2.7"), ep=8, tokens_per_rank=2048,
+                       gpu="h100-sxm")
+    assert footprint(plan, 256) < 0.9 * hardware.H100_SXM.memory
 
 
 def test_nothing_points_outside_the_repository():

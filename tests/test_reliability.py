@@ -130,6 +130,29 @@ def test_corrupted_cached_binary_is_rebuilt(tmp_path, monkeypatch, damage):
 
 
 @needs_nvcc
+def test_a_build_waits_for_the_lock_holder_and_builds_what_it_left(tmp_path, monkeypatch):
+    """Another process holds the kernel's build lock (here: this test's own flock) and then
+    lets go without building, as a killed rank does: the build waits for it, then builds."""
+    import fcntl
+    import threading
+
+    monkeypatch.setattr(build, "CONFIG", build.CONFIG.__class__(
+        **{**build.CONFIG.__dict__, "cache": tmp_path}))
+    key = build.cache_key(KERNEL, "sm_90a")
+    holder = open(tmp_path / f"lock.{KERNEL.name}.{key}", "a")
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    out = []
+    t = threading.Thread(target=lambda: out.append(build.build([KERNEL])[0]))
+    t.start()
+    t.join(timeout=3)
+    assert t.is_alive() and not out, "the build must wait while the lock is held"
+    holder.close()  # the holder goes without a binary
+    t.join(timeout=120)
+    assert out and not out[0].cached and out[0].image[:4] == b"\x7fELF"
+    assert build.build([KERNEL])[0].cached
+
+
+@needs_nvcc
 def test_stale_binaries_are_never_reused(monkeypatch):
     base = build.cache_key(KERNEL, "sm_90a")
     monkeypatch.setattr(build, "nvcc_version", lambda: "Cuda compilation tools, release 99.9")

@@ -3,15 +3,19 @@
 A kernel lives in `<cache>/kernel.<name>.<key>/` holding `kernel.cu`, `kernel.cubin`,
 `ptxas.txt` (the resource report) and `meta.json` (with the cubin's sha256). The key hashes
 everything that changes the binary: the source, the device headers it can include, the flags,
-the nvcc version, the arch and the package version. Builds happen in a private temp folder
-that is renamed into place, so eight ranks compiling at once leave one good binary and nobody
-reads a half-written one; a cached binary whose hash no longer matches (truncated, corrupted)
+the nvcc version, the arch and the package version. A process builds a kernel while it holds
+its lock file (`lock.<name>.<key>`, flock); one that finds it held waits, then loads what the
+holder built (or builds it, if the holder failed), so eight ranks on a node compile each
+kernel once. Builds happen in a private temp folder that is renamed into place, so nobody
+reads a half-written one (and where locks do not hold, ranks that both build keep one); a cached binary whose hash no longer matches (truncated, corrupted)
 is thrown away and rebuilt. Every build() call reads each binary once and checks its hash;
 the runtime loads those bytes (`Binary.image`), never the path again, so a file damaged after
 an earlier build in the same process is rebuilt too, not loaded.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -135,8 +139,7 @@ def build(kernels: list[Kernel], arch: str = "sm_90a", jobs: int | None = None) 
     # one damaged on disk since (this process or another) is rebuilt, not loaded
     found = {(k.name, key): _load(_folder(k, key)) for k, key in keyed}
     missing = [(k, key) for k, key in keyed if found[(k.name, key)] is None]
-    if missing:
-        _compile(missing, arch, jobs)
+    built = _build_once(missing, arch, jobs) if missing else []
     out = []
     for k, key in keyed:
         loaded = found[(k.name, key)] or _load(_folder(k, key))
@@ -149,7 +152,7 @@ def build(kernels: list[Kernel], arch: str = "sm_90a", jobs: int | None = None) 
         # before a device function's report stopped overwriting its kernel's spills)
         res = parse_ptxas(report.read_text()) if report.exists() else meta["resources"]
         out.append(Binary(k.name, _folder(k, key) / "kernel.cubin", key, res,
-                          meta["build_seconds"], cached=(k, key) not in missing, image=image))
+                          meta["build_seconds"], cached=(k, key) not in built, image=image))
         if out[-1].serialized:  # correct but slow: say so where the user compiles
             warnings.warn(f"mokgen: ptxas serialized the wgmma instructions of "
                           f"{', '.join(out[-1].serialized)} in {k.name} (C751x, "
@@ -191,6 +194,38 @@ def _overridden(k: Kernel) -> Kernel:
     if CONFIG.override and (CONFIG.override / f"{k.name}.cu").exists():
         return Kernel(k.name, (CONFIG.override / f"{k.name}.cu").read_text(), k.flags)
     return k
+
+
+def _lock(stack: contextlib.ExitStack, k: Kernel, key: str, wait: bool) -> bool:
+    """Hold kernel (k, key)'s build lock until `stack` closes; False if another process holds
+    it and not `wait`. The OS drops a dead holder's lock."""
+    f = stack.enter_context(open(CONFIG.cache / f"lock.{k.name}.{key}", "a"))
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _build_once(missing, arch: str, jobs: int | None) -> list:
+    """Build the kernels no other process is building, then wait for the others' builders
+    and build only what they left unbuilt; -> the (kernel, key) pairs built here. Waits take
+    the locks in key order and a holder never waits while it holds one, so no two processes
+    wait on each other."""
+    with contextlib.ExitStack() as held:
+        mine = [(k, key) for k, key in missing if _lock(held, k, key, wait=False)]
+        if mine:
+            _compile(mine, arch, jobs)
+    theirs = sorted((m for m in missing if m not in mine), key=lambda m: (m[1], m[0].name))
+    left = []
+    if theirs:
+        with contextlib.ExitStack() as held:
+            for k, key in theirs:
+                _lock(held, k, key, wait=True)
+            left = [(k, key) for k, key in theirs if _load(_folder(k, key)) is None]
+            if left:
+                _compile(left, arch, jobs)
+    return mine + left
 
 
 def _compile(missing, arch: str, jobs: int | None) -> None:
