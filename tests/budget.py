@@ -9,10 +9,14 @@ its CPU total / 2 plus the workers' start (~15 s).
 
 Two limits, checked at the end of every run that is not on a GPU machine:
 - BUDGET[file] (DEFAULT for a file not named): a file over its budget fails the run.
-- TOTAL: all files together; 1000 CPU seconds are ~8.5 minutes on 2 cores.
-A file's budget is about 1.6x what it used on an idle 2-core machine when it was set (the
-numbers in the comments): CPU seconds grow some 15% on a loaded machine (a run beside others'
-used 701 where an idle one used 611), so a regression of half again, not noise, trips it.
+- TOTAL: all files together; 1150 CPU seconds are ~10 minutes on 2 cores (a cold run of
+  922 took 8 minutes).
+A file's budget is about 1.4-1.6x what it used on an idle 2-core machine when it was set
+(the numbers in the comments): CPU seconds grow some 15% on a loaded machine (a run beside
+others' used 701 where an idle one used 611), and they differ from one machine to the next:
+the nvcc-heavy files used 1.5-2.3x their first numbers on a later machine, where two plans'
+kernels built at this code took less CPU than at the code that first set them. So a
+regression of half again, not noise, trips it.
 
 Adding a slow test: share kernels with the tests that already build them (the kernel cache is
 keyed by source, so the same plan builds once per run), build only the units the test reads,
@@ -30,15 +34,15 @@ import pytest
 
 # CPU seconds per file; in the comment, what it used on an idle 2-core machine (cold cache)
 BUDGET = {
-    "test_codegen.py": 520,          # 326: presets, widths, fp8, pairs, x window, keep_h
-    "test_compile_shapes.py": 280,   # 170: every public model's preset, sampled shapes
-    "test_hardware.py": 45,          # 24: presets for 78 SMs
-    "test_directions.py": 45,        # 24: each communication direction's kernel
+    "test_codegen.py": 680,          # 481: presets, widths, fp8, pairs, x window, keep_h
+    "test_compile_shapes.py": 360,   # 255: every public model's preset, sampled shapes
+    "test_hardware.py": 80,          # 55: presets for 78 and 114 SMs
+    "test_directions.py": 60,        # 38: each communication direction's kernel
     "test_example_fsdp.py": 35,      # 24: two torchrun launches of examples/04, one layer
-    "test_wheel.py": 25,             # 13: pip wheel, a venv, one cold compile
+    "test_wheel.py": 32,             # 21: pip wheel, a venv, one cold compile
 }
 DEFAULT = 15
-TOTAL = 1000
+TOTAL = 1150
 
 
 def cpu_seconds() -> float:
