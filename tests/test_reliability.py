@@ -153,6 +153,22 @@ def test_a_build_waits_for_the_lock_holder_and_builds_what_it_left(tmp_path, mon
 
 
 @needs_nvcc
+def test_a_cache_without_file_locks_still_builds(tmp_path, monkeypatch):
+    """Some network file systems refuse flock (ENOLCK): each rank then builds, as before
+    build locks, and the atomic rename keeps one binary."""
+    import errno
+
+    def no_locks(f, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(build, "CONFIG", build.CONFIG.__class__(
+        **{**build.CONFIG.__dict__, "cache": tmp_path}))
+    monkeypatch.setattr(build.fcntl, "flock", no_locks)
+    b = build.build([KERNEL])[0]
+    assert not b.cached and b.image[:4] == b"\x7fELF" and build.build([KERNEL])[0].cached
+
+
+@needs_nvcc
 def test_stale_binaries_are_never_reused(monkeypatch):
     base = build.cache_key(KERNEL, "sm_90a")
     monkeypatch.setattr(build, "nvcc_version", lambda: "Cuda compilation tools, release 99.9")

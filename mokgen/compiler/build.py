@@ -198,12 +198,15 @@ def _overridden(k: Kernel) -> Kernel:
 
 def _lock(stack: contextlib.ExitStack, k: Kernel, key: str, wait: bool) -> bool:
     """Hold kernel (k, key)'s build lock until `stack` closes; False if another process holds
-    it and not `wait`. The OS drops a dead holder's lock."""
+    it and not `wait`. The OS drops a dead holder's lock. A file system without locks (some
+    network mounts: ENOLCK) counts as taken: every rank builds, and the rename keeps one."""
     f = stack.enter_context(open(CONFIG.cache / f"lock.{k.name}.{key}", "a"))
     try:
         fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:
         return False
+    except OSError:
+        pass
     return True
 
 
