@@ -24,6 +24,7 @@ try:
     from torchtitan.models.common.moe import MoE
     from torchtitan.models.deepseek_v3 import model_registry as deepseek_registry
     from torchtitan.models.gpt_oss import model_registry as gpt_oss_registry
+    from torchtitan.models.kimi_k2_7 import model_registry as kimi_registry
     from torchtitan.models.qwen3 import model_registry as qwen3_registry
 except ImportError as e:  # e.g. a torch too old for this torchtitan
     pytest.skip(f"torchtitan does not import here: {e}", allow_module_level=True)
@@ -77,6 +78,18 @@ def deepseek_v3():
     experts of width 256, top-3, a shared expert of width 512)."""
     cfg = deepseek_registry("debugmodel").model
     cfg.layers = cfg.layers[:2]
+    for layer in cfg.layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    return cfg
+
+
+def kimi_k2_7():
+    """torchtitan's Kimi-K2.7 debug model (DeepSeek-V3's blocks: 8 experts of width 256,
+    top-3, a shared expert) cut to its dense layer and one MoE layer, text only (its vision
+    encoder gets no gradient from text)."""
+    cfg = kimi_registry("debugmodel").model
+    cfg.layers = cfg.layers[:2]
+    cfg.vision_encoder = None
     for layer in cfg.layers:
         layer.attention.inner_attention = ScaledDotProductAttention.Config()
     return cfg
@@ -164,7 +177,26 @@ BLOCKS = {
     "sigmoid-groups-scaled": lambda: small_moe(256, score="sigmoid", groups=2, scale=2.5,
                                                norm=False),
     "deepseek-v3-shared": lambda: deepseek_v3().layers[1].moe,
+    # shared experts the kernels do not compute: torchtitan's modules, run beside
+    "qwen3.5-gated-shared": lambda: small_moe(256, shared=gated_shared(256, 512)),
+    "biased-shared": lambda: small_moe(256, shared=gated_shared(256, 512, gate=False,
+                                                                bias=True)),
 }
+
+
+def gated_shared(dim: int, width: int, gate: bool = True, bias: bool = False):
+    """A shared expert mokgen's kernels do not compute: Qwen3.5's sigmoid-gated SwiGLU
+    (torchtitan's SigmoidGatedFeedForward, its per-token gate a [1, dim] Linear), or a plain
+    FeedForward with biases."""
+    from torchtitan.models.common.feed_forward import FeedForward, SigmoidGatedFeedForward
+    from torchtitan.models.common.linear import Linear
+
+    lin = lambda i, o: Linear.Config(in_features=i, out_features=o, bias=bias)  # noqa: E731
+    parts = dict(w1=lin(dim, width), w2=lin(width, dim), w3=lin(dim, width))
+    if gate:
+        return SigmoidGatedFeedForward.Config(**parts, gate=Linear.Config(in_features=dim,
+                                                                          out_features=1))
+    return FeedForward.Config(**parts)
 
 
 @pytest.mark.parametrize("block", list(BLOCKS))
@@ -179,8 +211,11 @@ def test_converted_block_matches_torchtitans_moe(block):
     ours = mokgen_moe(copy.deepcopy(cfg), backend="reference").build()
     assert isinstance(ours, MokgenMoE)
     ours.load_state_dict(theirs.state_dict(), strict=True)
-    assert (cfg.shared_experts is not None) == isinstance(ours.shared_experts,
-                                                          MokgenSharedExpert)
+    fused = block == "deepseek-v3-shared"  # the others' shared experts stay torchtitan's
+    assert fused == isinstance(ours.shared_experts, MokgenSharedExpert)
+    assert (ours.plan.shape.shared_experts == 1) == fused
+    if cfg.shared_experts is not None and not fused:
+        assert type(ours.shared_experts) is type(theirs.shared_experts)
     dim = cfg.router.gate.in_features
     x = torch.randn(2, 48, dim, generator=gen)
     outs = []
@@ -241,6 +276,7 @@ MODELS = {
     "qwen3-moe": lambda: qwen3(n_layers=1),
     "qwen3-moe-2-layers-balanced": lambda: qwen3(n_layers=2, balance=True),
     "deepseek-v3": deepseek_v3,
+    "kimi-k2.7": kimi_k2_7,
 }
 
 
@@ -411,19 +447,6 @@ def test_unsupported_configurations_are_refused_at_conversion():
     with pytest.raises(ValueError, match="gpt-oss"):
         gpt = gpt_oss_registry("debugmodel").model
         apply_overrides(OverrideConfig(imports=[TARGET]), gpt)
-    from torchtitan.models.common.feed_forward import SigmoidGatedFeedForward
-    from torchtitan.models.common.linear import Linear
-
-    lin = lambda i, o, bias=False: Linear.Config(in_features=i, out_features=o,  # noqa: E731
-                                                 bias=bias)
-    biased = small_moe(256, shared=deepseek_v3().layers[1].moe.shared_experts)
-    biased.shared_experts.w1 = lin(256, 512, bias=True)
-    with pytest.raises(ValueError, match="biases"):
-        mokgen_moe(biased)
-    gated = small_moe(256, shared=SigmoidGatedFeedForward.Config(
-        w1=lin(256, 512), w2=lin(512, 256), w3=lin(256, 512), gate=lin(256, 1)))
-    with pytest.raises(ValueError, match="SigmoidGatedFeedForward"):
-        mokgen_moe(gated)
     with pytest.raises(ValueError, match="backend"):
         mokgen_moe(small_moe(256), backend="triton")
     with pytest.raises(ValueError, match="dtype"):
@@ -488,7 +511,7 @@ def _cuda_or_skip():
 
 
 @gpu
-@pytest.mark.parametrize("family", ["qwen3-moe", "deepseek-v3"])
+@pytest.mark.parametrize("family", ["qwen3-moe", "deepseek-v3", "kimi-k2.7"])
 def test_gpu_kernels_match_torchtitans_moe(family):
     """As the CPU model test, on CUDA in bf16 through mokgen's kernels."""
     _cuda_or_skip()

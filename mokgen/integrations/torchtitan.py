@@ -20,13 +20,15 @@ What changes and what does not:
   then up rows; the shared expert's [2F_s, D]); state-dict hooks save and load them as
   torchtitan's `w1_EFD` / `w3_EFD` (shared expert: `w1.weight` / `w3.weight`), so checkpoints
   of either model load in the other unchanged.
+- a shared expert the kernels do not compute (Qwen3.5's sigmoid-gated one, or one with
+  biases) stays torchtitan's own module, run beside mokgen's call and added to its output,
+  as torchtitan's MoE adds it; the routed experts still go through mokgen.
 - the module paths torchtitan's FSDP code names (`moe.routed_experts.inner_experts`, whose
   parameters get the experts' shard placement) and its bias-update hook reads (`moe`,
   `tokens_per_expert_E`, `expert_bias_E`, `load_balance_coeff`) stay.
 
 Refused with a ValueError at conversion or at parallelization: gpt-oss's experts (a clamped
-SwiGLU with biases), a shared expert other than torchtitan's plain SwiGLU FeedForward (biases,
-a sigmoid gate), tensor parallelism on the experts, expert parallelism > 1.
+SwiGLU with biases), tensor parallelism on the experts, expert parallelism > 1.
 """
 from __future__ import annotations
 
@@ -165,10 +167,10 @@ class MokgenMoE(MoE):
         if not isinstance(inner, MokgenGroupedExperts):
             raise ValueError("MokgenMoE needs MokgenGroupedExperts as its routed experts; "
                              "build it through the mokgen_moe override")
-        if self.shared_experts is not None and not isinstance(self.shared_experts,
+        if _fused_shared(config.shared_experts) != isinstance(self.shared_experts,
                                                               MokgenSharedExpert):
-            raise ValueError("MokgenMoE needs MokgenSharedExpert as its shared expert; "
-                             "build it through the mokgen_moe override")
+            raise ValueError("MokgenMoE needs MokgenSharedExpert as its shared expert where "
+                             "mokgen computes it; build it through the mokgen_moe override")
         self.plan = moe_plan(config, tokens_per_rank=config.tokens_per_rank, dtype=config.dtype)
         self._registration = _shared_registration(self.plan, config.backend)
         # fused gradient accumulation off: torchtitan trains under FSDP2, whose gradients
@@ -200,14 +202,19 @@ class MokgenMoE(MoE):
                 ones = torch.ones(ids.numel(), dtype=self.tokens_per_expert_E.dtype,
                                   device=ids.device)
                 self.tokens_per_expert_E.scatter_add_(0, ids.reshape(-1), ones)
-        inner, shared = self.routed_experts.inner_experts, self.shared_experts
+        inner = self.routed_experts.inner_experts
+        fused = self.shared_experts if isinstance(self.shared_experts,
+                                                  MokgenSharedExpert) else None
         cast = lambda t: None if t is None else t.to(COMPUTE_DTYPE)  # noqa: E731
         y = ops.moe_routed(
             cast(x_BLD.reshape(n, D)), ids.long().contiguous(),
             topk_scores_BLK.reshape(n, K).float().contiguous(), cast(inner.w13),
-            cast(inner.w2_EDF), cast(shared.w13) if shared is not None else None,
-            cast(shared.w2.weight) if shared is not None else None, self._registration.handle)
-        return y.to(x_BLD.dtype).reshape(*lead, D)
+            cast(inner.w2_EDF), cast(fused.w13) if fused is not None else None,
+            cast(fused.w2.weight) if fused is not None else None, self._registration.handle)
+        y = y.to(x_BLD.dtype).reshape(*lead, D)
+        if self.shared_experts is not None and fused is None:  # torchtitan's own, beside
+            y = y + self.shared_experts(x_BLD)
+        return y
 
     def expert_params(self) -> tuple:
         """The parameters whose gradients expert_grads returns (mokgen.ops)."""
@@ -298,14 +305,23 @@ def _experts_config(cfg: GroupedExperts.Config) -> MokgenGroupedExperts.Config:
     return out
 
 
-def _shared_config(cfg: FeedForward.Config) -> MokgenSharedExpert.Config:
+def _fused_shared(cfg) -> bool:
+    """Whether mokgen's kernels compute the shared expert of this config (torchtitan's or a
+    converted one): a converted one, or torchtitan's plain SwiGLU FeedForward without biases
+    whose gate and up have one shape. Any other stays torchtitan's module."""
+    if isinstance(cfg, MokgenSharedExpert.Config):
+        return True
     if type(cfg) is not FeedForward.Config:
-        raise ValueError(f"mokgen_moe: a shared expert of type {type(cfg).__qualname__} is not "
-                         "supported (only torchtitan's SwiGLU FeedForward)")
-    if any(c.bias for c in (cfg.w1, cfg.w2, cfg.w3)):
-        raise ValueError("mokgen_moe: a shared expert with biases is not supported")
-    if (cfg.w1.in_features, cfg.w1.out_features) != (cfg.w3.in_features, cfg.w3.out_features):
-        raise ValueError("mokgen_moe: the shared expert's w1 and w3 must have one shape")
+        return False
+    gate, up = (cfg.w1.in_features, cfg.w1.out_features), (cfg.w3.in_features, cfg.w3.out_features)
+    return gate == up and not any(c.bias for c in (cfg.w1, cfg.w2, cfg.w3))
+
+
+def _shared_config(cfg: Module.Config) -> Module.Config:
+    """The shared expert's config as MokgenSharedExpert's where mokgen computes it
+    (_fused_shared), else torchtitan's, unchanged."""
+    if not _fused_shared(cfg):
+        return cfg
     gate_init = (cfg.w1.param_init or {}).get("weight")
     up_init = (cfg.w3.param_init or {}).get("weight")
     init = None
@@ -352,7 +368,7 @@ def moe_plan(cfg: MoE.Config, *, tokens_per_rank: int = 16384, dtype: str = "bf1
     a GPU (mokgen.pytorch.api.build_plans; the GPU from gpu= rules, $MOKGEN_GPU where no
     device is visible). Raises ValueError as mokgen.plan does."""
     inner, shared = cfg.routed_experts.inner_experts, cfg.shared_experts
-    width = shared.w1.out_features if shared is not None else None
+    width = shared.w1.out_features if _fused_shared(shared) else None
     shape = MoEShape(cfg.num_experts, inner.dim, inner.hidden_dim, cfg.router.top_k,
                      shared_experts=int(width is not None), shared_intermediate=width,
                      name="torchtitan")
