@@ -42,4 +42,7 @@ def main():
 
 
 if __name__ == "__main__":
+    if not torch.cuda.is_available():  # it times the kernels; the README's quickstart 2 runs
+        raise SystemExit("hf_patch.py needs a CUDA GPU (sm_90a): it times mokgen's kernels "
+                         "against transformers'; on CPU, see the README's quickstart 2")
     main()

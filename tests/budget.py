@@ -40,6 +40,7 @@ BUDGET = {
     "test_directions.py": 60,        # 38: each communication direction's kernel
     "test_example_fsdp.py": 35,      # 24: two torchrun launches of examples/04, one layer
     "test_wheel.py": 32,             # 21: pip wheel, a venv, one cold compile
+    "test_examples.py": 28,          # 18: four examples' processes, one cold compile
 }
 DEFAULT = 15
 TOTAL = 1150
