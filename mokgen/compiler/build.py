@@ -7,10 +7,11 @@ the nvcc version, the arch and the package version. A process builds a kernel wh
 its lock file (`lock.<name>.<key>`, flock); one that finds it held waits, then loads what the
 holder built (or builds it, if the holder failed), so eight ranks on a node compile each
 kernel once. Builds happen in a private temp folder that is renamed into place, so nobody
-reads a half-written one (and where locks do not hold, ranks that both build keep one); a cached binary whose hash no longer matches (truncated, corrupted)
-is thrown away and rebuilt. Every build() call reads each binary once and checks its hash;
-the runtime loads those bytes (`Binary.image`), never the path again, so a file damaged after
-an earlier build in the same process is rebuilt too, not loaded.
+reads a half-written one (and where locks do not hold, ranks that both build keep one); a
+cached binary whose hash no longer matches (truncated, corrupted) is thrown away and rebuilt.
+Every build() call reads each binary once and checks its hash; the runtime loads those bytes
+(`Binary.image`), never the path again, so a file damaged after an earlier build in the same
+process is rebuilt too, not loaded.
 """
 from __future__ import annotations
 

@@ -313,8 +313,8 @@ def _fused_shared(cfg) -> bool:
         return True
     if type(cfg) is not FeedForward.Config:
         return False
-    gate, up = (cfg.w1.in_features, cfg.w1.out_features), (cfg.w3.in_features, cfg.w3.out_features)
-    return gate == up and not any(c.bias for c in (cfg.w1, cfg.w2, cfg.w3))
+    shapes = {(c.in_features, c.out_features) for c in (cfg.w1, cfg.w3)}  # gate, up
+    return len(shapes) == 1 and not any(c.bias for c in (cfg.w1, cfg.w2, cfg.w3))
 
 
 def _shared_config(cfg: Module.Config) -> Module.Config:
