@@ -377,6 +377,23 @@ def test_weight_cache_requantizes_exactly_when_a_weight_changes():
     assert len(calls) == 6
 
 
+def test_weight_cache_refuses_cuda_graph_capture(monkeypatch):
+    """Under capture the host's cache decision would be replayed after every optimizer step
+    (stale fp8 weights): refused, naming the way out, before anything is quantized. Stand-ins
+    for a CUDA weight and a capturing stream (the GPU twin: test_gpu_fp8)."""
+    from types import SimpleNamespace
+
+    from mokgen.runtime.moe import WeightCache
+
+    cache, calls = WeightCache(128, slots=1), []
+    cache.quantize = lambda w: (calls.append(w), (w, w))[1]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    w = SimpleNamespace(is_cuda=True, _version=0)
+    with pytest.raises(RuntimeError, match="CUDA graph capture.*disable_cuda_graphs"):
+        cache.get(w, w)
+    assert not calls
+
+
 @pytest.mark.parametrize("q", [128, 32])
 def test_weight_cache_transposed_copies_are_the_transposes_quantizations(q):
     """The fp8 backward's W^T: blockwise, the forward's 128 x 128 blocks transposed (the same
