@@ -94,6 +94,11 @@ def parse(argv=None):
                    help="torch.compile each block, as torchtitan does (default on)")
     r.add_argument("--dtype", choices=("bf16", "fp8", "mxfp8"), default="bf16",
                    help="mokgen's precision for the routed experts (--impl mokgen)")
+    r.add_argument("--cuda-graphs", action="store_true",
+                   help="each step's forward and backward captured once and replayed, "
+                        "through torchtitan's own wrap_with_cuda_graph, as its trainer does by "
+                        "default (the optimizer step stays eager); rows labelled IMPL+graphs. "
+                        "bf16 only (mokgen's fp8 layers refuse capture)")
     r.add_argument("--data", default=os.path.join(ROOT, ".torchtitan", "data"),
                    help="folder with tokenizer.json and the text (see above)")
     r.add_argument("--out", default=result_file.RESULTS,
@@ -247,6 +252,10 @@ def materialize(cfg, seed: int):
 
 
 def run(args) -> int:
+    if args.impl == "torchtitan" and args.dtype != "bf16":
+        raise SystemExit("--dtype applies to --impl mokgen (torchtitan's own MoE runs bf16)")
+    if args.cuda_graphs and args.dtype != "bf16":
+        raise SystemExit("--cuda-graphs runs bf16 only: mokgen's fp8 layers refuse capture")
     import torch
     import torch.distributed as dist
     from torchtitan.components.optimizer import (LRSchedulersContainer, default_adamw,
@@ -256,8 +265,6 @@ def run(args) -> int:
 
     if not torch.cuda.is_available():
         raise SystemExit("run needs a CUDA GPU")
-    if args.impl == "torchtitan" and args.dtype != "bf16":
-        raise SystemExit("--dtype applies to --impl mokgen (torchtitan's own MoE runs bf16)")
     os.makedirs(args.out, exist_ok=True)
     t_start = time.time()
     tokens, vocab, texts = load_tokens(args.data)
@@ -271,6 +278,22 @@ def run(args) -> int:
             min_lr_factor=0.1).build(optimizers=optimizers, training_steps=args.steps)
         positions = torch.arange(args.seq, device="cuda").repeat(args.batch, 1)
         masks = model.get_attention_masks(positions=positions)
+        extra = {"positions": positions, "attention_masks": masks}
+
+        def fwd_bwd(inputs, labels, global_valid_tokens, extra_kwargs):
+            """torchtitan's ForwardBackwardFn signature (the loss here is a plain mean:
+            global_valid_tokens is not read)."""
+            logits = model(inputs, **extra_kwargs)
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(),
+                                                     labels.flatten())
+            loss.backward()
+            return loss
+
+        if args.cuda_graphs:  # the first call eager, the second captured, then replays
+            from torchtitan.distributed.cudagraph import wrap_with_cuda_graph
+
+            fwd_bwd = wrap_with_cuda_graph(fwd_bwd)
+        valid_tokens = torch.tensor(float(args.batch * args.seq), device="cuda")
         data = batches(tokens, args.batch, args.seq, args.seed)
         losses, step_ms = [], []
         # as torchtitan's trainer: Python's collector off, a collection every GC_EVERY steps
@@ -288,11 +311,9 @@ def run(args) -> int:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             gc_handler.run(step + 1)  # torchtitan's steps count from 1
-            optimizers.zero_grad()
-            logits = model(x, positions=positions, attention_masks=masks)
-            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(),
-                                                     y.flatten())
-            loss.backward()
+            # a graph's gradients live in its pool: zeroed in place, as torchtitan's trainer
+            optimizers.zero_grad(set_to_none=not args.cuda_graphs)
+            loss = fwd_bwd(x, y, valid_tokens, extra)
             dist_utils.clip_grad_norm_(list(model.parameters()), 1.0, foreach=True)
             optimizers.step()
             schedulers.step()
@@ -310,7 +331,8 @@ def run(args) -> int:
         dist.destroy_process_group()
     steady = sorted(step_ms[10:]) or sorted(step_ms)  # past compilation and warmup
     median_ms = steady[len(steady) // 2]
-    row = {"model": args.model, "impl": label(args.impl, args.dtype), "seed": args.seed,
+    row = {"model": args.model, "impl": label(args.impl, args.dtype, args.cuda_graphs),
+           "seed": args.seed,
            "layers": layers, "batch": args.batch, "seq": args.seq, "compile": args.compile,
            "ac": args.ac, "steps": args.steps, "steps_done": len(losses), "loss": losses,
            "tokens_per_s": args.batch * args.seq / (median_ms / 1e3), "peak_mb": peak_mb,
@@ -359,12 +381,13 @@ def write_profile(prof, args, step_ms: list) -> None:
     kernels = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                if e.device_type.name == "CUDA"]
     busy, idle, gaps = idle_gaps(kernels)
-    head = (f"{args.model} {label(args.impl, args.dtype)}: {len(step_ms)} steps, "
+    name = label(args.impl, args.dtype, args.cuda_graphs)
+    head = (f"{args.model} {name}: {len(step_ms)} steps, "
             f"{', '.join(f'{t:.1f}' for t in step_ms)} ms (synced, profiler on); GPU busy "
             f"{busy / 1e3:.1f} ms, idle between kernels {idle / 1e3:.1f} ms; longest gaps:\n"
             + "\n".join(f"  {us / 1e3:8.2f} ms after {a[:60]} before {b[:60]}"
                         for us, a, b in gaps))
-    path = os.path.join(args.out, f"profile_{args.model}_{label(args.impl, args.dtype)}.txt")
+    path = os.path.join(args.out, f"profile_{args.model}_{name}.txt")
     with open(path, "w") as f:
         f.write(head + "\n" + table)
     print(head + "\n" + "\n".join(table.splitlines()[:28]))
@@ -374,8 +397,8 @@ def write_profile(prof, args, step_ms: list) -> None:
 KEY = ("model", "impl", "seed", "layers", "batch", "seq", "compile", "ac", "steps")
 
 
-def label(impl: str, dtype: str) -> str:
-    return impl if dtype == "bf16" else f"{impl}-{dtype}"
+def label(impl: str, dtype: str, cuda_graphs: bool = False) -> str:
+    return (impl if dtype == "bf16" else f"{impl}-{dtype}") + ("+graphs" if cuda_graphs else "")
 
 
 def smooth(values: list, window: int) -> list:

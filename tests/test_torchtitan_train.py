@@ -78,3 +78,15 @@ def test_idle_gaps_merge_streams_and_rank_the_gaps():
                                         (30, 31, "d")])
     assert busy == 18 and idle == 13
     assert gaps == [(10, "c", "d"), (3, "b", "c")]
+
+
+def test_cuda_graph_runs_are_rows_of_their_own_and_bf16_only():
+    """--cuda-graphs (torchtitan's trainer default) labels its rows apart, so a results file
+    keeps eager and captured runs side by side; fp8 is refused before any GPU work."""
+    assert bench.label("mokgen", "bf16", True) == "mokgen+graphs"
+    assert bench.label("torchtitan", "bf16") == "torchtitan"
+    assert bench.label("mokgen", "fp8") == "mokgen-fp8"
+    args = bench.parse(["run", "--model", "debug", "--impl", "mokgen", "--dtype", "fp8",
+                        "--cuda-graphs"])
+    with pytest.raises(SystemExit, match="bf16 only"):
+        bench.run(args)
