@@ -115,7 +115,8 @@ multigpu         -                         5-7      2+ GPUs: multigpu.py and fsd
 multigpu-tests   -                         5-8      2+ GPUs: test_multigpu, the killed-rank test, the FSDP2 example
 deepep           .peers-deepep             5-8      2 GPUs: build DeepEP, peers_deepep.py
 torchtitan M [R] .torchtitan               2-9      torchtitan_train.py: model M (debug | qwen3-30b-a3b),
-                                                    runs R (IMPL:SEED; default the four of the band);
+                                                    runs R (IMPL:SEED; default the four of the band;
+                                                    IMPL+graphs: CUDA-graph steps, --cuda-graphs);
                                                     TESTS=1: tests/test_torchtitan.py's GPU tests first;
                                                     TT_ARGS: more options (e.g. "--steps 24 --profile 3")
 Here first: tests.pkl by `python benchmarks/prebuild.py collect .kcache/tests.pkl` (~2-10 min),
@@ -228,7 +229,8 @@ EOF
       --tokens 2048 --out "$RES"
     ;;
   torchtitan)
-    # one step per run (IMPL:SEED, IMPL torchtitan | mokgen | mokgen-fp8 | mokgen-mxfp8), each
+    # one step per run (IMPL:SEED, IMPL torchtitan | mokgen | mokgen-fp8 | mokgen-mxfp8, a
+    # bf16 IMPL+graphs: its steps captured in a CUDA graph, --cuda-graphs), each
     # stopping before the call's budget; a debug run is 1-2 minutes: the band's four fit a call
     [ -d .torchtitan/whl ] || { echo "no .torchtitan: run benchmarks/peers/fetch_torchtitan.sh, carry .torchtitan"; exit 2; }
     python3 -m pip install -q --no-index --no-deps --target /tmp/torchtitan .torchtitan/whl/*.whl || exit 3
@@ -242,10 +244,11 @@ EOF
     step prebuild.log 200 python3 benchmarks/torchtitan_train.py prebuild --models "$M" \
       --dtypes "$DTS"
     for R in ${@:-torchtitan:0 torchtitan:1 torchtitan:2 mokgen:0}; do
-      IMPL=${R%%:*} SEED=${R#*:}
+      IMPL=${R%%:*} SEED=${R#*:} GRAPHS=
+      case $IMPL in *+graphs) GRAPHS=--cuda-graphs IMPL=${IMPL%+graphs};; esac
       DT=bf16; case $IMPL in mokgen-*) DT=${IMPL#mokgen-} IMPL=mokgen;; esac
       step "torchtitan_${M}_${R/:/_s}.log" 560 python3 benchmarks/torchtitan_train.py run \
-        --model "$M" --impl "$IMPL" --dtype "$DT" --seed "$SEED" --out "$RES" \
+        --model "$M" --impl "$IMPL" --dtype "$DT" --seed "$SEED" --out "$RES" $GRAPHS \
         --max-seconds $(( $(left) - 30 )) ${TT_ARGS:-}
     done
     ;;
