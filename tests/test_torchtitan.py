@@ -453,6 +453,12 @@ def test_unsupported_configurations_are_refused_at_conversion():
         mokgen_moe(small_moe(256), dtype="fp4")
     with pytest.raises(ValueError):  # a width mokgen's kernels cannot address
         mokgen_moe(small_moe(256, hidden=100))
+    # a MokgenMoE config built by hand around a plain SwiGLU shared expert, which the plan
+    # fuses but the module would not hold in mokgen's layout
+    converted = mokgen_moe(small_moe(256), backend="reference")
+    converted.shared_experts = deepseek_v3().layers[1].moe.shared_experts
+    with pytest.raises(ValueError, match="MokgenSharedExpert"):
+        converted.build()
 
 
 def test_expert_and_tensor_parallelism_are_refused():
