@@ -30,10 +30,10 @@ for p in tests peers stack; do
   [ -f "$f" ] || packs+=("$p")
 done
 [ ${#packs[@]} = 0 ] || bash lab/pack_kernels.sh h100-sxm "${packs[@]}"
-if [ ! -f .kcache/kernels-h100-tt.tar.xz ]; then  # torchtitan importable here: --target
-  # torchtitan imports triton, which a CPU-only torch does not bring: beside it, not in the
-  # environment (installed there, torch imports more and the CPU suite's budgets trip)
-  python3 -m pip install -q --no-deps --target /tmp/ttsite .torchtitan/whl/*.whl triton
-  PYTHONPATH=/tmp/ttsite bash lab/pack_kernels.sh h100-sxm torchtitan
+if [ ! -f .kcache/kernels-h100-tt.tar.xz ]; then
+  # torchtitan (and triton, which it imports and a CPU-only torch does not bring) in the
+  # environment, as .ci/run installs them: its tests then run here too
+  python3 -m pip install -q --no-deps .torchtitan/whl/*.whl triton shtab
+  bash lab/pack_kernels.sh h100-sxm torchtitan
 fi
 ls -la .kcache .peersA .peersB .torchtitan/data
