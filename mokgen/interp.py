@@ -147,14 +147,8 @@ class Interpreter:
         rows = st.rows
 
         def compute(m, slot):
-            ring, lay = self._ring_rows(m, slot, rows)
-            off = ring.start - lay.start
-            for lo, hi in self._tiles(m, rows):
-                e = int(st.expert[lo])
-                rr = slice(lo + off, hi + off)
-                h = self._q(st.ring_x[rr]) @ self._q(w1[e], weight=True, halves=-2).T
-                g, u = h.chunk(2, dim=-1)
-                st.ring_h[rr], st.ring_a[rr] = h, F.silu(g) * u
+            for lo, hi, e, rr in self._ring_tiles(st, m, slot):
+                self._gate_up(st, rr, w1[e])
                 out = self._q(st.ring_a[rr]) @ self._q(w2[e], weight=True).T
                 self._push(combine, st, slice(lo, hi), out)
 
@@ -230,15 +224,9 @@ class Interpreter:
             self._pull_x(st, X, m, slot)
 
         def compute(m, slot):
-            ring, lay = self._ring_rows(m, slot, rows)
-            off = ring.start - lay.start
-            for lo, hi in self._tiles(m, rows):
-                e = int(st.expert[lo])
-                rr = slice(lo + off, hi + off)
+            for lo, hi, e, rr in self._ring_tiles(st, m, slot):
                 if m in replayed:  # ring-aware replay: recompute only gate/up + SwiGLU
-                    h = self._q(st.ring_x[rr]) @ self._q(w1[e], True, -2).T
-                    g, u = h.chunk(2, dim=-1)
-                    st.ring_h[rr], st.ring_a[rr] = h, F.silu(g) * u
+                    self._gate_up(st, rr, w1[e])
                 self._backward_tile(st, slice(lo, hi), rr, e, DY, w1, w2, dw1, dw2,
                                     dx_buf, dw_buf)
 
@@ -246,6 +234,21 @@ class Interpreter:
         first_slot = max(0, self.minibatches(rows) - self.slots) % self.slots
         self._run_pipeline(st, order, first_slot, pull, compute, "bwd")
         return dw1, dw2
+
+    def _ring_tiles(self, st, m, slot):
+        """Minibatch m's tiles in slot `slot`: (layout rows lo..hi, their expert, their ring
+        rows)."""
+        ring, lay = self._ring_rows(m, slot, st.rows)
+        off = ring.start - lay.start
+        for lo, hi in self._tiles(m, st.rows):
+            yield lo, hi, int(st.expert[lo]), slice(lo + off, hi + off)
+
+    def _gate_up(self, st, rr, w1e):
+        """Gate/up and SwiGLU of the ring rows rr (one expert's tile): h and a into the ring,
+        as the forward and the backward's replay both compute them."""
+        h = self._q(st.ring_x[rr]) @ self._q(w1e, weight=True, halves=-2).T
+        g, u = h.chunk(2, dim=-1)
+        st.ring_h[rr], st.ring_a[rr] = h, F.silu(g) * u
 
     def _backward_tile(self, st, lay, rr, e, DY, w1, w2, dw1, dw2, dx_buf, dw_buf):
         valid = st.src_rank[lay] >= 0
