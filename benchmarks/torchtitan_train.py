@@ -449,6 +449,35 @@ def band_check(rows: list, window: int) -> dict:
     return out
 
 
+def base_impl(impl: str) -> str:
+    """The run a variant is judged against: mokgen-fp8 / mokgen-mxfp8 against mokgen, any
+    IMPL+graphs against IMPL (its CUDA graph)."""
+    impl = impl.removesuffix("+graphs")
+    return impl.split("-", 1)[0]
+
+
+def variant_check(rows: list, window: int) -> dict:
+    """Per variant row (base_impl differs from its impl) whose base ran with the same seed:
+    its final loss (the mean of the last `window` steps) relative to the base's, and the
+    largest gap between the two smoothed curves over their common steps: issue-style "final
+    loss within 0.5% relative, curves overlapping" for fp8 against bf16, and the same for a
+    CUDA-graph run against its eager twin."""
+    runs = {(r["impl"], r["seed"]): r for r in rows}
+    out = {}
+    for (impl, seed), r in sorted(runs.items()):
+        base = runs.get((base_impl(impl), seed))
+        if base is None or base is r:
+            continue
+        n = min(len(r["loss"]), len(base["loss"]))
+        a, b = r["loss"][:n], base["loss"][:n]
+        w = min(window, n)
+        final_a, final_b = sum(a[-w:]) / w, sum(b[-w:]) / w
+        gap = max(abs(x - y) for x, y in zip(smooth(a, window), smooth(b, window)))
+        out[f"{impl} seed {seed} against {base['impl']}"] = {
+            "final_rel": (final_a - final_b) / final_b, "max_gap": gap, "steps": n}
+    return out
+
+
 def report(args) -> int:
     name = f"torchtitan_{args.model.replace('-', '_')}"
     path = os.path.join(args.results, f"{name}.json")
@@ -479,6 +508,9 @@ def report(args) -> int:
                 continue
             print(f"  {run_name}: inside torchtitan's seed band {v['inside_fraction']:.1%} of "
                   f"{v['steps']} steps, worst {v['worst_excursion']:.4f} outside")
+        for run_name, v in variant_check(rows, args.smooth).items():
+            print(f"  {run_name}: final loss {v['final_rel']:+.2%} relative, curves at most "
+                  f"{v['max_gap']:.4f} apart ({v['steps']} steps, {args.smooth}-step means)")
         suffix = "" if len(groups) == 1 else f"_{i}"
         plot(rows, args.model, os.path.join(args.results, f"{name}{suffix}.png"), args.smooth)
     return 0

@@ -93,3 +93,24 @@ def test_cuda_graph_runs_are_rows_of_their_own_and_bf16_only():
                         "--cuda-graphs"])
     with pytest.raises(SystemExit, match="bf16 only"):
         bench.run(args)
+
+
+def test_variants_are_judged_against_their_base_run_of_the_same_seed():
+    """fp8 against bf16 mokgen and a CUDA-graph run against its eager twin, seed for seed:
+    the final loss relative to the base's and the largest gap of the smoothed curves (issue
+    63's proof: final loss within 0.5% relative, curves overlapping)."""
+    assert [bench.base_impl(i) for i in ("mokgen-fp8", "mokgen-mxfp8", "mokgen+graphs",
+                                         "torchtitan+graphs", "mokgen")] == \
+        ["mokgen", "mokgen", "mokgen", "torchtitan", "mokgen"]
+    rows = [_row("mokgen", 0, [2.0] * 8 + [1.0] * 4),
+            _row("mokgen-fp8", 0, [2.0] * 8 + [1.004] * 4),   # 0.4% above at the end
+            _row("mokgen-fp8", 1, [9.0] * 12),                # no bf16 run of seed 1: none
+            _row("torchtitan", 0, [3.0] * 12), _row("torchtitan+graphs", 0, [3.0] * 12)]
+    got = bench.variant_check(rows, window=4)
+    assert set(got) == {"mokgen-fp8 seed 0 against mokgen",
+                        "torchtitan+graphs seed 0 against torchtitan"}
+    fp8 = got["mokgen-fp8 seed 0 against mokgen"]
+    assert fp8["final_rel"] == pytest.approx(0.004) and fp8["steps"] == 12
+    assert fp8["max_gap"] == pytest.approx(0.004)
+    same = got["torchtitan+graphs seed 0 against torchtitan"]
+    assert same["final_rel"] == 0.0 and same["max_gap"] == 0.0
