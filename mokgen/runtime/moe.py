@@ -471,9 +471,10 @@ class WeightCache:
     e4m3 wgmma reads K-major operands only), made on first use: blockwise blocks are the
     forward's, transposed; MX blocks run along the other dim, so those are quantized again
     from the weight.
-    Not under CUDA graph capture: which weights to quantize is decided here, on the host, so
-    a captured step would replay its own decision (a cached quantization, or none) after every
-    optimizer step; `get` refuses it rather than train on stale weights."""
+    Not under CUDA graph capture: whether to quantize is decided here, on the host, so a graph
+    keeps its captured step's decision; captured on weights already quantized (a second
+    micro-batch, no optimizer step since the warm-up), it holds no quantization and every
+    replay multiplies the old quantized weights. `get` refuses capture rather than risk it."""
 
     def __init__(self, scale_block: int, slots: int, module=None):
         self.q, self.slots = scale_block, slots  # slots: one per hosted rank
@@ -491,10 +492,11 @@ class WeightCache:
     def get(self, w1, w2):
         if w1.is_cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
-                "mokgen: an fp8 / MXFP8 layer cannot run inside a CUDA graph capture yet: its "
-                "weight quantization is chosen on the host, so every replay would reuse the "
-                "captured step's quantized weights after the optimizer changed them. Run it "
-                "eagerly (torchtitan: --training.disable_cuda_graphs) or in bf16.")
+                "mokgen: an fp8 / MXFP8 layer cannot run inside a CUDA graph capture yet: "
+                "whether to quantize its weights again is decided on the host, so the graph "
+                "would keep the captured step's decision, and replays after an optimizer step "
+                "could multiply stale quantized weights. Run it eagerly (torchtitan: "
+                "--training.disable_cuda_graphs) or in bf16.")
         key = (id(w1), w1._version, id(w2), w2._version)
         if key not in self._cache:
             from types import SimpleNamespace
