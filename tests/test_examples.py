@@ -2,6 +2,7 @@
 01 and 05 plan, 02 also compiles; hf_patch.py says it needs a GPU). 03 runs in the GPU
 suite (test_gpu_module), 04 in test_example_fsdp."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,7 @@ def test_new_shape_example_compiles_without_a_gpu():
     res = run("02_new_shape.py")
     assert res.returncode == 0, res.stderr[-3000:]
     assert "my-moe" in res.stdout and "'spill_stores': 0" in res.stdout
+    assert not re.search(r"'spill_(stores|loads)': [1-9]", res.stdout), "a unit spills"
 
 
 def test_hf_patch_example_says_it_needs_a_gpu():
