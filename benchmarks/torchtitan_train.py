@@ -419,10 +419,10 @@ OWN_NOISE = "torchtitan (each seed against the others)"  # band_check's entry of
 def band_check(rows: list, window: int) -> dict:
     """Per row not torchtitan's: the fraction of steps its smoothed loss lies within the range
     of torchtitan's seeds' smoothed losses (same configuration), and its worst distance
-    outside; under OWN_NOISE the same of each torchtitan
-    seed against the range of the other seeds (its least and greatest): the noise a curve of
-    torchtitan's own shows, what a mokgen curve is judged against (three seeds' range holds
-    a fourth run's curve only about half the time). {} where fewer than two seeds ran."""
+    outside; under OWN_NOISE the same of each torchtitan seed against the range of the other
+    seeds (its least and greatest): the noise a curve of torchtitan's own shows, what a
+    mokgen curve is judged against (three seeds' range holds a fourth run's curve only about
+    half the time). {} where fewer than two seeds ran."""
     band = [r for r in rows if r["impl"] == "torchtitan"]
     if len(band) < 2:
         return {}
@@ -458,10 +458,10 @@ def base_impl(impl: str) -> str:
 
 def variant_check(rows: list, window: int) -> dict:
     """Per variant row (base_impl differs from its impl) whose base ran with the same seed:
-    its final loss (the mean of the last `window` steps) relative to the base's, and the
-    largest gap between the two smoothed curves over their common steps: issue-style "final
-    loss within 0.5% relative, curves overlapping" for fp8 against bf16, and the same for a
-    CUDA-graph run against its eager twin."""
+    its final loss (the smoothed curve's last point: the mean of the last `window` steps)
+    relative to the base's, and the largest gap between the two smoothed curves over their
+    common steps: issue-style "final loss within 0.5% relative, curves overlapping" for fp8
+    against bf16, and the same for a CUDA-graph run against its eager twin."""
     runs = {(r["impl"], r["seed"]): r for r in rows}
     out = {}
     for (impl, seed), r in sorted(runs.items()):
@@ -469,12 +469,10 @@ def variant_check(rows: list, window: int) -> dict:
         if base is None or base is r:
             continue
         n = min(len(r["loss"]), len(base["loss"]))
-        a, b = r["loss"][:n], base["loss"][:n]
-        w = min(window, n)
-        final_a, final_b = sum(a[-w:]) / w, sum(b[-w:]) / w
-        gap = max(abs(x - y) for x, y in zip(smooth(a, window), smooth(b, window)))
+        a, b = smooth(r["loss"][:n], window), smooth(base["loss"][:n], window)
         out[f"{impl} seed {seed} against {base['impl']}"] = {
-            "final_rel": (final_a - final_b) / final_b, "max_gap": gap, "steps": n}
+            "final_rel": (a[-1] - b[-1]) / b[-1],
+            "max_gap": max(abs(x - y) for x, y in zip(a, b)), "steps": n}
     return out
 
 
