@@ -38,8 +38,9 @@ BUDGET = {
     "test_compile_shapes.py": 360,   # 255: every public model's preset, sampled shapes
     "test_hardware.py": 80,          # 55: presets for 78 and 114 SMs
     "test_directions.py": 60,        # 38: each communication direction's kernel
-    "test_example_fsdp.py": 35,      # 24: two torchrun launches of examples/04, one layer
-    "test_wheel.py": 32,             # 21: pip wheel, a venv, one cold compile
+    "test_example_fsdp.py": 40,      # 24: two torchrun launches of examples/04, one layer
+    "test_wheel.py": 35,             # 21: pip wheel, a venv, one cold compile
+    "test_torchtitan.py": 24,        # 13: torchtitan's models, one torch.compile (CI: 15)
     "test_examples.py": 28,          # 18: four examples' processes, one cold compile
 }
 DEFAULT = 15
