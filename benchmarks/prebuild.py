@@ -123,17 +123,14 @@ def layer_plans(names: list, eps: list | None, tokens: list, dtypes: list, **ove
 
 def multigpu_test_plans(R: int) -> list:
     """The layers tests/test_multigpu.py compiles at world size R (keep in step with it):
-    gpu-small at 513, 700 and 256 tokens, with SMs reserved, and one per communication
-    direction (forward and backward) at 700 tokens with a wrapping ring."""
+    gpu-small at 513, 700 and 256 tokens, with SMs reserved, and at 700 tokens with a
+    wrapping ring."""
     import mokgen
-    from mokgen.harness.workloads import backward_direction_layers, direction_layers
 
     s = mokgen.shapes.get("gpu-small")
-    pinned = dict(minibatch=128, macrobatch=256)
     return [mokgen.plan(s, ep=R, tokens_per_rank=n) for n in (513, 700, 256)] + \
         [mokgen.plan(s, ep=R, tokens_per_rank=700, reserve_sms=16)] + \
-        [mokgen.plan(s, **kw) for kw in direction_layers(s, R, 700, **pinned).values()] + \
-        [mokgen.plan(s, **kw) for kw in backward_direction_layers(s, R, 700, **pinned).values()]
+        [mokgen.plan(s, ep=R, tokens_per_rank=700, minibatch=128, macrobatch=256)]
 
 
 def example_plans(R: int) -> list:

@@ -67,7 +67,7 @@ TESTS_A="tests/test_gpu_memory.py tests/test_gpu_shapes.py tests/test_gpu_widths
   tests/test_gpu_module.py tests/test_gpu_backward.py tests/test_gpu_forward.py
   tests/test_gpu_trace.py"
 TESTS_B="tests/test_gpu_fp8.py tests/test_gpu_reliability.py tests/test_gpu_prologue.py
-  tests/test_gpu_directions.py"
+  tests/test_gpu_side_by_side.py"
 TESTS_C="tests/test_gpu_transformers.py tests/test_gpu_pair.py
   tests/test_gpu_cluster.py tests/test_hardware.py tests/test_docs.py"
 PRESETS=kimi-k2.7,glm-5.2,qwen3.5-397b-a17b,deepseek-v4-pro

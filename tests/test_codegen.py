@@ -29,8 +29,8 @@ def test_render_instantiates_plan_constants():
 
 def test_unsupported_plans_are_refused_by_the_planner_and_by_emit():
     s = mokgen.shapes.get("glm-5.2")
-    with pytest.raises(ValueError, match="reverse_combine='push' moves bf16 dy rows only"):
-        mokgen.plan(s, ep=8, dtype="fp8", reverse_combine="push")
+    with pytest.raises(ValueError, match="reverse_combine='gather' needs ep == 1"):
+        mokgen.plan(s, ep=8, dtype="fp8", reverse_combine="gather")
     with pytest.raises(ValueError, match="hidden must be a multiple of 16"):
         mokgen.plan(mokgen.MoEShape(8, 2888, 2880, 2), ep=2, dtype="mxfp8")
     # a plan that skipped the planner's check (built by hand, read from JSON) is refused too

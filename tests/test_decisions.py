@@ -37,10 +37,12 @@ def sources(plan) -> dict:
 BASE = mokgen.plan(SHAPE, **ARGS, minibatch=512)
 # field -> (a value other than the planner's, units whose source changes, or the refusal)
 FLIPS = {
-    "dispatch": ("push", {"fwd"}),  # both ways in the forward (direction.cuh)
-    "combine": ("pull", {"fwd"}),
-    "reverse_combine": ("push", {"bwd"}),  # both ways in the backward (direction_bwd.cuh)
-    "reverse_dispatch": ("pull", {"bwd"}),
+    # the paper's directions only; rows that do not move need one rank (their source
+    # changes: tests/test_memory.py, tests/test_codegen.py)
+    "dispatch": ("gather", "dispatch='gather' needs ep == 1"),
+    "combine": ("pull", "combine must be one of"),
+    "reverse_combine": ("push", "reverse_combine must be one of"),
+    "reverse_dispatch": ("ring", "reverse_dispatch='ring' needs ep == 1"),
     "comm_sms_fwd": (BASE.comm_sms_fwd + 1, {"fwd"}),
     "comm_sms_bwd": (BASE.comm_sms_bwd + 1, {"bwd"}),
     "minibatch": (256, ALL),
@@ -144,10 +146,9 @@ def test_ops_lower_to_the_parameters_their_annotations_decide():
     g = BASE.graph
     assert op_params(ir.op_of(g, OpKind.DISPATCH)) == dict(
         comm_sms=BASE.comm_sms_fwd, minibatch=BASE.minibatch, ring_rows=BASE.macrobatch,
-        scale_block=0, dispatch_push=False)
-    assert op_params(ir.op_of(g, OpKind.COMBINE))["combine_pull"] is False
-    assert op_params(ir.op_of(g, OpKind.REVERSE_COMBINE))["reverse_combine_push"] is False
-    assert op_params(ir.op_of(g, OpKind.REVERSE_DISPATCH))["reverse_dispatch_pull"] is False
+        scale_block=0)
+    assert "gather" not in op_params(ir.op_of(g, OpKind.REVERSE_COMBINE))
+    assert "dx_ring" not in op_params(ir.op_of(g, OpKind.REVERSE_DISPATCH))
     assert op_params(ir.op_of(g, OpKind.SHARED_FFN)) == dict(
         compute_ctas=BASE.num_sms - BASE.comm_sms_fwd, gemm=BASE.gemm_fwd, block_m=128)
     assert op_params(ir.op_of(g, OpKind.SCHEDULE_BUILD))["block_m"] == 128

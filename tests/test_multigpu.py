@@ -14,8 +14,8 @@ import torch
 
 import mokgen
 from mokgen import reference
-from mokgen.harness.workloads import (backward_direction_layers, cosine, direction_layers,
-                              make_inputs, reference_grads, reference_outputs, rel_error)
+from mokgen.harness.workloads import (cosine, make_inputs, reference_grads, reference_outputs,
+                                      rel_error)
 
 pytestmark = pytest.mark.multigpu
 UNDER_TORCHRUN = "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
@@ -276,66 +276,28 @@ def test_a_peer_that_never_arrives_raises_on_the_others(group):
     dist.barrier()
 
 
-def direction_kwargs(R: int) -> dict:
-    """(dispatch, combine) -> the direction test's compile arguments: gpu-small, 700 tokens,
-    a wrapping ring (benchmarks/prebuild.py multigpu --world R builds them)."""
-    return direction_layers(mokgen.shapes.get("gpu-small"), R, 700, minibatch=128,
-                            macrobatch=256)
+def wrapping_ring_kwargs(R: int) -> dict:
+    """The wrapping-ring test's compile arguments (benchmarks/prebuild.py multigpu --world R
+    builds them): gpu-small, 700 tokens a rank, a ring of two minibatch slots."""
+    return dict(ep=R, tokens_per_rank=700, minibatch=128, macrobatch=256)
 
 
-def against_the_paper(group, kw: dict, key: tuple):
-    """Compile kw[key] and the paper's kw[("pull", "push")] (gpu-small, 700 tokens a rank),
-    run key's with every output and scratch buffer poisoned first, check it against the
-    reference, then bitwise against the paper's. -> (key's layer, inputs, dys, the paper's
-    gradients)."""
+def test_a_ring_that_wraps_matches_the_reference_and_repeats_bitwise(group):
+    """Across real GPUs with a ring that wraps (the comm CTAs wait for freed slots, the
+    backward replays what the ring lost), every output and scratch buffer poisoned first: y
+    and the gradients match the reference, and a second call gives them bitwise."""
     R, r = dist.get_world_size(), dist.get_rank()
     shape, n = mokgen.shapes.get("gpu-small"), 700
-    paper = mokgen.compile(shape, group=group, **kw[("pull", "push")])
-    other = mokgen.compile(shape, group=group, **kw[key])
+    layer = mokgen.compile(shape, group=group, **wrapping_ring_kwargs(R))
+    assert layer.plan.macrobatch < layer.plan.max_routed_rows
     inputs, dys = global_inputs(shape, R, n)
-    other.runtime().poison()
-    other.backward_runtime().poison()
-    y, grads = run_rank(other, inputs, dys[r], r)
-    other.synchronize()
+    layer.runtime().poison()
+    layer.backward_runtime().poison()
+    y, grads = run_rank(layer, inputs, dys[r], r)
+    layer.synchronize()
     check_rank(shape, inputs, dys, y, grads, r)
-    y0, g0 = run_rank(paper, inputs, dys[r], r)
-    paper.synchronize()
-    assert torch.equal(y, y0), f"rank {r} {key}: y differs bitwise from pull/push"
-    for k in g0:
-        assert torch.equal(grads[k], g0[k]), f"rank {r} {key}: d{k} differs bitwise"
-    return other, inputs, dys, g0
-
-
-@pytest.mark.parametrize("dispatch,combine", [("push", "push"), ("pull", "pull"),
-                                              ("push", "pull")])
-def test_every_forward_direction_matches_the_paper_one_bitwise(group, dispatch, combine):
-    """Push dispatch and pull combine across real GPUs (cross-GPU flags inside the
-    megakernel): y and the gradients match the reference and are bitwise those of pull
-    dispatch + push combine with every other decision the same."""
-    against_the_paper(group, direction_kwargs(dist.get_world_size()), (dispatch, combine))
-
-
-def backward_direction_kwargs(R: int) -> dict:
-    """(reverse_combine, reverse_dispatch) -> the backward direction test's compile arguments:
-    as direction_kwargs (benchmarks/prebuild.py multigpu --world R builds them)."""
-    return backward_direction_layers(mokgen.shapes.get("gpu-small"), R, 700, minibatch=128,
-                                     macrobatch=256)
-
-
-@pytest.mark.parametrize("reverse_combine,reverse_dispatch", [("push", "push"), ("pull", "pull"),
-                                                              ("push", "pull")])
-def test_every_backward_direction_matches_the_paper_one_bitwise(group, reverse_combine,
-                                                               reverse_dispatch):
-    """Push reverse-combine and pull reverse-dispatch across real GPUs (cross-GPU flags inside
-    the backward megakernel, a ring that wraps: the owners wait on the experts' freed slots):
-    the gradients match the reference and are bitwise those of pull reverse-combine + push
-    reverse-dispatch with every other decision the same; outputs poisoned first."""
-    R, r = dist.get_world_size(), dist.get_rank()
-    rr = (reverse_combine, reverse_dispatch)
-    other, inputs, dys, g0 = against_the_paper(group, backward_direction_kwargs(R), rr)
-    assert (other.plan.reverse_combine, other.plan.reverse_dispatch) == rr
-    # again: the cross-rank flags are zeroed per call, the staging and dy rings reused
-    y2, g2 = run_rank(other, inputs, dys[r], r)
-    other.synchronize()
-    for k in g0:
-        assert torch.equal(g2[k], g0[k]), f"rank {r}: d{k} differs bitwise on a repeat"
+    y2, g2 = run_rank(layer, inputs, dys[r], r)
+    layer.synchronize()
+    assert torch.equal(y, y2), f"rank {r}: y differs bitwise on a repeat"
+    for k in grads:
+        assert torch.equal(grads[k], g2[k]), f"rank {r}: d{k} differs bitwise on a repeat"

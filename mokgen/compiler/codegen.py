@@ -44,30 +44,16 @@ def constants(plan: Plan) -> dict:
 # what each unit's source checks of the host <-> device interface (runtime/abi.py)
 _ABI = {"fwd": (("FwdBuffers",), ("Fp8Maps",), abi.FWD_PHASES, abi.FWD_OPS),
         "bwd": (("BwdBuffers",), ("BwdMaps", "Fp8BwdMaps"), abi.BWD_PHASES, abi.BWD_OPS)}
-# unit -> its non-default directions' peer struct, fields and phases
-_DIR_ABI = {"fwd": ("DirPeers", abi.FWD_DIR_PEERS, abi.FWD_DIR_PHASES),
-            "bwd": ("BwdDirPeers", abi.BWD_DIR_PEERS, abi.BWD_DIR_PHASES)}
-_ABI["bwdres"], _DIR_ABI["bwdres"] = _ABI["bwd"], _DIR_ABI["bwd"]  # the same template
+_ABI["bwdres"] = _ABI["bwd"]  # the same template
 
 
-def abi_checks(unit: str, ranks: int | None = None) -> str:
+def abi_checks(unit: str) -> str:
     """static_asserts that fail the build when a header's struct or constant drifts from
     runtime/abi.py, the description the host packs from: every field's offset and each
-    struct's size, every tensor-map field's slot, the phase numbers and watch-word indices.
-    `ranks`: the kernel also has the non-default directions' DirPeers<ranks> (forward) or
-    BwdDirPeers<ranks> (backward) and their phases."""
+    struct's size, every tensor-map field's slot, the phase numbers and watch-word indices."""
     structs, map_structs, phases, ops = _ABI[unit]
     why = "drifted from mokgen/runtime/abi.py"
     out = []
-    if ranks is not None:
-        struct, fields, dir_phases = _DIR_ABI[unit]
-        offsets, size = abi.layout(fields, ranks)
-        name = f"{struct}<{ranks}>"
-        out += [f"static_assert(offsetof(mokgen::{name}, {f}) == {o}, \"{struct}.{f} {why}\");"
-                for f, o in offsets.items()]
-        out.append(f"static_assert(sizeof(mokgen::{name}) == {size}, \"{struct} {why}\");")
-        out += [f"static_assert(mokgen::{k} == {v}, \"{k} {why}\");"
-                for k, (v, _) in dir_phases.items()]
     for name in structs:
         offsets, size = abi.layout(abi.STRUCTS[name])
         out += [f"static_assert(offsetof(mokgen::{name}, {f}) == {o}, \"{name}.{f} {why}\");"
@@ -119,8 +105,7 @@ def emit(plan: Plan, units=tuple(UNITS)) -> list[Kernel]:
     # named by unit, GPU and plan: a cache built ahead for a kind says which (kernel.<name>.*)
     name = f"{plan.gpu.lower()}_{plan.key()}"
     kernels = [Kernel(f"{u}_{name}", _ENV.get_template(UNITS[u]).render(
-        **consts[u], abi_checks=abi_checks(u, consts[u]["ep"] if consts[u].get("dir_peers")
-                                           else None) if u in _ABI else "",
+        **consts[u], abi_checks=abi_checks(u) if u in _ABI else "",
         fwd_maps=abi.FWD_MAPS),
         flags) for u in units]
     if CONFIG.dump:

@@ -3,9 +3,10 @@
 Every op contributes the parameters its annotations decide: a comm op its launch's comm CTAs,
 a compute op the rest, a GEMM op the tile engine's BM x BN x stages and consumer schedule, an
 op on the ring the minibatch and ring rows, an op touching e4m3 data the scale block, the
-schedule the tile its expert regions are padded to, a forward comm op its direction's kernel
-variant. A kernel instantiates each parameter once, so two of its ops asking for different
-values is a plan it cannot run: ValueError naming both.
+schedule the tile its expert regions are padded to, a comm op that moves nothing (gathered
+rows, dx rows in the ring) the flag of that kernel variant. A kernel instantiates each
+parameter once, so two of its ops asking for different values is a plan it cannot run:
+ValueError naming both.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from mokgen.compiler import ir
 from mokgen.compiler.ir import OpKind
-from mokgen.compiler.limits import x_window_slots
+from mokgen.compiler.limits import GATHER, RING, x_window_slots
 
 if TYPE_CHECKING:
     from mokgen.compiler.plan import Plan
@@ -31,22 +32,11 @@ def op_params(op: ir.Op) -> dict:
         out["comm_sms" if a["sm_role"] == "comm" else "compute_ctas"] = a["ctas"]
     if "gemm" in a:
         out["block_m"] = a["gemm"].bm
-    # each comm op picks its kernel variant (moe_fwd.cuh DPUSH, CPULL; moe_bwd.cuh RCPUSH,
-    # RDPULL)
-    if op.comm in _VARIANT and "comm_direction" in a:
-        param, flipped = _VARIANT[op.comm]
-        out[param] = a["comm_direction"] == flipped
-        if a["comm_direction"] == "gather":  # no copy: the GEMMs read the rows in place
-            out["gather"] = True
-        if a["comm_direction"] == "ring":  # dx rows over their dy rows (passes/dx_rows.py)
-            out["dx_ring"] = True
+    if a.get("comm_direction") == GATHER:  # no copy: the GEMMs read the rows in place
+        out["gather"] = True
+    if a.get("comm_direction") == RING:  # dx rows over their dy rows (passes/dx_rows.py)
+        out["dx_ring"] = True
     return out
-
-
-# comm op -> (template parameter, the direction that sets it: not the paper's)
-_VARIANT = {"dispatch": ("dispatch_push", "push"), "combine": ("combine_pull", "pull"),
-            "reverse_combine": ("reverse_combine_push", "push"),
-            "reverse_dispatch": ("reverse_dispatch_pull", "pull")}
 
 
 # the forward's staging: 4 KB for each of 8 consumer warps (moe_fwd.cuh kWarpStage, which
@@ -102,8 +92,6 @@ def lower(g, direction: str) -> dict:
                                  f"{direction} kernel instantiates one {k}")
             who.setdefault(k, op.name)
     gemm = got["gemm"]
-    # every kernel gets every flag (false: not its op, or the paper's way)
-    variants = {param: got.get(param, False) for param, _ in _VARIANT.values()}
     return dict(comm_sms=got["comm_sms"], num_sms=got["comm_sms"] + got["compute_ctas"],
                 gemm_bn=gemm.bn, gemm_stages=gemm.stages, gemm_pair=gemm.pair,
                 # bf16 kernels' epilogue staging: the backward's whole-expert weight-gradient
@@ -114,7 +102,6 @@ def lower(g, direction: str) -> dict:
                 block_m=got["block_m"], minibatch=got["minibatch"],
                 ring_slots=got["ring_rows"] // got["minibatch"],
                 scale_block=got.get("scale_block", 0),
-                **variants,
                 # dispatch (forward) / reverse-combine (backward) "gather": FwdConsts GATHER
                 gather=got.get("gather", False),
                 # reverse-dispatch "ring" (backward): FwdConsts DXRING
@@ -125,15 +112,12 @@ def lower(g, direction: str) -> dict:
                     _forward_gathers(g) or _keeps_h(g)),
                 # its x ring a window smaller than the ring (passes/x_window.py): FwdConsts
                 # XSLOTS (0: the ring's, the source as without the pass)
-                x_slots=x_window_slots(got.get("x_slots"), got["ring_rows"] // got["minibatch"]),
-                # the variants' peer tables are a kernel parameter only where used, so the
-                # paper's directions render the same source as before they existed
-                dir_peers=any(variants.values()))
+                x_slots=x_window_slots(got.get("x_slots"), got["ring_rows"] // got["minibatch"]))
 
 
 def _forward_gathers(g) -> bool:
     """Whether the forward's dispatch gathers x in its GEMMs (its ring then holds no x)."""
-    return any(op.comm == "dispatch" and op.attr("comm_direction") == "gather"
+    return any(op.comm == "dispatch" and op.attr("comm_direction") == GATHER
                for op in ir.comm_ops(g))
 
 

@@ -19,12 +19,11 @@ from typing import Any
 
 from mokgen.compiler import hardware, ir
 from mokgen.compiler.ir import GemmConfig, OpKind
-from mokgen.compiler.limits import DEFAULT_GEMM, backward_unsupported, extra_directions
+from mokgen.compiler.limits import DEFAULT_GEMM, DIRECTIONS, backward_unsupported, directions
 from mokgen.shapes import MoEShape
 
 DTYPES = ("bf16", "fp8", "mxfp8")
-DIRECTIONS = ("pull", "push")
-COMM_OPS = ("dispatch", "combine", "reverse_combine", "reverse_dispatch")
+COMM_OPS = tuple(DIRECTIONS)  # dispatch, combine, reverse_combine, reverse_dispatch
 
 # Fields a caller may force: together they reproduce every decision (`Plan.decisions`).
 OVERRIDABLE = COMM_OPS + ("comm_sms_fwd", "comm_sms_bwd", "minibatch", "macrobatch",
@@ -49,12 +48,11 @@ class Plan:
     gpu_sms: int = hardware.get(hardware.CPU_DEFAULT).num_sms
     gpu_smem: int = hardware.get(hardware.CPU_DEFAULT).smem_per_block
     forced: tuple = ()
-    # comm_direction: the comm ops' direction and completion signals
+    # comm_direction: the comm ops' directions (limits.directions)
     dispatch: str | None = None
     combine: str | None = None
     reverse_combine: str | None = None
     reverse_dispatch: str | None = None
-    signals: tuple = ()          # ((op, direction, local, cross), ...) per minibatch
     # precision: what the GEMM ops read
     act_dtype: str | None = None     # what the routed GEMMs read
     shared_dtype: str | None = None  # the shared expert stays bf16
@@ -139,8 +137,6 @@ class Plan:
         comm = {o.comm: o for o in ir.comm_ops(g)}
         for name, o in comm.items():
             put(name, o.attr("comm_direction"))
-        f["signals"] = tuple((name, *sig) for name in COMM_OPS
-                             for sig in comm[name].attr("signals", ()))
         gate, shared = ir.op_of(g, OpKind.GATE_UP_GEMM), ir.op_of(g, OpKind.SHARED_FFN)
         put("act_dtype", gate.attr("precision"))
         put("keep_h", gate.attr("keep_h"))
@@ -176,7 +172,6 @@ class Plan:
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "graph"}
         d["shape"] = self.shape.to_dict()
-        d["signals"] = [list(s) for s in self.signals]
         for key in ("forced", "quant_fused", "profile"):
             d[key] = None if d[key] is None else list(d[key])
         for key in ("gemm_fwd", "gemm_bwd"):
@@ -195,7 +190,7 @@ class Plan:
         kind = hardware.get(d.get("gpu", hardware.CPU_DEFAULT))  # plans before gpu_sms
         d.setdefault("gpu_sms", kind.num_sms)
         d.setdefault("gpu_smem", kind.smem_per_block)
-        d["signals"] = tuple(tuple(s) for s in d["signals"])
+        d.pop("signals", None)  # plans written before the directions were fixed
         for key in ("forced", "quant_fused", "profile"):
             d[key] = tuple(d.get(key, ()))
         for key in ("gemm_fwd", "gemm_bwd"):
@@ -241,11 +236,7 @@ class Plan:
             ("backward", f"no: {why}" if (why := backward_unsupported(self)) else "yes"),
         ]
         width = max(len(k) for k, _ in rows)
-        lines = [f"{k:<{width}}  {v}" for k, v in rows]
-        if self.signals:
-            lines.append("signals per minibatch (op, dir, local, cross-GPU):")
-            lines += [f"  {op:<16} {d:<4} {loc:>4} {cross:>4}" for op, d, loc, cross in self.signals]
-        return "\n".join(lines)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
 def initial_plan(shape: MoEShape, ep: int, dtype: str, tokens_per_rank: int,
@@ -269,7 +260,7 @@ def initial_graph(shape: MoEShape, ep: int, dtype: str, tokens_per_rank: int, **
     if unknown:
         raise ValueError(f"unknown override(s) {sorted(unknown)}; allowed: {OVERRIDABLE}")
     for op in COMM_OPS:
-        ok = DIRECTIONS + extra_directions(op)
+        ok = directions(op)
         if op in overrides and overrides[op] not in ok:
             raise ValueError(f"{op} must be one of {ok}, got {overrides[op]!r}")
     for name in ("comm_sms_fwd", "comm_sms_bwd", "minibatch", "macrobatch", "ring_budget_bytes",

@@ -102,39 +102,20 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a @ b / (a.norm() * b.norm()).clamp_min(1e-30)).item()
 
 
-# The forward's (dispatch, combine) directions, the paper's first (tests, directions ablation).
-FORWARD_DIRECTIONS = (("pull", "push"), ("pull", "pull"), ("push", "push"), ("push", "pull"))
-
-
-def direction_layers(shape: MoEShape, ep: int, tokens: int, **common) -> dict:
-    """(dispatch, combine) -> the arguments of mokgen.compiler.plan / mokgen.compile (the same plan,
-    so kernels built ahead from them are the ones a run loads) for one layer per direction:
-    every other decision pinned to the paper's plan with `common`, so only the direction
-    differs and the outputs must be bitwise equal (pull combine needs >= 2 comm CTAs)."""
+def side_by_side_layers(shape: MoEShape, ep: int, tokens: int, **common) -> dict:
+    """"side by side" / "one after another" -> the arguments of mokgen.plan / mokgen.compile
+    for one layer on `ep` virtual ranks each: the first leaves room for every rank's
+    megakernel at once (reserve_sms: the runtime then runs them side by side, as real ranks
+    run), the second makes the same decisions on every SM (the ranks' kernels one after
+    another). Only the CTA count differs, so outputs and gradients must be bitwise equal
+    (every element is one tile's, in a fixed K order, whichever CTA takes it)."""
     import mokgen
 
     common = dict(common, ep=ep, tokens_per_rank=tokens)
-    base = mokgen.plan(shape, **common)
-    pinned = dict(common, minibatch=base.minibatch, macrobatch=base.macrobatch,
-                  comm_sms_fwd=max(2, base.comm_sms_fwd))
-    return {dc: dict(pinned, dispatch=dc[0], combine=dc[1]) for dc in FORWARD_DIRECTIONS}
-
-
-# The backward's (reverse_combine, reverse_dispatch) directions, the paper's first.
-BACKWARD_DIRECTIONS = (("pull", "push"), ("pull", "pull"), ("push", "push"), ("push", "pull"))
-
-
-def backward_direction_layers(shape: MoEShape, ep: int, tokens: int, **common) -> dict:
-    """(reverse_combine, reverse_dispatch) -> the arguments of mokgen.compiler.plan / mokgen.compile for
-    one layer per backward direction, the forward's the paper's and every other decision
-    pinned as direction_layers pins them (and the backward's comm CTAs, >= 2 for pull
-    reverse-dispatch), so only the backward's directions differ and the gradients must be
-    bitwise equal. fp8 plans leave push reverse-combine out (bf16 dy rows only)."""
-    import mokgen
-
-    fwd = direction_layers(shape, ep, tokens, **common)[("pull", "push")]
-    base = mokgen.plan(shape, **fwd)
-    pinned = dict(fwd, comm_sms_bwd=max(2, base.comm_sms_bwd))
-    fp8 = common.get("dtype", "bf16") != "bf16"
-    return {rr: dict(pinned, reverse_combine=rr[0], reverse_dispatch=rr[1])
-            for rr in BACKWARD_DIRECTIONS if not (fp8 and rr[0] == "push")}
+    sms = mokgen.plan(shape, **common).gpu_sms
+    reserve = sms - sms // ep
+    apart = mokgen.plan(shape, reserve_sms=reserve, **common)
+    pinned = dict(common, minibatch=apart.minibatch, macrobatch=apart.macrobatch,
+                  comm_sms_fwd=apart.comm_sms_fwd, comm_sms_bwd=apart.comm_sms_bwd)
+    return {"side by side": dict(pinned, reserve_sms=reserve),
+            "one after another": dict(pinned, reserve_sms=0)}

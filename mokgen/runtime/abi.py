@@ -13,8 +13,7 @@ from __future__ import annotations
 import functools
 import struct
 
-# (field, kind): "ptr" (a device pointer, 8 bytes), "u64", "i32", "ptrs" (one pointer per
-# rank, R of them: a peer table); in declaration order.
+# (field, kind): "ptr" (a device pointer, 8 bytes), "u64", "i32"; in declaration order.
 FWD_BUFFERS = (
     ("table", "ptr"), ("row_weight", "ptr"), ("meta", "ptr"), ("offsets", "ptr"),
     ("ring_x", "ptr"), ("ring_a", "ptr"), ("ring_h", "ptr"), ("h_shared", "ptr"),
@@ -35,19 +34,6 @@ BWD_BUFFERS = (
     ("n_tokens", "i32"), ("max_minibatches", "i32"), ("rank", "i32"), ("resident", "i32"),
     ("accumulate", "i32"), ("wg_by_minibatch", "i32"), ("wgrad_tma", "i32"),
 )
-# The forward's non-default directions (push dispatch, pull combine: direction.cuh DirPeers<R>),
-# a kernel parameter only of the kernels that have them: every rank's cross-rank flag words
-# (peer_shapes "xflags"), ring, schedule table and row count, and staging rows.
-FWD_DIR_PEERS = (("xflags", "ptrs"), ("ring_x", "ptrs"), ("table", "ptrs"), ("meta", "ptrs"),
-                 ("stage", "ptrs"))
-# The backward's (push reverse-combine, pull reverse-dispatch: direction_bwd.cuh BwdDirPeers<R>),
-# likewise: every rank's cross-rank flag words, dy ring, schedule table and row count, and
-# staging rows (dx and router-weight gradients).
-BWD_DIR_PEERS = (("xflags", "ptrs"), ("ring_dy", "ptrs"), ("table", "ptrs"), ("meta", "ptrs"),
-                 ("stage", "ptrs"), ("stage_dw", "ptrs"))
-# Words of one rank's xflags per minibatch: the forward's landed, dn_done, pulled
-# (direction.cuh); the backward's dy_landed, slot_free, dx_pulled, dx_done (direction_bwd.cuh).
-XFLAG_WORDS = 4
 # Tensor-map structs: CUtensorMap fields in declaration order. The forward's bf16 maps are
 # kernel parameters of their own (codegen renders the parameter list from FWD_MAPS).
 FWD_MAPS = ("x", "hs", "ring_x", "ring_a", "sw1", "sw2", "w1", "w2")
@@ -92,26 +78,7 @@ BWD_PHASES = {
                         "the x rows of the window slot it refills (x_slots; it can wait "
                         "forever only where routes repeat an expert within a token)"),
 }
-# the non-default directions' waits (direction.cuh DirPhase), checked by the kernels that have them
-FWD_DIR_PHASES = {
-    "kPhasePushSlot": (5, "a push-dispatch comm CTA waiting for a peer's minibatch {index} to "
-                          "free its ring slot"),
-    "kPhaseCombineReady": (6, "a pull-combine comm CTA waiting for a peer's minibatch {index} "
-                              "to leave its down GEMM"),
-    "kPhaseStageSlot": (7, "a down tile waiting for the owners to pull minibatch {index}'s "
-                           "staged rows (pull combine)"),
-}
-BWD_DIR_PHASES = {
-    "kPhaseDyPushSlot": (8, "a push-reverse-combine comm CTA waiting for a peer's minibatch "
-                            "{index} to free its dy ring slot"),
-    "kPhaseDyLanded": (9, "a dgrad tile waiting for every owner to push minibatch {index}'s dy "
-                          "(push reverse-combine)"),
-    "kPhaseDxReady": (10, "a pull-reverse-dispatch comm CTA waiting for a peer's minibatch "
-                          "{index} to leave its dx GEMM"),
-    "kPhaseDxStageSlot": (20, "a dx tile waiting for the owners to pull minibatch {index}'s "
-                              "staged dx rows (pull reverse-dispatch)"),
-}
-PHASES = {**FWD_PHASES, **FWD_DIR_PHASES, **BWD_PHASES, **BWD_DIR_PHASES}
+PHASES = {**FWD_PHASES, **BWD_PHASES}
 BARRIER_PHASE = (100, "the rank barrier, waiting for peer rank {index}")  # sync.cuh barrier
 
 
@@ -194,53 +161,44 @@ def profile_mask(names) -> int:
     return sum(PROFILES[n][1] for n in names)
 
 
-_FORMAT = {"ptr": "Q", "ptrs": "Q", "u64": "Q", "i32": "i"}
+_FORMAT = {"ptr": "Q", "u64": "Q", "i32": "i"}
 
 
-def layout(fields, ranks: int = 1) -> tuple[dict, int]:
+def layout(fields) -> tuple[dict, int]:
     """{field: byte offset} and the struct's size under the C ABI (natural alignment,
-    size rounded up to the largest member's alignment); "ptrs" fields hold `ranks` pointers."""
+    size rounded up to the largest member's alignment)."""
     offsets, off, align = {}, 0, 1
     for name, kind in fields:
         size = struct.calcsize(_FORMAT[kind])
         off = -(-off // size) * size
         offsets[name] = off
-        off += size * (ranks if kind == "ptrs" else 1)
+        off += size
         align = max(align, size)
     return offsets, -(-off // align) * align
 
 
-def pack(fields, ranks: int = 1, **values) -> bytes:
+def pack(fields, **values) -> bytes:
     """The struct's bytes from field values by name; a pointer may be given as a tensor or
-    None (a null pointer), a "ptrs" field as `ranks` of them."""
-    packer, names = _packer(tuple(fields), ranks)
+    None (a null pointer)."""
+    packer, names = _packer(tuple(fields))
     if values.keys() != names:
         missing, unknown = names - set(values), set(values) - names
         raise ValueError(f"struct fields missing {sorted(missing)}, unknown {sorted(unknown)}")
     ptr = lambda v: v if isinstance(v, int) else 0 if v is None else v.data_ptr()  # noqa: E731
-    flat = []
-    for name, kind in fields:
-        v = values[name]
-        if kind == "ptrs":
-            if len(v) != ranks:
-                raise ValueError(f"struct field {name} needs {ranks} pointers, got {len(v)}")
-            flat.extend(map(ptr, v))
-        else:
-            flat.append(ptr(v) if kind == "ptr" else v)
-    return packer.pack(*flat)
+    return packer.pack(*(ptr(values[name]) if kind == "ptr" else values[name]
+                         for name, kind in fields))
 
 
 @functools.lru_cache(maxsize=None)
-def _packer(fields: tuple, ranks: int) -> tuple[struct.Struct, frozenset]:
+def _packer(fields: tuple) -> tuple[struct.Struct, frozenset]:
     """`layout` as one compiled struct.Struct (explicit pad bytes, zeros) and the field names:
     a call's two structs are packed on the host's critical path (pack_into with the layout
     recomputed takes ~65 us a struct)."""
-    offsets, size = layout(fields, ranks)
+    offsets, size = layout(fields)
     fmt, at = "<", 0
     for name, kind in fields:
-        count = ranks if kind == "ptrs" else 1
-        fmt += f"{offsets[name] - at}x{count}{_FORMAT[kind]}"
-        at = offsets[name] + count * struct.calcsize(_FORMAT[kind])
+        fmt += f"{offsets[name] - at}x{_FORMAT[kind]}"
+        at = offsets[name] + struct.calcsize(_FORMAT[kind])
     return struct.Struct(fmt + f"{size - at}x"), frozenset(n for n, _ in fields)
 
 

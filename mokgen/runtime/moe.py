@@ -5,9 +5,9 @@ Knows nothing of plans or passes: it gets a `LayerSpec` (plain sizes) and the ve
 (bytes; build.py checked their hashes).
 Ranks: `virtual=True` hosts all R ranks on this GPU (their kernels run one after another on
 the stream; the paper's directions leave the forward megakernel no cross-rank waits, so this
-is the whole EP protocol on one GPU; the other directions wait on peers inside it, so their
-R megakernels run side by side, each on its plan's share of the SMs); otherwise this process
-is one rank and peers come from symmetric memory.
+is the whole EP protocol on one GPU; a plan that leaves room for all R megakernels at once
+runs them side by side); otherwise this process is one rank and peers come from symmetric
+memory.
 """
 from __future__ import annotations
 
@@ -65,15 +65,8 @@ class ForwardRuntime:
         self.watchdog_s = watchdog_s
         for m in (pro, fwd):
             self.adopt_module(m)
-        if virtual and spec.peer_directions and spec.ep * self.fwd_ctas > self.num_sms:
-            raise ValueError(
-                f"dispatch={spec.dispatch!r} combine={spec.combine!r} on {spec.ep} virtual ranks "
-                f"runs their megakernels side by side: the plan may launch at most "
-                f"{self.num_sms // spec.ep} CTAs each, it launches {self.fwd_ctas} (compile with "
-                f"reserve_sms={self.num_sms - self.num_sms // spec.ep}, or use real ranks)")
         # Virtual ranks whose plan leaves room for all R megakernels at once (reserve_sms)
-        # run them side by side, whatever the directions, so that directions compare like
-        # with like.
+        # run them side by side, as real ranks would.
         self.side_by_side_ranks = virtual and spec.ep > 1 and \
             spec.ep * self.fwd_ctas <= self.num_sms
         self._side_streams = None
@@ -110,7 +103,7 @@ class ForwardRuntime:
         then sees any element the kernels skip."""
         for b in self.ranks:
             for t in (b.combine, b.ring_x, b.ring_a, b.ring_h, b.h_shared, b.hs_pre,
-                      b.y_shared, b.row_weight, b.stage):
+                      b.y_shared, b.row_weight):
                 if t is not None:
                     t.fill_(float("nan"))
             b.table.fill_(-2)
@@ -208,19 +201,15 @@ class ForwardRuntime:
         x_ptrs = self.peer_rows(xs)  # staged before the barrier: peers read it after
         for i in hosted:
             self.ranks[i].counters.zero_()
-            if self.spec.peer_directions:  # before the barrier: peers count into them
-                self.ranks[i].xflags.zero_()
             self.quantize_x(i, xs[i])
             if routes is None:
                 self.route(i, logits[i], n)
             else:
                 self.route_given(i, *routes[i], n)
         self.peers.barrier(self._launch_barrier)
-        if self.spec.peer_directions or self.side_by_side_ranks:
-            # peers read every schedule while the megakernels run
+        if self.side_by_side_ranks:
             for i in hosted:
                 self.schedule(i, n)
-            self.peers.barrier(self._launch_barrier)
             self.side_by_side(hosted, lambda i: self.experts(
                 i, xs[i], x_ptrs, w1s[i], w2s[i], shared_w1, shared_w2, save,
                 kept and kept[i]))
@@ -272,10 +261,6 @@ class ForwardRuntime:
         EP deployment that benchmarks time on one GPU. keep_h plans with save keep the call's
         h in `slice_kept` (a new KeptActivations each call, as a differentiable call makes),
         which backward_rank reads."""
-        if self.spec.peer_directions:
-            raise ValueError(f"dispatch={self.spec.dispatch!r} combine={self.spec.combine!r}: "
-                             f"a rank's megakernel waits on its peers' running at once, so one "
-                             f"rank cannot run alone; time the whole call (forward)")
         n = xs[0].shape[0]
         # keep_h plans: the slice's kept activations, which its backward_rank then reads
         self.slice_kept = self.new_kept(n)[i] if self.spec.keep_h and save else None
@@ -373,16 +358,9 @@ class ForwardRuntime:
                         hs_pre=hs_pre if save and not s.scale_block else None,
                         y_shared=b.y_shared, counters=b.counters, **fp8_fields, n_tokens=n,
                         max_minibatches=s.max_minibatches, rank=self.peers.hosted_ranks[i])
-        dirs = [self.dir_peers()] if s.peer_directions else []
         cuda.launch(self.f_fwd, self.fwd_ctas, 384, self.fwd_smem, self._stream(),
-                    [maps[k] for k in abi.FWD_MAPS] + [f8, peer_table, cuda.Raw(bufs)] + dirs,
+                    [maps[k] for k in abi.FWD_MAPS] + [f8, peer_table, cuda.Raw(bufs)],
                     cooperative=True, cluster=self.fwd_cluster)
-
-    def dir_peers(self) -> cuda.Raw:
-        """The non-default directions' DirPeers<R> (by value): every rank's buffers they
-        reach (runtime/abi.py FWD_DIR_PEERS, peers.DIR_KINDS)."""
-        return cuda.Raw(abi.pack(abi.FWD_DIR_PEERS, ranks=self.spec.ep,
-                                 **{k: self.peers.ptrs[k] for k, _ in abi.FWD_DIR_PEERS}))
 
     def _fp8_operands(self, b, w1, w2):
         """The fp8 forward's Fp8Maps (by value) and its FwdBuffers fields; zero maps and

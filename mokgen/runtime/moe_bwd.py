@@ -10,10 +10,8 @@ the same. keep_h plans replay nothing: each call's forward left its h (and the s
 expert's activations) in buffers of its own (workspace.py KeptActivations), which the
 backward is handed; it re-schedules where the tables were rewritten and pulls x.
 
-Virtual ranks run their backward megakernels one after another, except when the backward
-moves rows the non-default way (push reverse-combine, pull reverse-dispatch: their kernels
-wait on each other) or the plan leaves room for all of them at once (reserve_sms): then side
-by side, each rank with its own scratch.
+Virtual ranks run their backward megakernels one after another, except where the plan leaves
+room for all of them at once (reserve_sms): then side by side, each rank with its own scratch.
 """
 from __future__ import annotations
 
@@ -69,17 +67,9 @@ class BackwardPass(BackwardScratch):
                                "differently")
         self.ctas = max(k.ctas for k in (self.kernel, self.resident_kernel) if k)
         s, virtual = rt.spec, rt.peers.virtual
-        if virtual and s.bwd_peer_directions and s.ep * self.ctas > rt.num_sms:
-            raise ValueError(
-                f"reverse_combine={s.reverse_combine!r} reverse_dispatch={s.reverse_dispatch!r} "
-                f"on {s.ep} virtual ranks runs their backward megakernels side by side: the plan "
-                f"may launch at most {rt.num_sms // s.ep} CTAs each, it launches {self.ctas} "
-                f"(compile with reserve_sms={rt.num_sms - rt.num_sms // s.ep}, or use real "
-                f"ranks)")
-        # side by side (above, or because the plan leaves room: the directions ablation
-        # compares like with like), each hosted rank needs scratch of its own
-        self.side_by_side = s.bwd_peer_directions or (
-            virtual and s.ep > 1 and s.ep * self.ctas <= rt.num_sms)
+        # side by side where the plan leaves room, as real ranks run: each hosted rank needs
+        # scratch of its own
+        self.side_by_side = virtual and s.ep > 1 and s.ep * self.ctas <= rt.num_sms
         self.scratch = [self] + [BackwardScratch(s, rt.dev,
                                                  backward_ring_dy(s, rt.peers.local(i)))
                                  for i in hosted[1:]] if self.side_by_side else \
@@ -121,8 +111,6 @@ class BackwardPass(BackwardScratch):
                 sc.ring_sdh.fill_(float("nan"))
         for b in self.rt.ranks:
             b.dweight.fill_(float("nan"))
-            if self.rt.spec.bwd_peer_directions:  # pull reverse-dispatch stages dx there
-                b.stage.fill_(float("nan"))
 
     # ------------------------------------------------------------------ the call
     def backward(self, dys, xs, w1s, w2s, shared_w1, shared_w2, routes, generation,
@@ -156,15 +144,10 @@ class BackwardPass(BackwardScratch):
         if not tables:  # the tables were rewritten since: rebuild them from the routes
             for i in hosted:
                 rt.route_given(i, *routes[i], n)
-        if s.bwd_peer_directions:  # before the barrier: peers count into them
-            for i in hosted:
-                rt.ranks[i].xflags.zero_()
         rt.peers.barrier(rt._launch_barrier)
         if not tables:  # (the same layout as the forward's: Algorithm 1 is deterministic)
             for i in hosted:
                 rt.schedule(i, n)
-        if s.bwd_peer_directions:  # peers read every schedule while the megakernels run
-            rt.peers.barrier(rt._launch_barrier)
         if accumulate is not None:
             _check_accumulate(accumulate, w1s, w2s)
             dw1s, dw2s = [a[0] for a in accumulate], [a[1] for a in accumulate]
@@ -194,11 +177,6 @@ class BackwardPass(BackwardScratch):
         call: the per-rank slice that benchmarks time. `accumulate`: rank i's (dw1, dw2) to
         add the expert weight gradients into, as backward's. -> (dx, dw1, dw2, dsw1, dsw2)."""
         rt, n = self.rt, xs[0].shape[0]
-        if rt.spec.bwd_peer_directions:
-            raise ValueError(f"reverse_combine={rt.spec.reverse_combine!r} reverse_dispatch="
-                             f"{rt.spec.reverse_dispatch!r}: a rank's backward megakernel "
-                             f"waits on its peers' running at once, so one rank cannot run "
-                             f"alone; time the whole call (backward)")
         # keep_h plans: the forward_rank's own kept h, with x still in the ring (resident 2)
         kept = rt.slice_kept if rt.spec.keep_h else None
         if rt.spec.keep_h and (not rt.saved or kept is None):
@@ -288,17 +266,9 @@ class BackwardPass(BackwardScratch):
             max_minibatches=s.max_minibatches, rank=rt.peers.hosted_ranks[i],
             resident=int(resident), accumulate=int(accumulate),
             wg_by_minibatch=int(s.wg_by_minibatch), wgrad_tma=int(tma))
-        dirs = [self.dir_peers()] if s.bwd_peer_directions else []
         cuda.launch(k.function, k.ctas, 384, k.smem, st,
-                    [cuda.Raw(maps_raw), f8, cuda.Raw(peers), cuda.Raw(bufs)] + dirs,
+                    [cuda.Raw(maps_raw), f8, cuda.Raw(peers), cuda.Raw(bufs)],
                     cooperative=True)
-
-    def dir_peers(self) -> cuda.Raw:
-        """The backward's non-default directions' BwdDirPeers<R> (by value): every rank's
-        buffers they reach (runtime/abi.py BWD_DIR_PEERS, peers.BWD_DIR_KINDS)."""
-        rt = self.rt
-        return cuda.Raw(abi.pack(abi.BWD_DIR_PEERS, ranks=rt.spec.ep,
-                                 **{k: rt.peers.ptrs[k] for k, _ in abi.BWD_DIR_PEERS}))
 
     def _fp8_operands(self, b, sc, w1, w2):
         """The fp8 backward's Fp8BwdMaps (by value) and its BwdBuffers fields; zero maps and

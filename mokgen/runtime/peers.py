@@ -13,43 +13,14 @@ import struct
 
 import torch
 
-from mokgen.runtime.abi import XFLAG_WORDS  # cross-rank words per minibatch (direction.cuh)
-
 KINDS = ("routes", "weights", "combine", "x", "dy", "dweight", "flags", "xq")
 STAGED = ("x", "dy")  # callers' tensors, staged in symmetric memory by real ranks only
-# Buffers the forward's non-default directions (push dispatch, pull combine: direction.cuh)
-# reach on peers; only layers with such a direction have them (`LayerSpec.peer_directions`).
-DIR_KINDS = ("xflags", "ring_x", "table", "meta", "stage")
-# The backward's (push reverse-combine, pull reverse-dispatch: direction_bwd.cuh), likewise
-# (`LayerSpec.bwd_peer_directions`); the flags, schedule and staging rows are the same buffers.
-BWD_DIR_KINDS = ("xflags", "ring_dy", "table", "meta", "stage", "stage_dw")
-
-
-def dir_kinds(spec) -> tuple:
-    """The direction buffers this layer's kernels reach on peers, each once."""
-    out = (DIR_KINDS if spec.peer_directions else ()) + \
-        (BWD_DIR_KINDS if spec.bwd_peer_directions else ())
-    return tuple(dict.fromkeys(out))
-
-
-def kinds(spec) -> tuple:
-    return KINDS + dir_kinds(spec)
 
 
 def peer_shapes(spec) -> dict:
     """kind -> (shape, dtype) of one rank's peer buffers."""
     R, N, K = spec.ep, spec.tokens_per_rank, spec.topk
-    M = spec.macrobatch
-    # staging rows: unread unless something pulls from them
-    stage = M if spec.combine == "pull" or spec.reverse_dispatch == "pull" else 1
-    every = {"xflags": ((XFLAG_WORDS * spec.max_minibatches,), torch.int32),
-             "ring_x": ((M, spec.hidden), torch.bfloat16),
-             "ring_dy": ((M, spec.hidden), torch.bfloat16),
-             "table": ((spec.max_rows, 2), torch.int32), "meta": ((4,), torch.int32),
-             "stage": ((stage, spec.hidden), torch.bfloat16),
-             "stage_dw": ((M if spec.reverse_dispatch == "pull" else 1,), torch.float32)}
-    out = {k: every[k] for k in dir_kinds(spec)}
-    return {**out, "routes": ((R, N * K), torch.int32), "weights": ((R, N * K), torch.float32),
+    return {"routes": ((R, N * K), torch.int32), "weights": ((R, N * K), torch.float32),
             "combine": ((combine_rows(spec), spec.hidden), torch.bfloat16),
             "x": ((N, spec.hidden), torch.bfloat16), "dy": ((N, spec.hidden), torch.bfloat16),
             "dweight": ((N * K,), torch.float32), "flags": ((R,), torch.int32),
@@ -78,7 +49,7 @@ class PeerSet:
         if virtual:  # callers' x tensors are read in place: no staging buffers for x
             self.hosted_ranks = list(range(spec.ep))
             self.bufs = {k: [torch.empty(*shapes[k][0], dtype=shapes[k][1], device=dev)
-                             for _ in self.hosted_ranks] for k in kinds(spec) if k not in STAGED}
+                             for _ in self.hosted_ranks] for k in KINDS if k not in STAGED}
             self.ptrs = {k: [t.data_ptr() for t in v] for k, v in self.bufs.items()}
             for t in self.bufs["flags"]:  # barrier epochs start at 0 (used by tests here)
                 t.zero_()
@@ -92,7 +63,7 @@ class PeerSet:
                              f"({dist.get_world_size(group)}) unless virtual=True")
         self.hosted_ranks = [dist.get_rank(group)]
         self.bufs, self.ptrs, self._handles = {}, {}, []
-        for k in kinds(spec):
+        for k in KINDS:
             t = symm.empty(*shapes[k][0], dtype=shapes[k][1], device=dev)
             if k == "flags":
                 t.zero_()

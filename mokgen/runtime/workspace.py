@@ -42,9 +42,11 @@ class LayerSpec:
     comm_sms_bwd: int = 0
     scale_block: int = 0  # routed experts in fp8: elements per scale along K (128 or 32)
     block_n: int = 256  # the backward's GEMM tile N: plan.gemm_bwd.bn (checked against the cubin)
-    dispatch: str = "pull"  # the forward's comm directions (the cubin is built for them)
+    # the comm ops' directions (the cubin is built for them): the paper's, or the ways that
+    # move nothing (mokgen/compiler/limits.py GATHER, RING)
+    dispatch: str = "pull"
     combine: str = "push"
-    reverse_combine: str = "pull"  # the backward's
+    reverse_combine: str = "pull"
     reverse_dispatch: str = "push"
     # the backward's x ring as a window of this many minibatch slots (passes/x_window.py,
     # FwdConsts XSLOTS); 0: the ring's own
@@ -66,19 +68,6 @@ class LayerSpec:
         (peers.combine_rows): the forward is done with those once it summed them, and the
         backward writes none (its dx sum gathers the ring's rows)."""
         return self.reverse_dispatch == "ring"
-
-    @property
-    def peer_directions(self) -> bool:
-        """Whether the forward moves rows the non-default way (direction.cuh): then its
-        megakernel reads peers' schedules, rings and flags while they run, so the ranks'
-        megakernels must run at once (virtual ranks: side by side on one GPU)."""
-        return self.dispatch == "push" or self.combine == "pull"
-
-    @property
-    def bwd_peer_directions(self) -> bool:
-        """Whether the backward moves rows the non-default way (direction_bwd.cuh): then, as
-        above, its ranks' megakernels wait on each other and must run at once."""
-        return self.reverse_combine == "push" or self.reverse_dispatch == "pull"
 
     @property
     def x_rows(self) -> int:
@@ -137,15 +126,12 @@ class RankBuffers:
         self.chunk_counts = torch.empty(R * sched_chunks(N * K) * L, **i32)
         self.counts = torch.empty(R * L, **i32)
         self.offsets = torch.empty(L + 1, **i32)
-        # the non-default directions' peers read the schedule and write the ring: then
-        # these are peer buffers (PeerSet), as are the cross-rank flags and staging rows
-        self.xflags, self.stage = peer.get("xflags"), peer.get("stage")
-        self.meta = peer["meta"] if "meta" in peer else torch.empty(4, **i32)
-        self.table = peer["table"] if "table" in peer else torch.empty(s.max_rows, 2, **i32)
+        self.meta = torch.empty(4, **i32)
+        self.table = torch.empty(s.max_rows, 2, **i32)
         self.row_weight = torch.empty(s.max_rows, dtype=torch.float32, device=dev)
         # None when gathered: the kernels read the caller's x (null pointer, unread)
-        self.ring_x = peer["ring_x"] if "ring_x" in peer else None if s.gather else \
-            torch.empty(s.x_rows, s.hidden, dtype=BF16, device=dev)
+        self.ring_x = None if s.gather else torch.empty(s.x_rows, s.hidden, dtype=BF16,
+                                                        device=dev)
         self.ring_a = torch.empty(s.macrobatch, s.intermediate, dtype=BF16, device=dev)
         # keep_h: none here, each differentiable call's own (KeptActivations)
         self.ring_h = None if s.keep_h else \
@@ -246,8 +232,7 @@ class BackwardScratch:
         s = spec
         M, D, I, L = s.macrobatch, s.hidden, s.intermediate, s.local_experts
         e = dict(dtype=BF16, device=dev)
-        # push reverse-combine: the owners write the dy ring, a peer buffer (PeerSet);
-        # dx rows in it: the combine rows (LayerSpec.dx_ring), given too
+        # dx rows in it: the combine rows (LayerSpec.dx_ring), given
         # gathered: none (the kernels read the caller's dy)
         self.ring_dy = ring_dy if ring_dy is not None else None if s.gather else \
             torch.empty(M, D, **e)
@@ -293,12 +278,9 @@ def backward_counter_words(s: LayerSpec) -> int:
 
 
 def backward_ring_dy(spec: LayerSpec, peer: dict):
-    """The dy ring BackwardScratch gets from one rank's peer buffers `peer`: a peer buffer of
-    its own (push reverse-combine), the combine rows (dx rows in it), or None (its
-    own, or none when gathered)."""
-    if spec.dx_ring:
-        return peer["combine"][: spec.macrobatch]
-    return peer.get("ring_dy")
+    """The dy ring BackwardScratch gets from one rank's peer buffers `peer`: the combine rows
+    (dx rows in it), or None (its own, or none when gathered)."""
+    return peer["combine"][: spec.macrobatch] if spec.dx_ring else None
 
 
 def tensors_of(*things) -> list:

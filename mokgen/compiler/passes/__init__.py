@@ -13,9 +13,9 @@ from mokgen.compiler.passes.x_window import x_window
 # precision sets the bytes per row that the partition and granularity models move;
 # the partition sets the comm bandwidth that granularity's exposed-latency term uses;
 # granularity sizes minibatches in whole GEMM tiles, the ring in whole minibatches;
-# comm_direction prices each direction with all three (SMs, row bytes, minibatches), and the
-# ring holds pull combine's staging rows; dx_rows puts one rank's dx rows in a ring that
-# holds every minibatch; x_window shrinks the backward's x ring where the forward gathers x;
+# comm_direction names the paper's directions, or gathered rows where a direction has no
+# comm CTAs; dx_rows puts one rank's dx rows in a ring that holds every minibatch; x_window
+# shrinks the backward's x ring where the forward gathers x;
 # keep_h, where the ring holds every minibatch, keeps each call's h (and re-picks the backward's
 # comm CTAs for it).
 PASSES = (precision, sm_partition, tiling, granularity, comm_direction, ring, dx_rows, x_window,

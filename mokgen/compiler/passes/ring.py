@@ -18,19 +18,15 @@ from mokgen.compiler.plan import Plan
 
 def ring_row_bytes(plan: Plan) -> int:
     """Bytes one ring row holds: the dispatched x row, the gate/up pre-activation kept for the
-    backward, and the SwiGLU output the down GEMM reads; with pull combine also the weighted
-    down row staged for its owner (direction.cuh), or with pull reverse-dispatch the dx row
-    and its router-weight gradient (direction_bwd.cuh: the same staging rows)."""
+    backward, and the SwiGLU output the down GEMM reads."""
     s, q = plan.shape, plan.scale_block
-    stage = 2 * s.hidden if plan.combine == "pull" or plan.reverse_dispatch == "pull" else 0
-    stage += 4 if plan.reverse_dispatch == "pull" else 0
     if q:  # e4m3 x and SwiGLU output plus fp32 scales (the bf16 rings stay, for the shared path)
         fp8 = s.hidden + 4 * -(-s.hidden // q) + s.intermediate + 4 * -(-s.intermediate // q)
-        return 2 * s.hidden + 2 * (2 * s.intermediate) + 2 * s.intermediate + fp8 + stage
+        return 2 * s.hidden + 2 * (2 * s.intermediate) + 2 * s.intermediate + fp8
     # gathered both ways: x stays in place (a forward that gathers alone leaves the ring's x
     # rows to the backward's comm CTAs)
     x_row = 0 if plan.reverse_combine == GATHER else plan.row_bytes
-    return x_row + 2 * (2 * s.intermediate) + 2 * s.intermediate + stage
+    return x_row + 2 * (2 * s.intermediate) + 2 * s.intermediate
 
 
 def padded_rows(rows: int, experts: int, tile: int) -> int:

@@ -121,9 +121,6 @@ def comm_ctas(plan: Plan, direction: str, sms: int) -> int:
     rate = gpu.fp8_flops if plan.scale_block == 128 else gpu.bf16_flops
     moved, flops = direction_costs(plan, backward=direction == "bwd")
     c = best_comm_sms(moved, flops, gpu, rate, plan.ep, sms)
-    # forced: their own comm CTAs pull the weighted down rows / the dx rows
-    if (plan.combine if direction == "fwd" else plan.reverse_dispatch) == "pull":
-        c = max(c, 2)
     # multicast pairs: a 2-CTA cluster's CTAs take one role (limits.pair_violations)
     if direction == "fwd" and plan.gemm_fwd is not None and plan.gemm_fwd.pair:
         c += c % 2

@@ -39,9 +39,6 @@
 // bitwise reproducible. DG(b-1) leads its block so that a whole DG block lies between DG(u)
 // and the FIN(u) tiles that wait for it (with FIN first they would follow DG(u) at once and
 // wait for it: a tenth of the backward's time on Qwen3).
-// The other directions (FwdConsts::RCPUSH, RDPULL; direction_bwd.cuh): the owners push dy
-// into the ring (the comm CTAs then only replay x, and push their own rank's dy to every
-// rank), and the dx tiles stage their rows for the owners to pull.
 // DXRING (one rank, a ring holding every minibatch: passes/dx_rows.py): the routed DX tiles
 // leave FIN for a last block of their own, and each writes its rows over its own dy rows in
 // the ring once its expert's dW2 tiles (wg2_done) and its row tile's DG tiles have read them;
@@ -54,7 +51,6 @@
 #pragma once
 #include <cuda_bf16.h>
 #include "mokgen/combine.cuh"
-#include "mokgen/direction_bwd.cuh"
 #include "mokgen/fp8.cuh"
 #include "mokgen/gemm_tile.cuh"
 #include "mokgen/moe_fwd.cuh"
@@ -319,7 +315,6 @@ struct BwdProblem {
   const BwdPeers<C::R>* peers;
   const BwdBuffers* buf;
   S s;
-  const BwdDirPeers<C::R>* dir = nullptr;  // the non-default directions' peers (C::BDIRS)
   uint8_t* stage = nullptr;  // Cfg::EPI_BYTES of shared memory: the weight gradients' boxes
   // The producer's last segment whose rows' dgrad counts it has seen complete (wgrad): a
   // CTA takes many tiles of one segment in a row (WT a segment against ~132 CTAs), and the
@@ -513,7 +508,7 @@ struct BwdProblem {
   // ---------------------------------------------------------------- routed minibatch m
   MOKGEN_DEV bool wait_ready(int m, int phase) const {
     if constexpr (C::GATHER) return true;  // no comm CTAs: x and dy are there from the start
-    if (!wait_at_least(ready() + m, head_ready<C::BWD_HEAD, C::CD>(m == 0), buf->rank, phase, m))
+    if (!wait_at_least(ready() + m, head_ready<C::BWD_HEAD, C::COMM>(m == 0), buf->rank, phase, m))
       return false;
     fence_proxy_async_global();
     return true;
@@ -534,12 +529,6 @@ struct BwdProblem {
     const int rt_n = s.row_tiles(m), rt = i % rt_n, n0 = (i / rt_n) * BN;
     const int p0 = m * C::B + rt * BM, e = expert_of(p0);
     if (!wait_ready(m, kPhaseDgrad)) return stop_task();
-    if constexpr (C::RCPUSH) {  // every owner's dy comm CTAs pushed their rows
-      if (!wait_at_least<true>(bxflag(dir->xflags[buf->rank], buf->max_minibatches, kXDyLanded,
-                                      m), C::R * C::CD, buf->rank, kPhaseDyLanded, m))
-        return stop_task();
-      fence_proxy_async_global();  // the owners' plain stores, read through TMA
-    }
     if (s.replayed(m)) {
       if (!wait_at_least(r_done() + m * S::RT_FULL + rt, S::GU_N, buf->rank, kPhaseDgrad, m))
         return stop_task();
@@ -564,13 +553,6 @@ struct BwdProblem {
     constexpr bool kWaitWg2 = C::DXRING && (Cfg::PROF & kProfNoRoutedWgrad) == 0;
     if (kWaitWg2 && !wait_at_least(wg2_done() + e, S::W2T, buf->rank, kPhaseDxRing, e))
       return stop_task();
-    if constexpr (C::RDPULL) {  // the staging slot's previous rows: pulled by every owner
-      if (m >= C::SLOTS &&
-          !wait_at_least<true>(bxflag(dir->xflags[buf->rank], buf->max_minibatches, kXDxPulled,
-                                      m - C::SLOTS), C::R * C::CC, buf->rank, kPhaseDxStageSlot,
-                               m - C::SLOTS))
-        return stop_task();
-    }
     fence_proxy_async_global();
     if (C::Q > 0)  // B = W1^T [L*PD, 2PI], K-major; A = dh [rows, 2PI]
       return Task{kDx | kF8 | half_bit<C::D, BN>(n0), s.slot_row(m) + rt * BM, e * C::PD + n0,
@@ -1037,10 +1019,6 @@ struct BwdProblem {
             MOKGEN_OK(src.x < C::R && src.y < buf->n_tokens * C::K && p < s.rows, 22, src.x, p);
         if constexpr (C::DXRING)  // over its own dy row, which DG and dW2 are done with
           dst[h] = ok ? buf->ring_dy + (size_t)(t.a_row0 + r) * C::D + t.c_col0 : nullptr;
-        else if constexpr (C::RDPULL)  // staged; its owner pulls it (direction_bwd.cuh)
-          dst[h] = ok ? dir->stage[buf->rank] +
-                            (size_t)stage_row<C::B, C::SLOTS>(p) * C::D + t.c_col0
-                      : nullptr;
         else
           dst[h] = ok ? peers->dx[src.x] + (size_t)src.y * C::D + t.c_col0 : nullptr;
       }
@@ -1056,8 +1034,7 @@ struct BwdProblem {
           float sum = 0.f;
 #pragma unroll
           for (int j = 0; j < S::DG_N; ++j) sum += __ldcg(buf->dw_part + (size_t)p * S::DG_N + j);
-          if constexpr (C::RDPULL) dir->stage_dw[buf->rank][stage_row<C::B, C::SLOTS>(p)] = sum;
-          else peers->dweight[src.x][src.y] = sum;
+          peers->dweight[src.x][src.y] = sum;
         }
       }
     } else {
@@ -1081,8 +1058,6 @@ struct BwdProblem {
         // (bwd_comm_minibatch), the only reader: where the ring holds every minibatch none
         // comes, and the fence would hold the consumer warp for the dx stores' drain
         if (buf->max_minibatches > C::SLOTS) signal_add(fin_done() + m);
-        if constexpr (C::RDPULL)  // the owners poll it
-          signal_add_sys(bxflag(dir->xflags[buf->rank], buf->max_minibatches, kXDxDone, m));
         break;
       case kWgrad2: case kWgrad1: {
         const int tt = op == kWgrad2
@@ -1145,7 +1120,7 @@ MOKGEN_DEV void bwd_pull_minibatch(const BwdPeers<C::R>& peers, const BwdBuffers
                           nullptr, nullptr, Sink{buf.ring_dy8, buf.ring_sdy});
   } else {
     constexpr int VEC = C::D / 8;
-    if constexpr (C::XPULL && !C::RCPUSH && VEC % 32 == 0 && (VEC % 256 == 0 || VEC < 256)) {
+    if constexpr (C::XPULL && VEC % 32 == 0 && (VEC % 256 == 0 || VEC < 256)) {
       if (buf.resident > 1)  // the ring holds this call's x too (keep_h): dy alone
         pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker,
                               workers);
@@ -1158,8 +1133,7 @@ MOKGEN_DEV void bwd_pull_minibatch(const BwdPeers<C::R>& peers, const BwdBuffers
                               workers);
       else if (C::XPULL ? buf.resident < 2 || s.replayed(m) : s.replayed(m))
         pull_rows<C::D, C::K>(buf.table, peers.x, buf.ring_x, p0, p1, ring0, worker, workers);
-      if constexpr (!C::RCPUSH)
-        pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker, workers);
+      pull_rows<C::D, C::K>(buf.table, peers.dy, buf.ring_dy, p0, p1, ring0, worker, workers);
     }
   }
   fence_proxy_async_global();
@@ -1181,9 +1155,9 @@ MOKGEN_DEV void bwd_head_pull(const BwdPeers<C::R>& peers, const BwdBuffers& buf
   }
 }
 
-// One minibatch of a comm CTA's own rank: wait for its ring slot (and, with push
-// reverse-combine, tell the owners it is free), pull its rows (bwd_pull_minibatch; minibatch
-// 0 every CTA pulled already: bwd_head_pull), publish. false: the watchdog fired.
+// One minibatch of a comm CTA's own rank: wait for its ring slot, pull its rows
+// (bwd_pull_minibatch; minibatch 0 every CTA pulled already: bwd_head_pull), publish.
+// false: the watchdog fired.
 // XWIN: minibatch prev's x rows are read by its replay tiles and by the dW1 tiles of every
 // expert with rows in it, which wait for its dgrad (and that for its replay): its window slot
 // may be refilled once each of those experts' dW1 tiles is done. An expert has at most N rows
@@ -1207,8 +1181,7 @@ MOKGEN_DEV bool wait_x_slot(const BwdBuffers& buf, const S& s, int prev,
 template <class C, class S>
 MOKGEN_DEV bool bwd_comm_minibatch(const BwdPeers<C::R>& peers, const BwdBuffers& buf,
                                    const S& s, int m, int worker, int workers,
-                                   uint32_t* fin_done, uint32_t* ready, uint32_t* wg1_done,
-                                   const BwdDirPeers<C::R>* dir) {
+                                   uint32_t* fin_done, uint32_t* ready, uint32_t* wg1_done) {
   __shared__ int go;
   if (C::BWD_HEAD && m == 0) return true;
   if (C::XWIN && m >= C::XSLOTS) {  // the x window's slot: its minibatch's dW1 tiles are done
@@ -1218,13 +1191,9 @@ MOKGEN_DEV bool bwd_comm_minibatch(const BwdPeers<C::R>& peers, const BwdBuffers
   }
   if (m >= C::SLOTS) {  // the slot's previous minibatch must be finished (DX and WG)
     const int prev = m - C::SLOTS;
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0)
       go = wait_at_least(fin_done + prev, s.fin_size(prev + 1), buf.rank, kPhaseBwdRingSlot,
                          prev);
-      if constexpr (C::RCPUSH)  // the owners' pushes of minibatch m may now land
-        if (go) signal_add_sys(bxflag(dir->xflags[buf.rank], buf.max_minibatches, kXSlotFree,
-                                      prev));
-    }
     __syncthreads();
     if (!go) return false;
   }
@@ -1234,43 +1203,22 @@ MOKGEN_DEV bool bwd_comm_minibatch(const BwdPeers<C::R>& peers, const BwdBuffers
 }
 
 // Comm CTA: per minibatch in backward order, free its ring slot, replay-pull x if the ring
-// lost it, pull dy, publish. With the other directions (direction_bwd.cuh): the CTAs
-// [CD, COMM) pull this rank's dx rows instead; with push reverse-combine the CTAs [0, CD)
-// publish the freed slot to the owners instead of pulling dy, and push this rank's dy rows
-// to every rank, minibatch by minibatch (every rank's: the loop runs to the longest schedule).
-// Returns whether every minibatch was done (false: the watchdog fired, or the dx-pulling role
-// ran): bwd_comm_join's condition.
+// lost it, pull dy, publish. Returns whether every minibatch was done (false: the watchdog
+// fired): bwd_comm_join's condition.
 template <class C, class Cfg>
-MOKGEN_DEV bool bwd_comm(const BwdPeers<C::R>& peers, const BwdBuffers& buf,
-                         const BwdDirPeers<C::R>* dir = nullptr) {
+MOKGEN_DEV bool bwd_comm(const BwdPeers<C::R>& peers, const BwdBuffers& buf) {
   using S = BwdSchedule<C, Cfg>;
-  if constexpr (C::RDPULL) {
-    if (blockIdx.x >= C::CD) {
-      bwd_pull_dx<C, S>(*dir, peers.dx[buf.rank], peers.dweight[buf.rank], buf.rank,
-                        buf.max_minibatches, blockIdx.x - C::CD);
-      return false;
-    }
-  }
   S s;
   s.init(buf.meta[0], buf.n_tokens, buf.resident, buf.seg_start);
   uint32_t* ready = buf.counters + 1;  // counter layout: BwdProblem
   uint32_t* fin_done = ready + buf.max_minibatches * (1 + 2 * S::RT_FULL);
   uint32_t* wg1_done = C::XWIN ? BwdProblem<C, Cfg>::wg1_done_of(buf) : nullptr;
   const int warps = blockDim.x / 32;
-  const int worker = blockIdx.x * warps + threadIdx.x / 32, workers = C::CD * warps;
-  int nm = s.nm;
-  if constexpr (C::RCPUSH) nm = max_minibatches_of<C::R, C::B>(dir->meta);
-  for (int m = 0; m < nm; ++m) {
-    if (m < s.nm && !bwd_comm_minibatch<C, S>(peers, buf, s, m, worker, workers, fin_done,
-                                              ready, wg1_done, dir))
+  const int worker = blockIdx.x * warps + threadIdx.x / 32, workers = C::COMM * warps;
+  for (int m = 0; m < s.nm; ++m)
+    if (!bwd_comm_minibatch<C, S>(peers, buf, s, m, worker, workers, fin_done, ready,
+                                  wg1_done))
       return false;
-    // after this rank's own part: the pushes wait for the slot that part frees here
-    if constexpr (C::RCPUSH) {
-      if (!push_dy_minibatch<C, S>(*dir, peers.dy[buf.rank], buf.rank, buf.max_minibatches, m,
-                                   worker, workers))
-        return false;
-    }
-  }
   return true;
 }
 
@@ -1280,11 +1228,10 @@ MOKGEN_DEV bool bwd_comm(const BwdPeers<C::R>& peers, const BwdBuffers& buf,
 // 14% of the SMs) and, the ring holding every minibatch, never wait on the compute; they are
 // done with their pulls long before the last tile. A joined CTA takes tasks from the same
 // atomic list as the others (BwdProblem::next_task), after its last pull: every task it
-// waits on is earlier in the list or a pull, which progress without it. The default
-// directions only. (Kernels whose few comm CTAs pull dy alone do not join: there joining
-// measured neutral.)
+// waits on is earlier in the list or a pull, which progress without it. (Kernels whose few
+// comm CTAs pull dy alone do not join: there joining measured neutral.)
 template <class C>
-constexpr bool kCommJoins = C::XPULL && !C::XWIN && !C::BDIRS;
+constexpr bool kCommJoins = C::XPULL && !C::XWIN;
 
 // bwd_comm outlined for the joining kernels: inlined, ptxas keeps values of the comm code and
 // of the compute's setup live across both roles and spills.

@@ -18,7 +18,6 @@
 #pragma once
 #include <cuda_bf16.h>
 #include "mokgen/combine.cuh"
-#include "mokgen/direction.cuh"
 #include "mokgen/fp8.cuh"
 #include "mokgen/gemm_tile.cuh"
 #include "mokgen/sync.cuh"
@@ -32,16 +31,14 @@ enum FwdPhase : int { kPhaseSharedDown = 1, kPhaseGateUp = 2, kPhaseDown = 3, kP
 
 // Plan constants. B = minibatch rows, SLOTS = ring slots (ring rows = B * SLOTS). Q: the
 // routed experts' operands, 0 = bf16, 128 = blockwise fp8, 32 = MXFP8 (fp8.cuh).
-// DPUSH: push dispatch instead of pull; CPULL: pull combine instead of push (direction.cuh).
-// With pull combine the comm CTAs split: [0, CD) dispatch, [CD, COMM) combine (CC of them);
-// otherwise all COMM dispatch (push combine's stores are the down tiles' epilogues).
+// Rows move the paper's way (3.1): the expert rank's comm CTAs pull the x rows it computes
+// on (dispatch), its down tiles' epilogues push each weighted row to its owner (combine); the
+// backward pulls dy (reverse-combine) and pushes dx (reverse-dispatch) alike.
 // PD, PI: D and I as the routed experts' B operands lay them out. fp8: padded to whole 128 x
 // 128 blocks per expert, W1 per gate / up half (runtime/moe.py pad_weight), so every weight
 // tile and blockwise scale starts at a whole block of its expert's part, and dh's halves the
 // same (swiglu_backward_fp8); D and I themselves otherwise (and for every width a multiple of 128).
-// The backward (moe_bwd.cuh) instantiates the same constants with its own directions, RCPUSH:
-// push reverse-combine instead of pull, RDPULL: pull reverse-dispatch instead of push
-// (direction_bwd.cuh); RDPULL splits its comm CTAs like CPULL: [0, CD) dy, [CD, COMM) dx.
+// The backward (moe_bwd.cuh) instantiates the same constants.
 // GATHER: one rank, bf16: no comm CTAs and no x or dy ring; the GEMMs that read x or dy rows
 // gather them from the caller's tensors (gemm_tile.cuh GatherSrc): the forward's gate/up, the
 // backward's replay, dgrad and weight gradients. The ring then holds every minibatch, so a
@@ -59,30 +56,20 @@ enum FwdPhase : int { kPhaseSharedDown = 1, kPhaseGateUp = 2, kPhaseDown = 3, kP
 // (moe_bwd.cuh bwd_comm_minibatch); dW1 reads its x rows through the window's wrap
 // (BwdProblem::b_wrap). 0: the x ring is the ring.
 template <int D_, int I_, int IS_, int K_, int L_, int R_, int B_, int SLOTS_, int COMM_,
-          int Q_ = 0, bool DPUSH_ = false, bool CPULL_ = false, bool RCPUSH_ = false,
-          bool RDPULL_ = false, bool GATHER_ = false, bool XPULL_ = false, bool DXRING_ = false,
+          int Q_ = 0, bool GATHER_ = false, bool XPULL_ = false, bool DXRING_ = false,
           int XSLOTS_ = 0>
 struct FwdConsts {
   static constexpr int D = D_, I = I_, IS = IS_, K = K_, L = L_, R = R_, B = B_, SLOTS = SLOTS_;
   static constexpr int COMM = COMM_, Q = Q_, RING_ROWS = B_ * SLOTS_;
-  static constexpr bool DPUSH = DPUSH_, CPULL = CPULL_, DIRS = DPUSH_ || CPULL_;
-  static constexpr bool RCPUSH = RCPUSH_, RDPULL = RDPULL_, BDIRS = RCPUSH_ || RDPULL_;
-  static constexpr int CC = (CPULL_ || RDPULL_) ? COMM_ / 2 : 0, CD = COMM_ - CC;
-  static_assert(!CPULL_ || CC >= 1, "pull combine needs at least 2 comm CTAs (one to pull)");
-  static_assert(!RDPULL_ || CC >= 1,
-                "pull reverse-dispatch needs at least 2 comm CTAs (one to pull)");
-  static_assert(!DPUSH_ || Q_ == 0, "push dispatch moves bf16 rows only (limits.py)");
-  static_assert(!RCPUSH_ || Q_ == 0, "push reverse-combine moves bf16 rows only (limits.py)");
-  static_assert(!(DIRS && BDIRS), "a kernel is a forward or a backward, not both");
   static constexpr bool GATHER = GATHER_;
-  static_assert(!GATHER_ || (R_ == 1 && Q_ == 0 && COMM_ == 0 && !DIRS && !BDIRS),
-                "gathered rows: one rank, bf16, no comm CTAs, the default directions");
+  static_assert(!GATHER_ || (R_ == 1 && Q_ == 0 && COMM_ == 0),
+                "gathered rows: one rank, bf16, no comm CTAs");
   static constexpr bool XPULL = XPULL_;
-  static_assert(!XPULL_ || (R_ == 1 && Q_ == 0 && COMM_ > 0 && !GATHER_ && !DIRS),
+  static_assert(!XPULL_ || (R_ == 1 && Q_ == 0 && COMM_ > 0 && !GATHER_),
                 "x pulled by the backward: one rank, bf16, comm CTAs, a backward that copies");
   static constexpr bool DXRING = DXRING_;
-  static_assert(!DXRING_ || (R_ == 1 && Q_ == 0 && !DIRS && !BDIRS && !GATHER_),
-                "dx rows in the dy ring: one rank, bf16, a dy ring, the default directions");
+  static_assert(!DXRING_ || (R_ == 1 && Q_ == 0 && !GATHER_),
+                "dx rows in the dy ring: one rank, bf16, a dy ring");
   static constexpr int XSLOTS = XSLOTS_;
   static constexpr bool XWIN = XSLOTS_ > 0 && XSLOTS_ < SLOTS_;
   static constexpr int X_ROWS = B_ * (XWIN ? XSLOTS_ : SLOTS_);  // the x ring's rows
@@ -94,8 +81,8 @@ struct FwdConsts {
   // first ~5% of each direction. Not in the fp8 backward: its comm CTAs quantize what they pull
   // (QuantSink), and that code in every CTA makes ptxas spill in the blockwise kernels
   // (tests/test_codegen.py).
-  static constexpr bool FWD_HEAD = COMM_ > 0 && !DPUSH_;
-  static constexpr bool BWD_HEAD = COMM_ > 0 && !RCPUSH_ && Q_ == 0;
+  static constexpr bool FWD_HEAD = COMM_ > 0;
+  static constexpr bool BWD_HEAD = COMM_ > 0 && Q_ == 0;
   static constexpr int PD = Q_ ? (D_ + 127) / 128 * 128 : D_;
   static constexpr int PI = Q_ ? (I_ + 127) / 128 * 128 : I_;
 };
@@ -249,7 +236,6 @@ struct FwdProblem {
   const PeerTable<C::R>* peers;
   const FwdBuffers* buf;
   S s;
-  const DirPeers<C::R>* dir = nullptr;  // the non-default directions' peers (C::DIRS)
   // K blocks; TMA zero-fills a K tail past the width in both operands
   static constexpr int k_d = ceil_div(C::D, 64), k_i = ceil_div(C::I, 64);
   static constexpr int k_is = ceil_div(C::IS, 64);
@@ -261,13 +247,7 @@ struct FwdProblem {
 
   // Counter arrays, derived where used rather than held: consumer registers are scarce.
   MOKGEN_DEV uint32_t* ready() const { return buf->counters + 1; }
-  // the non-default directions' peers poll this rank's down tiles (direction.cuh xflags)
-  MOKGEN_DEV uint32_t* dn_done() const {
-    if constexpr (C::DIRS)
-      return xflag(dir->xflags[buf->rank], buf->max_minibatches, kXDnDone, 0);
-    return ready() + buf->max_minibatches;
-  }
-  // (the counters' own dn_done words stay in the layout, unused by the non-default directions)
+  MOKGEN_DEV uint32_t* dn_done() const { return ready() + buf->max_minibatches; }
   MOKGEN_DEV uint32_t* gu_done() const { return ready() + 2 * buf->max_minibatches; }
   MOKGEN_DEV uint32_t* sgu_done() const {
     return gu_done() + buf->max_minibatches * S::RT_FULL;
@@ -404,15 +384,9 @@ struct FwdProblem {
     if (gu) {  // gate/up + SwiGLU of one row tile, BN/2 output columns
       const int n0 = nt * (BN / 2);
       if constexpr (WAIT && !C::GATHER) {  // gathered: x is there from the start
-        if constexpr (C::DPUSH) {  // every source rank's dispatch CTAs pushed their rows
-          if (!wait_at_least<true>(xflag(dir->xflags[buf->rank], buf->max_minibatches,
-                                         kXLanded, m), C::R * C::CD, buf->rank, kPhaseGateUp, m))
-            return stop_task();
-        } else if (!wait_at_least(ready() + m,
-                                  head_ready<C::FWD_HEAD, C::CD>(m == s.minibatch_at(0)),
-                                  buf->rank, kPhaseGateUp, m)) {
+        const uint32_t want = head_ready<C::FWD_HEAD, C::COMM>(m == s.minibatch_at(0));
+        if (!wait_at_least(ready() + m, want, buf->rank, kPhaseGateUp, m))
           return stop_task();
-        }
         fence_proxy_async_global();  // ring rows were written by the comm CTAs' plain stores
       }
       return Task{kGateUp | kRouted, slot_row, e * 2 * C::PI + n0, e * 2 * C::PI + C::PI + n0,
@@ -428,14 +402,6 @@ struct FwdProblem {
     if (!wait_at_least(gu_done() + m * S::RT_FULL + rt, S::GU_N, buf->rank, kPhaseDown,
                        m * S::RT_FULL + rt))
       return stop_task();
-    if constexpr (C::CPULL) {  // the staging slot's previous rows: pulled by every owner
-      if (q >= C::SLOTS) {
-        const int prev = s.minibatch_at(q - C::SLOTS);
-        if (!wait_at_least<true>(xflag(dir->xflags[buf->rank], buf->max_minibatches, kXPulled,
-                                       prev), C::R * C::CC, buf->rank, kPhaseStageSlot, prev))
-          return stop_task();
-      }
-    }
     fence_proxy_async_global();
     return down();
   }
@@ -488,12 +454,7 @@ struct FwdProblem {
         const int2 src = buf->table[p];
         const bool ok = src.x >= 0 &&  // padding rows go nowhere
             MOKGEN_OK(src.x < C::R && src.y < buf->n_tokens * C::K && p < s.rows, 5, src.x, p);
-        if constexpr (C::CPULL)  // staged at the row's ring row; its owner pulls it
-          dst[h] = ok ? dir->stage[buf->rank] +
-                            (size_t)(t.a_row0 + 64 * cwg + acc_row(2 * h)) * C::D + t.c_col0
-                      : nullptr;
-        else
-          dst[h] = ok ? peers->combine[src.x] + (size_t)src.y * C::D + t.c_col0 : nullptr;
+        dst[h] = ok ? peers->combine[src.x] + (size_t)src.y * C::D + t.c_col0 : nullptr;
         w[h] = buf->row_weight[p];
       }
       // an edge tile: its columns inside D
@@ -513,8 +474,7 @@ struct FwdProblem {
     else if (op == kGateUp)
       signal_add(gu_done() + (t.c_row0 / C::B) * S::RT_FULL + (t.c_row0 % C::B) / BM);
     else if (op == kDown) {
-      if constexpr (C::DIRS) signal_add_sys(dn_done() + t.c_row0 / C::B);  // peers poll it
-      else if (C::COMM > 0 && buf->max_minibatches > C::SLOTS)
+      if (C::COMM > 0 && buf->max_minibatches > C::SLOTS)
         signal_add(dn_done() + t.c_row0 / C::B);
       // else nothing waits for it: only a comm CTA refilling the minibatch's ring slot reads
       // dn_done (fwd_comm), and a ring that holds every minibatch is never refilled (nor is
@@ -616,25 +576,15 @@ MOKGEN_DEV void fwd_head_pull(const PeerTable<C::R>& peers, const FwdBuffers& bu
   }
 }
 
-// Comm CTA: pull every minibatch into its ring slot, in processing order (or, with the
-// non-default directions, push this rank's rows / pull its combine rows: direction.cuh); the
-// first one every CTA pulled already (fwd_head_pull).
+// Comm CTA: pull every minibatch into its ring slot, in processing order; the first one
+// every CTA pulled already (fwd_head_pull).
 template <class C, class Cfg>
-MOKGEN_DEV void fwd_comm(const PeerTable<C::R>& peers, const FwdBuffers& buf,
-                         const DirPeers<C::R>* dir = nullptr) {
+MOKGEN_DEV void fwd_comm(const PeerTable<C::R>& peers, const FwdBuffers& buf) {
   using S = FwdSchedule<C, Cfg>;
-  if constexpr (C::CPULL) {
-    if (blockIdx.x >= C::CD)
-      return fwd_pull_combine<C, S>(*dir, peers.combine[buf.rank], buf.rank,
-                                    buf.max_minibatches, blockIdx.x - C::CD);
-  }
-  if constexpr (C::DPUSH)
-    return fwd_push_dispatch<C, S>(*dir, peers.x[buf.rank], buf.rank, buf.max_minibatches);
   S s;
   s.init(buf.meta[0], buf.n_tokens);
   uint32_t* ready = buf.counters + 1;
   uint32_t* dn_done = ready + buf.max_minibatches;
-  if constexpr (C::DIRS) dn_done = xflag(dir->xflags[buf.rank], buf.max_minibatches, kXDnDone, 0);
   const int warps = blockDim.x / 32;
   __shared__ int go;
   for (int q = C::FWD_HEAD ? 1 : 0; q < s.nm; ++q) {
@@ -647,7 +597,7 @@ MOKGEN_DEV void fwd_comm(const PeerTable<C::R>& peers, const FwdBuffers& buf,
       if (!go) return;  // the watchdog fired: stop pulling, let the kernel drain
     }
     fwd_pull_minibatch<C>(peers, buf, s, q, blockIdx.x * warps + threadIdx.x / 32,
-                          C::CD * warps);
+                          C::COMM * warps);
     if (threadIdx.x == 0) signal_add(ready + m);
   }
 }
