@@ -140,7 +140,7 @@ def build(kernels: list[Kernel], arch: str = "sm_90a", jobs: int | None = None) 
     # one damaged on disk since (this process or another) is rebuilt, not loaded
     found = {(k.name, key): _load(_folder(k, key)) for k, key in keyed}
     missing = [(k, key) for k, key in keyed if found[(k.name, key)] is None]
-    built = _build_once(missing, arch, jobs) if missing else []
+    built = _build_once(missing, arch, jobs, found) if missing else []
     out = []
     for k, key in keyed:
         loaded = found[(k.name, key)] or _load(_folder(k, key))
@@ -211,11 +211,11 @@ def _lock(stack: contextlib.ExitStack, k: Kernel, key: str, wait: bool) -> bool:
     return True
 
 
-def _build_once(missing, arch: str, jobs: int | None) -> list:
+def _build_once(missing, arch: str, jobs: int | None, found: dict) -> list:
     """Build the kernels no other process is building, then wait for the others' builders
-    and build only what they left unbuilt; -> the (kernel, key) pairs built here. Waits take
-    the locks in key order and a holder never waits while it holds one, so no two processes
-    wait on each other."""
+    and build only what they left unbuilt, putting what they built into `found`; -> the
+    (kernel, key) pairs built here. Waits take the locks in key order and a holder never
+    waits while it holds one, so no two processes wait on each other."""
     with contextlib.ExitStack() as held:
         mine = [(k, key) for k, key in missing if _lock(held, k, key, wait=False)]
         if mine:
@@ -226,7 +226,8 @@ def _build_once(missing, arch: str, jobs: int | None) -> list:
         with contextlib.ExitStack() as held:
             for k, key in theirs:
                 _lock(held, k, key, wait=True)
-            left = [(k, key) for k, key in theirs if _load(_folder(k, key)) is None]
+                found[(k.name, key)] = _load(_folder(k, key))
+            left = [(k, key) for k, key in theirs if found[(k.name, key)] is None]
             if left:
                 _compile(left, arch, jobs)
     return mine + left
