@@ -94,7 +94,7 @@ case $CHUNK in
     cat <<'EOF'
 chunk            carry                     minutes  what
 tests-a          .kcache (tests.pkl)       8-9      GPU tests: memory shapes widths module backward forward trace
-tests-b          .kcache (tests.pkl)       6-8      GPU tests: fp8 reliability prologue directions
+tests-b          .kcache (tests.pkl)       6-8      GPU tests: fp8 reliability prologue side-by-side
 tests-c          .kcache (tests.pkl)       5-7      GPU tests: transformers pair cluster hardware docs
 tests-bc         .kcache (tests.pkl, pack) 6        tests-b and tests-c in one pytest: fits a call where
                                                     the kernels come packed (kernels*.tar.xz)
@@ -240,7 +240,7 @@ EOF
     shift || true
     [ -n "${TESTS:-}" ] && pytest_gpu pytest_torchtitan.log tests/test_torchtitan.py
     DTS=bf16  # the mokgen runs' kernels first, on every core (found at once where packed)
-    for R in "$@"; do case ${R%%:*} in mokgen-*) I=${R%%:*}; DTS=$DTS,${I#mokgen-};; esac; done
+    for R in "$@"; do I=${R%%:*}; I=${I%+graphs}; case $I in mokgen-*) DTS=$DTS,${I#mokgen-};; esac; done
     step prebuild.log 200 python3 benchmarks/torchtitan_train.py prebuild --models "$M" \
       --dtypes "$DTS"
     for R in ${@:-torchtitan:0 torchtitan:1 torchtitan:2 mokgen:0}; do

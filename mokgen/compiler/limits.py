@@ -8,12 +8,7 @@ Kernels that learn edge tiles relax the width rules here and nowhere else.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from mokgen.compiler.ir.ops import GemmConfig
-
-if TYPE_CHECKING:
-    from mokgen.compiler.plan import Plan
 
 # route.cuh: one warp per token, lane l holding the logits of experts l, l + 32, ... and a
 # 32-bit mask of the ones already picked, so 32 * 32 experts at most.
@@ -67,13 +62,13 @@ GEMM_PAIR = (False, True)
 DEFAULT_GEMM = GemmConfig(bm=128, bn=256, stages=4)
 
 
-def _widths(plan: "Plan") -> list[tuple[str, int]]:
+def _widths(plan) -> list[tuple[str, int]]:
     s = plan.shape
     return [("hidden", s.hidden), ("intermediate", s.intermediate)] + \
         ([("shared_intermediate", s.shared_dim)] if s.shared_experts else [])
 
 
-def forward_width_rules(plan: "Plan") -> list[tuple[str, int, int, str]]:
+def forward_width_rules(plan) -> list[tuple[str, int, int, str]]:
     """(field, value, multiple it must be, why) for the forward and the prologue. A width
     that is not a multiple of its tile ends in an edge tile whose columns (rows) past it are
     dropped, and TMA zero-fills K tails (gemm_epilogue.cuh cols_valid); what remains:"""
@@ -87,12 +82,12 @@ def forward_width_rules(plan: "Plan") -> list[tuple[str, int, int, str]]:
     return rules
 
 
-def backward_width_rules(plan: "Plan") -> list[tuple[str, int, int, str]]:
+def backward_width_rules(plan) -> list[tuple[str, int, int, str]]:
     """The backward's: the forward's (its edge tiles are the same)."""
     return forward_width_rules(plan)
 
 
-def violations(plan: "Plan") -> list[str]:
+def violations(plan) -> list[str]:
     """Every rule of the compiled layer (its forward) that `plan` breaks, as sentences."""
     s, out = plan.shape, []
     if s.num_experts > MAX_EXPERTS:
@@ -130,7 +125,7 @@ def violations(plan: "Plan") -> list[str]:
     return out
 
 
-def pair_violations(plan: "Plan") -> list[str]:
+def pair_violations(plan) -> list[str]:
     """The rules of multicast pairs (GEMM_PAIR above); a field not decided yet (None) breaks
     none."""
     if plan.gemm_bwd is not None and plan.gemm_bwd.pair:
@@ -152,7 +147,7 @@ def pair_violations(plan: "Plan") -> list[str]:
     return out
 
 
-def ring_violations(plan: "Plan") -> list[str]:
+def ring_violations(plan) -> list[str]:
     """The rules of dx rows in the dy ring (RING above); a field not decided yet (None)
     breaks none."""
     out = []
@@ -164,7 +159,7 @@ def ring_violations(plan: "Plan") -> list[str]:
                              "no slot is reused while its dy rows hold dx rows")
 
 
-def _whole_ring(plan: "Plan", what: str, why: str) -> list[str]:
+def _whole_ring(plan, what: str, why: str) -> list[str]:
     """The rule that the ring holds every minibatch the worst case can fill, for `what`."""
     b, m, rows = plan.minibatch, plan.macrobatch, plan.max_routed_rows
     if None in (b, m, rows) or m // b >= -(-rows // b):
@@ -173,7 +168,7 @@ def _whole_ring(plan: "Plan", what: str, why: str) -> list[str]:
             f"{-(-rows // b)} minibatches of {b} rows that {rows} routed rows can take"]
 
 
-def keep_h_violations(plan: "Plan") -> list[str]:
+def keep_h_violations(plan) -> list[str]:
     """The rules of `keep_h` (each call keeps its own h: runtime/workspace.py KeptActivations);
     a field not decided yet (None) breaks none. Its backward pulls x for every minibatch
     (FwdConsts XPULL) and finds every minibatch's h where its forward left it, so the ring
@@ -186,7 +181,7 @@ def keep_h_violations(plan: "Plan") -> list[str]:
     return out + _whole_ring(plan, "keep_h", "a call's h is kept whole")
 
 
-def x_window_min_slots(plan: "Plan") -> int | None:
+def x_window_min_slots(plan) -> int | None:
     """The fewest minibatch slots an x window may have (mokgen/compiler/passes/x_window.py: the last
     minibatch of the last expert with rows in a slot's minibatch stays 2 minibatches before
     the one refilling it; moe_bwd.cuh wait_x_slot); None until the minibatch is decided."""
@@ -205,7 +200,7 @@ def x_window_slots(x_slots: int | None, ring_slots: int) -> int:
     return x_slots if x_slots and x_slots < ring_slots else 0
 
 
-def x_window_violations(plan: "Plan") -> list[str]:
+def x_window_violations(plan) -> list[str]:
     """The rules of an x window (`x_slots`, mokgen/compiler/passes/x_window.py); a field not decided yet
     (None) breaks none."""
     out = []
@@ -224,7 +219,7 @@ def x_window_violations(plan: "Plan") -> list[str]:
     return out
 
 
-def gather_violations(plan: "Plan") -> list[str]:
+def gather_violations(plan) -> list[str]:
     """The rules of gathered rows (GATHER above), and of launches without comm CTAs; a field
     not decided yet (None) breaks none (sm_partition.gathers asks before the ring exists)."""
     got = {op: getattr(plan, op) for op in GATHERED}
@@ -269,14 +264,14 @@ def _gemm_violations(name: str, cfg: GemmConfig | None) -> list[str]:
             if getattr(cfg, f) not in ok]
 
 
-def check(plan: "Plan") -> None:
+def check(plan) -> None:
     """Raise ValueError listing every rule the compiled layer breaks (nothing: it can run)."""
     bad = violations(plan)
     if bad:
         raise ValueError("; ".join(bad))
 
 
-def backward_unsupported(plan: "Plan") -> str | None:
+def backward_unsupported(plan) -> str | None:
     """Why the backward kernel can't be built for a plan that passes `check` (None: it
     can). Such a plan still gets its forward."""
     for field, v, m, why in backward_width_rules(plan):

@@ -208,23 +208,20 @@ def validate(results_dir: str | Path = "benchmarks/results") -> list:
     out = []
     d = Path(results_dir)
     one = get_system("h200-1gpu")
-    for r in _rows(d / "moe_layer.json", one.gpu):
-        p = predict(shapes.get(r["shape"]), r["ep"], r["tokens"], one.name,
-                    **r.get("overrides", {}))
-        out.append(dict(source=f"moe_layer {r.get('commit', '?')}", shape=r["shape"],
-                        ep=r["ep"], tokens=r["tokens"], what="fwd", measured_ms=r["mokgen_ms"],
-                        predicted_ms=p["fwd_ms"]))
-        if r.get("backward"):
-            out.append(dict(out[-1], what="bwd", measured_ms=r["backward"]["mokgen_ms"],
-                            predicted_ms=p["bwd_ms"]))
-    for r in _rows(d / "fp8.json", one.gpu):  # blockwise fp8 slices (fp8.py): fwd8 / bwd8
-        p = predict(shapes.get(r["shape"]), r["ep"], r["tokens"], one.name, dtype="fp8")
-        out.append(dict(source=f"fp8 {r.get('commit', '?')}", shape=r["shape"], ep=r["ep"],
-                        tokens=r["tokens"], what="fwd8", measured_ms=r["fp8_ms"],
-                        predicted_ms=p["fwd_ms"]))
-        if r.get("fp8_bwd_ms"):
-            out.append(dict(out[-1], what="bwd8", measured_ms=r["fp8_bwd_ms"],
-                            predicted_ms=p["bwd_ms"]))
+    # the single-GPU slices: bf16 (moe_layer.json) and blockwise fp8 (fp8.json)
+    slices = (("moe_layer", "bf16", "", lambda r: r["mokgen_ms"],
+               lambda r: (r.get("backward") or {}).get("mokgen_ms")),
+              ("fp8", "fp8", "8", lambda r: r["fp8_ms"], lambda r: r.get("fp8_bwd_ms")))
+    for name, dtype, tag, fwd_ms, bwd_ms in slices:
+        for r in _rows(d / f"{name}.json", one.gpu):
+            p = predict(shapes.get(r["shape"]), r["ep"], r["tokens"], one.name,
+                        **dict(r.get("overrides", {}), dtype=dtype))
+            out.append(dict(source=f"{name} {r.get('commit', '?')}", shape=r["shape"],
+                            ep=r["ep"], tokens=r["tokens"], what=f"fwd{tag}",
+                            measured_ms=fwd_ms(r), predicted_ms=p["fwd_ms"]))
+            if bwd_ms(r):
+                out.append(dict(out[-1], what=f"bwd{tag}", measured_ms=bwd_ms(r),
+                                predicted_ms=p["bwd_ms"]))
     nvl = get_system("h200-nvl8")
     for r in _rows(d / "multigpu.json", nvl.gpu):
         p = predict(shapes.get(r["shape"]), r["ep"], r["tokens"], nvl.name,

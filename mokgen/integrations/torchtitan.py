@@ -51,7 +51,7 @@ except ModuleNotFoundError as e:  # torchtitan is an optional extra; e.name: wha
                               "(the torchtitan extra: pip install -e '.[torchtitan]'): " + str(e),
                               name=e.name) from e
 
-from mokgen import plan as make_plan
+from mokgen.compiler.planner import plan as make_plan
 from mokgen.pytorch import ops
 from mokgen.pytorch.module import LayerRegistration
 from mokgen.shapes import MoEShape

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mokgen import plan as make_plan
+from mokgen.compiler.planner import plan as make_plan
 from mokgen.pytorch.module import LayerRegistration, group_size_rank
 from mokgen.shapes import MoEShape
 from mokgen.pytorch import ops
