@@ -54,7 +54,7 @@ def test_fused_quantization_equals_mokgen_quant(fmt):
     shape = mokgen.shapes.get("gpu-small")
     layer, inputs, _ = run_checked(fmt, shape, 2, 300)
     rt = layer.runtime()
-    b, K, D, I = rt.ranks[0], shape.topk, shape.hidden, shape.intermediate
+    b, K, D = rt.ranks[0], shape.topk, shape.hidden
     rows = min(int(b.meta[0].item()), rt.spec.macrobatch)  # the ring holds macrobatch 0
     table = b.table[:rows].long().cpu()
     live = table[:, 0] >= 0
