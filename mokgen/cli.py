@@ -55,8 +55,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     for d in ("fwd", "bwd"):
         p.add_argument(f"--gemm-{d}", type=_gemm, default=None,
                        metavar="BMxBNxSTAGES[-pair]",
-                       help=f"override the tile of the {d} GEMM ops, e.g. 128x256x3; -pair "
-                            f"(fwd): multicast pairs, e.g. 128x256x4-pair")
+                       help=f"override the tile of the {d} GEMM ops (128x256x4, the only "
+                            f"one); -pair (fwd): multicast pairs, 128x256x4-pair")
 
 
 def _gemm(text: str) -> tuple:

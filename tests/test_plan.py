@@ -170,8 +170,9 @@ def test_tiling_pass_gives_every_gemm_op_a_tile():
     tiles = {op.name: op.attr("gemm") for op in ir.gemm_ops(g)}
     assert set(tiles) >= {"shared_ffn", "gate_up_gemm", "down_gemm", "replay", "weight_grad_w2"}
     assert set(tiles.values()) == {limits.DEFAULT_GEMM}
-    forced = Plan.of(upto("tiling", gemm_bwd=(128, 256, 3)))
-    assert forced.gemm_bwd == ir.GemmConfig(128, 256, 3) and forced.gemm_fwd == limits.DEFAULT_GEMM
+    forced = Plan.of(upto("tiling", gemm_fwd=(128, 256, 4, True)))
+    assert forced.gemm_fwd == ir.GemmConfig(128, 256, 4, True)
+    assert forced.gemm_bwd == limits.DEFAULT_GEMM
     assert forced.block_m == 128
 
 

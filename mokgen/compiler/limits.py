@@ -51,9 +51,10 @@ def directions(op: str) -> tuple:
 # BM is fixed by the engine, two consumer warpgroups of 64 rows (wgmma m64). BN: the engine
 # also has N = 128, but the fp8 tiles are two 128-column halves and the host's tensor maps
 # have B boxes of BN and BN / 2 rows (runtime/moe.py, moe_bwd.py), all built for 256.
-# Stages: a consumer frees a stage one K-slice late, so 1 would deadlock; 4 x 48 KB fill the
-# 227 KB of shared memory.
-GEMM_BM, GEMM_BN, GEMM_STAGES = (128,), (256,), (2, 3, 4)
+# Stages: 4 x 48 KB fill the 227 KB of shared memory. The engine runs 2 or 3 too (its
+# standalone kernels, tests/cuda/gemm_test.cu): measured no faster in the megakernels and
+# picked by no plan, so plans take 4.
+GEMM_BM, GEMM_BN, GEMM_STAGES = (128,), (256,), (4,)
 # Multicast pairs (GemmConfig.pair): the forward in 2-CTA clusters (gemm_tile.cuh
 # produce_pairs). The forward only, bf16, both operands by TMA (not gathered rows), and CTAs
 # in whole pairs: an even launch and an even count of comm CTAs (a pair's two CTAs take the

@@ -39,9 +39,11 @@ def op_params(op: ir.Op) -> dict:
     return out
 
 
-# the forward's staging: 4 KB for each of 8 consumer warps (moe_fwd.cuh kWarpStage, which
-# asserts this total)
-FWD_STAGE_BYTES = 8 * 4096
+# The epilogues' staging (GemmCfg EPI_BYTES), in bf16 kernels (fp8's stages hold scales):
+# the backward's weight-gradient boxes (gemm_epilogue.cuh store_rows_tma: 8 KB each, two a
+# consumer warpgroup) and the forward's routed down rows (moe_fwd.cuh kWarpStage: 4 KB for
+# each of 8 consumer warps, which it asserts): 32 KB either way.
+EPI_STAGE_BYTES = 32 * 1024
 
 
 def engine_bytes(gemm: ir.GemmConfig) -> int:
@@ -61,24 +63,10 @@ def smem_bytes(gemm: ir.GemmConfig) -> int:
 
 
 def stage_bytes(gemm: ir.GemmConfig, smem: int = 227 * 1024) -> int:
-    """Shared memory the stages leave for the epilogues' staging: the backward's weight
-    gradients' boxes (gemm_epilogue.cuh store_rows_tma: 8 KB each, half of them a consumer
-    warpgroup's): a row block's every chunk (BN / 64 boxes a warpgroup, so a tile never
-    waits on its own stores) where the stages leave room for it, else two a warpgroup (4
-    stages of 128 x 256: each chunk waits for the one before it to be read), else none (0:
-    register stores). GemmCfg's bytes (engine_bytes), which its SMEM_BYTES static_assert
-    checks. The forward takes 32 KB of it (FWD_STAGE_BYTES)."""
+    """EPI_STAGE_BYTES where the stages leave room for it, else 0 (register stores): the
+    GemmCfg's total, which its SMEM_BYTES static_assert checks against 227 KB."""
     room = smem - 1024 - -(-engine_bytes(gemm) // 1024) * 1024
-    return next((b for b in (2 * gemm.bn // 64 * 8192, 2 * 2 * 8192) if b <= room), 0)
-
-
-def _epi_stage_bytes(gemm: ir.GemmConfig, direction: str, scale_block) -> int:
-    """GemmCfg's EPI_BYTES: none in fp8 kernels (their stages hold scales), the room the
-    stages leave in the backward's, FWD_STAGE_BYTES in the forward's where it fits."""
-    if scale_block:
-        return 0
-    room = stage_bytes(gemm)
-    return room if direction == "bwd" else FWD_STAGE_BYTES if room >= FWD_STAGE_BYTES else 0
+    return EPI_STAGE_BYTES if EPI_STAGE_BYTES <= room else 0
 
 
 def lower(g, direction: str) -> dict:
@@ -98,7 +86,7 @@ def lower(g, direction: str) -> dict:
                 # tiles leave through shared memory and TMA stores (moe_bwd.cuh kTmaWgrad),
                 # the forward's routed down rows through shared memory (moe_fwd.cuh
                 # kStagedRows: 4 KB a consumer warp)
-                epi_stage_bytes=_epi_stage_bytes(gemm, direction, got.get("scale_block")),
+                epi_stage_bytes=0 if got.get("scale_block") else stage_bytes(gemm),
                 block_m=got["block_m"], minibatch=got["minibatch"],
                 ring_slots=got["ring_rows"] // got["minibatch"],
                 scale_block=got.get("scale_block", 0),

@@ -232,8 +232,8 @@ class ForwardRuntime:
 
     def side_by_side(self, hosted, launch) -> None:
         """`launch(i)` for every hosted rank, each on its own stream forked from and joined
-        back into the current one: virtual ranks whose megakernels wait on each other run at
-        once (their plan fits them side by side: __init__ checks). One rank: in place."""
+        back into the current one: virtual ranks whose plan fits their megakernels side by
+        side run at once (side_by_side_ranks), as real ranks do. One rank: in place."""
         if len(hosted) == 1:
             launch(hosted[0])
             return

@@ -255,12 +255,12 @@ struct FwdProblem {
 
   // The routed down rows leave through shared memory (store_rows_staged: stmatrix, no quad
   // transposes) in bf16 kernels whose plan gave the epilogue staging (lower.py
-  // FWD_STAGE_BYTES: 4 KB a consumer warp); from registers (store_rows_to) otherwise.
+  // EPI_STAGE_BYTES: 4 KB a consumer warp); from registers (store_rows_to) otherwise.
   // Staged, the down tile's epilogue takes ~8% fewer cycles (gemm_epilogue.cuh says why).
   static constexpr int kWarpStage = 4096;  // two 2 KB chunk buffers (store_rows_staged)
   static constexpr bool kStagedRows = C::Q == 0 && Cfg::EPI_BYTES > 0;
   static_assert(!kStagedRows || Cfg::EPI_BYTES == 8 * kWarpStage,
-                "forward staging: lower.py FWD_STAGE_BYTES, a stage for each consumer warp");
+                "forward staging: lower.py EPI_STAGE_BYTES, a stage for each consumer warp");
   uint8_t* stage = nullptr;  // Cfg::EPI_BYTES of shared memory (kStagedRows)
   MOKGEN_DEV uint8_t* warp_stage(int cwg) const {
     return stage + (4 * cwg + ((threadIdx.x >> 5) & 3)) * kWarpStage;
