@@ -9,7 +9,9 @@ the fp8 kernels multiply, fp32 sums), each quantized along its own K:
   fp8-wgrad  fp8 and the weight gradients: dW1 = dh^T x and dW2 = (s dy)^T a with both
              operands quantized along the tokens (1 x 128 scales), as the kernels would
 
-Every other part (embedding, norms, router, head) in fp32. Seeds: the bf16 runs' spread is the
+The model sees the last `--context` characters (an embedding per offset, summed: no attention),
+so its MoE layers have more to learn than bigram counts. Every other part (embeddings, norms,
+router, head) in fp32. Seeds: the bf16 runs' spread is the
 noise band the other two are read against. Writes JSON (per-step losses) and prints the table.
 
     python lab/fp8_wgrad_numerics.py --text /path/input.txt --steps 600 --out /tmp/fp8w.json
@@ -87,15 +89,17 @@ class MoE(nn.Module):
 
 
 class LM(nn.Module):
-    def __init__(self, vocab, d, i, experts, topk, layers):
+    def __init__(self, vocab, d, i, experts, topk, layers, context):
         super().__init__()
-        self.embed = nn.Embedding(vocab, d)
+        self.embeds = nn.ModuleList(nn.Embedding(vocab, d) for _ in range(context))
         self.norms = nn.ModuleList(nn.RMSNorm(d) for _ in range(layers))
         self.moes = nn.ModuleList(MoE(d, i, experts, topk) for _ in range(layers))
         self.head = nn.Linear(d, vocab)
 
     def forward(self, ids):
-        h = self.embed(ids)
+        """ids [B, context - 1 + T] -> logits [B, T, vocab] for the last T positions."""
+        c, t = len(self.embeds), ids.shape[1] - len(self.embeds) + 1
+        h = sum(e(ids[:, c - 1 - j: c - 1 - j + t]) for j, e in enumerate(self.embeds))
         for norm, moe in zip(self.norms, self.moes):
             h = h + moe(norm(h))
         return self.head(h)
@@ -103,16 +107,18 @@ class LM(nn.Module):
 
 def run(text: torch.Tensor, vocab: int, variant: str, seed: int, a) -> list:
     torch.manual_seed(seed)
-    model = LM(vocab, a.hidden, a.intermediate, a.experts, a.topk, a.layers)
+    model = LM(vocab, a.hidden, a.intermediate, a.experts, a.topk, a.layers, a.context)
     for m in model.moes:
         m.mode = VARIANTS[variant]
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0)
     data = torch.Generator().manual_seed(1234)  # the same batches for every variant and seed
     losses = []
     for _ in range(a.steps):
-        at = torch.randint(0, len(text) - a.seq - 1, (a.batch,), generator=data)
-        ids = torch.stack([text[j: j + a.seq + 1] for j in at.tolist()])
-        loss = F.cross_entropy(model(ids[:, :-1]).reshape(-1, vocab), ids[:, 1:].reshape(-1))
+        n = a.context + a.seq
+        at = torch.randint(0, len(text) - n, (a.batch,), generator=data)
+        ids = torch.stack([text[j: j + n] for j in at.tolist()])
+        loss = F.cross_entropy(model(ids[:, :-1]).reshape(-1, vocab),
+                               ids[:, a.context:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -136,6 +142,7 @@ def main(argv=None):
     ap.add_argument("--experts", type=int, default=8)
     ap.add_argument("--topk", type=int, default=2)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--context", type=int, default=8, help="characters each position sees")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--runs", default="bf16:0,bf16:1,bf16:2,fp8:0,fp8-wgrad:0",
                     help="VARIANT:SEED,... (variants: " + ", ".join(VARIANTS) + ")")

@@ -108,7 +108,8 @@ def side_by_side_layers(shape: MoEShape, ep: int, tokens: int, **common) -> dict
     megakernel at once (reserve_sms: the runtime then runs them side by side, as real ranks
     run), the second makes the same decisions on every SM (the ranks' kernels one after
     another). Only the CTA count differs, so outputs and gradients must be bitwise equal
-    (every element is one tile's, in a fixed K order, whichever CTA takes it)."""
+    (every element is one tile's, in a fixed K order, whichever CTA takes it). ep 2: a plan
+    reserves at most half the SMs."""
     import mokgen
 
     common = dict(common, ep=ep, tokens_per_rank=tokens)

@@ -508,7 +508,8 @@ struct BwdProblem {
   // ---------------------------------------------------------------- routed minibatch m
   MOKGEN_DEV bool wait_ready(int m, int phase) const {
     if constexpr (C::GATHER) return true;  // no comm CTAs: x and dy are there from the start
-    if (!wait_at_least(ready() + m, head_ready<C::BWD_HEAD, C::COMM>(m == 0), buf->rank, phase, m))
+    if (!wait_at_least(ready() + m, head_ready<C::BWD_HEAD, C::COMM>(m == 0), buf->rank, phase,
+                       m))
       return false;
     fence_proxy_async_global();
     return true;

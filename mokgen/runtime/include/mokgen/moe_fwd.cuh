@@ -76,11 +76,10 @@ struct FwdConsts {
   static_assert(XSLOTS_ == 0 || (XPULL_ && XSLOTS_ >= 3 && XSLOTS_ <= SLOTS_),
                 "an x window: a backward that pulls x (XPULL), 3 .. SLOTS slots");
   // The head pull (fwd_head_pull, bwd_head_pull): every CTA's warps pull the first minibatch
-  // together before taking their roles, where this rank's comm CTAs pull (not where the owners
-  // push it in): a few comm CTAs copying it alone keep every compute CTA waiting through the
-  // first ~5% of each direction. Not in the fp8 backward: its comm CTAs quantize what they pull
-  // (QuantSink), and that code in every CTA makes ptxas spill in the blockwise kernels
-  // (tests/test_codegen.py).
+  // together before taking their roles, where the kernel has comm CTAs: a few comm CTAs
+  // copying it alone keep every compute CTA waiting through the first ~5% of each direction.
+  // Not in the fp8 backward: its comm CTAs quantize what they pull (QuantSink), and that code
+  // in every CTA makes ptxas spill in the blockwise kernels (tests/test_codegen.py).
   static constexpr bool FWD_HEAD = COMM_ > 0;
   static constexpr bool BWD_HEAD = COMM_ > 0 && Q_ == 0;
   static constexpr int PD = Q_ ? (D_ + 127) / 128 * 128 : D_;
