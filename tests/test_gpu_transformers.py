@@ -31,6 +31,13 @@ def configs():
             n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
             first_k_dense_replace=1, routed_scaling_factor=2.5, kv_lora_rank=64, q_lora_rank=64,
             qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=64),
+        "olmoe": transformers.OlmoeConfig(**COMMON, intermediate_size=256, num_experts=8,
+                                          num_experts_per_tok=2),
+        # its sigmoid-gated shared expert runs beside mokgen's call
+        "qwen2-moe": transformers.Qwen2MoeConfig(**COMMON, intermediate_size=512,
+                                                 moe_intermediate_size=256,
+                                                 shared_expert_intermediate_size=512,
+                                                 num_experts=8, num_experts_per_tok=2),
     }
 
 
@@ -42,7 +49,7 @@ def rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-@pytest.mark.parametrize("family", ["qwen3", "mixtral", "deepseek-v3"])
+@pytest.mark.parametrize("family", ["qwen3", "mixtral", "deepseek-v3", "olmoe", "qwen2-moe"])
 def test_patched_model_matches_logits_grads_and_losses(family):
     """Against an fp32 copy of the unpatched model: the patched bf16 model must be as close to
     it as the unpatched bf16 model is. (Router-weight gradients in bf16 are noisy on their

@@ -34,8 +34,78 @@ def deepseek():
         qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16)
 
 
+def olmoe():
+    return transformers.OlmoeConfig(**COMMON, intermediate_size=128, num_experts=8,
+                                    num_experts_per_tok=2)
+
+
+def qwen2_moe():  # a shared expert scaled by a sigmoid gate: runs beside mokgen's call
+    return transformers.Qwen2MoeConfig(**COMMON, intermediate_size=128, moe_intermediate_size=128,
+                                       shared_expert_intermediate_size=256, num_experts=8,
+                                       num_experts_per_tok=2)
+
+
+def qwen3_next():  # (2 layers are linear attention only: no cache to build)
+    return transformers.Qwen3NextConfig(**COMMON, intermediate_size=128, moe_intermediate_size=128,
+                                        shared_expert_intermediate_size=128, num_experts=8,
+                                        num_experts_per_tok=2, head_dim=16, use_cache=False)
+
+
+def qwen3_5():
+    return transformers.Qwen3_5MoeTextConfig(**COMMON, moe_intermediate_size=128,
+                                             shared_expert_intermediate_size=128, num_experts=8,
+                                             num_experts_per_tok=2, head_dim=16, use_cache=False)
+
+
+def deepseek_v2():
+    return transformers.DeepseekV2Config(
+        **COMMON, intermediate_size=128, moe_intermediate_size=128, n_routed_experts=8,
+        n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1, kv_lora_rank=16,
+        q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16)
+
+
+def glm4_moe():
+    return transformers.Glm4MoeConfig(**COMMON, intermediate_size=128, moe_intermediate_size=128,
+                                      n_routed_experts=8, n_shared_experts=1,
+                                      num_experts_per_tok=2, first_k_dense_replace=1,
+                                      head_dim=16)
+
+
+def ernie4_5():
+    return transformers.Ernie4_5_MoeConfig(**COMMON, intermediate_size=128,
+                                           moe_intermediate_size=128, moe_num_experts=8, moe_k=2,
+                                           moe_num_shared_experts=1)
+
+
+def minimax():
+    return transformers.MiniMaxConfig(**COMMON, intermediate_size=128, num_local_experts=8,
+                                      num_experts_per_tok=2, head_dim=16)
+
+
+def phimoe():  # without its training-time router jitter, so both runs route alike
+    return transformers.PhimoeConfig(**COMMON, intermediate_size=128, num_local_experts=8,
+                                     num_experts_per_tok=2, router_jitter_noise=0.0)
+
+
+def granitemoe():
+    return transformers.GraniteMoeConfig(**COMMON, intermediate_size=128, num_local_experts=8,
+                                         num_experts_per_tok=2)
+
+
 FAMILIES = {"qwen3": qwen3, "qwen3-unnormed": lambda: qwen3(False), "mixtral": mixtral,
-            "deepseek-v3": deepseek}
+            "deepseek-v3": deepseek, "olmoe": olmoe, "qwen2-moe": qwen2_moe,
+            "qwen3-next": qwen3_next, "qwen3.5": qwen3_5, "deepseek-v2": deepseek_v2,
+            "glm-4.5": glm4_moe, "ernie-4.5": ernie4_5, "minimax": minimax, "phi-3.5-moe": phimoe,
+            "granite-moe": granitemoe}
+
+
+def test_every_family_of_the_patch_has_a_case():
+    from mokgen.integrations.transformers import FAMILIES as PATCHED
+
+    found = set()
+    for make in FAMILIES.values():
+        found |= {type(m).__name__ for m in build(make).modules()} & set(PATCHED)
+    assert found == set(PATCHED)
 
 
 def build(make):
@@ -65,7 +135,8 @@ def test_patched_blocks_and_model_match_the_originals(family):
     assert rel(patched(ids).logits, model(ids).logits) <= 1e-5
 
 
-@pytest.mark.parametrize("family", ["qwen3", "deepseek-v3"])
+@pytest.mark.parametrize("family", ["qwen3", "deepseek-v3", "olmoe", "qwen2-moe", "glm-4.5",
+                                    "phi-3.5-moe"])
 def test_patched_gradients_match(family):
     model = build(FAMILIES[family]).train()
     patched = copy.deepcopy(model)
@@ -80,6 +151,16 @@ def test_patched_gradients_match(family):
             assert p.grad is None or p.grad.norm() == 0, name
             continue
         assert rel(p.grad, want) <= 1e-4, name
+
+
+@pytest.mark.parametrize("family,fused", [("deepseek-v2", True), ("glm-4.5", True),
+                                          ("ernie-4.5", True), ("qwen2-moe", False),
+                                          ("olmoe", False)])
+def test_a_plain_shared_expert_runs_in_mokgens_call_a_gated_one_beside_it(family, fused):
+    model = build(FAMILIES[family])
+    patch(model, backend="reference")
+    block = next(m for m in model.modules() if isinstance(m, PatchedMoEBlock))
+    assert bool(block.plan.shape.shared_experts) == fused
 
 
 def test_experts_are_used_in_place_not_copied():

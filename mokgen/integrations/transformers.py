@@ -1,16 +1,19 @@
 """mokgen as the MoE backend of Hugging Face transformers models (transformers >= 5).
 
-`patch(model)` replaces every supported sparse-MoE block by a `PatchedMoEBlock` that keeps the
-block's own router module (its scoring, top-k, normalization, bias and scaling as they are:
-softmax for Qwen3-MoE and Mixtral, grouped sigmoid with a correction bias and a routed scaling
-factor for DeepSeek-V3) and hands the chosen routes to mokgen for dispatch, experts and combine.
+`patch(model)` replaces every supported sparse-MoE block (FAMILIES) by a `PatchedMoEBlock`
+that keeps the block's own router module (its scoring, top-k, normalization, bias and scaling
+as they are: softmax for Qwen3-MoE, Mixtral or OLMoE, grouped sigmoid with a correction bias
+and a routed scaling factor for DeepSeek-V3, ...) and hands the chosen routes to mokgen for
+dispatch, experts and combine.
 
 Weights: transformers >= 5 stores experts as 3D tensors already in mokgen's layout
 (gate_up_proj [E, 2I, D] with gate rows first, down_proj [E, D, I]), so the routed experts are
 used in place (the same Parameters: no copy; with expert parallelism, views of this rank's
-slice). A shared expert (DeepSeek-V3) keeps its three nn.Linear modules; its [2 I_s, D] input
-weight is one concatenation per call. The block's parameter names are unchanged, so the
-model's state dict and checkpoints stay as they are.
+slice). A shared expert that is a plain SwiGLU MLP added to the routed output (DeepSeek,
+GLM-4.5, ERNIE 4.5) runs inside mokgen's call, its three nn.Linear modules kept (its
+[2 I_s, D] input weight is one concatenation per call); one scaled by a sigmoid gate (Qwen2-MoE,
+Qwen3-Next, Qwen3.5) runs beside it as the block runs it. The block's parameter names are
+unchanged, so the model's state dict and checkpoints stay as they are.
 """
 from __future__ import annotations
 
@@ -22,12 +25,33 @@ from mokgen.pytorch.module import LayerRegistration, group_size_rank
 from mokgen.shapes import MoEShape
 from mokgen.pytorch import ops
 
-# block class -> attribute of its shared expert (None: the family has none)
+# block class -> (its router's attribute, its shared expert's: None where the family has none,
+# and how that expert joins the routed output: "sum" added as it is, "gated" scaled by
+# sigmoid(shared_expert_gate(h)))
 FAMILIES = {
-    "Qwen3MoeSparseMoeBlock": None,
-    "MixtralSparseMoeBlock": None,
-    "DeepseekV3MoE": "shared_experts",
+    "Qwen3MoeSparseMoeBlock": ("gate", None, None),
+    "MixtralSparseMoeBlock": ("gate", None, None),
+    "OlmoeSparseMoeBlock": ("gate", None, None),
+    "MiniMaxSparseMoeBlock": ("gate", None, None),
+    "PhimoeSparseMoeBlock": ("router", None, None),
+    "GraniteMoeMoE": ("router", None, None),
+    "DeepseekV3MoE": ("gate", "shared_experts", "sum"),
+    "DeepseekV2Moe": ("gate", "shared_experts", "sum"),
+    "Glm4MoeMoE": ("gate", "shared_experts", "sum"),
+    "Ernie4_5_MoeSparseMoeBlock": ("gate", "shared_experts", "sum"),
+    "Qwen2MoeSparseMoeBlock": ("gate", "shared_expert", "gated"),
+    "Qwen3NextSparseMoeBlock": ("gate", "shared_expert", "gated"),
+    "Qwen3_5MoeSparseMoeBlock": ("gate", "shared_expert", "gated"),
 }
+
+
+def _plain_swiglu(mlp: nn.Module) -> bool:
+    """Whether `mlp` computes down(silu(gate(h)) * up(h)) with bias-free nn.Linear layers: the
+    shared expert mokgen's kernels compute."""
+    layers = [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    act = type(getattr(mlp, "act_fn", None)).__name__
+    return all(isinstance(m, nn.Linear) and m.bias is None for m in layers) and \
+        act in ("SiLU", "SiLUActivation")
 
 
 class PatchedMoEBlock(nn.Module):
@@ -43,19 +67,33 @@ class PatchedMoEBlock(nn.Module):
         if name not in FAMILIES:
             raise ValueError(f"{name} is not a supported MoE block; supported: {sorted(FAMILIES)}")
         self.family = name
-        self.gate, self.experts = block.gate, block.experts
-        shared_attr = FAMILIES[name]
-        self.shared_experts = getattr(block, shared_attr) if shared_attr else None
-        self.jitter_noise = float(getattr(block, "jitter_noise", 0.0) or 0.0)
+        # the block's modules under their own names: the state dict's keys stay the block's
+        self._router, shared_attr, joins = FAMILIES[name]
+        setattr(self, self._router, getattr(block, self._router))
+        self.experts = block.experts
+        self._shared = shared_attr if getattr(block, shared_attr or "", None) is not None \
+            else None
+        self._gated = joins == "gated" and self._shared is not None
+        if self._shared:
+            setattr(self, self._shared, getattr(block, self._shared))
+        if self._gated:
+            self.shared_expert_gate = block.shared_expert_gate
+        # in mokgen's call: a plain SwiGLU added as it is; the others run beside it, as the
+        # block runs them
+        self._fused = self._shared is not None and joins == "sum" and \
+            _plain_swiglu(getattr(self, self._shared))
+        # Mixtral's and MiniMax's multiplicative router noise (Phi-3.5-MoE's input_jitter_noise)
+        self.jitter_noise = float(getattr(block, "jitter_noise", None) or
+                                  getattr(block, "input_jitter_noise", None) or 0.0)
         E, two_i, D = self.experts.gate_up_proj.shape
         act = getattr(getattr(self.experts, "act_fn", None), "__class__", type(None)).__name__
         if act not in ("SiLU", "SiLUActivation"):
             raise ValueError(f"{name}: mokgen implements SwiGLU experts (silu), got {act}")
         shared_dim = None
-        if self.shared_experts is not None:
-            shared_dim = self.shared_experts.gate_proj.weight.shape[0]
-        shape = MoEShape(E, D, two_i // 2, int(self.gate.top_k),
-                         shared_experts=int(self.shared_experts is not None),
+        if self._fused:
+            shared_dim = getattr(self, self._shared).gate_proj.weight.shape[0]
+        shape = MoEShape(E, D, two_i // 2, int(getattr(self, self._router).top_k),
+                         shared_experts=int(self._fused),
                          shared_intermediate=shared_dim, name=f"hf-{name}")
         ep, rank = group_size_rank(ep_group)
         self.plan = make_plan(shape, ep=ep, dtype=dtype, tokens_per_rank=tokens_per_rank)
@@ -86,20 +124,23 @@ class PatchedMoEBlock(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         lead, D = hidden_states.shape[:-1], hidden_states.shape[-1]
         h = hidden_states.reshape(-1, D)
-        if self.training and self.jitter_noise > 0:  # Mixtral's multiplicative router noise
+        if self.training and self.jitter_noise > 0:  # multiplicative router noise
             h = h * torch.empty_like(h).uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
-        _, weights, experts = self.gate(h)
+        _, weights, experts = getattr(self, self._router)(h)
         w1 = self._local(self.experts.gate_up_proj)   # views: this rank's experts
         w2 = self._local(self.experts.down_proj)
+        shared = getattr(self, self._shared) if self._shared else None
         sw1 = sw2 = None
-        if self.shared_experts is not None:
-            se = self.shared_experts
-            sw1 = torch.cat([se.gate_proj.weight, se.up_proj.weight]).to(w1.dtype)
-            sw2 = se.down_proj.weight.to(w1.dtype)
+        if self._fused:
+            sw1 = torch.cat([shared.gate_proj.weight, shared.up_proj.weight]).to(w1.dtype)
+            sw2 = shared.down_proj.weight.to(w1.dtype)
         y = ops.moe_routed(h.to(w1.dtype), experts.long().contiguous(),
                            weights.float().contiguous(), w1, w2, sw1, sw2,
-                           self._registration.handle)
-        return y.to(hidden_states.dtype).reshape(*lead, D)
+                           self._registration.handle).to(hidden_states.dtype)
+        if shared is not None and not self._fused:
+            out = shared(h)
+            y = y + (torch.sigmoid(self.shared_expert_gate(h)) * out if self._gated else out)
+        return y.reshape(*lead, D)
 
 
 def patch(model: nn.Module, ep_group=None, dtype: str = "bf16", tokens_per_rank: int = 8192,
