@@ -109,8 +109,12 @@ def test_every_family_of_the_patch_has_a_case():
 
 
 def build(make):
+    try:
+        config = make()
+    except AttributeError as e:  # a family this transformers release does not have
+        pytest.skip(f"transformers {transformers.__version__}: {e}")
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(make()).eval()
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
     for m in model.modules():  # non-trivial selection bias where the family has one
         if hasattr(m, "e_score_correction_bias"):
             m.e_score_correction_bias.copy_(torch.randn_like(m.e_score_correction_bias) * 0.1)

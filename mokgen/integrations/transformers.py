@@ -85,6 +85,10 @@ class PatchedMoEBlock(nn.Module):
         # Mixtral's and MiniMax's multiplicative router noise (Phi-3.5-MoE's input_jitter_noise)
         self.jitter_noise = float(getattr(block, "jitter_noise", None) or
                                   getattr(block, "input_jitter_noise", None) or 0.0)
+        if getattr(self.experts, "gate_up_proj", None) is None or \
+                getattr(self.experts, "down_proj", None) is None:
+            raise ValueError(f"{name}: mokgen uses experts stored as 3D gate_up_proj / "
+                             f"down_proj tensors (transformers >= 5 for this family)")
         E, two_i, D = self.experts.gate_up_proj.shape
         act = getattr(getattr(self.experts, "act_fn", None), "__class__", type(None)).__name__
         if act not in ("SiLU", "SiLUActivation"):
