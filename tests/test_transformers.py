@@ -181,6 +181,13 @@ def test_unsupported_models_get_a_clear_error():
         patch(model)
     with pytest.raises(ValueError, match="not a supported MoE block"):
         PatchedMoEBlock(torch.nn.Linear(4, 4))
+    block = build(olmoe).model.layers[0].mlp
+    block.experts.register_parameter("down_proj_bias", torch.nn.Parameter(torch.zeros(8, 256)))
+    with pytest.raises(ValueError, match="no biases.*down_proj_bias"):
+        PatchedMoEBlock(block)
+    del block.experts.gate_up_proj
+    with pytest.raises(ValueError, match="3D gate_up_proj"):
+        PatchedMoEBlock(block)
     assert mokgen.patch is patch
 
 

@@ -93,6 +93,9 @@ class PatchedMoEBlock(nn.Module):
         act = getattr(getattr(self.experts, "act_fn", None), "__class__", type(None)).__name__
         if act not in ("SiLU", "SiLUActivation"):
             raise ValueError(f"{name}: mokgen implements SwiGLU experts (silu), got {act}")
+        biases = [n for n, _ in self.experts.named_parameters() if "bias" in n]
+        if biases:
+            raise ValueError(f"{name}: mokgen's experts have no biases, these have {biases}")
         shared_dim = None
         if self._fused:
             shared_dim = getattr(self, self._shared).gate_proj.weight.shape[0]
