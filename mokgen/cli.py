@@ -11,6 +11,7 @@ from importlib import import_module
 from mokgen.version import __version__
 from mokgen import plan as make_plan
 from mokgen import shapes
+from mokgen.compiler.limits import directions
 
 # The harness's commands, each a module of mokgen.harness with add_arguments(parser) and
 # run(args). Their modules import torch, so one is imported only when its command is named:
@@ -28,6 +29,18 @@ _OVERRIDES = {
     "comm-sms-fwd": "SMs that move rows (dispatch, combine) in the forward",
     "comm-sms-bwd": "SMs that move rows in the backward",
     "reserve-sms": "SMs no kernel CTA runs on, left to collectives beside the layer",
+    "ring-budget-bytes": "the most bytes the ring may take; below the planner's choice the "
+                         "backward replays what does not fit",
+    "x-slots": "the backward's x ring as a window of N minibatch slots (a forward that "
+               "gathers x, one rank, bf16)",
+}
+# the exchanges a plan may move otherwise: its memory options (docs/training.md)
+_EXCHANGES = {
+    "dispatch": "how x rows reach the experts: gather reads them where they are (one rank, "
+                "bf16; no comm CTAs, no x ring)",
+    "reverse-combine": "how dy reaches the experts in the backward: gather as dispatch's "
+                       "(needs --dispatch gather)",
+    "reverse-dispatch": "how dx returns: ring writes it over its dy rows (one rank, bf16)",
 }
 
 
@@ -46,6 +59,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "$MOKGEN_GPU, else the visible GPU, else h200)")
     for name, what in _OVERRIDES.items():
         p.add_argument(f"--{name}", type=int, default=None, metavar="N",
+                       help=f"{what} (default: the planner's choice)")
+    for name, what in _EXCHANGES.items():
+        p.add_argument(f"--{name}", choices=directions(name.replace("-", "_")), default=None,
                        help=f"{what} (default: the planner's choice)")
     p.add_argument("--overlap-comm", action="store_true",
                    help="collectives run beside the layer: leave them SMs")
@@ -74,7 +90,9 @@ def _gemm(text: str) -> tuple:
 def _plan(args):
     overrides = {k: getattr(args, k) for k in
                  ("minibatch", "macrobatch", "comm_sms_fwd", "comm_sms_bwd", "reserve_sms",
-                  "gemm_fwd", "gemm_bwd", "gpu") if getattr(args, k) is not None}
+                  "ring_budget_bytes", "x_slots", "dispatch", "reverse_combine",
+                  "reverse_dispatch", "gemm_fwd", "gemm_bwd", "gpu")
+                 if getattr(args, k) is not None}
     if args.overlap_comm:
         overrides["overlap_comm"] = True
     if args.keep_h is not None:

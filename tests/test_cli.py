@@ -1,6 +1,7 @@
 """The command line as a user meets it: every command and option has help, --version, shape
 names in any case with a suggestion, and a closed pipe ends it quietly. No GPU."""
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -82,6 +83,22 @@ def test_shape_names_in_any_case_with_a_suggestion(capsys):
     assert "did you mean 'mixtral-8x7b'" in capsys.readouterr().err
     assert cli.main(["simulate", "--shape", "GLM-5.2", "--ep", "8"]) == 0
     assert capsys.readouterr().out.startswith("glm-5.2, ")
+
+
+def test_the_memory_options_are_flags_too(capsys):
+    """The exchanges' one-rank options and the ring's budget reach the plan from the command
+    line; a direction the kernels lack is refused by argparse, naming the allowed ones."""
+    argv = ["plan", "--shape", "qwen3-30b-a3b", "--ep", "1", "--tokens", "8192", "--json"]
+    assert cli.main(argv + ["--dispatch", "gather", "--reverse-combine", "pull",
+                            "--x-slots", "6"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert (p["dispatch"], p["reverse_combine"], p["x_slots"]) == ("gather", "pull", 6)
+    assert cli.main(argv + ["--ring-budget-bytes", str(2**28)]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert p["ring_budget_bytes"] == 2**28 and p["ring_bytes"] <= 2**28
+    with pytest.raises(SystemExit):
+        cli.main(argv + ["--dispatch", "push"])
+    assert "invalid choice: 'push' (choose from 'pull', 'gather')" in capsys.readouterr().err
 
 
 def _env() -> dict:
