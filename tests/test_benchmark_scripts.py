@@ -95,3 +95,28 @@ def test_sustained_ms_refuses_a_window_with_no_call(monkeypatch):
         bench.sustained_ms(call, seconds=0.5, batch=1)
     now[0] = 0.0
     assert abs(bench.sustained_ms(lambda: now.__setitem__(0, now[0] + 0.01), 1.0) - 10.0) < 1e-6
+
+
+def test_prebuild_collect_records_layers_a_gpu_test_plans_before_touching_cuda(tmp_path):
+    """`prebuild.py collect` on this CPU machine: a GPU test ends at its first compile (its
+    plan recorded there) or at its first CUDA call; a layer it planned before that (a module
+    built, then moved to the GPU) is recorded too, so the kernels pack holds both."""
+    import pickle
+    import sys
+
+    (tmp_path / "test_fake_gpu.py").write_text(
+        "import pytest, torch, mokgen\n"
+        "pytestmark = pytest.mark.gpu\n"
+        "def test_planned_then_cuda():\n"
+        "    mokgen.MoE(mokgen.shapes.get('gpu-small'), tokens_per_rank=300)\n"
+        "    torch.zeros(1, device='cuda')\n"
+        "def test_compiled():\n"
+        "    mokgen.compile(mokgen.shapes.get('gpu-small'), ep=2, tokens_per_rank=256,\n"
+        "                   virtual=True)\n")
+    out = tmp_path / "plans.pkl"
+    env = dict(os.environ, MOKGEN_GPU="h100-sxm", PYTHONPATH=str(ROOT))
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "prebuild.py"), "collect",
+                    str(out), str(tmp_path / "test_fake_gpu.py")], env=env, cwd=tmp_path,
+                   capture_output=True, text=True, timeout=300)
+    plans = pickle.loads(out.read_bytes())
+    assert sorted((p.ep, p.tokens_per_rank) for p in plans) == [(1, 300), (2, 256)]
