@@ -56,10 +56,14 @@ def test_patched_model_matches_logits_grads_and_losses(family):
     own: the unpatched bf16 model's gate gradient was seen at cosine 0.993-0.997 of ours, so
     comparing the two bf16 models directly measures bf16, not mokgen.)"""
     torch.manual_seed(0)
-    fp32 = transformers.AutoModelForCausalLM.from_config(configs()[family]).cuda()
-    model = copy.deepcopy(fp32).bfloat16()
-    patched = copy.deepcopy(model)
+    cpu = transformers.AutoModelForCausalLM.from_config(configs()[family])
+    # patched on the CPU, then moved (as a model loaded there would be; and
+    # benchmarks/prebuild.py collect, on a CPU machine, records its plans)
+    patched = copy.deepcopy(cpu).bfloat16()
     patch(patched)
+    fp32 = cpu.cuda()
+    model = copy.deepcopy(fp32).bfloat16()
+    patched = patched.cuda()
     for m in (fp32, model, patched):
         m.train()
         for mod in m.modules():  # no router noise: all must see the same routes
