@@ -29,13 +29,16 @@ def run_both(shape, ep, tokens, dtype="bf16", skew=None, gemm=PAIR, fwd=True, bw
     """The layer of GEMM config `gemm` in both kernels (fwd False: the backward's only; bwd
     False: the forward's only): forward and backward, twice (bitwise), against the reference
     (bf16: its tolerances); then the default layer on the same inputs: bitwise the same."""
-    inputs = make_inputs(shape, ep, tokens, skew=skew)
-    dys = [torch.randn_like(x) for x in inputs["x"]]
     want = GemmConfig(*gemm)
     want_fwd, want_bwd = want if fwd else DEFAULT_GEMM, want if bwd else DEFAULT_GEMM
+    # both layers planned before any CUDA tensor (benchmarks/prebuild.py collect packs both)
+    cfgs = {"variant": dict(gemm_fwd=tuple(want_fwd), gemm_bwd=tuple(want_bwd)), "coop": {}}
+    for cfg in cfgs.values():
+        mokgen.plan(shape, ep=ep, tokens_per_rank=tokens, dtype=dtype, **cfg, **overrides)
+    inputs = make_inputs(shape, ep, tokens, skew=skew)
+    dys = [torch.randn_like(x) for x in inputs["x"]]
     out = {}
-    for name, cfg in (("variant", dict(gemm_fwd=tuple(want_fwd), gemm_bwd=tuple(want_bwd))),
-                      ("coop", {})):
+    for name, cfg in cfgs.items():
         layer = mokgen.compile(shape, ep=ep, tokens_per_rank=tokens, dtype=dtype, virtual=True,
                                **cfg, **overrides)
         assert (layer.plan.gemm_fwd, layer.plan.gemm_bwd) == \
