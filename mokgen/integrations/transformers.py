@@ -1,4 +1,5 @@
-"""mokgen as the MoE backend of Hugging Face transformers models (transformers >= 5.17, the version the tests pin).
+"""mokgen as the MoE backend of Hugging Face transformers models (transformers >= 5.17, the
+version the tests pin).
 
 `patch(model)` replaces every supported sparse-MoE block (FAMILIES) by a `PatchedMoEBlock`
 that keeps the block's own router module (its scoring, top-k, normalization, bias and scaling
