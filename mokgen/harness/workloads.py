@@ -111,12 +111,12 @@ def side_by_side_layers(shape: MoEShape, ep: int, tokens: int, **common) -> dict
     (every element is one tile's, in a fixed K order, whichever CTA takes it). ep 2: a plan
     reserves at most half the SMs."""
     import mokgen
+    from mokgen.compiler import hardware
 
-    common = dict(common, ep=ep, tokens_per_rank=tokens)
-    sms = mokgen.plan(shape, **common).gpu_sms
-    reserve = sms - sms // ep
-    apart = mokgen.plan(shape, reserve_sms=reserve, **common)
-    pinned = dict(common, minibatch=apart.minibatch, macrobatch=apart.macrobatch,
-                  comm_sms_fwd=apart.comm_sms_fwd, comm_sms_bwd=apart.comm_sms_bwd)
-    return {"side by side": dict(pinned, reserve_sms=reserve),
-            "one after another": dict(pinned, reserve_sms=0)}
+    sms = hardware.target(common.get("gpu"), common.get("arch")).num_sms
+    apart = dict(common, ep=ep, tokens_per_rank=tokens, reserve_sms=sms - sms // ep)
+    p = mokgen.plan(shape, **apart)
+    return {"side by side": apart,
+            "one after another": dict(apart, reserve_sms=0, minibatch=p.minibatch,
+                                      macrobatch=p.macrobatch, comm_sms_fwd=p.comm_sms_fwd,
+                                      comm_sms_bwd=p.comm_sms_bwd)}
