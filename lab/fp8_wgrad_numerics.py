@@ -46,11 +46,10 @@ class QuantLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         a, w = ctx.saved_tensors
-        if ctx.fwd:  # the kernels' gradients are bf16 before they are quantized
+        if ctx.fwd:  # dgrad: dy (bf16 in the kernels, then quantized) along the output
+            # features, w^T quantized in its own blocks
             dy = dy.to(torch.bfloat16).float()
-        if ctx.fwd:  # dgrad: dy along the output features, w^T quantized in its own blocks
-            da = fake_quant(dy, "fp8") @ \
-                fake_quant(w.T.contiguous(), "fp8", weight=True).T
+            da = fake_quant(dy, "fp8") @ fake_quant(w.T.contiguous(), "fp8", weight=True).T
         else:
             da = dy @ w
         if ctx.wgrad:  # both operands token-major, 1 x 128 along the tokens
