@@ -91,6 +91,7 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_sessionfinish(session, exitstatus):
     path = session.config.getoption("--collect-out")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "wb") as f:
         pickle.dump(list(_PLANS.values()), f)
     print(f"\nprebuild collect: {len(_PLANS)} plans -> {path}")
