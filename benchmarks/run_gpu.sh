@@ -247,7 +247,8 @@ EOF
       IMPL=${R%%:*} SEED=${R#*:} GRAPHS=
       case $IMPL in *+graphs) GRAPHS=--cuda-graphs IMPL=${IMPL%+graphs};; esac
       DT=bf16; case $IMPL in mokgen-*) DT=${IMPL#mokgen-} IMPL=mokgen;; esac
-      step "torchtitan_${M}_${R/:/_s}.log" 560 python3 benchmarks/torchtitan_train.py run \
+      L=${R/:/_s}  # no "+" in a file name: the device's transfer refuses it
+      step "torchtitan_${M}_${L//+/-}.log" 560 python3 benchmarks/torchtitan_train.py run \
         --model "$M" --impl "$IMPL" --dtype "$DT" --seed "$SEED" --out "$RES" $GRAPHS \
         --max-seconds $(( $(left) - 30 )) ${TT_ARGS:-}
     done

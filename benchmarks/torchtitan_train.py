@@ -387,7 +387,8 @@ def write_profile(prof, args, step_ms: list) -> None:
             f"{busy / 1e3:.1f} ms, idle between kernels {idle / 1e3:.1f} ms; longest gaps:\n"
             + "\n".join(f"  {us / 1e3:8.2f} ms after {a[:60]} before {b[:60]}"
                         for us, a, b in gaps))
-    path = os.path.join(args.out, f"profile_{args.model}_{name}.txt")
+    # no "+" in the name: the device machine's transfer leaves such files behind
+    path = os.path.join(args.out, f"profile_{args.model}_{name.replace('+', '-')}.txt")
     with open(path, "w") as f:
         f.write(head + "\n" + table)
     print(head + "\n" + "\n".join(table.splitlines()[:28]))

@@ -3,7 +3,8 @@
 # carry. Builds them in one go (~25 min on 2 cores; run it in the background and do CPU work):
 #   bash lab/prepare_session.sh > /tmp/prepare.log 2>&1 &
 # .kcache: the tests' plan list and the H100 packs (tests, peers, stack, torchtitan);
-# .peersA/.peersB: SonicMoE's wheels; .torchtitan: torchtitan's wheels, tokenizer and text.
+# .peersA/.peersB: SonicMoE's wheels; .peersC: its kernel cache (lab/quack_cache.tgz);
+# .torchtitan: torchtitan's wheels, tokenizer and text.
 # Where raw.githubusercontent.com does not resolve, the tokenizer and text come from the git
 # mirrors of the `fetch` tool: fetch github:pytorch/torchtitan and github:karpathy/char-rnn
 # first. A pack that exists is kept: delete .kcache/kernels-* after a kernel source change.
@@ -11,6 +12,10 @@ set -uo pipefail
 [ -e .git ] || { echo "run from the repository root"; exit 2; }
 python3 -m pip install -q torch==2.13.0 && python3 -m pip install -q -e '.[test]'
 [ -d .peersB ] || bash benchmarks/peers/fetch_sonicmoe.sh
+# SonicMoE's compiled and autotuned kernels from the last device run (QuACK's cache, returned
+# by run_gpu.sh sonicmoe as quack_cache.tgz and committed here): the JIT costs 2-7 min of
+# device time per hidden size on a fresh machine
+[ -d .peersC/quack_cache ] || { mkdir -p .peersC && tar -xzf lab/quack_cache.tgz -C .peersC; }
 if [ ! -f .torchtitan/data/tokenizer.json ]; then
   bash benchmarks/peers/fetch_torchtitan.sh || {
     tt=/work/.mirror/pytorch+torchtitan/repo cr=/work/.mirror/karpathy+char-rnn/repo
