@@ -27,13 +27,14 @@ if [ ! -f .torchtitan/data/tokenizer.json ]; then
       > .torchtitan/data/SOURCE
   }
 fi
-[ -f .kcache/tests.pkl ] ||
-  MOKGEN_GPU=h100-sxm python3 benchmarks/prebuild.py collect .kcache/tests.pkl
-packs=()
-for p in tests peers stack; do
-  f=.kcache/kernels-h100$([ $p = tests ] || echo "-$p").tar.xz
-  [ -f "$f" ] || packs+=("$p")
+for m in pytorch+torchtitan karpathy+char-rnn; do  # the fallback's mirrors: say so at once
+  [ -f .torchtitan/data/text.txt ] || [ -d /work/.mirror/$m/repo ] ||
+    echo "no /work/.mirror/$m: fetch github:${m/+//} first (the text and tokenizer need it)"
 done
+# the small packs first (minutes): the torchtitan and SonicMoE calls can run while the tests'
+# pack (~20 min) builds
+packs=()
+for p in peers stack; do [ -f .kcache/kernels-h100-$p.tar.xz ] || packs+=("$p"); done
 [ ${#packs[@]} = 0 ] || bash lab/pack_kernels.sh h100-sxm "${packs[@]}"
 if [ ! -f .kcache/kernels-h100-tt.tar.xz ]; then
   # torchtitan (and triton, which it imports and a CPU-only torch does not bring) in the
@@ -41,4 +42,7 @@ if [ ! -f .kcache/kernels-h100-tt.tar.xz ]; then
   python3 -m pip install -q --no-deps .torchtitan/whl/*.whl triton shtab
   bash lab/pack_kernels.sh h100-sxm torchtitan
 fi
+[ -f .kcache/tests.pkl ] ||
+  MOKGEN_GPU=h100-sxm python3 benchmarks/prebuild.py collect .kcache/tests.pkl
+[ -f .kcache/kernels-h100.tar.xz ] || bash lab/pack_kernels.sh h100-sxm tests
 ls -la .kcache .peersA .peersB .torchtitan/data
