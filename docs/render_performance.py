@@ -151,7 +151,9 @@ def sonicmoe(data: dict) -> str:
     for r in by_gpu(data["rows"]):
         shape = f"{r['shape']} (T {r['T']}, D {r['D']}, I {r['I']}, E {r['E']}, k {r['k']})"
         if r.get("mokgen_fp8_train_tflops") is not None:  # peers_sonicmoe.py --dtypes bf16,fp8
-            fp8_rows.append([gpu(r), r["commit"], r["shape"], num(r["mokgen_fp8_fwd_tflops"]),
+            # *: measured before the steps marked the weights changed (quantized once)
+            commit = r["commit"] + ("" if r.get("steps_change_weights") else "*")
+            fp8_rows.append([gpu(r), commit, r["shape"], num(r["mokgen_fp8_fwd_tflops"]),
                              num(r["mokgen_fp8_train_tflops"]),
                              num(r.get("mokgen_fp8_fused_train_tflops")),
                              num(r.get("sonicmoe_train_tflops")),
@@ -192,7 +194,10 @@ def sonicmoe(data: dict) -> str:
                    "mokgen fresh", "SonicMoE fresh"], memory)]
     if fp8_rows:
         out += ["", wrap("mokgen in blockwise fp8 against SonicMoE in bf16 (synced; x: the "
-                         "training step's ratio), TFLOP/s and peak MB:"), "",
+                         "training step's ratio), TFLOP/s and peak MB. Each step marks the "
+                         "weights changed, as an optimizer step does, so fp8 quantizes them "
+                         "in every step; a commit marked * reused one quantization for all "
+                         "steps (faster than a training loop sees):"), "",
                 table(["GPU", "commit", "shape", "fp8 fwd", "fp8 train", "fp8 train fused",
                        "SonicMoE train", "x", "fp8 peak fused", "fp8 peak fresh",
                        "SonicMoE peak", "SonicMoE peak fresh"], fp8_rows)]
