@@ -6,6 +6,8 @@ import torch
 import mokgen
 from mokgen import quant
 from mokgen.harness.workloads import cosine, make_inputs, reference_grads, reference_outputs, rel_error
+from mokgen.pytorch.api import memory_report
+from mokgen.runtime.workspace import nbytes
 
 pytestmark = pytest.mark.gpu
 FORMATS = ["fp8", "mxfp8"]
@@ -150,6 +152,10 @@ def test_fp8_backward_matches_the_quantized_reference(fmt, ep, tokens, overrides
     torch.cuda.synchronize()
     check_grads(ours, reference_grads(shape, inputs, dys, fp8=fmt),
                 reference_grads(shape, inputs, dys))
+    # each rank's quantized weights, both layouts, as memory_report predicts them
+    held = [nbytes(getattr(c, f) for c in (e, e.t) for f in ("w1", "s1", "w2", "s2"))
+            for e in layer._weights._cache.values()]
+    assert held == [memory_report(layer.plan)["quantized_weights_per_layer"]] * ep
     if overrides:  # every ring slot was written: its e4m3 rows are mokgen.quant of its bf16
         # (dy is quantized by the same pull as x; dh, bf16, lands over the pre-activations)
         bw, b = layer.backward_runtime(), layer.runtime().ranks[-1]

@@ -12,7 +12,7 @@ import mokgen
 from mokgen.compiler import codegen
 from mokgen.pytorch import ops
 from mokgen.compiler.lower import layer_spec
-from mokgen.pytorch.api import memory_report
+from mokgen.pytorch.api import format_memory, memory_report, stack_memory
 from mokgen.cli import main as cli
 from mokgen.compiler.plan import Plan
 from mokgen.runtime.workspace import BackwardScratch, KeptActivations, live_workspaces, shared
@@ -55,6 +55,20 @@ def test_memory_report_sums_its_parts_and_the_saved_bytes():
     pp = memory_report(mokgen.plan(QWEN3_30B, ep=1, tokens_per_rank=8192,
                                    reverse_dispatch="push"))["workspace"]
     assert wg["backward"] < pp["backward"] - p.macrobatch * s.hidden * 2 // 2
+
+
+@pytest.mark.parametrize("dtype,scale_bytes", [("bf16", 0), ("fp8", 4 / (128 * 128)),
+                                               ("mxfp8", 4 / 32)])
+def test_quantized_weights_per_layer_are_both_layouts_of_the_padded_weights(dtype, scale_bytes):
+    # widths off the 128 blocks: W1's gate and up halves and W2 pad per expert (pad_weight)
+    s = mokgen.MoEShape(16, 320, 208, 2, shared_experts=0)
+    p = mokgen.plan(s, ep=2, tokens_per_rank=512, dtype=dtype)
+    r = memory_report(p)
+    elems = 0 if dtype == "bf16" else 8 * 3 * 384 * 256  # 8 local experts, padded D and I
+    assert r["quantized_weights_per_layer"] == 2 * elems * (1 + scale_bytes)
+    assert ("quantized weights held per layer" in format_memory(r)) == (dtype != "bf16")
+    stack = [stack_memory(p, n)["fp8_weights"] for n in (1, 3)]
+    assert stack == [elems and r["quantized_weights_per_layer"] * n for n in (1, 3)]
 
 
 def test_dx_rows_in_the_dy_ring_put_it_in_the_combine_rows():

@@ -234,17 +234,20 @@ def memory_report(plan: Plan, device_memory: int | None = None) -> dict:
     """Device bytes the plan's layers use beyond their weights, per rank, before any GPU:
     the workspace (paid once per device, group and plan, shared by every layer of the plan;
     by part), what one differentiable call keeps per layer for its backward, and whether
-    the backward needs its fp32 weight-gradient sums (a ring smaller than the worst case).
-    Then the card: `gpu` (the plan's), its `device_memory` (given, else the current device's
+    the backward needs its fp32 weight-gradient sums (a ring smaller than the worst case),
+    and what fp8 / MXFP8 layers hold each besides (`quantized_weights_per_layer`: their
+    quantized weights in the forward's and the backward's layouts). Then the card: `gpu` (the plan's), its `device_memory` (given, else the current device's
     where it is the plan's GPU, else the kind's datasheet size) and `max_layers`, the most
     mokgen.MoE layers of this plan whose training step fits it (stack_memory: weights,
     gradients, workspace and what each layer keeps, no activation checkpointing)."""
+    from mokgen.runtime.moe import quantized_weight_bytes
     from mokgen.runtime.workspace import saved_bytes, workspace_bytes
 
     spec = layer_spec(plan)
     memory = device_memory or card_memory(plan)
     return {"workspace": workspace_bytes(spec),
             "saved_per_layer": saved_bytes(spec, plan.tokens_per_rank),
+            "quantized_weights_per_layer": quantized_weight_bytes(spec),
             "wg_acc": spec.needs_wg_acc, "gpu": plan.gpu, "device_memory": memory,
             "max_layers": max_layers(plan, memory)}
 
@@ -282,7 +285,7 @@ def stack_memory(plan: Plan, layers: int, checkpointing: bool = False, fused: bo
     """Predicted device bytes of a training step of `layers` mokgen.MoE layers of `plan`, on
     one rank, by part, at its peak (the last layer's backward, every layer's saved
     activations still held): `weights` and `grads` (layer_param_bytes each), `fp8_weights`
-    (fp8 plans: each layer's quantized copies, forward and backward layouts), `workspace`
+    (fp8 plans: each layer's quantized copies, quantized_weight_bytes), `workspace`
     (once), `saved` (what each layer keeps for its backward: saved_bytes, and the router's
     fp32 input; with `checkpointing` only each layer's input, but the one layer whose
     forward re-ran), `transient` (one layer's backward: dx, the routing gradients and, not
@@ -292,6 +295,7 @@ def stack_memory(plan: Plan, layers: int, checkpointing: bool = False, fused: bo
     benchmarks/model_stack.py prints it beside the measured peak: total less weights and
     gradients comes within 7% under the measured held + peak (Qwen3-30B-A3B, 8 to 48 layers,
     checkpointed or not)."""
+    from mokgen.runtime.moe import quantized_weight_bytes
     from mokgen.runtime.workspace import saved_bytes, workspace_bytes
 
     spec, s = layer_spec(plan), plan.shape
@@ -307,7 +311,7 @@ def stack_memory(plan: Plan, layers: int, checkpointing: bool = False, fused: bo
     transient = n * s.hidden * 2 * 3 + n * (s.num_experts + s.topk) * 4 \
         + (n * s.hidden * (4 + 2) if router else 0) + (0 if fused else routed * 2)
     parts = {"weights": layers * params, "grads": layers * params,
-             "fp8_weights": layers * 2 * routed if plan.scale_block else 0,
+             "fp8_weights": layers * quantized_weight_bytes(spec),
              "workspace": workspace_bytes(spec)["total"], "saved": saved,
              "transient": transient}
     parts["total"] = sum(parts.values())
@@ -331,9 +335,11 @@ def format_memory(report: dict) -> str:
     parts = ", ".join(f"{k} {mb(v)}" for k, v in ws.items() if k != "total")
     card = (f"; {report['gpu']} ({report['device_memory'] / 2**30:,.0f} GiB) trains "
             f"{report['max_layers']} such layers at most") if "max_layers" in report else ""
+    quantized = report.get("quantized_weights_per_layer")
+    held = f"; quantized weights held per layer {mb(quantized)}" if quantized else ""
     return (f"memory per rank: workspace {mb(ws['total'])} once per model ({parts}; "
             f"fp32 weight-gradient sums {'included' if report['wg_acc'] else 'not needed'}); "
-            f"saved per layer call {mb(report['saved_per_layer'])}{card}")
+            f"saved per layer call {mb(report['saved_per_layer'])}{held}{card}")
 
 
 def build_plans(plans: list[Plan], jobs: int | None = None) -> list[build.Binary]:

@@ -24,7 +24,7 @@ from mokgen.runtime.checks import check_ctas
 from mokgen.runtime.peers import PeerSet
 from mokgen.runtime.prologue import Prologue, warp_per_token_grid
 from mokgen.runtime.workspace import (KeptActivations, LayerSpec, RankBuffers,  # noqa: F401 - LayerSpec:
-                        activation_buffers)  # re-exported
+                        activation_buffers, nbytes)  # re-exported
 
 BF16 = torch.bfloat16
 MAX_MAPS = 4096  # tensor maps kept (128 B each): a 48-layer model uses about 30 per layer
@@ -433,6 +433,21 @@ def pad_weight(w: torch.Tensor, halves: bool) -> torch.Tensor:
     out = w.new_zeros(L, parts, padded(r), padded(c))
     out[:, :, :r, :c] = w.detach().reshape(L, parts, r, c)
     return out.view(L, parts * padded(r), padded(c))
+
+
+def quantized_weight_bytes(spec: LayerSpec) -> int:
+    """Bytes of one layer's quantized routed weights on one rank, as WeightCache holds them
+    from a training step's forward until the weights change: the forward and the transposed
+    copy, data and scales (0 for bf16 plans). Sized by WeightCache itself on the meta device,
+    so the prediction cannot drift from what it allocates."""
+    if not spec.scale_block:
+        return 0
+    L, D, I = spec.local_experts, spec.hidden, spec.intermediate
+    w1 = torch.empty(L, 2 * I, D, dtype=torch.bfloat16, device="meta")
+    w2 = torch.empty(L, D, I, dtype=torch.bfloat16, device="meta")
+    cache = WeightCache(spec.scale_block, slots=1)
+    copies = (cache.get(w1, w2), cache.transposed(w1, w2))
+    return nbytes(getattr(c, f) for c in copies for f in ("w1", "s1", "w2", "s2"))
 
 
 class WeightCache:
