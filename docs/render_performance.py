@@ -313,24 +313,29 @@ def training_step(data: dict) -> str:
 
 def torchtitan_runs(data: dict) -> str:
     """One row per run; each mokgen row against torchtitan's run of the same seed (same
-    weights and data) and against the band of torchtitan's seeds (torchtitan_train.band_check),
-    whose own seeds' excursions follow the table as the noise to judge it by."""
+    weights and data; `+graphs` rows against torchtitan's `+graphs` run) and against the band
+    of torchtitan's seeds (torchtitan_train.band_check), whose own seeds' excursions follow
+    the table as the noise to judge it by. Rows are compared only within one configuration,
+    step count and commit: the runs of one call."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from torchtitan_train import OWN_NOISE, band_check
 
     rows, notes = [], []
     groups: dict = {}
     for r in by_gpu(data["rows"]):
-        groups.setdefault((gpu(r), r["layers"], r["batch"], r["seq"], r["ac"]), []).append(r)
+        groups.setdefault((gpu(r), r["layers"], r["batch"], r["seq"], r["ac"], r["steps"],
+                           r["commit"]), []).append(r)
     for (kind, *_), runs in groups.items():
         band = band_check(runs, SMOOTH)
-        same_seed = {r["seed"]: r for r in runs if r["impl"] == "torchtitan"}
+        theirs = {(r["impl"], r["seed"]): r for r in runs if r["impl"].startswith("torchtitan")}
         for r in sorted(runs, key=lambda r: (r["impl"] != "torchtitan", r["impl"], r["seed"])):
             b = band.get(f"{r['impl']} seed {r['seed']}")
-            base = same_seed.get(r["seed"]) if r["impl"] != "torchtitan" else None
+            graphs = r["impl"].endswith("+graphs") and r["impl"] != "torchtitan+graphs"
+            base = (None if r["impl"] == "torchtitan" else
+                    theirs.get(("torchtitan+graphs" if graphs else "torchtitan", r["seed"])))
             tail = r["loss"][-SMOOTH:]
             rows.append([kind, r["commit"], r["impl"], str(r["seed"]), str(r["layers"]),
-                         num(r["tokens_per_s"]),
+                         num(r["steps_done"]), num(r["tokens_per_s"]),
                          ratio(r["tokens_per_s"], base["tokens_per_s"]) if base else "-",
                          num(r["peak_mb"]), f"{sum(tail) / len(tail):.3f}",
                          f"{100 * b['inside_fraction']:.0f}%" if b else "-",
@@ -341,7 +346,7 @@ def torchtitan_runs(data: dict) -> str:
             notes.append(f"{kind}, {runs[0]['layers']} layers: each torchtitan seed against the "
                          f"others' range is inside {100 * f0:.0f}-{100 * f1:.0f}% of the steps, "
                          f"at worst {w0:.4f}-{w1:.4f} outside.")
-    out = table(["GPU", "commit", "MoE", "seed", "layers", "tokens/s", "x torchtitan",
+    out = table(["GPU", "commit", "MoE", "seed", "layers", "steps", "tokens/s", "x torchtitan",
                  "peak MiB", f"loss (last {SMOOTH})", "inside band", "worst outside"], rows)
     data_line = "; ".join(dict.fromkeys(r.get("data", "?") for r in data["rows"]))
     return (out + "\n\n" + wrap(f"Data: {data_line}.")
@@ -483,11 +488,12 @@ def readme_table() -> str:
                      gpu(r), r["commit"], f"{num(r['mokgen_step_ms'])} ms",
                      "PyTorch: out of memory", "-"])
     data = load("torchtitan_qwen3_30b_a3b") or {"rows": []}
-    base = {(gpu(r), r["seed"], r["layers"]): r for r in data["rows"]
-            if r["impl"] == "torchtitan"}
+    run = lambda r: (gpu(r), r["seed"], r["layers"], r["steps"], r["commit"])  # noqa: E731
+    base = {run(r): r for r in data["rows"] if r["impl"] == "torchtitan"}
+    latest = {gpu(r): r["commit"] for r in data.get("runs", [])}
     for r in by_gpu(data["rows"]):  # mokgen against torchtitan's run of the same seed
-        b = base.get((gpu(r), r["seed"], r["layers"]))
-        if r["impl"] == "mokgen" and b:
+        b = base.get(run(r))
+        if r["impl"] == "mokgen" and b and r["commit"] == latest.get(gpu(r), r["commit"]):
             rows.append([f"torchtitan, Qwen3-30B-A3B-shaped, {r['layers']} layers, 1 GPU",
                          gpu(r), r["commit"], f"{num(r['tokens_per_s'])} tokens/s",
                          f"torchtitan's MoE {num(b['tokens_per_s'])} tokens/s",

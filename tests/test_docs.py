@@ -252,13 +252,20 @@ def test_torchtitan_section_compares_same_seed_and_band():
     seeds and their own excursions (what the section's numbers mean)."""
     render = load_renderer()
 
-    def run(impl, seed, level, tps):
-        return {"gpu": "NVIDIA H100 80GB HBM3", "commit": "c1", "model": "debug", "impl": impl,
-                "seed": seed, "layers": 8, "batch": 4, "seq": 2048, "ac": "selective",
-                "loss": [level] * 30, "tokens_per_s": tps, "peak_mb": 100.0, "data": "t.txt"}
+    def run(impl, seed, level, tps, commit="c1", steps=30):
+        return {"gpu": "NVIDIA H100 80GB HBM3", "commit": commit, "model": "debug",
+                "impl": impl, "seed": seed, "layers": 8, "batch": 4, "seq": 2048,
+                "ac": "selective", "steps": steps, "steps_done": steps, "loss": [level] * steps,
+                "tokens_per_s": tps, "peak_mb": 100.0, "data": "t.txt"}
     rows = [run("torchtitan", 0, 1.0, 1000.0), run("torchtitan", 1, 2.0, 1000.0),
-            run("torchtitan", 2, 3.0, 1000.0), run("mokgen", 0, 2.5, 1500.0)]
+            run("torchtitan", 2, 3.0, 1000.0), run("mokgen", 0, 2.5, 1500.0),
+            # a later call's short runs: set against each other only, graphs against graphs
+            run("torchtitan", 0, 9.0, 800.0, "c2", 24),
+            run("torchtitan+graphs", 0, 9.0, 400.0, "c2", 24),
+            run("mokgen+graphs", 0, 9.0, 1200.0, "c2", 24)]
     text = render.torchtitan_runs({"rows": rows})
     line = next(ln for ln in text.splitlines() if "| mokgen |" in ln)
     assert "| 1.50x |" in line and "| 100% |" in line and "| 0.0000 |" in line
+    graphs = next(ln for ln in text.splitlines() if "| mokgen+graphs |" in ln)
+    assert "| 3.00x |" in graphs and graphs.endswith("| - | - |")  # no band of one seed
     assert "Data: t.txt." in text and "at worst 0.0000-1.0000 outside" in text
