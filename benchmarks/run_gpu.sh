@@ -52,7 +52,9 @@ need_gpus() {  # need_gpus N: exit 0 with the reason where fewer are visible
 }
 pytest_gpu() {  # pytest_gpu LOG FILES...: one GPU's share of the suite (TIMEOUT: its limit)
   local log=$1; shift
-  step "$log" "${TIMEOUT:-450}" python3 -m pytest -q -m gpu -p no:cacheprovider -o faulthandler_timeout=120 "$@"
+  # -v: each test named as it ends (a call cut short still says which ran); the slowest
+  step "$log" "${TIMEOUT:-450}" python3 -m pytest -v --durations=25 -m gpu -p no:cacheprovider \
+    -o faulthandler_timeout=120 "$@"
 }
 prebuild_tests() {  # the GPU tests' kernels from the plan list collected on a CPU machine
   if [ -f "${KERNELS:-.kcache/tests.pkl}" ]; then
@@ -135,7 +137,7 @@ EOF
       tests-c) pytest_gpu pytest_c.log $TESTS_C ;;
       tests-bc) TIMEOUT=$(left) pytest_gpu pytest_bc.log $TESTS_B $TESTS_C ;;
     esac
-    grep -h "^FAILED\|^ERROR" "$OUT"/pytest_*.log | head -20
+    grep -h "^FAILED\|^ERROR\|::.* FAILED\|::.* ERROR" "$OUT"/pytest_*.log | head -20
     ;;
   layer-ep64|layer-ep8)
     EP=${CHUNK#layer-ep}
