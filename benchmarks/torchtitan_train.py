@@ -105,7 +105,8 @@ def parse(argv=None):
                    help="results folder (default: %(default)s; a GPU machine: $OUT/results)")
     r.add_argument("--profile", metavar="STEPS", type=int, default=0,
                    help="torch.profiler over this many steps after step 20: the GPU kernels' "
-                        "time table printed and written beside the results (default: none)")
+                        "time table printed and written beside the results, and the row's "
+                        "gpu_ms_per_step (AdamW, FSDP2 copies, mokgen, rest; default: none)")
     r.add_argument("--max-seconds", type=float, default=540,
                    help="stop training past this wall time (a call's limit), and say so")
     p = sub.add_parser("report", help="the band check, tokens/s and peak memory of the runs "
@@ -295,7 +296,7 @@ def run(args) -> int:
             fwd_bwd = wrap_with_cuda_graph(fwd_bwd)
         valid_tokens = torch.tensor(float(args.batch * args.seq), device="cuda")
         data = batches(tokens, args.batch, args.seq, args.seed)
-        losses, step_ms = [], []
+        losses, step_ms, gpu_parts = [], [], None
         # as torchtitan's trainer: Python's collector off, a collection every GC_EVERY steps
         # (else a collection lands at random in a step and stalls it)
         gc_handler = GarbageCollection(gc_freq=GC_EVERY)
@@ -324,7 +325,7 @@ def run(args) -> int:
                 print(f"step {step} loss {losses[-1]:.4f} {step_ms[-1]:.1f} ms", flush=True)
             if args.profile and step == PROFILE_FROM + args.profile - 1:
                 prof.__exit__(None, None, None)
-                write_profile(prof, args, step_ms[-args.profile:])
+                gpu_parts = write_profile(prof, args, step_ms[-args.profile:])
         peak_mb = torch.cuda.max_memory_allocated() / 2**20
         stats = torch.cuda.memory_stats()
     finally:
@@ -343,6 +344,8 @@ def run(args) -> int:
            "reserved_peak_mb": stats.get("reserved_bytes.all.peak", 0) / 2**20,
            "alloc_retries": stats.get("num_alloc_retries", 0),
            "data": f"{', '.join(texts)}: {tokens.numel()} tokens, vocab {vocab}"}
+    if gpu_parts:  # --profile: the profiled steps' GPU time by part, ms a step
+        row["gpu_ms_per_step"] = gpu_parts
     import torchtitan
 
     path = result_file.write(f"torchtitan_{args.model.replace('-', '_')}", [row], KEY,
@@ -373,9 +376,29 @@ def idle_gaps(kernels: list, top: int = 12) -> tuple:
     return busy, idle, sorted(gaps, reverse=True)[:top]
 
 
-def write_profile(prof, args, step_ms: list) -> None:
+# Where a step's GPU time goes, by kernel name: the parts that are the same whatever the MoE
+# (AdamW's foreach kernels; FSDP2's parameter all-gather copies, bf16 casts and gradient
+# reduce-scatter packing and scaling, which run even on one GPU) and mokgen's own kernels.
+# What is left ("rest") is attention, the dense layers and, for torchtitan, its MoE.
+GPU_PARTS = (("optimizer", ("multi_tensor_apply",)),
+             ("fsdp_copies", ("Memcpy DtoD", "bfloat16_copy_kernel", "chunk_cat",
+                              "BUnaryFunctor<float")),
+             ("mokgen", ("mokgen_",)))
+
+
+def gpu_time_by_part(kernels: list, steps: int) -> dict:
+    """kernels: (start, end, name) in us -> ms a step of each GPU_PARTS part and the rest,
+    summed over kernels (streams that overlap count twice)."""
+    out = dict.fromkeys([p for p, _ in GPU_PARTS] + ["rest"], 0.0)
+    for start, stop, name in kernels:
+        part = next((p for p, keys in GPU_PARTS if any(k in name for k in keys)), "rest")
+        out[part] += (stop - start) / 1e3 / steps
+    return {k: round(v, 2) for k, v in out.items()}
+
+
+def write_profile(prof, args, step_ms: list) -> dict:
     """The profiled steps' GPU kernels by total time and the GPU's idle gaps between them
-    -> profile_<model>_<impl>.txt."""
+    -> profile_<model>_<impl>.txt; returns their GPU time by part (gpu_time_by_part)."""
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40,
                                       max_name_column_width=90)
     kernels = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
@@ -389,9 +412,11 @@ def write_profile(prof, args, step_ms: list) -> None:
                         for us, a, b in gaps))
     # no "+" in the name: the device machine's transfer leaves such files behind
     path = os.path.join(args.out, f"profile_{args.model}_{name.replace('+', '-')}.txt")
+    parts = gpu_time_by_part(kernels, len(step_ms))
     with open(path, "w") as f:
-        f.write(head + "\n" + table)
-    print(head + "\n" + "\n".join(table.splitlines()[:28]))
+        f.write(head + "\n" + f"GPU ms a step by part: {parts}\n" + table)
+    print(head + "\n" + f"GPU ms a step by part: {parts}\n" + "\n".join(table.splitlines()[:28]))
+    return parts
 
 
 # a row's identity in the results file: a rerun of the same run replaces it

@@ -350,7 +350,26 @@ def torchtitan_runs(data: dict) -> str:
                  "peak MiB", f"loss (last {SMOOTH})", "inside band", "worst outside"], rows)
     data_line = "; ".join(dict.fromkeys(r.get("data", "?") for r in data["rows"]))
     return (out + "\n\n" + wrap(f"Data: {data_line}.")
-            + ("\n\n" + wrap("Noise: " + " ".join(notes)) if notes else ""))
+            + ("\n\n" + wrap("Noise: " + " ".join(notes)) if notes else "")
+            + gpu_parts(data["rows"]))
+
+
+def gpu_parts(rows: list) -> str:
+    """The profiled runs' (--profile) GPU time a step by part (torchtitan_train.GPU_PARTS):
+    AdamW's and FSDP2's kernels are the same whatever the MoE, which bounds what any MoE
+    layer can do for the step."""
+    profiled = [r for r in by_gpu(rows) if r.get("gpu_ms_per_step")]
+    if not profiled:
+        return ""
+    body = [[gpu(r), r["commit"], r["impl"], str(r["seed"])]
+            + [num(r["gpu_ms_per_step"].get(k), 1) for k in
+               ("optimizer", "fsdp_copies", "mokgen", "rest")] for r in profiled]
+    return ("\n\n" + wrap("GPU time a step by part, ms (the profiled steps of runs with "
+                           "--profile): AdamW, FSDP2's parameter and gradient copies, mokgen's "
+                           "kernels, and the rest (attention, the dense layers and, for "
+                           "torchtitan, its MoE):") + "\n\n"
+            + table(["GPU", "commit", "MoE", "seed", "AdamW", "FSDP2 copies", "mokgen", "rest"],
+                    body))
 
 
 SMOOTH = 20  # the loss curves' moving average (torchtitan_train.py report's default)

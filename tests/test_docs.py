@@ -269,3 +269,8 @@ def test_torchtitan_section_compares_same_seed_and_band():
     graphs = next(ln for ln in text.splitlines() if "| mokgen+graphs |" in ln)
     assert "| 3.00x |" in graphs and graphs.endswith("| - | - |")  # no band of one seed
     assert "Data: t.txt." in text and "at worst 0.0000-1.0000 outside" in text
+    assert "GPU time a step by part" not in text  # no run was profiled
+    rows[-1]["gpu_ms_per_step"] = {"optimizer": 55.7, "fsdp_copies": 51.3, "mokgen": 30.2,
+                                   "rest": 38.3}
+    parts = render.torchtitan_runs({"rows": rows}).split("GPU time a step by part")[1]
+    assert "| mokgen+graphs | 0 | 55.7 | 51.3 | 30.2 | 38.3 |" in parts

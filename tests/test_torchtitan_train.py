@@ -83,6 +83,24 @@ def test_idle_gaps_merge_streams_and_rank_the_gaps():
     assert gaps == [(10, "c", "d"), (3, "b", "c")]
 
 
+def test_gpu_time_by_part_names_what_is_the_same_whatever_the_moe():
+    """--profile's ms a step: AdamW and FSDP2's copies (the same for both MoEs), mokgen's
+    kernels, and the rest (torchtitan's MoE among it), over the profiled steps."""
+    kernels = [(0, 4000, "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<"),
+               (4000, 5000, "Memcpy DtoD (Device -> Device)"),
+               (5000, 6000, "void at::native::vectorized_elementwise_kernel<8, "
+                            "at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)"),
+               (6000, 7000, "void at::native::detail::chunk_cat_cuda_kernel<float, "
+                            "c10::BFloat16>"),
+               (7000, 9000, "mokgen_fwd"), (9000, 13000, "mokgen_bwd"),
+               (13000, 14000, "void at::native::vectorized_elementwise_kernel<4, "
+                              "at::native::BUnaryFunctor<float, float, float, "
+                              "at::native::binary_internal::MulFunctor<float> >"),
+               (14000, 16000, "triton_tem_fused_flex_attention_0")]
+    assert bench.gpu_time_by_part(kernels, steps=2) == {
+        "optimizer": 2.0, "fsdp_copies": 2.0, "mokgen": 3.0, "rest": 1.0}
+
+
 def test_cuda_graph_runs_are_rows_of_their_own_and_bf16_only():
     """--cuda-graphs (torchtitan's trainer default) labels its rows apart, so a results file
     keeps eager and captured runs side by side; fp8 is refused before any GPU work."""
