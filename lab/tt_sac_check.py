@@ -5,7 +5,9 @@ on aot_eager, FSDP2 on one gloo rank, as tests/test_torchtitan.py runs it.) Coun
 of mokgen's routed forward in one training step without AC, with torchtitan's SelectiveAC and
 with the save list extended, prints each time the policy is asked about a mokgen op, and
 compares the gradients. At 2026-12-07 (torch 2.13, torchtitan 0.3): 2 / 2+2 / 2+2 calls, and
-the policy is never asked about mokgen's op: the save list does not reach it.
+the policy is asked about no op at all (a debug copy logged every op: none) while mokgen's op
+body runs with grad off, not compiling, no dispatch mode: under per-block compile the
+checkpointed block is recomputed whole, so no save list reaches mokgen's op.
 
     python lab/tt_sac_check.py
 """
