@@ -7,7 +7,7 @@ with the save list extended, prints each time the policy is asked about a mokgen
 compares the gradients. At 2026-12-07 (torch 2.13, torchtitan 0.3): 2 / 2+2 / 2+2 calls, and
 the policy is asked about no op at all (a debug copy logged every op: none) while mokgen's op
 body runs with grad off, not compiling, no dispatch mode: under per-block compile the
-checkpointed block is recomputed whole, so no save list reaches mokgen's op.
+checkpointed block reruns mokgen's forward in the backward, and no save list reaches it.
 
     python lab/tt_sac_check.py
 """
