@@ -233,13 +233,14 @@ class _MoEFunction(torch.autograd.Function):
 def memory_report(plan: Plan, device_memory: int | None = None) -> dict:
     """Device bytes the plan's layers use beyond their weights, per rank, before any GPU:
     the workspace (paid once per device, group and plan, shared by every layer of the plan;
-    by part), what one differentiable call keeps per layer for its backward, and whether
-    the backward needs its fp32 weight-gradient sums (a ring smaller than the worst case),
-    and what fp8 / MXFP8 layers hold each besides (`quantized_weights_per_layer`: their
-    quantized weights in the forward's and the backward's layouts). Then the card: `gpu` (the plan's), its `device_memory` (given, else the current device's
-    where it is the plan's GPU, else the kind's datasheet size) and `max_layers`, the most
-    mokgen.MoE layers of this plan whose training step fits it (stack_memory: weights,
-    gradients, workspace and what each layer keeps, no activation checkpointing)."""
+    by part), what one differentiable call keeps per layer for its backward, whether the
+    backward needs its fp32 weight-gradient sums (a ring smaller than the worst case), and
+    what an fp8 / MXFP8 layer holds besides (`quantized_weights_per_layer`: its quantized
+    weights in the forward's and the backward's layouts). Then the card: `gpu` (the plan's),
+    its `device_memory` (given, else the current device's where it is the plan's GPU, else
+    the kind's datasheet size) and `max_layers`, the most mokgen.MoE layers of this plan
+    whose training step fits it (stack_memory: weights, gradients, quantized weights,
+    workspace and what each layer keeps, no activation checkpointing)."""
     from mokgen.runtime.moe import quantized_weight_bytes
     from mokgen.runtime.workspace import saved_bytes, workspace_bytes
 

@@ -24,7 +24,7 @@ from mokgen.runtime.checks import check_ctas
 from mokgen.runtime.peers import PeerSet
 from mokgen.runtime.prologue import Prologue, warp_per_token_grid
 from mokgen.runtime.workspace import (KeptActivations, LayerSpec, RankBuffers,  # noqa: F401 - LayerSpec:
-                        activation_buffers, nbytes)  # re-exported
+                        activation_buffers, nbytes)  # LayerSpec re-exported
 
 BF16 = torch.bfloat16
 MAX_MAPS = 4096  # tensor maps kept (128 B each): a 48-layer model uses about 30 per layer
