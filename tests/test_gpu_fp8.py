@@ -6,6 +6,7 @@ import torch
 import mokgen
 from mokgen import quant
 from mokgen.harness.workloads import cosine, make_inputs, reference_grads, reference_outputs, rel_error
+from mokgen.pytorch import ops
 from mokgen.pytorch.api import memory_report
 from mokgen.runtime.workspace import nbytes
 
@@ -210,3 +211,26 @@ def test_fp8_layer_refuses_cuda_graph_capture():
     y = layer(x, router_logits=z)
     torch.cuda.synchronize()
     assert torch.isfinite(y).all()
+
+
+def test_an_optimizer_step_frees_the_quantized_weights_it_makes_stale():
+    """After a training step's backward the layer holds its quantized weights (both layouts,
+    as memory_report says); an optimizer step over its weights frees them before it updates
+    them, and the next step quantizes the new weights (its output: a fresh layer's on them)."""
+    shape = mokgen.shapes.get("gpu-small")
+    torch.manual_seed(0)
+    layer = mokgen.MoE(shape, tokens_per_rank=256, dtype="fp8", device="cuda")
+    x = torch.randn(256, shape.hidden, device="cuda")
+    layer(x).float().square().mean().backward()
+    cache = ops.kernels_of(layer._layer).compiled._weights._cache
+    held = memory_report(layer.plan)["quantized_weights_per_layer"]
+    assert len(cache) == 1 and held > 0
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.optim.SGD(layer.parameters(), lr=1e-2).step()  # no state: frees, allocates nothing
+    torch.cuda.synchronize()
+    assert not cache and before - torch.cuda.memory_allocated() == held
+    with torch.no_grad():
+        fresh = mokgen.MoE(shape, tokens_per_rank=256, dtype="fp8", device="cuda")
+        fresh.load_state_dict(layer.state_dict())
+        assert torch.equal(layer(x), fresh(x))

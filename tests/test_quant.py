@@ -377,6 +377,30 @@ def test_weight_cache_requantizes_exactly_when_a_weight_changes():
     assert len(calls) == 6
 
 
+def test_weight_cache_frees_the_weights_an_optimizer_is_about_to_step():
+    """Before any optimizer's step the entries of the weights it updates are dropped (stale
+    after it; freed before its own peak); the entries of weights it does not step stay, and
+    calls before a step (gradient accumulation) keep hitting."""
+    from mokgen.runtime.moe import WeightCache
+
+    cache, calls = WeightCache(128, slots=2), []
+    cache.quantize = lambda w: (calls.append(w), (w, w))[1]
+    mine = [torch.nn.Parameter(torch.randn(1, 128, 128)) for _ in range(2)]
+    other = [torch.nn.Parameter(torch.randn(1, 128, 128)) for _ in range(2)]
+    cache.get(*mine)
+    cache.get(*other)
+    cache.get(*mine)  # a second micro-batch: a hit
+    assert len(calls) == 4
+    for w in mine + other:
+        w.grad = torch.ones_like(w)
+    torch.optim.SGD(other[:1], lr=0.0).step()  # steps one of `other`'s weights
+    assert [tuple(map(id, e.of)) for e in cache._cache.values()] == [tuple(map(id, mine))]
+    torch.optim.AdamW(mine).step()
+    assert not cache._cache
+    cache.get(*mine)  # the stepped weights quantized again
+    assert len(calls) == 6
+
+
 def test_weight_cache_refuses_cuda_graph_capture(monkeypatch):
     """Under capture the host's cache decision would be replayed after every optimizer step
     (stale fp8 weights): refused, naming the way out, before anything is quantized. Stand-ins

@@ -450,6 +450,25 @@ def quantized_weight_bytes(spec: LayerSpec) -> int:
     return nbytes(getattr(c, f) for c in copies for f in ("w1", "s1", "w2", "s2"))
 
 
+# Every WeightCache holding entries, for the optimizer hook below (weak: a cache goes with its
+# layer); the hook's handle once registered.
+_LIVE_CACHES: weakref.WeakSet = weakref.WeakSet()
+_OPTIMIZER_HOOK = None
+
+
+def _drop_before_optimizer_step(optimizer, args, kwargs) -> None:
+    """A global optimizer pre-step hook: the quantized copies of the weights this step updates
+    are stale once it has run (their next call quantizes the new version), so they are freed
+    before it, out of the step's own peak (AdamW's temporaries), rather than at their layer's
+    next forward. The memory returns to the stream that allocated it, behind the kernels
+    that read it."""
+    caches = [c for c in _LIVE_CACHES if c._cache]
+    if caches:
+        updated = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        for cache in caches:
+            cache.drop(updated)
+
+
 class WeightCache:
     """The routed experts' fp8 weights (mokgen.quant), quantized once per weight version: a
     training step's forward and backward share one quantization, and an unchanged weight is
@@ -467,7 +486,11 @@ class WeightCache:
     Not under CUDA graph capture: whether to quantize is decided here, on the host, so a graph
     keeps its captured step's decision; captured on weights already quantized (a second
     micro-batch, no optimizer step since the warm-up), it holds no quantization and every
-    replay multiplies the old quantized weights. `get` refuses capture rather than risk it."""
+    replay multiplies the old quantized weights. `get` refuses capture rather than risk it.
+    Entries whose weights an optimizer steps are dropped just before its step (a global
+    optimizer pre-step hook, registered with the first entry): they are stale after it, and
+    gradient accumulation, which calls again before any step, keeps its hits. (An optimizer
+    over other tensors, FSDP2's shards, drops nothing: those go at the next version.)"""
 
     def __init__(self, scale_block: int, slots: int, module=None):
         self.q, self.slots = scale_block, slots  # slots: one per hosted rank
@@ -499,7 +522,23 @@ class WeightCache:
             (d1, s1), (d2, s2) = (self.quantize(pad_weight(w, h))
                                   for w, h in ((w1, True), (w2, False)))
             self._cache[key] = SimpleNamespace(w1=d1, s1=s1, w2=d2, s2=s2, of=(w1, w2))
+            if not w1.is_meta:  # quantized_weight_bytes' sizing is no layer's
+                self._track()
         return self._cache[key]
+
+    def _track(self) -> None:
+        global _OPTIMIZER_HOOK
+        _LIVE_CACHES.add(self)
+        if _OPTIMIZER_HOOK is None:
+            from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+            _OPTIMIZER_HOOK = register_optimizer_step_pre_hook(_drop_before_optimizer_step)
+
+    def drop(self, weight_ids: set) -> None:
+        """Forget the entries of which either weight's id is in weight_ids."""
+        for key in [k for k, e in self._cache.items()
+                    if id(e.of[0]) in weight_ids or id(e.of[1]) in weight_ids]:
+            del self._cache[key]
 
     def transposed(self, w1, w2):
         e = self.get(w1, w2)
