@@ -10,7 +10,9 @@ Per configuration:
 - peak: the most allocated during a step beyond what was allocated before it;
 - step: median time of a training step (forward + backward), CUDA events.
 Steps accumulate into the gradients the first step made (micro-batches of one optimizer
-step). `--keep-h 0` / `1` forces mokgen's keep_h off / on (default `d`: the plan's choice,
+step). `--dtype fp8` (or mxfp8) runs mokgen's layers in that precision against the same bf16
+PyTorch stack; an fp8 layer's held bytes include its quantized weights (both layouts: the
+steps' weights do not change). `--keep-h 0` / `1` forces mokgen's keep_h off / on (default `d`: the plan's choice,
 mokgen/compiler/passes/keep_h.py); `--fuse 1` builds mokgen's layers with fuse_grad_accumulation (the
 kernel adds the expert gradients into .grad: no expert-gradient-sized temporary, which
 autograd's accumulation allocates on both sides otherwise). A configuration that does not fit
@@ -18,7 +20,7 @@ is recorded as out of memory; with --fit the most layers at which both fit (halv
 is measured as well.
 
     python benchmarks/model_stack.py [--shapes qwen3-30b-a3b,olmoe-1b-7b] [--layers 4,fit]
-        [--tokens 8192] [--ckpt 0,1] [--fuse 0] [--keep-h d] [--fit] [--out DIR]
+        [--tokens 8192] [--ckpt 0,1] [--fuse 0] [--keep-h d] [--dtype bf16] [--fit] [--out DIR]
 
 Rows go into DIR/model_stack.json (rows per GPU kind, benchmarks/result_file.py); a table
 is printed.
@@ -44,7 +46,9 @@ from mokgen.pytorch.api import max_layers, stack_memory  # noqa: E402
 
 import result_file  # noqa: E402
 
-KEY = ("shape", "layers", "tokens", "checkpointing", "fused_grad_accumulation", "keep_h")
+# dtype: mokgen's precision, in the rows of fp8 / MXFP8 runs only (bf16 rows keep their key)
+KEY = ("shape", "layers", "tokens", "checkpointing", "fused_grad_accumulation", "keep_h",
+       "dtype")
 
 
 class GroupedMoE(nn.Module):
@@ -115,20 +119,20 @@ class Stack(nn.Module):
         return h
 
 
-def build(impl, shape, layers, tokens, ckpt, fuse=False, keep_h=None):
+def build(impl, shape, layers, tokens, ckpt, fuse=False, keep_h=None, dtype="bf16"):
     dev = torch.device("cuda")
     torch.manual_seed(0)
     if impl == "torch":
         moes = [GroupedMoE(shape, dev) for _ in range(layers)]
     else:
-        moes = [mokgen.MoE(shape, tokens_per_rank=tokens, device=dev,
+        moes = [mokgen.MoE(shape, tokens_per_rank=tokens, device=dev, dtype=dtype,
                            fuse_grad_accumulation=fuse,
                            **({} if keep_h is None else {"keep_h": keep_h}))
                 for _ in range(layers)]
     return Stack(moes, ckpt)
 
 
-def measure(impl, shape, layers, tokens, ckpt, iters, fuse=False, keep_h=None):
+def measure(impl, shape, layers, tokens, ckpt, iters, fuse=False, keep_h=None, dtype="bf16"):
     """-> dict of held/peak MB and step ms, or {"oom": True}. The steps accumulate into
     the gradients of the first (as micro-batches do): `fuse` (mokgen.MoE's
     fuse_grad_accumulation) adds the expert gradients in the kernel from the second on."""
@@ -136,7 +140,7 @@ def measure(impl, shape, layers, tokens, ckpt, iters, fuse=False, keep_h=None):
     torch.cuda.empty_cache()
     model = x = dy = None
     try:
-        model = build(impl, shape, layers, tokens, ckpt, fuse, keep_h)
+        model = build(impl, shape, layers, tokens, ckpt, fuse, keep_h, dtype)
         params = sum(p.numel() * p.element_size() for p in model.parameters())
         x = torch.randn(tokens, shape.hidden, device="cuda", dtype=torch.bfloat16)
         dy = torch.randn_like(x)
@@ -184,17 +188,20 @@ def measure(impl, shape, layers, tokens, ckpt, iters, fuse=False, keep_h=None):
         torch.cuda.empty_cache()
 
 
-def rows_of(name, shape, layers, tokens, ckpt, iters, fuses=(False,), keeps=(None,)):
+def rows_of(name, shape, layers, tokens, ckpt, iters, fuses=(False,), keeps=(None,),
+            dtype="bf16"):
     """One row per mokgen variant (`fuses` x `keeps`: fused accumulation, keep_h forced or
     None for the plan's own), the PyTorch stack measured once for them."""
     base = measure("torch", shape, layers, tokens, ckpt, iters)
     rows = []
     for fuse, keep_h in ((f, k) for f in fuses for k in keeps):
         res = {"torch": base, "mokgen": measure("mokgen", shape, layers, tokens, ckpt, iters,
-                                                fuse, keep_h)}
+                                                fuse, keep_h, dtype)}
         row = {"shape": name, "layers": layers, "tokens": tokens, "checkpointing": ckpt,
                "fused_grad_accumulation": fuse,
                "keep_h": res["mokgen"].get("keep_h", keep_h)}  # the plan's
+        if dtype != "bf16":
+            row["dtype"] = dtype
         for impl, r in res.items():
             row[f"{impl}_oom"] = bool(r.get("oom"))
             for k in ("held_mb_per_layer", "peak_mb", "step_ms"):
@@ -207,21 +214,22 @@ def rows_of(name, shape, layers, tokens, ckpt, iters, fuses=(False,), keeps=(Non
     return rows
 
 
-def rows_for(name, layers, tokens, ckpt, iters, fit, fuses=(False,), keeps=(None,)):
+def rows_for(name, layers, tokens, ckpt, iters, fit, fuses=(False,), keeps=(None,),
+             dtype="bf16"):
     """The rows at `layers`; with `fit`, where either side ran out of memory, also the rows at
     the most layers (halving) where both fit."""
-    rows = rows_of(name, get_shape(name), layers, tokens, ckpt, iters, fuses, keeps)
+    rows = rows_of(name, get_shape(name), layers, tokens, ckpt, iters, fuses, keeps, dtype)
     n = layers
     while fit and n > 1 and (rows[-1]["torch_oom"] or rows[-1]["mokgen_oom"]):
         n //= 2
-        rows += rows_of(name, get_shape(name), n, tokens, ckpt, iters, fuses, keeps)
+        rows += rows_of(name, get_shape(name), n, tokens, ckpt, iters, fuses, keeps, dtype)
     return rows
 
 
-def fitting_layers(name, tokens, ckpt, fuse=False, keep_h=None) -> int:
+def fitting_layers(name, tokens, ckpt, fuse=False, keep_h=None, dtype="bf16") -> int:
     """The most layers the planner predicts mokgen's stack trains in on this GPU."""
     shape = get_shape(name)
-    plan = mokgen.plan(shape, ep=1, tokens_per_rank=tokens,
+    plan = mokgen.plan(shape, ep=1, tokens_per_rank=tokens, dtype=dtype,
                        **({} if keep_h is None else {"keep_h": keep_h}))
     return max_layers(plan, checkpointing=ckpt, fused=fuse,
                       extra_saved_per_layer=tokens * shape.hidden * 2)
@@ -246,6 +254,9 @@ def main(argv=None):
     p.add_argument("--fuse", default="0", help="mokgen's fuse_grad_accumulation: 0, 1 or 0,1")
     p.add_argument("--keep-h", default="d",
                    help="mokgen's keep_h: d (the plan's), 0, 1, or a list such as 0,d")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp8", "mxfp8"),
+                   help="mokgen's precision (the PyTorch stack runs bf16; default: "
+                        "%(default)s)")
     p.add_argument("--out", default=result_file.RESULTS,
                    help="folder of model_stack.json (default: %(default)s)")
     a = p.parse_args(argv)
@@ -255,9 +266,10 @@ def main(argv=None):
             for ckpt in (bool(int(v)) for v in a.ckpt.split(",")):
                 fuses = [bool(int(v)) for v in a.fuse.split(",")]
                 keeps = [None if v == "d" else bool(int(v)) for v in a.keep_h.split(",")]
-                layers = (fitting_layers(name, a.tokens, ckpt, fuses[0], keeps[0])
+                layers = (fitting_layers(name, a.tokens, ckpt, fuses[0], keeps[0], a.dtype)
                           if layers_arg == "fit" else int(layers_arg))
-                for row in rows_for(name, layers, a.tokens, ckpt, a.iters, a.fit, fuses, keeps):
+                for row in rows_for(name, layers, a.tokens, ckpt, a.iters, a.fit, fuses, keeps,
+                                    a.dtype):
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     fmt = lambda v, f="{:.0f}": "OOM" if v is None else f.format(v)  # noqa: E731
@@ -267,7 +279,8 @@ def main(argv=None):
     for r in rows:
         ratio = (r["torch_step_ms"] / r["mokgen_step_ms"]
                  if r["torch_step_ms"] and r["mokgen_step_ms"] else None)
-        print(f"| {r['shape']} | {r['layers']} | {int(r['checkpointing'])} "
+        shape = r["shape"] + (f" ({r['dtype']})" if r.get("dtype") else "")
+        print(f"| {shape} | {r['layers']} | {int(r['checkpointing'])} "
               f"| {int(r['fused_grad_accumulation'])} "
               f"| {'-' if r['keep_h'] is None else int(r['keep_h'])} "
               f"| {fmt(r['mokgen_held_mb_per_layer'])} | {fmt(r['torch_held_mb_per_layer'])} "

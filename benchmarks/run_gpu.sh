@@ -108,7 +108,8 @@ fp8-ep64         -                         5-7      fp8.py --backward, ep 64
 fp8-ep8          -                         5-7      fp8.py --backward, ep 8
 models-a         -                         5-7      models.py, five models (Qwen, DeepSeek), --sustained 2
 models-b         -                         5-7      models.py, the other five (Mixtral, OLMoE, Llama, Granite)
-stack            -                         4-8      model_stack.py (Qwen3-30B, OLMoE; 4 and 48 layers; --fit)
+stack            -                         4-8      model_stack.py (Qwen3-30B, OLMoE; 4 and 48 layers; --fit;
+                                                    DTYPE=fp8: mokgen's layers in fp8)
 training         -                         3-4      training_step.py (Mixtral-8x22B, Qwen3-30B)
 sonicmoe-stage   .peersA                   <1       SonicMoE, call 1 of 2: the first part of its big wheel
 sonicmoe [S,..]  .peersB .peersC           3-9      SonicMoE, call 2 (right after 1): install, peers_sonicmoe.py
@@ -159,10 +160,11 @@ EOF
       --tokens 4096 --sustained 2 --out "$RES" "$@"
     ;;
   stack)
+    # DTYPE=fp8: mokgen's layers in fp8 (against the same bf16 PyTorch stack)
     step prebuild.log 150 python3 benchmarks/prebuild.py layers qwen3-30b-a3b,olmoe-1b-7b \
-      --ep 1 --tokens 8192
+      --ep 1 --tokens 8192 --dtypes "${DTYPE:-bf16}"
     step model_stack.log 480 python3 benchmarks/model_stack.py --layers 4,fit --ckpt 0,1 --fit \
-      --out "$RES" "$@"
+      --dtype "${DTYPE:-bf16}" --out "$RES" "$@"
     ;;
   training)
     M=${MODELS:-mixtral-8x22b,qwen3-30b-a3b}

@@ -245,7 +245,8 @@ def model_stack(data: dict) -> str:
         torch_peak = "out of memory" if r.get("torch_oom") else num(r.get("torch_peak_mb"))
         torch_ms = "out of memory" if r.get("torch_oom") else num(r.get("torch_step_ms"), 1)
         keep_h = {True: "on", False: "off"}.get(r.get("keep_h"), "not recorded")
-        rows.append([gpu(r), r["commit"], r["shape"], str(r["layers"]), num(r["tokens"]),
+        shape = r["shape"] + (f" ({r['dtype']})" if r.get("dtype") else "")  # mokgen's, not bf16
+        rows.append([gpu(r), r["commit"], shape, str(r["layers"]), num(r["tokens"]),
                      "yes" if r["checkpointing"] else "no",
                      "yes" if r["fused_grad_accumulation"] else "no", keep_h,
                      num(r.get("mokgen_workspace_mb")), num(r.get("mokgen_held_mb_per_layer"), 1),
@@ -497,7 +498,8 @@ def readme_table() -> str:
     data = load("model_stack") or {"rows": []}
     deepest = {}  # per GPU, one stack PyTorch cannot train: fused accumulation first, then
     for r in by_gpu(data["rows"]):  # Qwen3-30B-A3B, then the most layers
-        if r.get("torch_oom") and not r["checkpointing"] and not r.get("mokgen_oom"):
+        if (r.get("torch_oom") and not r["checkpointing"] and not r.get("mokgen_oom")
+                and not r.get("dtype")):  # bf16 against bf16
             rank = (bool(r.get("fused_grad_accumulation")), r["shape"] == "qwen3-30b-a3b",
                     r["layers"])
             if gpu(r) not in deepest or rank > deepest[gpu(r)][0]:

@@ -28,7 +28,7 @@ for p in "$@"; do
              pb "-layer$ep" build --bench "--shapes $PRESETS --ep $ep --tokens 1024,2048,4096 --iters 20 --backward"
            done ;;
     models) pb -models layers "$MODELS" --tokens 4096 ;;
-    stack) pb -stack layers qwen3-30b-a3b,olmoe-1b-7b --ep 1 --tokens 8192 ;;
+    stack) pb -stack layers qwen3-30b-a3b,olmoe-1b-7b --ep 1 --tokens 8192 --dtypes bf16,fp8 ;;
     peers) cache=$(mktemp -d)
            MOKGEN_CACHE=$cache python benchmarks/peers_sonicmoe.py --prebuild --dtypes bf16,fp8
            tar -cJf ".kcache/kernels-$tag-peers.tar.xz" -C "$cache" . && rm -rf "$cache" ;;

@@ -120,3 +120,14 @@ def test_prebuild_collect_records_layers_a_gpu_test_plans_before_touching_cuda(t
                    capture_output=True, text=True, timeout=300)
     plans = pickle.loads(out.read_bytes())
     assert sorted((p.ep, p.tokens_per_rank) for p in plans) == [(1, 300), (2, 256)]
+
+
+def test_model_stack_plans_fp8_stacks_with_their_quantized_weights():
+    """--dtype reaches the plan the stack is sized by: an fp8 Qwen3-30B-A3B layer holds its
+    quantized weights (1.2 GB) and keeps less of its activations (no h), so fewer fit the
+    same card than in bf16; the bf16 rows keep their results key (no dtype field)."""
+    stack = load("model_stack")
+    bf16, fp8 = (stack.fitting_layers("qwen3-30b-a3b", 8192, False, dtype=d)
+                 for d in ("bf16", "fp8"))
+    assert 0 < fp8 < bf16
+    assert stack.KEY[-1] == "dtype"
