@@ -72,7 +72,7 @@ def main() -> int:
         print(f"{dtype}: one forward's kernels (name, start us, us):")
         for name, start, us in kernels:
             print(f"  {short_kernel_name(name):72s} {start:9.1f} {us:9.1f}")
-        del layer, weights
+        layer = weights = None  # the next precision's layer on a freed GPU
         torch.cuda.empty_cache()
     print("\n| dtype | fwd host | fwd synced | fwd queued | step host | step synced "
           "| step queued |  (ms)\n|---|---|---|---|---|---|---|")
