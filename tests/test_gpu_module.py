@@ -38,6 +38,25 @@ def test_module_kernels_match_reference_forward_and_backward():
         assert rel(p.grad, q.grad) <= 2e-2, name
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_a_call_with_no_backward_keeps_nothing_and_matches(dtype):
+    """Under no_grad, or with no input requiring grad, the module's call runs the kernels
+    without saving (no kept h, no bf16 copies of an fp8 layer's h and a): bitwise the output
+    of a differentiable call, and the runtime records it kept nothing."""
+    from mokgen.pytorch import ops
+
+    layer = mokgen.MoE(SHAPE, tokens_per_rank=512, dtype=dtype).cuda()
+    rt = ops.kernels_of(layer._layer).compiled.runtime()
+    x = torch.randn(512, SHAPE.hidden, device="cuda")
+    y = layer(x.clone().requires_grad_())
+    assert rt.saved
+    with torch.no_grad():
+        assert torch.equal(layer(x), y.detach()) and not rt.saved
+    for p in layer.parameters():
+        p.requires_grad_(False)  # frozen weights and an input without grad: no backward either
+    assert torch.equal(layer(x), y.detach()) and not rt.saved
+
+
 def test_torch_compile_fullgraph_with_kernels():
     torch._dynamo.reset()
     ours, _ = twins()

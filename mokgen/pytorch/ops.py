@@ -486,11 +486,24 @@ _EagerForward = _eager_function(_forward_impl, 3, _backward)
 _EagerForwardRouted = _eager_function(_forward_routed_impl, 1, _backward_routed)
 
 
+def _no_backward_kernels(layer: int, args):
+    """The layer's CUDA kernels where a plain eager call can have no backward (grad mode off,
+    or no input requiring grad): its forward then keeps no activations (save=False: no kept
+    h, no bf16 copies of an fp8 layer's h and a), as an inference call should. Else None."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args):
+        return None
+    return _kernels(layer, args[0])
+
+
 def moe(x, router_logits, w1, w2, shared_w1, shared_w2, layer: int) -> torch.Tensor:
     """y of moe_forward: through the op, or for a plain eager call (_plain_eager) the same
-    body and backward without the dispatcher."""
+    body and backward without the dispatcher (with no backward to come: the kernels alone,
+    keeping nothing)."""
     args = (x, router_logits, w1, w2, shared_w1, shared_w2)
     if _plain_eager(args):
+        kernels = _no_backward_kernels(layer, args)
+        if kernels is not None:
+            return kernels.forward(*args, save=False)[0]
         return _EagerForward.apply(*args, layer)[0]
     return moe_forward(*args, layer)[0]
 
@@ -499,5 +512,9 @@ def moe_routed(x, experts, weights, w1, w2, shared_w1, shared_w2, layer: int) ->
     """y of moe_forward_routed, as `moe`."""
     args = (x, experts, weights, w1, w2, shared_w1, shared_w2)
     if _plain_eager(args):
+        kernels = _no_backward_kernels(layer, args)
+        if kernels is not None:
+            return kernels.forward(x, None, w1, w2, shared_w1, shared_w2,
+                                   routes=(experts, weights), save=False)[0]
         return _EagerForwardRouted.apply(*args, layer)[0]
     return moe_forward_routed(*args, layer)[0]
