@@ -222,7 +222,7 @@ def test_an_optimizer_step_frees_the_quantized_weights_it_makes_stale():
     layer = mokgen.MoE(shape, tokens_per_rank=256, dtype="fp8", device="cuda")
     x = torch.randn(256, shape.hidden, device="cuda")
     layer(x).float().square().mean().backward()
-    cache = ops.kernels_of(layer._layer).compiled._weights._cache
+    cache = ops.kernels_of(layer._layer).layer()._weights._cache
     held = memory_report(layer.plan)["quantized_weights_per_layer"]
     assert len(cache) == 1 and held > 0
     torch.cuda.synchronize()

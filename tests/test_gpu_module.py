@@ -46,7 +46,7 @@ def test_a_call_with_no_backward_keeps_nothing_and_matches(dtype):
     from mokgen.pytorch import ops
 
     layer = mokgen.MoE(SHAPE, tokens_per_rank=512, dtype=dtype).cuda()
-    rt = ops.kernels_of(layer._layer).compiled.runtime()
+    rt = ops.kernels_of(layer._layer).layer().runtime()
     x = torch.randn(512, SHAPE.hidden, device="cuda")
     y = layer(x.clone().requires_grad_())
     assert rt.saved
