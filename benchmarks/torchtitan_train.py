@@ -404,18 +404,19 @@ def write_profile(prof, args, step_ms: list) -> dict:
     kernels = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                if e.device_type.name == "CUDA"]
     busy, idle, gaps = idle_gaps(kernels)
+    parts = gpu_time_by_part(kernels, len(step_ms))
     name = label(args.impl, args.dtype, args.cuda_graphs)
     head = (f"{args.model} {name}: {len(step_ms)} steps, "
             f"{', '.join(f'{t:.1f}' for t in step_ms)} ms (synced, profiler on); GPU busy "
             f"{busy / 1e3:.1f} ms, idle between kernels {idle / 1e3:.1f} ms; longest gaps:\n"
             + "\n".join(f"  {us / 1e3:8.2f} ms after {a[:60]} before {b[:60]}"
-                        for us, a, b in gaps))
+                        for us, a, b in gaps)
+            + f"\nGPU ms a step by part: {parts}")
     # no "+" in the name: the device machine's transfer leaves such files behind
     path = os.path.join(args.out, f"profile_{args.model}_{name.replace('+', '-')}.txt")
-    parts = gpu_time_by_part(kernels, len(step_ms))
     with open(path, "w") as f:
-        f.write(head + "\n" + f"GPU ms a step by part: {parts}\n" + table)
-    print(head + "\n" + f"GPU ms a step by part: {parts}\n" + "\n".join(table.splitlines()[:28]))
+        f.write(head + "\n" + table)
+    print(head + "\n" + "\n".join(table.splitlines()[:28]))
     return parts
 
 

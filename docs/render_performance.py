@@ -312,6 +312,12 @@ def training_step(data: dict) -> str:
                   "grouped_mm SM MHz"], rows)
 
 
+def torchtitan_call(r: dict) -> tuple:
+    """What makes torchtitan runs comparable: one GPU kind, configuration, step count and
+    commit (the runs of one call)."""
+    return gpu(r), r["layers"], r["batch"], r["seq"], r["ac"], r["steps"], r["commit"]
+
+
 def torchtitan_runs(data: dict) -> str:
     """One row per run; each mokgen row against torchtitan's run of the same seed (same
     weights and data; `+graphs` rows against torchtitan's `+graphs` run) and against the band
@@ -324,8 +330,7 @@ def torchtitan_runs(data: dict) -> str:
     rows, notes = [], []
     groups: dict = {}
     for r in by_gpu(data["rows"]):
-        groups.setdefault((gpu(r), r["layers"], r["batch"], r["seq"], r["ac"], r["steps"],
-                           r["commit"]), []).append(r)
+        groups.setdefault(torchtitan_call(r), []).append(r)
     for (kind, *_), runs in groups.items():
         band = band_check(runs, SMOOTH)
         theirs = {(r["impl"], r["seed"]): r for r in runs if r["impl"].startswith("torchtitan")}
@@ -509,11 +514,11 @@ def readme_table() -> str:
                      gpu(r), r["commit"], f"{num(r['mokgen_step_ms'])} ms",
                      "PyTorch: out of memory", "-"])
     data = load("torchtitan_qwen3_30b_a3b") or {"rows": []}
-    run = lambda r: (gpu(r), r["seed"], r["layers"], r["steps"], r["commit"])  # noqa: E731
-    base = {run(r): r for r in data["rows"] if r["impl"] == "torchtitan"}
+    base = {(torchtitan_call(r), r["seed"]): r for r in data["rows"]
+            if r["impl"] == "torchtitan"}
     latest = {gpu(r): r["commit"] for r in data.get("runs", [])}
     for r in by_gpu(data["rows"]):  # mokgen against torchtitan's run of the same seed
-        b = base.get(run(r))
+        b = base.get((torchtitan_call(r), r["seed"]))
         if r["impl"] == "mokgen" and b and r["commit"] == latest.get(gpu(r), r["commit"]):
             rows.append([f"torchtitan, Qwen3-30B-A3B-shaped, {r['layers']} layers, 1 GPU",
                          gpu(r), r["commit"], f"{num(r['tokens_per_s'])} tokens/s",
