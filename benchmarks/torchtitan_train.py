@@ -107,6 +107,10 @@ def parse(argv=None):
                    help="torch.profiler over this many steps after step 20: the GPU kernels' "
                         "time table printed and written beside the results, and the row's "
                         "gpu_ms_per_step (AdamW, FSDP2 copies, mokgen, rest; default: none)")
+    r.add_argument("--memory-step", metavar="STEP", type=int, default=0,
+                   help="record the caching allocator's history over this step: the row's "
+                        "memory_peak names what was live at the step's peak, by the Python "
+                        "line that allocated it (default: none)")
     r.add_argument("--max-seconds", type=float, default=540,
                    help="stop training past this wall time (a call's limit), and say so")
     p = sub.add_parser("report", help="the band check, tokens/s and peak memory of the runs "
@@ -296,7 +300,7 @@ def run(args) -> int:
             fwd_bwd = wrap_with_cuda_graph(fwd_bwd)
         valid_tokens = torch.tensor(float(args.batch * args.seq), device="cuda")
         data = batches(tokens, args.batch, args.seq, args.seed)
-        losses, step_ms, gpu_parts = [], [], None
+        losses, step_ms, gpu_parts, memory_peak = [], [], None, None
         # as torchtitan's trainer: Python's collector off, a collection every GC_EVERY steps
         # (else a collection lands at random in a step and stalls it)
         gc_handler = GarbageCollection(gc_freq=GC_EVERY)
@@ -310,6 +314,9 @@ def run(args) -> int:
                     activities=[torch.profiler.ProfilerActivity.CUDA]).__enter__()
             x, y = (t.cuda(non_blocking=True) for t in next(data))
             torch.cuda.synchronize()
+            if args.memory_step and step == args.memory_step:
+                base_bytes = torch.cuda.memory_allocated()
+                torch.cuda.memory._record_memory_history(context="alloc", stacks="python")
             t0 = time.perf_counter()
             gc_handler.run(step + 1)  # torchtitan's steps count from 1
             # a graph's gradients live in its pool: zeroed in place, as torchtitan's trainer
@@ -323,6 +330,10 @@ def run(args) -> int:
             losses.append(loss.item())
             if step % 50 == 0 or step == args.steps - 1:
                 print(f"step {step} loss {losses[-1]:.4f} {step_ms[-1]:.1f} ms", flush=True)
+            if args.memory_step and step == args.memory_step:
+                memory_peak = peak_composition(torch.cuda.memory._snapshot(), base_bytes)
+                torch.cuda.memory._record_memory_history(enabled=None)
+                print(format_peak(memory_peak))
             if args.profile and step == PROFILE_FROM + args.profile - 1:
                 prof.__exit__(None, None, None)
                 gpu_parts = write_profile(prof, args, step_ms[-args.profile:])
@@ -346,6 +357,8 @@ def run(args) -> int:
            "data": f"{', '.join(texts)}: {tokens.numel()} tokens, vocab {vocab}"}
     if gpu_parts:  # --profile: the profiled steps' GPU time by part, ms a step
         row["gpu_ms_per_step"] = gpu_parts
+    if memory_peak:  # --memory-step
+        row["memory_peak"] = memory_peak
     import torchtitan
 
     path = result_file.write(f"torchtitan_{args.model.replace('-', '_')}", [row], KEY,
@@ -358,6 +371,56 @@ def run(args) -> int:
 
 GC_EVERY = 50  # torchtitan's training.gc_freq default
 PROFILE_FROM = 20  # past compilation and the first steps' allocations
+
+
+def peak_composition(snapshot: dict, base_bytes: int, top: int = 16) -> dict:
+    """What one recorded step held at its peak: replays the allocator's trace (allocations
+    and completed frees since recording began) from base_bytes, the bytes allocated before
+    the step (frees of older blocks count too), and names the step's own allocations live at
+    the highest point by the innermost Python frame outside torch (the line in mokgen,
+    torchtitan or this file that asked). -> {"base_mb", "peak_mb", "step_mb_by_site":
+    [[site, MiB], ...]}."""
+    events = [ev for trace in snapshot.get("device_traces", []) for ev in trace
+              if ev["action"] in ("alloc", "free_completed")]
+
+    def replay(stop: int) -> tuple:
+        live, now, peak, peak_at = {}, base_bytes, base_bytes, 0
+        for i, ev in enumerate(events[:stop]):
+            if ev["action"] == "alloc":
+                live[ev["addr"]] = ev
+                now += ev["size"]
+            else:
+                live.pop(ev["addr"], None)
+                now -= ev["size"]
+            if now > peak:
+                peak, peak_at = now, i + 1
+        return live, peak, peak_at
+
+    _, peak, peak_at = replay(len(events))
+    live, _, _ = replay(peak_at)
+    by_site: dict = {}
+    for ev in live.values():
+        site = alloc_site(ev.get("frames", []))
+        by_site[site] = by_site.get(site, 0) + ev["size"]
+    ranked = sorted(by_site.items(), key=lambda kv: -kv[1])[:top]
+    return {"base_mb": base_bytes / 2**20, "peak_mb": peak / 2**20,
+            "step_mb_by_site": [[site, b / 2**20] for site, b in ranked]}
+
+
+def alloc_site(frames: list) -> str:
+    """The innermost frame not in torch itself, as file:line function (the first frame else)."""
+    for f in frames:
+        name = f.get("filename", "")
+        if "/torch/" not in name and not name.startswith("<") and name:
+            return f"{os.path.basename(name)}:{f.get('line')} {f.get('name')}"
+    return f"{frames[0].get('filename')}:{frames[0].get('line')}" if frames else "?"
+
+
+def format_peak(peak: dict) -> str:
+    lines = [f"memory at the recorded step's peak: {peak['peak_mb']:,.0f} MiB "
+             f"({peak['base_mb']:,.0f} before the step; the step's live allocations by site:)"]
+    lines += [f"  {mb:9,.1f} MiB  {site}" for site, mb in peak["step_mb_by_site"]]
+    return "\n".join(lines)
 
 
 def idle_gaps(kernels: list, top: int = 12) -> tuple:

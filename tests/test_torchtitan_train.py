@@ -101,6 +101,28 @@ def test_gpu_time_by_part_names_what_is_the_same_whatever_the_moe():
         "optimizer": 2.0, "fsdp_copies": 2.0, "mokgen": 3.0, "rest": 1.0}
 
 
+def test_peak_composition_replays_the_step_and_names_who_asked():
+    """--memory-step: the peak is found over allocations and completed frees (a free of a
+    block older than the recording lowers the count too), and what is live there is summed
+    by the innermost frame outside torch."""
+    def alloc(addr, size, where):
+        frames = [{"filename": "/site/torch/nn/modules/linear.py", "line": 1, "name": "f"},
+                  {"filename": f"/repo/{where}", "line": 7, "name": "g"}]
+        return {"action": "alloc", "addr": addr, "size": size, "frames": frames}
+
+    free = lambda addr, size: {"action": "free_completed", "addr": addr, "size": size}  # noqa
+    mib = 2**20
+    trace = [free(900, 2 * mib),                     # last step's gradient, set to None
+             alloc(1, 3 * mib, "mokgen/runtime/moe.py"), alloc(2, 1 * mib, "model.py"),
+             {"action": "free_requested", "addr": 2, "size": 1 * mib},  # not yet free
+             alloc(3, 1 * mib, "model.py"),          # the peak: 10 - 2 + 3 + 1 + 1
+             free(2, 1 * mib), free(3, 1 * mib), alloc(4, 2 * mib, "model.py")]
+    got = bench.peak_composition({"device_traces": [trace]}, base_bytes=10 * mib)
+    assert got == {"base_mb": 10.0, "peak_mb": 13.0,
+                   "step_mb_by_site": [["moe.py:7 g", 3.0], ["model.py:7 g", 2.0]]}
+    assert "13 MiB" in bench.format_peak(got)
+
+
 def test_cuda_graph_runs_are_rows_of_their_own_and_bf16_only():
     """--cuda-graphs (torchtitan's trainer default) labels its rows apart, so a results file
     keeps eager and captured runs side by side; fp8 is refused before any GPU work."""
