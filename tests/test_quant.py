@@ -377,28 +377,65 @@ def test_weight_cache_requantizes_exactly_when_a_weight_changes():
     assert len(calls) == 6
 
 
-def test_weight_cache_frees_the_weights_an_optimizer_is_about_to_step():
-    """Before any optimizer's step the entries of the weights it updates are dropped (stale
-    after it; freed before its own peak); the entries of weights it does not step stay, and
-    calls before a step (gradient accumulation) keep hitting."""
+def test_weight_cache_is_dropped_before_any_optimizer_step():
+    """Before any optimizer's step every entry is dropped (stale after it, whatever tensors
+    it steps: FSDP2 steps shards; freed before the step's own peak); calls before a step
+    (gradient accumulation, activation recomputation) keep hitting."""
     from mokgen.runtime.moe import WeightCache
 
     cache, calls = WeightCache(128, slots=2), []
     cache.quantize = lambda w: (calls.append(w), (w, w))[1]
     mine = [torch.nn.Parameter(torch.randn(1, 128, 128)) for _ in range(2)]
-    other = [torch.nn.Parameter(torch.randn(1, 128, 128)) for _ in range(2)]
+    other = torch.nn.Parameter(torch.randn(3))
     cache.get(*mine)
-    cache.get(*other)
     cache.get(*mine)  # a second micro-batch: a hit
-    assert len(calls) == 4
-    for w in mine + other:
-        w.grad = torch.ones_like(w)
-    torch.optim.SGD(other[:1], lr=0.0).step()  # steps one of `other`'s weights
-    assert [tuple(map(id, e.of)) for e in cache._cache.values()] == [tuple(map(id, mine))]
-    torch.optim.AdamW(mine).step()
+    assert len(calls) == 2
+    other.grad = torch.ones_like(other)
+    torch.optim.SGD([other], lr=0.1).step()  # steps none of the layer's own tensors
     assert not cache._cache
-    cache.get(*mine)  # the stepped weights quantized again
-    assert len(calls) == 6
+    cache.get(*mine)
+    assert len(calls) == 4
+
+
+def test_weight_cache_sees_fsdp2s_new_weights_after_a_step(tmp_path):
+    """FSDP2 (one gloo rank on CPU) all-gathers its stepped shards into the same unsharded
+    parameter each forward and keeps its version counter: the identity and version stay, the
+    values change. The forward after an optimizer step must quantize the new values (a cache
+    keyed on identity and version alone served step 0's weights for the whole run)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from mokgen.runtime.moe import WeightCache
+
+    class Experts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            g = torch.Generator().manual_seed(11)
+            self.w1 = torch.nn.Parameter(torch.randn(1, 256, 128, generator=g))
+            self.w2 = torch.nn.Parameter(torch.randn(1, 128, 128, generator=g))
+            self.cache, self.seen = WeightCache(128, slots=1), []
+
+        def forward(self, x):
+            q = self.cache.get(self.w1, self.w2)  # the unsharded parameters, as a layer sees
+            self.seen.append((self.w1.detach().clone(), q.w1.clone()))
+            return (x @ self.w1[0].T).sum() + self.w2.sum()
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        model = Experts()
+        fully_shard(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        for _ in range(2):
+            model(torch.randn(2, 128)).backward()
+            opt.step()
+            opt.zero_grad()
+        (before, q_before), (after, q_after) = model.seen
+        assert not torch.equal(before, after)  # the step changed the weights
+        assert torch.equal(q_after, quant.to_fp8_blockwise(
+            after[0], quant.WEIGHT_BLOCK)[0].view(torch.uint8))
+        assert not torch.equal(q_before, q_after)
+    finally:
+        dist.destroy_process_group()
 
 
 def test_weight_cache_refuses_cuda_graph_capture(monkeypatch):

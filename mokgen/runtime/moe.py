@@ -465,24 +465,26 @@ _OPTIMIZER_HOOK = None
 
 
 def _drop_before_optimizer_step(optimizer, args, kwargs) -> None:
-    """A global optimizer pre-step hook: the quantized copies of the weights this step updates
-    are stale once it has run (their next call quantizes the new version), so they are freed
-    before it, out of the step's own peak (AdamW's temporaries), rather than at their layer's
-    next forward. The memory returns to the stream that allocated it, behind the kernels
-    that read it."""
-    caches = [c for c in _LIVE_CACHES if c._cache]
-    if caches:
-        updated = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        for cache in caches:
-            cache.drop(updated)
+    """A global optimizer pre-step hook: every quantized copy is dropped before any optimizer
+    steps. Which weights a step changes cannot be told from its parameters: FSDP2 steps
+    shards and then all-gathers them into the same unsharded tensors, keeping their version
+    counters, so a layer's weights look unchanged though their values are new. Dropping them
+    here is what makes the next forward quantize the new values; it also frees them before
+    the step's own peak (AdamW's temporaries). The memory returns to the stream that
+    allocated it, behind the kernels that read it."""
+    for cache in list(_LIVE_CACHES):
+        cache.clear()
 
 
 class WeightCache:
     """The routed experts' fp8 weights (mokgen.quant), quantized once per weight version: a
     training step's forward and backward share one quantization, and an unchanged weight is
     never quantized twice. A weight is the same when it is the same tensor object (the entry
-    holds it, so its id cannot be reused) at the same autograd version counter: in-place
-    updates (optimizer steps) bump it; writes through `.data` do not, and are not seen.
+    holds it, so its id cannot be reused) at the same autograd version counter and no
+    optimizer has stepped since it was quantized: in-place updates bump the counter, and any
+    torch.optim step drops every entry (FSDP2 keeps its unsharded weights' counters across
+    steps); a write that does neither (through `.data`, a checkpoint loaded into FSDP2 shards
+    mid-run) is not seen until the next optimizer step.
     Kernel layouts, of the weights zero-padded to whole 128 x 128 blocks per expert (W1 per
     gate / up half: pad_weight): e4m3 data [rows, K] as uint8; blockwise scales fp32
     [rows/128, K/128]; MX scales fp32 2^(e - 127) transposed to [K/32, rows] (NaN for the NaN
@@ -495,10 +497,9 @@ class WeightCache:
     keeps its captured step's decision; captured on weights already quantized (a second
     micro-batch, no optimizer step since the warm-up), it holds no quantization and every
     replay multiplies the old quantized weights. `get` refuses capture rather than risk it.
-    Entries whose weights an optimizer steps are dropped just before its step (a global
-    optimizer pre-step hook, registered with the first entry): they are stale after it, and
-    gradient accumulation, which calls again before any step, keeps its hits. (An optimizer
-    over other tensors, FSDP2's shards, drops nothing: those go at the next version.)"""
+    Entries are dropped just before any optimizer's step (a global optimizer pre-step hook,
+    registered with the first entry): they may be stale after it, and gradient accumulation
+    and activation recomputation, which call again before any step, keep their hits."""
 
     def __init__(self, scale_block: int, slots: int, module=None):
         self.q, self.slots = scale_block, slots  # slots: one per hosted rank
@@ -542,11 +543,9 @@ class WeightCache:
 
             _OPTIMIZER_HOOK = register_optimizer_step_pre_hook(_drop_before_optimizer_step)
 
-    def drop(self, weight_ids: set) -> None:
-        """Forget the entries of which either weight's id is in weight_ids."""
-        for key in [k for k, e in self._cache.items()
-                    if id(e.of[0]) in weight_ids or id(e.of[1]) in weight_ids]:
-            del self._cache[key]
+    def clear(self) -> None:
+        """Forget every quantized weight (the next call quantizes again)."""
+        self._cache.clear()
 
     def transposed(self, w1, w2):
         e = self.get(w1, w2)
