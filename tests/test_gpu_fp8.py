@@ -159,10 +159,10 @@ def test_fp8_backward_matches_the_quantized_reference(fmt, ep, tokens, overrides
     assert held == [memory_report(layer.plan)["quantized_weights_per_layer"]] * ep
     if overrides:  # every ring slot was written: its e4m3 rows are mokgen.quant of its bf16
         # (dy is quantized by the same pull as x; dh, bf16, lands over the pre-activations)
-        bw, b = layer.backward_runtime(), layer.runtime().ranks[-1]
-        for name, bf16, q8, sc in (("x", b.ring_x, b.ring_x8, b.ring_sx),
-                                   ("dh", b.ring_h, bw.ring_dh8, bw.ring_sdh)):
-            assert_quantized(name, fmt, bf16, q8, sc)
+        sc, b = layer.backward_runtime().scratch[-1], layer.runtime().ranks[-1]
+        for name, bf16, q8, scales in (("x", b.ring_x, b.ring_x8, b.ring_sx),
+                                       ("dh", b.ring_h, sc.ring_dh8, sc.ring_sdh)):
+            assert_quantized(name, fmt, bf16, q8, scales)
 
 
 def assert_quantized(name, fmt, bf16, q8, scales):

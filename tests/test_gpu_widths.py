@@ -173,7 +173,7 @@ def test_width_16_fp8_rings_quantize_like_mokgen_quant(name, dtype):
     layer.backward_runtime().poison()
     grads_of(layer, inputs, dys)
     torch.cuda.synchronize()
-    bw, b = layer.backward_runtime(), layer.runtime().ranks[-1]
+    bw, b = layer.backward_runtime().scratch[-1], layer.runtime().ranks[-1]
     q, I = layer.runtime().spec.scale_block, shape.intermediate
     PI = -(-I // 128) * 128
 

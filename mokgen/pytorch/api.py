@@ -32,6 +32,10 @@ class CompiledMoE:
         # of one plan share it): its fp8 weight cache keeps a set per rank for each, as a
         # compiled layer per block would, so a backward finds what its forward quantized
         self.weight_sets = 1
+        # One real rank hands its workspace back between calls (ForwardRuntime.release): out
+        # of the step's peak, which falls between calls. Virtual ranks (tests and benchmarks
+        # read their buffers after a call) and real peers (symmetric memory) keep theirs.
+        self.releases_workspace = not virtual and plan.ep == 1
 
     @property
     def resources(self) -> dict:
@@ -59,9 +63,9 @@ class CompiledMoE:
                     spec, self.binaries["prologue"].image, self.binaries["fwd"].image,
                     hosted_virtual, None if hosted_virtual else self.group, self.watchdog_s))
             self._runtime.layers.add(self)
-            self._weights = WeightCache(spec.scale_block, len(self._runtime.ranks),
+            self._weights = WeightCache(spec.scale_block, self._runtime.hosted,
                                         self._runtime.prologue.module)
-        self._weights.slots = len(self._runtime.ranks) * self.weight_sets
+        self._weights.slots = self._runtime.hosted * self.weight_sets
         self._runtime.weights = self._weights  # this layer's fp8 weights (see ForwardRuntime)
         return self._runtime
 
@@ -92,17 +96,18 @@ class CompiledMoE:
                 self.virtual, group, self.watchdog_s)
 
     def memory(self) -> dict:
-        """Device bytes of this layer beyond its weights: `workspace` (allocated now, shared
-        with every live layer of the same plan on this device and group), `layers_sharing`
-        it, and `saved_per_call` (what one differentiable call keeps for its backward:
-        x, logits, routes and, keep_h plans, its h). The plan's `memory_report` predicts the
-        same before any GPU."""
-        from mokgen.runtime.workspace import nbytes, saved_bytes, tensors_of
+        """Device bytes of this layer beyond its weights: `workspace` (what a call holds,
+        shared with every live layer of the same plan on this device and group, as allocated
+        by the last call), `workspace_held` (allocated now: 0 between calls where the layer
+        releases it, `releases_workspace`), `layers_sharing` it, and `saved_per_call` (what
+        one differentiable call keeps for its backward: x, logits, routes and, keep_h plans,
+        its h). The plan's `memory_report` predicts the same before any GPU."""
+        from mokgen.runtime.workspace import saved_bytes
 
-        rt, bwd = self._runtime, self._backward
-        ts = tensors_of(*rt.ranks, *rt.peers.bufs.values()) if rt is not None else []
-        ts = tensors_of(ts, bwd) if bwd is not None else ts
-        return {"workspace": nbytes(ts), "layers_sharing": len(rt.layers) if rt else 0,
+        rt = self._runtime
+        held = rt.held_bytes() if rt is not None else 0
+        return {"workspace": max(held, rt.call_bytes) if rt is not None else 0,
+                "workspace_held": held, "layers_sharing": len(rt.layers) if rt else 0,
                 "saved_per_call": saved_bytes(layer_spec(self.plan), self.plan.tokens_per_rank)}
 
     def __call__(self, x, router_logits, w1, w2, shared_w1=None, shared_w2=None, routes=None):
@@ -153,6 +158,8 @@ class CompiledMoE:
         ys = rt.forward(xs, zs, w1s, w2s, shared_w1, shared_w2, routes=given, save=save,
                         kept=kept)
         if not save:
+            if self.releases_workspace:
+                rt.release()
             return ys, None, rt.generation, None
         routes = given if given is not None else [rt.routes_of(i, n) for i in range(len(xs))]
         return ys, routes, rt.generation, kept
@@ -173,8 +180,11 @@ class CompiledMoE:
         bwd.rt.check()
         dys = [dy.to(torch.bfloat16).contiguous() for dy in dys]
         routes = [(e.int().contiguous(), w.float().contiguous()) for e, w in routes]
-        return bwd.backward(dys, xs, w1s, w2s, shared_w1, shared_w2, routes, generation,
-                            accumulate, kept)
+        grads = bwd.backward(dys, xs, w1s, w2s, shared_w1, shared_w2, routes, generation,
+                             accumulate, kept)
+        if self.releases_workspace:  # what it returns that views the workspace keeps that
+            bwd.rt.release()         # block alive (the router-weight gradients) until freed
+        return grads
 
     def synchronize(self) -> None:
         """Wait for this layer's work and raise what the watchdog recorded, if anything."""

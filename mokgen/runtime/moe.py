@@ -25,7 +25,7 @@ from mokgen.runtime.checks import check_ctas
 from mokgen.runtime.peers import PeerSet
 from mokgen.runtime.prologue import Prologue, warp_per_token_grid
 from mokgen.runtime.workspace import (KeptActivations, LayerSpec, RankBuffers,  # noqa: F401 - LayerSpec:
-                        activation_buffers, nbytes)  # LayerSpec re-exported
+                        activation_buffers, nbytes, tensors_of)  # LayerSpec re-exported
 
 BF16 = torch.bfloat16
 MAX_MAPS = 4096  # tensor maps kept (128 B each): a 48-layer model uses about 30 per layer
@@ -71,12 +71,13 @@ class ForwardRuntime:
         self.side_by_side_ranks = virtual and spec.ep > 1 and \
             spec.ep * self.fwd_ctas <= self.num_sms
         self._side_streams = None
-        self.peers = PeerSet(spec, self.dev, virtual, group)
-        self.ranks = [RankBuffers(spec, self.dev, self.peers.local(i))
-                      for i in range(len(self.peers.hosted_ranks))]
+        self.group, self.poison_outputs = group, False
+        self._workspace = None  # the buffers while held: _held(), release()
+        self.call_bytes = 0  # the workspace's bytes when last released
+        # real ranks rendezvous their symmetric memory here, together
+        self.hosted = len(self._held()["ranks"])  # ranks this process hosts
         self.f_barrier = pro.function("mokgen_barrier")
         self._maps: OrderedDict = OrderedDict()
-        self.poison_outputs = False
         # Which forward the rings hold: bumped by every call of any layer sharing this
         # runtime; `saved` when that call kept the gate/up pre-activations for a backward (the
         # ring's macrobatch 0 is then reusable by that call's backward, and by no other).
@@ -88,7 +89,7 @@ class ForwardRuntime:
         self.stats = {"backward": 0, "replayed": 0, "resident_kernel": 0}
         # The calling layer's fp8 weight cache: each layer owns one (CompiledMoE sets it
         # before a call), so layers sharing this runtime do not evict each other's weights.
-        self.weights = WeightCache(spec.scale_block, len(self.ranks), pro)
+        self.weights = WeightCache(spec.scale_block, self.hosted, pro)
 
     def adopt_module(self, m) -> None:
         """Point a loaded module's watchdog globals (each module has its own copy) at this
@@ -98,10 +99,66 @@ class ForwardRuntime:
                         struct.pack("<Q", int(self.watchdog_s * 1e9)))
         self.modules.append(m)
 
+    # ------------------------------------------------------------------ the workspace
+    @property
+    def peers(self) -> PeerSet:
+        return self._held()["peers"]
+
+    @property
+    def ranks(self) -> list:
+        """Per hosted rank its RankBuffers."""
+        return self._held()["ranks"]
+
+    def _held(self) -> dict:
+        """The workspace (peer buffers, the ranks' buffers, and parts other passes keep in it:
+        held_part), allocated again where release() returned it."""
+        if self._workspace is None:
+            peers = PeerSet(self.spec, self.dev, self.virtual, self.group)
+            self._workspace = {"peers": peers, "ranks": [
+                RankBuffers(self.spec, self.dev, peers.local(i))
+                for i in range(len(peers.hosted_ranks))]}
+            if self.poison_outputs:
+                self._fill_poison()
+        return self._workspace
+
+    def held_part(self, name: str, make):
+        """A part of the workspace another pass owns (the backward's scratch, which may view
+        the combine rows): made on first use, released with the rest."""
+        ws = self._held()
+        if name not in ws:
+            ws[name] = make()
+        return ws[name]
+
+    def release(self) -> None:
+        """Return the workspace to PyTorch's caching allocator until the next call, which
+        takes it back (from the allocator's cache: the same blocks, unless another tensor took
+        them meanwhile). So between calls, where a training step peaks (FSDP2's gradient
+        reduction, the optimizer), mokgen holds nothing. What the rings held is gone: a
+        backward after it rebuilds its schedule and replays what it needs. Real ranks keep
+        their symmetric memory (allocated together, once)."""
+        if self._workspace is not None and self._workspace["peers"].virtual:
+            self.call_bytes = self.held_bytes()
+            self._workspace = None
+            self.generation += 1
+            self.saved = False
+
+    def held_bytes(self) -> int:
+        """Bytes of the workspace held now (0 between calls once released)."""
+        if self._workspace is None:
+            return 0
+        ws = self._workspace
+        return nbytes(tensors_of(*ws["ranks"], *ws["peers"].bufs.values(),
+                                 *ws.get("backward", [])))
+
     def poison(self) -> None:
         """Fill every buffer a call must write with NaN (and the schedule with -2, which
         reads as padding), and make calls return NaN-filled outputs until written: a test
-        then sees any element the kernels skip."""
+        then sees any element the kernels skip. A workspace allocated again (release) is
+        filled alike."""
+        self.poison_outputs = True
+        self._fill_poison()
+
+    def _fill_poison(self) -> None:
         for b in self.ranks:
             for t in (b.combine, b.ring_x, b.ring_a, b.ring_h, b.h_shared, b.hs_pre,
                       b.y_shared, b.row_weight):
@@ -113,7 +170,6 @@ class ForwardRuntime:
                     t.fill_(0xFF)  # e4m3 NaN
                 for t in (b.ring_sx, b.ring_sa):
                     t.fill_(float("nan"))
-        self.poison_outputs = True
 
     # ------------------------------------------------------------------ helpers
     def _map(self, t: torch.Tensor, rows: int, cols: int, box_rows: int, box_cols: int = 64,
@@ -198,7 +254,7 @@ class ForwardRuntime:
                              "call's own buffers: pass kept=rt.new_kept(n)")
         self.generation += 1
         self.saved = save
-        hosted = range(len(self.ranks))
+        hosted = range(self.hosted)
         x_ptrs = self.peer_rows(xs)  # staged before the barrier: peers read it after
         for i in hosted:
             self.ranks[i].counters.zero_()

@@ -45,15 +45,14 @@ def _resident(spec, ring_holds_call: bool, kept) -> int:
     return int(kept is not None)
 
 
-class BackwardPass(BackwardScratch):
-    """The backward kernel over its scratch (BackwardScratch) and the forward's runtime."""
+class BackwardPass:
+    """The backward kernel over its scratch (BackwardScratch, a part of the forward's
+    workspace) and the forward's runtime."""
 
     def __init__(self, rt, bwd_cubin: bytes, resident_cubin: bytes | None = None):
         """`resident_cubin`: keep_h plans' second kernel (codegen "bwdres",
         plan.resident_twin), launched where the ring still holds the call's own forward."""
-        hosted = range(len(rt.peers.hosted_ranks))
-        super().__init__(rt.spec, rt.dev, backward_ring_dy(rt.spec, rt.peers.local(0)))
-        self.rt = rt
+        self.rt, self.poisoned = rt, False
         self.kernel = self._load(bwd_cubin)
         self.resident_kernel = self._load(resident_cubin) if resident_cubin else None
         # the modules whose mokgen_trace global a trace sets (trace.cuh): a keep_h call
@@ -70,10 +69,23 @@ class BackwardPass(BackwardScratch):
         # side by side where the plan leaves room, as real ranks run: each hosted rank needs
         # scratch of its own
         self.side_by_side = virtual and s.ep > 1 and s.ep * self.ctas <= rt.num_sms
-        self.scratch = [self] + [BackwardScratch(s, rt.dev,
-                                                 backward_ring_dy(s, rt.peers.local(i)))
-                                 for i in hosted[1:]] if self.side_by_side else \
-            [self] * len(hosted)
+
+    @property
+    def scratch(self) -> list:
+        """Per hosted rank the BackwardScratch its kernel runs on: one shared where the ranks
+        run one after another. Kept in the forward's workspace (its dy ring may be the combine
+        rows), so released and made again with it."""
+        return self.rt.held_part("backward", self._make_scratch)
+
+    def _make_scratch(self) -> list:
+        rt, s = self.rt, self.rt.spec
+        hosted = range(rt.hosted)
+        made = [BackwardScratch(s, rt.dev, backward_ring_dy(s, rt.peers.local(i)))
+                for i in (hosted if self.side_by_side else hosted[:1])]
+        scratch = made if self.side_by_side else made * len(hosted)
+        if self.poisoned:
+            self._fill_poison(made)
+        return scratch
 
     def _load(self, cubin: bytes) -> "_Kernel":
         """A backward kernel's module, checked against the workspace it will run on."""
@@ -100,7 +112,13 @@ class BackwardPass(BackwardScratch):
                        bool(glob("mokgen_bwd_wgrad_tma")[0]))
 
     def poison(self) -> None:
-        for sc in dict.fromkeys(self.scratch):  # each scratch once
+        """As ForwardRuntime.poison, for the backward's scratch and the router-weight
+        gradients (a scratch allocated again is filled alike)."""
+        self.poisoned = True
+        self._fill_poison(dict.fromkeys(self.scratch))  # each scratch once
+
+    def _fill_poison(self, scratch) -> None:
+        for sc in scratch:
             for t in (sc.ring_dy, sc.dw_part, sc.wg_acc):
                 if t is not None:
                     t.fill_(float("nan"))
@@ -126,7 +144,7 @@ class BackwardPass(BackwardScratch):
         and only the schedule is rebuilt where the tables were rewritten."""
         rt, s = self.rt, self.rt.spec
         n = xs[0].shape[0]
-        hosted = range(len(rt.ranks))
+        hosted = range(rt.hosted)
         if s.keep_h and kept is None:
             raise ValueError("mokgen: a keep_h layer's backward needs its forward's kept "
                              "activations (CompiledMoE.forward_raw returns them)")
