@@ -73,6 +73,24 @@ def rng():
     return torch.Generator().manual_seed(seed)
 
 
+@pytest.fixture
+def nccl_rank(monkeypatch):
+    """A one-rank NCCL process group on GPU 0 (multicast off), destroyed after the test."""
+    import socket
+
+    import torch.distributed as dist
+
+    monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1, device_id=torch.device("cuda", 0))
+    yield
+    dist.destroy_process_group()
+
+
 # Kernels that still spill, with the bytes (spill stores + loads; the stack frame likewise)
 # they may not exceed: (shape name, unit) -> bytes. A known defect, bounded so it cannot grow
 # unseen. Empty: the backwards of DeepSeek-V2-Lite and Llama-4-Scout (16 B), whose producer

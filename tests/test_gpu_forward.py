@@ -82,32 +82,18 @@ def test_bad_arguments_raise_before_launch():
         layer(**(inputs | {"w1": inputs["w1"][:1]}))
 
 
-def test_symmetric_memory_path_world_size_one(monkeypatch):
+def test_symmetric_memory_path_world_size_one(nccl_rank):
     """The real-rank path: peers from torch symmetric memory, device-side epoch barriers."""
-    import socket
-
-    import torch.distributed as dist
-
-    monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1, device_id=torch.device("cuda", 0))
-    try:
-        shape = mokgen.shapes.get("gpu-small")
-        layer = mokgen.compile(shape, ep=1, tokens_per_rank=500)
-        inputs = make_inputs(shape, 1, 500)
-        layer.runtime().poison()
-        args = {k: (v[0] if isinstance(v, list) else v) for k, v in inputs.items()}
-        y1 = layer(**args)
-        y2 = layer(**args)  # second call: the barrier's epoch moves on, buffers are reused
-        torch.cuda.synchronize()
-        want = reference_outputs(shape, inputs)[0]
-        assert rel_error(y1, want) <= 1e-2 and torch.equal(y1, y2)
-    finally:
-        dist.destroy_process_group()
+    shape = mokgen.shapes.get("gpu-small")
+    layer = mokgen.compile(shape, ep=1, tokens_per_rank=500)
+    inputs = make_inputs(shape, 1, 500)
+    layer.runtime().poison()
+    args = {k: (v[0] if isinstance(v, list) else v) for k, v in inputs.items()}
+    y1 = layer(**args)
+    y2 = layer(**args)  # second call: the barrier's epoch moves on, buffers are reused
+    torch.cuda.synchronize()
+    want = reference_outputs(shape, inputs)[0]
+    assert rel_error(y1, want) <= 1e-2 and torch.equal(y1, y2)
 
 
 def test_caller_routes_through_the_kernels():

@@ -236,38 +236,25 @@ def test_an_optimizer_step_frees_the_quantized_weights_it_makes_stale():
         assert torch.equal(layer(x), fresh(x))
 
 
-def test_fp8_layer_under_fsdp2_quantizes_each_steps_new_weights(monkeypatch):
+def test_fp8_layer_under_fsdp2_quantizes_each_steps_new_weights(nccl_rank):
     """FSDP2 (one NCCL rank) all-gathers its stepped shards into the same unsharded
     parameters each forward and keeps their version counters: after each optimizer step the
     layer's output is a fresh layer's on the new weights, bit for bit (a weight cache keyed
     on identity and version alone kept step 0's quantized weights)."""
-    import socket
-
-    import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1, device_id=torch.device("cuda", 0))
-    try:
-        shape = mokgen.shapes.get("gpu-small")
-        torch.manual_seed(torch.seed() % 2**31)
-        layer = mokgen.MoE(shape, tokens_per_rank=256, dtype="fp8", device="cuda")
-        fully_shard(layer)
-        opt = torch.optim.AdamW(layer.parameters(), lr=1e-2)
-        x = torch.randn(256, shape.hidden, device="cuda")
-        for _ in range(3):
-            layer(x).float().square().mean().backward()
-            opt.step()
-            opt.zero_grad()
-            with torch.no_grad():
-                fresh = mokgen.MoE(shape, tokens_per_rank=256, dtype="fp8", device="cuda")
-                fresh.load_state_dict({k: v.full_tensor() if hasattr(v, "full_tensor") else v
-                                       for k, v in layer.state_dict().items()})
-                assert torch.equal(layer(x), fresh(x))
-    finally:
-        dist.destroy_process_group()
+    shape = mokgen.shapes.get("gpu-small")
+    torch.manual_seed(torch.seed() % 2**31)
+    layer = mokgen.MoE(shape, tokens_per_rank=256, dtype="fp8", device="cuda")
+    fully_shard(layer)
+    opt = torch.optim.AdamW(layer.parameters(), lr=1e-2)
+    x = torch.randn(256, shape.hidden, device="cuda")
+    for _ in range(3):
+        layer(x).float().square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():
+            fresh = mokgen.MoE(shape, tokens_per_rank=256, dtype="fp8", device="cuda")
+            fresh.load_state_dict({k: v.full_tensor() if hasattr(v, "full_tensor") else v
+                                   for k, v in layer.state_dict().items()})
+            assert torch.equal(layer(x), fresh(x))
