@@ -286,24 +286,22 @@ def backward_ring_dy(spec: LayerSpec, peer: dict):
 def tensors_of(*things) -> list:
     """The distinct tensors among `things`: tensors, lists of them, or objects holding them
     as attributes (buffers, peer tables). A view counts as the tensor it views (the dy ring
-    in the combine rows: BackwardScratch), so each allocation is counted once."""
+    in the combine rows: BackwardScratch), so each allocation is counted once. A work list,
+    not a recursive closure: a closure that calls itself is a reference cycle, which would
+    keep the tensors it saw alive until the garbage collector runs (a released workspace)."""
     seen, out = set(), []
-
-    def visit(v, depth=0):
+    todo = [(t, 0) for t in reversed(things)]
+    while todo:
+        v, depth = todo.pop()
         if isinstance(v, torch.Tensor):
             v = v if v._base is None else v._base
             if id(v) not in seen:
                 seen.add(id(v))
                 out.append(v)
         elif isinstance(v, (list, tuple)):
-            for t in v:
-                visit(t, depth)
+            todo.extend((t, depth) for t in reversed(v))
         elif depth == 0 and hasattr(v, "__dict__"):
-            for t in vars(v).values():
-                visit(t, 1)
-
-    for t in things:
-        visit(t)
+            todo.extend((t, 1) for t in reversed(list(vars(v).values())))
     return out
 
 
