@@ -110,3 +110,15 @@ def test_only_one_real_rank_releases():
     assert CompiledMoE(one, {}, virtual=False, build_seconds=0).releases_workspace
     assert not CompiledMoE(one, {}, virtual=True, build_seconds=0).releases_workspace
     assert not CompiledMoE(four, {}, virtual=False, build_seconds=0).releases_workspace
+
+
+def test_module_layers_are_one_real_rank_and_release(monkeypatch):
+    """mokgen.MoE and the integrations compile through _LazyKernels, virtual only in that
+    they have no process group: their one-rank layers release (the kernels stubbed here)."""
+    from mokgen.pytorch import api
+    from mokgen.pytorch.module import _LazyKernels
+
+    monkeypatch.setattr(api, "compile_layer", lambda plan, virtual, group: api.CompiledMoE(
+        plan, {}, virtual, 0, group))
+    layer = _LazyKernels(mokgen.plan(SHAPE, ep=1, tokens_per_rank=256), None).layer()
+    assert layer.virtual and layer.releases_workspace

@@ -34,7 +34,8 @@ class CompiledMoE:
         self.weight_sets = 1
         # One real rank hands its workspace back between calls (ForwardRuntime.release): out
         # of the step's peak, which falls between calls. Virtual ranks (tests and benchmarks
-        # read their buffers after a call) and real peers (symmetric memory) keep theirs.
+        # read their buffers after a call) and real peers (symmetric memory) keep theirs; the
+        # module (mokgen.MoE, the integrations) sets it for its one-rank layers.
         self.releases_workspace = not virtual and plan.ep == 1
 
     @property
@@ -182,8 +183,8 @@ class CompiledMoE:
         routes = [(e.int().contiguous(), w.float().contiguous()) for e, w in routes]
         grads = bwd.backward(dys, xs, w1s, w2s, shared_w1, shared_w2, routes, generation,
                              accumulate, kept)
-        if self.releases_workspace:  # what it returns that views the workspace keeps that
-            bwd.rt.release()         # block alive (the router-weight gradients) until freed
+        if self.releases_workspace:  # what it returns is the caller's (copies, new outputs)
+            bwd.rt.release()
         return grads
 
     def synchronize(self) -> None:

@@ -254,6 +254,9 @@ class _LazyKernels:
         if self.compiled is None:
             self.compiled = compile_layer(self.plan, virtual=self.group is None,
                                           group=self.group)
+            # virtual here only means "no process group": one real rank, which hands its
+            # workspace back between calls (CompiledMoE.releases_workspace)
+            self.compiled.releases_workspace = self.plan.ep == 1
         self.compiled.weight_sets = self.weight_sets
         return self.compiled
 

@@ -116,7 +116,9 @@ class ForwardRuntime:
             peers = PeerSet(self.spec, self.dev, self.virtual, self.group)
             self._workspace = {"peers": peers, "ranks": [
                 RankBuffers(self.spec, self.dev, peers.local(i))
-                for i in range(len(peers.hosted_ranks))]}
+                for i in range(len(peers.hosted_ranks))],
+                "stream": torch.cuda.current_stream(self.dev) if self.dev.type == "cuda"
+                else None}
             if self.poison_outputs:
                 self._fill_poison()
         return self._workspace
@@ -137,18 +139,27 @@ class ForwardRuntime:
         backward after it rebuilds its schedule and replays what it needs. Real ranks keep
         their symmetric memory (allocated together, once)."""
         if self._workspace is not None and self._workspace["peers"].virtual:
-            self.call_bytes = self.held_bytes()
-            self._workspace = None
+            ws, self._workspace = self._workspace, None
+            held = self._tensors(ws)
+            self.call_bytes = max(self.call_bytes, nbytes(held))
+            if self.dev.type == "cuda":
+                # The allocator reuses a block on the stream that allocated it; a call on
+                # another stream since (a backward on autograd's) may still be reading it
+                stream = torch.cuda.current_stream(self.dev)
+                if stream != ws["stream"]:
+                    for t in held:
+                        t.record_stream(stream)
             self.generation += 1
             self.saved = False
 
     def held_bytes(self) -> int:
         """Bytes of the workspace held now (0 between calls once released)."""
-        if self._workspace is None:
-            return 0
         ws = self._workspace
-        return nbytes(tensors_of(*ws["ranks"], *ws["peers"].bufs.values(),
-                                 *ws.get("backward", [])))
+        return 0 if ws is None else nbytes(self._tensors(ws))
+
+    @staticmethod
+    def _tensors(ws: dict) -> list:
+        return tensors_of(*ws["ranks"], *ws["peers"].bufs.values(), *ws.get("backward", []))
 
     def poison(self) -> None:
         """Fill every buffer a call must write with NaN (and the schedule with -2, which
@@ -280,7 +291,7 @@ class ForwardRuntime:
 
     def new_kept(self, n) -> list:
         """Per hosted rank a call's own KeptActivations (keep_h plans; NaN under poison)."""
-        kept = [KeptActivations(self.spec, self.dev, n) for _ in self.ranks]
+        kept = [KeptActivations(self.spec, self.dev, n) for _ in range(self.hosted)]
         if self.poison_outputs:
             for k in kept:
                 for t in k.tensors():

@@ -65,7 +65,7 @@ class BackwardPass:
             raise RuntimeError("mokgen: the two backward kernels store weight gradients "
                                "differently")
         self.ctas = max(k.ctas for k in (self.kernel, self.resident_kernel) if k)
-        s, virtual = rt.spec, rt.peers.virtual
+        s, virtual = rt.spec, rt.virtual  # (rt.peers would take a released workspace back)
         # side by side where the plan leaves room, as real ranks run: each hosted rank needs
         # scratch of its own
         self.side_by_side = virtual and s.ep > 1 and s.ep * self.ctas <= rt.num_sms
@@ -178,6 +178,7 @@ class BackwardPass:
             i, n, xs[i], dys[i], x_ptrs, dy_ptrs, w1s[i], w2s[i], shared_w1, shared_w2,
             dw1s[i], dw2s[i], *dsw[i], resident, accumulate is not None, kept and kept[i])
         if self.side_by_side:
+            self.scratch  # made (and poisoned) on this stream, before the ranks' streams fork
             rt.side_by_side(list(hosted), launch)
         else:
             for i in hosted:
