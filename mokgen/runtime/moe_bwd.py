@@ -178,7 +178,7 @@ class BackwardPass:
             i, n, xs[i], dys[i], x_ptrs, dy_ptrs, w1s[i], w2s[i], shared_w1, shared_w2,
             dw1s[i], dw2s[i], *dsw[i], resident, accumulate is not None, kept and kept[i])
         if self.side_by_side:
-            self.scratch  # made (and poisoned) on this stream, before the ranks' streams fork
+            _ = self.scratch  # made (and poisoned) on this stream, before the ranks' streams fork
             rt.side_by_side(list(hosted), launch)
         else:
             for i in hosted:
