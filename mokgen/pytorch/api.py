@@ -98,8 +98,8 @@ class CompiledMoE:
 
     def memory(self) -> dict:
         """Device bytes of this layer beyond its weights: `workspace` (what a call holds,
-        shared with every live layer of the same plan on this device and group, as allocated
-        by the last call), `workspace_held` (allocated now: 0 between calls where the layer
+        shared with every live layer of the same plan on this device and group: the most
+        any call held), `workspace_held` (allocated now: 0 between calls where the layer
         releases it, `releases_workspace`), `layers_sharing` it, and `saved_per_call` (what
         one differentiable call keeps for its backward: x, logits, routes and, keep_h plans,
         its h). The plan's `memory_report` predicts the same before any GPU."""

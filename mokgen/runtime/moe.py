@@ -73,7 +73,7 @@ class ForwardRuntime:
         self._side_streams = None
         self.group, self.poison_outputs = group, False
         self._workspace = None  # the buffers while held: _held(), release()
-        self.call_bytes = 0  # the workspace's bytes when last released
+        self.call_bytes = 0  # the most bytes the workspace held at a release
         # real ranks rendezvous their symmetric memory here, together
         self.hosted = len(self._held()["ranks"])  # ranks this process hosts
         self.f_barrier = pro.function("mokgen_barrier")
