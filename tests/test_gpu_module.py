@@ -65,14 +65,17 @@ def test_torch_compile_fullgraph_with_kernels():
     assert torch.equal(compiled(x), ours(x))
 
 
-def test_cuda_graph_replays_a_training_step_bitwise():
+@pytest.mark.parametrize("dtype", ["bf16", "fp8", "mxfp8"])
+def test_cuda_graph_replays_training_steps_bitwise(dtype):
     """A training step (forward, backward into fresh gradients) captured in a CUDA graph once
-    warm-up calls made the workspace and kernels exist: a replay on new inputs copied into
-    the static ones gives eager's output and gradients bit for bit (the host then pays one
-    graph launch a step; the watchdog's record is read at capture only). The caller routes
-    (router=False), so every kernel in the step is mokgen's: cuBLAS may pick another kernel
-    on the capture stream."""
-    ours = mokgen.MoE(SHAPE, tokens_per_rank=512, router=False).cuda()
+    warm-up calls made the workspace and kernels exist, with an optimizer step between
+    replays (eager, as torchtitan's trainer runs it): each replay on new inputs copied into
+    the static ones gives eager's output and gradients on the weights as they are then, bit
+    for bit (the host then pays one graph launch a step; the watchdog's record is read at
+    capture only). fp8 / MXFP8: the capture holds its own weight quantization (WeightCache),
+    so every replay quantizes the stepped weights. The caller routes (router=False), so every
+    kernel in the step is mokgen's: cuBLAS may pick another kernel on the capture stream."""
+    ours = mokgen.MoE(SHAPE, tokens_per_rank=512, router=False, dtype=dtype).cuda()
     names, params = zip(*ours.named_parameters())
     sx = torch.randn(4, 100, SHAPE.hidden, device="cuda").requires_grad_()
     sz = torch.randn(4, 100, SHAPE.num_experts, device="cuda").requires_grad_()
@@ -97,7 +100,10 @@ def test_cuda_graph_replays_a_training_step_bitwise():
         sy = step()
     # the graph writes these on every replay (replays do not touch the .grad attributes)
     static = [sy] + [t.grad for t in leaves]
-    for _ in range(2):
+    opt = torch.optim.SGD(params, lr=0.1)
+    probe = torch.randn_like(sx[0]), torch.randn_like(sz[0])
+    probed = []  # eager outputs on one input after each step: the steps change what it sees
+    for _ in range(3):
         x, z, dy = torch.randn_like(sx), torch.randn_like(sz), torch.randn_like(sdy)
         with torch.no_grad():
             sx.copy_(x)
@@ -114,6 +120,12 @@ def test_cuda_graph_replays_a_training_step_bitwise():
         want = [ye] + [p.grad for p in params] + [xe.grad, ze.grad]
         for name, a, b in zip(("y",) + names + ("x", "router_logits"), got, want):
             assert torch.equal(a, b), f"{name}: graph replay differs from eager"
+        with torch.no_grad():
+            probed.append(ours(probe[0], router_logits=probe[1]))
+        for p, g in zip(params, static[1:]):
+            p.grad = g  # the replay's gradients, which the step reads
+        opt.step()
+    assert not torch.equal(probed[0], probed[1]) and not torch.equal(probed[1], probed[2])
 
 
 def test_training_example_converges_and_tracks_the_reference():

@@ -438,21 +438,36 @@ def test_weight_cache_sees_fsdp2s_new_weights_after_a_step(tmp_path):
         dist.destroy_process_group()
 
 
-def test_weight_cache_refuses_cuda_graph_capture(monkeypatch):
-    """Under capture the host's cache decision would be replayed after every optimizer step
-    (stale fp8 weights): refused, naming the way out, before anything is quantized. Stand-ins
-    for a CUDA weight and a capturing stream (the GPU twin: test_gpu_fp8)."""
+def test_weight_cache_entries_belong_to_their_cuda_graph_capture(monkeypatch):
+    """The host decides once whether to quantize, so a capture must hold its own
+    quantization: it never reads an eager entry (every replay after an optimizer step would
+    multiply those stale weights), its forward and backward share one, and neither an eager
+    call nor a later capture reads it. Stand-ins for CUDA weights and a capturing stream (the
+    GPU twin: test_gpu_module's CUDA graph test, an optimizer step between replays)."""
     from types import SimpleNamespace
 
-    from mokgen.runtime.moe import WeightCache
+    from mokgen.runtime import cuda, moe
 
-    cache, calls = WeightCache(128, slots=1), []
-    cache.quantize = lambda w: (calls.append(w), (w, w))[1]
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    w = SimpleNamespace(is_cuda=True, _version=0)
-    with pytest.raises(RuntimeError, match="CUDA graph capture.*disable_cuda_graphs"):
-        cache.get(w, w)
-    assert not calls
+    capture = [None]  # the id of the capture under way, None: eager
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capture[0] is not None)
+    monkeypatch.setattr(cuda, "capture_id", lambda stream=None: capture[0])
+    monkeypatch.setattr(moe, "pad_weight", lambda w, halves: w)
+    cache, quantized = moe.WeightCache(128, slots=1), []
+    cache.quantize = lambda w: (quantized.append(w), (object(), object()))[1]
+    w1, w2 = (SimpleNamespace(is_cuda=True, is_meta=False, _version=0) for _ in range(2))
+
+    def entry(capture_id):
+        capture[0] = capture_id
+        return cache.get(w1, w2)
+
+    eager = entry(None)
+    assert entry(None) is eager and len(quantized) == 2  # w1 and w2, once
+    in_capture = entry(7)
+    assert in_capture is not eager and len(quantized) == 4, "a capture read an eager entry"
+    assert entry(7) is in_capture and len(quantized) == 4  # its backward: a hit
+    assert entry(None) is not in_capture, "an eager call read a capture's entry"
+    assert entry(8) is not in_capture, "a capture read another capture's entry"
+    assert len(quantized) == 8
 
 
 @pytest.mark.parametrize("q", [128, 32])

@@ -16,7 +16,7 @@ from cuda.bindings import driver as cu
 __all__ = [
     "check", "ensure_context", "Module", "load_module", "launch", "make_tensor_map_2d",
     "Ptr", "I32", "U32", "I64", "F32", "Raw", "read_diag", "HostMapped", "set_global",
-    "read_global", "launch_config", "max_active_clusters",
+    "read_global", "launch_config", "max_active_clusters", "capture_id",
 ]
 
 
@@ -204,6 +204,16 @@ def _stream_handle(stream) -> Any:
     if hasattr(stream, "cuda_stream"):
         stream = stream.cuda_stream
     return cu.CUstream(int(stream))
+
+
+def capture_id(stream=None) -> int | None:
+    """The id of the CUDA graph capture under way on `stream` (torch's current stream by
+    default), unique over the process's life; None where the stream is not capturing."""
+    status, cid = check("cuStreamGetCaptureInfo",
+                        cu.cuStreamGetCaptureInfo(_stream_handle(stream)))[:2]
+    if status == cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE:
+        return None
+    return int(cid)
 
 
 def _dims(d: Sequence[int] | int) -> tuple[int, int, int]:

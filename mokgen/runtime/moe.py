@@ -560,13 +560,15 @@ class WeightCache:
     e4m3 wgmma reads K-major operands only), made on first use: blockwise blocks are the
     forward's, transposed; MX blocks run along the other dim, so those are quantized again
     from the weight.
-    Not under CUDA graph capture: whether to quantize is decided here, on the host, so a graph
-    keeps its captured step's decision; captured on weights already quantized (a second
-    micro-batch, no optimizer step since the warm-up), it holds no quantization and every
-    replay multiplies the old quantized weights. `get` refuses capture rather than risk it.
-    Entries are dropped just before any optimizer's step (a global optimizer pre-step hook,
-    registered with the first entry): they may be stale after it, and gradient accumulation
-    and activation recomputation, which call again before any step, keep their hits."""
+    Under CUDA graph capture an entry belongs to its capture (the key holds the capture's id):
+    whether to quantize is decided on the host, once, so a capture quantizes inside itself
+    and every replay quantizes the weights as they are then; the forward and the backward of
+    one capture share it, and neither an eager call nor another capture ever reads it (a
+    capture that reused an eager entry would multiply those quantized weights after every
+    optimizer step). Entries are dropped just before any optimizer's step (a global optimizer
+    pre-step hook, registered with the first entry): they may be stale after it, and gradient
+    accumulation and activation recomputation, which call again before any step, keep their
+    hits."""
 
     def __init__(self, scale_block: int, slots: int, module=None):
         self.q, self.slots = scale_block, slots  # slots: one per hosted rank
@@ -582,14 +584,9 @@ class WeightCache:
                 else quant.quantize_weight_blockwise(w))
 
     def get(self, w1, w2):
-        if w1.is_cuda and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                "mokgen: an fp8 / MXFP8 layer cannot run inside a CUDA graph capture yet: "
-                "whether to quantize its weights again is decided on the host, so the graph "
-                "would keep the captured step's decision, and replays after an optimizer step "
-                "could multiply stale quantized weights. Run it eagerly (torchtitan: "
-                "--training.disable_cuda_graphs) or in bf16.")
-        key = (id(w1), w1._version, id(w2), w2._version)
+        capture = (cuda.capture_id() if w1.is_cuda and torch.cuda.is_current_stream_capturing()
+                   else None)
+        key = (capture, id(w1), w1._version, id(w2), w2._version)
         if key not in self._cache:
             from types import SimpleNamespace
 
