@@ -11,8 +11,8 @@ Per configuration:
 - step: median time of a training step (forward + backward), CUDA events.
 Steps accumulate into the gradients the first step made (micro-batches of one optimizer
 step). `--dtype fp8` (or mxfp8) runs mokgen's layers in that precision against the same bf16
-PyTorch stack; an fp8 layer's held bytes include its quantized weights (both layouts: the
-steps' weights do not change). `--keep-h 0` / `1` forces mokgen's keep_h off / on (default `d`: the plan's choice,
+PyTorch stack; an fp8 layer's held bytes include its quantized weights (the forward's
+layout: the steps' weights do not change; each backward makes and frees the transposed one). `--keep-h 0` / `1` forces mokgen's keep_h off / on (default `d`: the plan's choice,
 mokgen/compiler/passes/keep_h.py); `--fuse 1` builds mokgen's layers with fuse_grad_accumulation (the
 kernel adds the expert gradients into .grad: no expert-gradient-sized temporary, which
 autograd's accumulation allocates on both sides otherwise). A configuration that does not fit

@@ -153,9 +153,10 @@ def test_fp8_backward_matches_the_quantized_reference(fmt, ep, tokens, overrides
     torch.cuda.synchronize()
     check_grads(ours, reference_grads(shape, inputs, dys, fp8=fmt),
                 reference_grads(shape, inputs, dys))
-    # each rank's quantized weights, both layouts, as memory_report predicts them
-    held = [nbytes(getattr(c, f) for c in (e, e.t) for f in ("w1", "s1", "w2", "s2"))
-            for e in layer._weights._cache.values()]
+    # each rank's quantized weights, the forward's layout as memory_report predicts them;
+    # the backward's transposed copy went with it
+    held = [nbytes(getattr(e, f) for f in ("w1", "s1", "w2", "s2"))
+            for e in layer._weights._cache.values() if not hasattr(e, "t")]
     assert held == [memory_report(layer.plan)["quantized_weights_per_layer"]] * ep
     if overrides:  # every ring slot was written: its e4m3 rows are mokgen.quant of its bf16
         # (dy is quantized by the same pull as x; dh, bf16, lands over the pre-activations)
@@ -192,8 +193,8 @@ def test_fp8_backward_is_deterministic():
 
 
 def test_an_optimizer_step_frees_the_quantized_weights_it_makes_stale():
-    """After a training step's backward the layer holds its quantized weights (both layouts,
-    as memory_report says); an optimizer step over its weights frees them before it updates
+    """After a training step's backward the layer holds its quantized weights (the forward's
+    layout: the backward freed its transposed copy; as memory_report says); an optimizer step over its weights frees them before it updates
     them, and the next step quantizes the new weights (its output: a fresh layer's on them)."""
     shape = mokgen.shapes.get("gpu-small")
     torch.manual_seed(0)

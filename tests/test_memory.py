@@ -59,16 +59,22 @@ def test_memory_report_sums_its_parts_and_the_saved_bytes():
 
 @pytest.mark.parametrize("dtype,scale_bytes", [("bf16", 0), ("fp8", 4 / (128 * 128)),
                                                ("mxfp8", 4 / 32)])
-def test_quantized_weights_per_layer_are_both_layouts_of_the_padded_weights(dtype, scale_bytes):
+def test_quantized_weights_per_layer_are_the_padded_weights_forward_layout(dtype, scale_bytes):
     # widths off the 128 blocks: W1's gate and up halves and W2 pad per expert (pad_weight)
     s = mokgen.MoEShape(16, 320, 208, 2, shared_experts=0)
     p = mokgen.plan(s, ep=2, tokens_per_rank=512, dtype=dtype)
     r = memory_report(p)
     elems = 0 if dtype == "bf16" else 8 * 3 * 384 * 256  # 8 local experts, padded D and I
-    assert r["quantized_weights_per_layer"] == 2 * elems * (1 + scale_bytes)
+    # the forward's layout, held; the backward's transposed copy, as many bytes, made and
+    # freed by each backward call: one layer's at a time
+    assert r["quantized_weights_per_layer"] == r["quantized_transposed"] == \
+        elems * (1 + scale_bytes)
     assert ("quantized weights held per layer" in format_memory(r)) == (dtype != "bf16")
-    stack = [stack_memory(p, n)["fp8_weights"] for n in (1, 3)]
-    assert stack == [elems and r["quantized_weights_per_layer"] * n for n in (1, 3)]
+    stack = [stack_memory(p, n) for n in (1, 3)]
+    assert [m["fp8_weights"] for m in stack] == \
+        [elems and r["quantized_weights_per_layer"] * n for n in (1, 3)]
+    bf16 = stack_memory(mokgen.plan(s, ep=2, tokens_per_rank=512), 1)["transient"]
+    assert stack[0]["transient"] - bf16 == r["quantized_transposed"]
 
 
 def test_dx_rows_in_the_dy_ring_put_it_in_the_combine_rows():

@@ -493,3 +493,24 @@ def test_weight_cache_transposed_copies_are_the_transposes_quantizations(q):
             want_s = torch.exp2(e8.float() - quant.SCALE_BIAS).reshape(-1, e8.shape[-1]).t()
         assert torch.equal(data, want_q.view(torch.uint8).reshape(data.shape))
         assert torch.equal(scales, want_s)
+
+
+def test_weight_cache_backward_frees_its_transposed_copy_and_keeps_the_forwards():
+    """drop_transposed (each backward call, once its kernel is enqueued): the transposed copy
+    goes, the forward's stays for the next call on the same weights, and the next backward
+    makes the transposed copy again, the same bits."""
+    from mokgen.runtime.moe import WeightCache
+
+    g = torch.Generator().manual_seed(4)
+    w1 = torch.randn(2, 256, 128, generator=g).bfloat16()
+    w2 = torch.randn(2, 128, 128, generator=g).bfloat16()
+    cache = WeightCache(128, slots=1)
+    forward, first = cache.get(w1, w2), cache.transposed(w1, w2)
+    cache.drop_transposed(w1, w2)
+    assert not hasattr(forward, "t") and cache.get(w1, w2) is forward
+    again = cache.transposed(w1, w2)
+    assert again is not first
+    for f in ("w1", "s1", "w2", "s2"):
+        assert torch.equal(getattr(again, f), getattr(first, f))
+    cache.clear()
+    cache.drop_transposed(w1, w2)  # nothing cached: nothing to do

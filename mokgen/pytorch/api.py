@@ -247,7 +247,9 @@ def memory_report(plan: Plan, device_memory: int | None = None) -> dict:
     by part), what one differentiable call keeps per layer for its backward, whether the
     backward needs its fp32 weight-gradient sums (a ring smaller than the worst case), and
     what an fp8 / MXFP8 layer holds besides (`quantized_weights_per_layer`: its quantized
-    weights in the forward's and the backward's layouts). Then the card: `gpu` (the plan's),
+    weights in the forward's layout, from a step's forward to its optimizer step; each
+    backward call makes and frees a transposed copy of `quantized_transposed` bytes besides).
+    Then the card: `gpu` (the plan's),
     its `device_memory` (given, else the current device's where it is the plan's GPU, else
     the kind's datasheet size) and `max_layers`, the most mokgen.MoE layers of this plan
     whose training step fits it (stack_memory: weights, gradients, quantized weights,
@@ -257,9 +259,11 @@ def memory_report(plan: Plan, device_memory: int | None = None) -> dict:
 
     spec = layer_spec(plan)
     memory = device_memory or card_memory(plan)
+    quantized = quantized_weight_bytes(spec)
     return {"workspace": workspace_bytes(spec),
             "saved_per_layer": saved_bytes(spec, plan.tokens_per_rank),
-            "quantized_weights_per_layer": quantized_weight_bytes(spec),
+            "quantized_weights_per_layer": quantized["forward"],
+            "quantized_transposed": quantized["transposed"],
             "wg_acc": spec.needs_wg_acc, "gpu": plan.gpu, "device_memory": memory,
             "max_layers": max_layers(plan, memory)}
 
@@ -297,11 +301,12 @@ def stack_memory(plan: Plan, layers: int, checkpointing: bool = False, fused: bo
     """Predicted device bytes of a training step of `layers` mokgen.MoE layers of `plan`, on
     one rank, by part, at its peak (the last layer's backward, every layer's saved
     activations still held): `weights` and `grads` (layer_param_bytes each), `fp8_weights`
-    (fp8 plans: each layer's quantized copies, quantized_weight_bytes), `workspace`
+    (fp8 plans: each layer's quantized forward copy, quantized_weight_bytes), `workspace`
     (once), `saved` (what each layer keeps for its backward: saved_bytes, and the router's
     fp32 input; with `checkpointing` only each layer's input, but the one layer whose
-    forward re-ran), `transient` (one layer's backward: dx, the routing gradients and, not
-    `fused`, autograd's temporary the size of the expert gradients) and `total`.
+    forward re-ran), `transient` (one layer's backward: dx, the routing gradients, fp8's
+    transposed weights and, not `fused`, autograd's temporary the size of the expert
+    gradients) and `total`.
     `extra_saved_per_layer`: what the model keeps per layer besides the MoE (a pre-norm
     block: its norm's input, tokens x hidden x 2). `tokens`: per call (the plan's).
     benchmarks/model_stack.py prints it beside the measured peak: total less weights and
@@ -320,10 +325,12 @@ def stack_memory(plan: Plan, layers: int, checkpointing: bool = False, fused: bo
     saved = per_layer + (layers - 1) * (kept_input if checkpointing else per_layer)
     # dy in; dx of the experts, of the router's path (fp32, then bf16) and their sum; the
     # logits' and route weights' gradients (fp32); autograd's expert-gradient temporary
+    quantized = quantized_weight_bytes(spec)
     transient = n * s.hidden * 2 * 3 + n * (s.num_experts + s.topk) * 4 \
-        + (n * s.hidden * (4 + 2) if router else 0) + (0 if fused else routed * 2)
+        + (n * s.hidden * (4 + 2) if router else 0) + (0 if fused else routed * 2) \
+        + quantized["transposed"]
     parts = {"weights": layers * params, "grads": layers * params,
-             "fp8_weights": layers * quantized_weight_bytes(spec),
+             "fp8_weights": layers * quantized["forward"],
              "workspace": workspace_bytes(spec)["total"], "saved": saved,
              "transient": transient}
     parts["total"] = sum(parts.values())

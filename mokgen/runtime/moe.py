@@ -503,26 +503,28 @@ def pad_weight(w: torch.Tensor, halves: bool) -> torch.Tensor:
     return out.view(L, parts * padded(r), padded(c))
 
 
-def quantized_weight_bytes(spec: LayerSpec) -> int:
-    """Bytes of one layer's quantized routed weights on one rank, as WeightCache holds them
-    from a training step's forward until the weights change: the forward and the transposed
-    copy, data and scales (0 for bf16 plans). Sized by WeightCache itself on the meta device,
-    so the prediction cannot drift from what it allocates."""
+def quantized_weight_bytes(spec: LayerSpec) -> dict:
+    """Bytes of one layer's quantized routed weights on one rank, data and scales, as
+    WeightCache holds them (0 for bf16 plans): `forward`, the forward's layout, from a
+    training step's forward until an optimizer step; `transposed`, the backward's, made and
+    freed by each backward call. Sized by WeightCache itself on the meta device, so the
+    prediction cannot drift from what it allocates."""
     if not spec.scale_block:
-        return 0
+        return {"forward": 0, "transposed": 0}
     return _quantized_bytes(spec.scale_block, spec.local_experts, spec.hidden,
                             spec.intermediate)
 
 
 @functools.lru_cache(maxsize=64)
-def _quantized_bytes(q: int, L: int, D: int, I: int) -> int:
+def _quantized_bytes(q: int, L: int, D: int, I: int) -> dict:
     """quantized_weight_bytes' sizing, once per shape (~13 ms of meta quantization; a memory
     report asks three times)."""
     w1 = torch.empty(L, 2 * I, D, dtype=torch.bfloat16, device="meta")
     w2 = torch.empty(L, D, I, dtype=torch.bfloat16, device="meta")
     cache = WeightCache(q, slots=1)
-    copies = (cache.get(w1, w2), cache.transposed(w1, w2))
-    return nbytes(getattr(c, f) for c in copies for f in ("w1", "s1", "w2", "s2"))
+    copies = {"forward": cache.get(w1, w2), "transposed": cache.transposed(w1, w2)}
+    return {k: nbytes(getattr(c, f) for f in ("w1", "s1", "w2", "s2"))
+            for k, c in copies.items()}
 
 
 # Every WeightCache holding entries, for the optimizer hook below (weak: a cache goes with its
@@ -559,7 +561,9 @@ class WeightCache:
     backward's W1^T [L*D, 2I] and W2^T [L*I, D] (its dgrad and dx GEMMs' K is the forward's N;
     e4m3 wgmma reads K-major operands only), made on first use: blockwise blocks are the
     forward's, transposed; MX blocks run along the other dim, so those are quantized again
-    from the weight.
+    from the weight. The backward frees it once its kernel is enqueued (drop_transposed):
+    held from a step's forward to its optimizer step, every layer's copy would be live at the
+    backward's end; gradient accumulation pays one transpose (MX: a quantization) a call.
     Under CUDA graph capture an entry belongs to its capture (the key holds the capture's id):
     whether to quantize is decided on the host, once, so a capture quantizes inside itself
     and every replay quantizes the weights as they are then; the forward and the backward of
@@ -583,10 +587,14 @@ class WeightCache:
         return (weight_quant.blockwise(self.module, w) if w.is_cuda
                 else quant.quantize_weight_blockwise(w))
 
-    def get(self, w1, w2):
+    @staticmethod
+    def _key(w1, w2) -> tuple:
         capture = (cuda.capture_id() if w1.is_cuda and torch.cuda.is_current_stream_capturing()
                    else None)
-        key = (capture, id(w1), w1._version, id(w2), w2._version)
+        return (capture, id(w1), w1._version, id(w2), w2._version)
+
+    def get(self, w1, w2):
+        key = self._key(w1, w2)
         if key not in self._cache:
             from types import SimpleNamespace
 
@@ -620,6 +628,13 @@ class WeightCache:
                                   ((w1, True, e.w1, e.s1), (w2, False, e.w2, e.s2)))
             e.t = SimpleNamespace(w1=d1, s1=s1, w2=d2, s2=s2)
         return e.t
+
+    def drop_transposed(self, w1, w2) -> None:
+        """Free the transposed copy once the backward that reads it is enqueued on the stream
+        that made it (the allocator hands its memory only to work ordered after it)."""
+        e = self._cache.get(self._key(w1, w2))
+        if e is not None:
+            vars(e).pop("t", None)
 
     def _transpose(self, w, data, scales):
         """w [L, rows, cols] (padded) and its forward quantization -> ([L*cols, rows],

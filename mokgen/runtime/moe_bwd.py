@@ -288,6 +288,8 @@ class BackwardPass:
         cuda.launch(k.function, k.ctas, 384, k.smem, st,
                     [cuda.Raw(maps_raw), f8, cuda.Raw(peers), cuda.Raw(bufs)],
                     cooperative=True)
+        if s.scale_block:
+            rt.weights.drop_transposed(w1, w2)
 
     def _fp8_operands(self, b, sc, w1, w2):
         """The fp8 backward's Fp8BwdMaps (by value) and its BwdBuffers fields; zero maps and
