@@ -18,8 +18,8 @@ from mokgen.compiler.limits import directions
 # the top-level help needs only these lines.
 TOOLS = {
     "bench": "time per-rank slices of EP deployments against PyTorch baselines (GPU)",
-    "tune": "time the plan's candidate minibatches and comm SMs on the GPU; compile then "
-            "uses the winner",
+    "tune": "time the plan's candidate minibatches and comm SMs on the GPU; mokgen.compile "
+            "and mokgen.MoE then use the winner",
     "simulate": "predict one rank's forward/backward time in an EP deployment (no GPU)",
 }
 

@@ -318,3 +318,12 @@ def test_eager_calls_under_activation_checkpointing_equal_plain_calls(reentrant)
         y.backward(dy)
         runs.append([y, xg.grad] + [p.grad for p in m.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_memory_before_any_cuda_call_has_the_compiled_layers_keys_at_zero():
+    """docs/api.md: MoE.memory() is the compiled layer's report, zeros before the first CUDA
+    call: the same keys (CompiledMoE.memory), so code reading it runs on CPU too."""
+    m = mokgen.MoE(SHAPE, tokens_per_rank=256)
+    m(torch.randn(8, SHAPE.hidden))  # a CPU call: the reference, no kernels
+    assert m.memory() == {"workspace": 0, "workspace_held": 0, "layers_sharing": 0,
+                          "saved_per_call": 0}

@@ -89,7 +89,8 @@ class MoE(nn.Module):
         CompiledMoE.memory; zeros before the first CUDA call or with backend="reference")."""
         kernels = ops.kernels_of(self._layer)
         if kernels is None or kernels.compiled is None:
-            return {"workspace": 0, "layers_sharing": 0, "saved_per_call": 0}
+            return {"workspace": 0, "workspace_held": 0, "layers_sharing": 0,
+                    "saved_per_call": 0}
         return kernels.compiled.memory()
 
     def expert_grads(self, w1: torch.Tensor, w2: torch.Tensor):
