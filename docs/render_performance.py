@@ -385,8 +385,9 @@ PREAMBLE = """# Performance
 
 Every table below is rendered by `docs/render_performance.py` from the results files in
 `benchmarks/results/`; do not edit it by hand. Each results file holds the latest run of one
-benchmark per GPU kind, and every row names the GPU and the commit that measured it, with the
-baseline measured in the same run on the same inputs. `python docs/render_performance.py`
+benchmark per GPU kind, and every row names the GPU (as the driver names it: `H100 80GB HBM3`
+is the H100 SXM) and the commit that measured it, with the baseline measured in the same run
+on the same inputs. `python docs/render_performance.py`
 rewrites this page and the README's table after a benchmark run; `tests/test_docs.py` fails
 while they are out of date.
 
@@ -462,7 +463,8 @@ def render_performance() -> str:
                         ("qwen3_30b_a3b", "a Qwen3-30B-A3B-shaped model, as many layers as fit")):
         parts.append(section(
             f"torchtitan: {what}", f"torchtitan_{model}",
-            "`python benchmarks/torchtitan_train.py`: torchtitan trains on real text (the "
+            "`python benchmarks/torchtitan_train.py run` (docs/torchtitan.md): torchtitan "
+            "trains on real text (the "
             "Data line below, tokenized by torchtitan's test tokenizer) through its own MoE "
             "and through mokgen's override, one "
             "configuration (batch 4 x 2048 tokens, FSDP2, selective activation "
