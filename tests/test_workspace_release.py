@@ -113,12 +113,12 @@ def test_only_one_real_rank_releases():
 
 
 def test_module_layers_are_one_real_rank_and_release(monkeypatch):
-    """mokgen.MoE and the integrations compile through _LazyKernels, virtual only in that
-    they have no process group: their one-rank layers release (the kernels stubbed here)."""
+    """mokgen.MoE and the integrations compile through _LazyKernels: without a process group
+    a real one-rank layer, which releases (the kernels stubbed here)."""
     from mokgen.pytorch import api
     from mokgen.pytorch.module import _LazyKernels
 
-    monkeypatch.setattr(api, "compile_layer", lambda plan, virtual, group: api.CompiledMoE(
-        plan, {}, virtual, 0, group))
+    monkeypatch.setattr(api, "compile_layer", lambda plan, virtual=False, group=None:
+                        api.CompiledMoE(plan, {}, virtual, 0, group))
     layer = _LazyKernels(mokgen.plan(SHAPE, ep=1, tokens_per_rank=256), None).layer()
-    assert layer.virtual and layer.releases_workspace
+    assert not layer.virtual and layer.releases_workspace

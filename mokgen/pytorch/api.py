@@ -34,8 +34,7 @@ class CompiledMoE:
         self.weight_sets = 1
         # One real rank hands its workspace back between calls (ForwardRuntime.release): out
         # of the step's peak, which falls between calls. Virtual ranks (tests and benchmarks
-        # read their buffers after a call) and real peers (symmetric memory) keep theirs; the
-        # module (mokgen.MoE, the integrations) sets it for its one-rank layers.
+        # read their buffers after a call) and real peers (symmetric memory) keep theirs.
         self.releases_workspace = not virtual and plan.ep == 1
 
     @property

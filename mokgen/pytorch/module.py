@@ -242,8 +242,8 @@ class LayerRegistration:
 
 
 class _LazyKernels:
-    """Compiles the layer's kernels on the first CUDA call. Without a process group the one
-    rank holds every expert: a one-rank virtual layer, called with plain tensors."""
+    """Compiles the layer's kernels on the first CUDA call: this rank's layer, called with
+    this rank's tensors (without a process group the one rank holds every expert)."""
 
     def __init__(self, plan, group):
         self.plan, self.group, self.compiled = plan, group, None
@@ -253,11 +253,7 @@ class _LazyKernels:
         from mokgen.pytorch.api import compile_layer
 
         if self.compiled is None:
-            self.compiled = compile_layer(self.plan, virtual=self.group is None,
-                                          group=self.group)
-            # virtual here only means "no process group": one real rank, which hands its
-            # workspace back between calls (CompiledMoE.releases_workspace)
-            self.compiled.releases_workspace = self.plan.ep == 1
+            self.compiled = compile_layer(self.plan, group=self.group)
         self.compiled.weight_sets = self.weight_sets
         return self.compiled
 
@@ -265,9 +261,7 @@ class _LazyKernels:
         """-> (y, routes (experts, weights) of x's tokens if save, generation, the tensors of
         the call's kept activations (keep_h plans with save; else []))."""
         c = self.layer()
-        one = (lambda v: None if v is None else [v]) if c.virtual else (lambda v: v)  # noqa: E731
-        xs, zs, w1s, w2s, given = c._checked(one(x), one(logits), one(w1), one(w2), sw1, sw2,
-                                             one(routes))
+        xs, zs, w1s, w2s, given = c._checked(x, logits, w1, w2, sw1, sw2, routes)
         ys, rts, gen, kept = c.forward_raw(xs, None if given else zs, w1s, w2s, sw1, sw2,
                                            given, save)
         return ys[0], (rts[0] if rts else None), gen, kept[0].tensors() if kept else []
