@@ -57,8 +57,8 @@ PY
 # the same way as call 1: `bash lab/prepare_ab.sh kt lab/patches/pad_half.patch
 # lab/patches/ktail_on_pad_half.patch --models $M 1 4096 --trace "qwen3-30b-a3b 1 8192"`, its
 # tree against pad-half's as the base; and lab/trace.py's Wgrad FLOP/clk of both on Qwen3-30B
-# N 8192 (ptxas adds a dummy HGMMA.64x8x16 a weight-gradient slice: whether it costs more
-# than the dropped steps save).
+# N 8192 (its SASS has no dummy HGMMA since f5029bd: the slices pipeline as main's; the
+# shorter last slice is what is measured).
 #
 # CALL 7 (carry .build/ab/pair, ~31 MB; pairs with a scheduling thread,
 # lab/patches/pair_sched.patch; prepared by `bash lab/prepare_ab.sh pair
