@@ -552,3 +552,46 @@ def test_gpu_checkpoint_round_trip():
     with torch.no_grad():
         assert torch.equal(back(tokens), theirs(tokens))
         assert rel(ours(tokens), theirs(tokens)) <= TOL
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_gpu_steps_under_torchtitans_cuda_graph_wrapper_track_eager(dtype):
+    """torchtitan's trainer captures each step's forward and backward (wrap_with_cuda_graph:
+    the first call eager, the second captured, then replays) and steps the optimizer eagerly
+    between them: a converted model's losses under it track an eager twin's from the same
+    weights (fp8: the graph quantizes the stepped weights on every replay). SGD, not AdamW,
+    so a rounding difference is not amplified to a whole step; not bitwise, since the rest
+    of the model may run other cuBLAS kernels on the capture stream."""
+    _cuda_or_skip()
+    from torchtitan.distributed.cudagraph import wrap_with_cuda_graph
+
+    cfg = MODELS["qwen3-moe"]()
+    base = cfg.build()
+    base.init_states()
+    randomize(base, torch.Generator().manual_seed(torch.seed() % 2**31))
+    tokens = torch.randint(0, cfg.vocab_size, (2, 64), device="cuda")
+    losses = []
+    for wrap in (lambda f: f, wrap_with_cuda_graph):
+        model = convert(cfg, backend="kernels", dtype=dtype).build()
+        model.load_state_dict(base.state_dict(), strict=True)
+        model = model.cuda().to(torch.bfloat16)
+
+        def fwd_bwd(inputs, labels, global_valid_tokens, extra_kwargs, model=model):
+            logits = model(inputs)
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(),
+                                                     labels.flatten())
+            loss.backward()
+            return loss
+
+        fwd_bwd, opt, run = wrap(fwd_bwd), torch.optim.SGD(model.parameters(), lr=0.1), []
+        for _ in range(5):
+            opt.zero_grad(set_to_none=False)  # a captured step adds into the same .grad
+            loss = fwd_bwd(tokens, tokens.roll(-1, 1), torch.ones((), device="cuda"), {})
+            run.append(loss.item())  # a replay's loss is the graph's: read it now
+            opt.step()
+        losses.append(run)
+    eager, graphed = losses
+    assert eager[-1] < 0.8 * eager[0], eager  # the steps change what the model computes
+    for a, b in zip(eager, graphed):
+        assert abs(a - b) <= 2e-2 * a, (eager, graphed)
