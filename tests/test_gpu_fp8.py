@@ -194,8 +194,9 @@ def test_fp8_backward_is_deterministic():
 
 def test_an_optimizer_step_frees_the_quantized_weights_it_makes_stale():
     """After a training step's backward the layer holds its quantized weights (the forward's
-    layout: the backward freed its transposed copy; as memory_report says); an optimizer step over its weights frees them before it updates
-    them, and the next step quantizes the new weights (its output: a fresh layer's on them)."""
+    layout, as memory_report says: the backward freed its transposed copy); an optimizer step
+    over its weights frees them before it updates them, and the next step quantizes the new
+    weights (its output: a fresh layer's on them)."""
     shape = mokgen.shapes.get("gpu-small")
     torch.manual_seed(0)
     layer = mokgen.MoE(shape, tokens_per_rank=256, dtype="fp8", device="cuda")
