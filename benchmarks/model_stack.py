@@ -15,8 +15,9 @@ PyTorch stack; an fp8 layer's held bytes include its quantized weights (the forw
 layout: the steps' weights do not change; each backward makes and frees the transposed one).
 `--keep-h 0` / `1` forces mokgen's keep_h off / on (default `d`: the plan's choice,
 mokgen/compiler/passes/keep_h.py); `--fuse 1` builds mokgen's layers with
-fuse_grad_accumulation (the kernel adds the expert gradients into .grad: no expert-gradient-sized temporary, which
-autograd's accumulation allocates on both sides otherwise). A configuration that does not fit
+fuse_grad_accumulation (the kernel adds the expert gradients into .grad: no
+expert-gradient-sized temporary, which autograd's accumulation allocates on both sides
+otherwise). A configuration that does not fit
 is recorded as out of memory; with --fit the most layers at which both fit (halving from N)
 is measured as well.
 
