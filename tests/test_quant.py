@@ -171,7 +171,7 @@ def test_weight_cache_pads_each_part_to_whole_blocks(q):
     [L * 2 PI, PD] (gate rows, zeros to PI, up rows, zeros), W2 [L, D, I] as [L * PD, PI];
     their quantization is the reference's of each part (zeros leave the partial blocks'
     scales), and the transposed copies are those of the padded weights."""
-    from mokgen.runtime.moe import WeightCache, pad_weight
+    from mokgen.runtime.weight_quant import WeightCache, pad_weight
 
     g = torch.Generator().manual_seed(8)
     L, D, I = 2, 208, 144
@@ -359,7 +359,7 @@ def test_gpu_blockwise_weight_quantization_is_bit_exact(dtype):
 def test_weight_cache_requantizes_exactly_when_a_weight_changes():
     """The fp8 forward's weight cache: same tensor objects at the same version hit; an
     in-place update (optimizer step) or another tensor misses; one entry per hosted rank."""
-    from mokgen.runtime.moe import WeightCache
+    from mokgen.runtime.weight_quant import WeightCache
 
     cache, calls = WeightCache(128, slots=2), []
     cache.quantize = lambda w: (calls.append(w), (w, w))[1]
@@ -381,7 +381,7 @@ def test_weight_cache_is_dropped_before_any_optimizer_step():
     """Before any optimizer's step every entry is dropped (stale after it, whatever tensors
     it steps: FSDP2 steps shards; freed before the step's own peak); calls before a step
     (gradient accumulation, activation recomputation) keep hitting."""
-    from mokgen.runtime.moe import WeightCache
+    from mokgen.runtime.weight_quant import WeightCache
 
     cache, calls = WeightCache(128, slots=2), []
     cache.quantize = lambda w: (calls.append(w), (w, w))[1]
@@ -405,7 +405,7 @@ def test_weight_cache_sees_fsdp2s_new_weights_after_a_step(tmp_path):
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    from mokgen.runtime.moe import WeightCache
+    from mokgen.runtime.weight_quant import WeightCache
 
     class Experts(torch.nn.Module):
         def __init__(self):
@@ -446,13 +446,13 @@ def test_weight_cache_entries_belong_to_their_cuda_graph_capture(monkeypatch):
     GPU twin: test_gpu_module's CUDA graph test, an optimizer step between replays)."""
     from types import SimpleNamespace
 
-    from mokgen.runtime import cuda, moe
+    from mokgen.runtime import cuda, weight_quant
 
     capture = [None]  # the id of the capture under way, None: eager
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capture[0] is not None)
     monkeypatch.setattr(cuda, "capture_id", lambda stream=None: capture[0])
-    monkeypatch.setattr(moe, "pad_weight", lambda w, halves: w)
-    cache, quantized = moe.WeightCache(128, slots=1), []
+    monkeypatch.setattr(weight_quant, "pad_weight", lambda w, halves: w)
+    cache, quantized = weight_quant.WeightCache(128, slots=1), []
     cache.quantize = lambda w: (quantized.append(w), (object(), object()))[1]
     w1, w2 = (SimpleNamespace(is_cuda=True, is_meta=False, _version=0) for _ in range(2))
 
@@ -476,7 +476,7 @@ def test_weight_cache_transposed_copies_are_the_transposes_quantizations(q):
     values); MX, the weight quantized along its other dim. Bit for bit mokgen.quant of w^T,
     in the kernels' layouts ([L*cols, rows] data; blockwise scales [L*cols/128, rows/128], MX
     fp32 scales [rows/32, L*cols])."""
-    from mokgen.runtime.moe import WeightCache
+    from mokgen.runtime.weight_quant import WeightCache
 
     g = torch.Generator().manual_seed(3)
     L, rows, cols = 2, 256, 384
@@ -499,7 +499,7 @@ def test_weight_cache_backward_frees_its_transposed_copy_and_keeps_the_forwards(
     """drop_transposed (each backward call, once its kernel is enqueued): the transposed copy
     goes, the forward's stays for the next call on the same weights, and the next backward
     makes the transposed copy again, the same bits."""
-    from mokgen.runtime.moe import WeightCache
+    from mokgen.runtime.weight_quant import WeightCache
 
     g = torch.Generator().manual_seed(4)
     w1 = torch.randn(2, 256, 128, generator=g).bfloat16()

@@ -32,7 +32,7 @@ def constants(plan: Plan) -> dict:
     g = annotated(plan)
     common = dict(problem_params(g), plan_key=plan.key(),
                   profile_mask=abi.profile_mask(plan.profile), sched_chunk=abi.SCHED_CHUNK)
-    # fp8 plans: the host lays the weights out at these widths (runtime/moe.py pad_weight)
+    # fp8 plans: the host lays the weights out at these widths (runtime/weight_quant.py pad_weight)
     q = bool(plan.scale_block)
     common.update(padded_hidden=abi.padded(plan.shape.hidden) if q else plan.shape.hidden,
                   padded_intermediate=abi.padded(plan.shape.intermediate) if q

@@ -49,7 +49,8 @@ class CompiledMoE:
                 raise RuntimeError("mokgen: running a compiled layer needs a CUDA GPU; "
                                    "none is visible (compiling works without one)")
             from mokgen.runtime.checks import check_gpu
-            from mokgen.runtime.moe import ForwardRuntime, WeightCache
+            from mokgen.runtime.moe import ForwardRuntime
+            from mokgen.runtime.weight_quant import WeightCache
             from mokgen.runtime.workspace import shared
 
             p = self.plan
@@ -253,7 +254,7 @@ def memory_report(plan: Plan, device_memory: int | None = None) -> dict:
     the kind's datasheet size) and `max_layers`, the most mokgen.MoE layers of this plan
     whose training step fits it (stack_memory: weights, gradients, quantized weights,
     workspace and what each layer keeps, no activation checkpointing)."""
-    from mokgen.runtime.moe import quantized_weight_bytes
+    from mokgen.runtime.weight_quant import quantized_weight_bytes
     from mokgen.runtime.workspace import saved_bytes, workspace_bytes
 
     spec = layer_spec(plan)
@@ -311,7 +312,7 @@ def stack_memory(plan: Plan, layers: int, checkpointing: bool = False, fused: bo
     benchmarks/model_stack.py prints it beside the measured peak: total less weights and
     gradients comes within 7% under the measured held + peak (Qwen3-30B-A3B, 8 to 48 layers,
     checkpointed or not)."""
-    from mokgen.runtime.moe import quantized_weight_bytes
+    from mokgen.runtime.weight_quant import quantized_weight_bytes
     from mokgen.runtime.workspace import saved_bytes, workspace_bytes
 
     spec, s = layer_spec(plan), plan.shape
