@@ -470,7 +470,8 @@ def render_performance() -> str:
             "configuration (batch 4 x 2048 tokens, FSDP2, selective activation "
             "checkpointing, torch.compile, AdamW); tokens/s from the median step after the "
             "tenth. `x torchtitan` against torchtitan's run of the same seed (same weights and "
-            f"data); `inside band` the share of steps the {SMOOTH}-step mean loss lies within "
+            "data; a `+graphs` row against torchtitan's `+graphs` run, and that one against "
+            f"its eager run); `inside band` the share of steps the {SMOOTH}-step mean loss lies within "
             f"the range of torchtitan's seeds, `worst outside` its largest distance past it. "
             f"Curves: `benchmarks/results/torchtitan_{model}.png`. See docs/torchtitan.md.",
             torchtitan_runs))
