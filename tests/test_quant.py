@@ -495,10 +495,11 @@ def test_weight_cache_transposed_copies_are_the_transposes_quantizations(q):
         assert torch.equal(scales, want_s)
 
 
-def test_weight_cache_backward_frees_its_transposed_copy_and_keeps_the_forwards():
-    """drop_transposed (each backward call, once its kernel is enqueued): the transposed copy
-    goes, the forward's stays for the next call on the same weights, and the next backward
-    makes the transposed copy again, the same bits."""
+def test_weight_cache_frees_the_transposed_copy_after_one_backward_keeps_it_after_two():
+    """backward_done (each backward call, once its kernel is enqueued): after the first
+    backward on a weight version the transposed copy goes and the forward's stays; a second
+    backward before any optimizer step (gradient accumulation) makes the same bits again and
+    keeps them for the third; a new version (after clear: an optimizer step) starts over."""
     from mokgen.runtime.weight_quant import WeightCache
 
     g = torch.Generator().manual_seed(4)
@@ -506,11 +507,16 @@ def test_weight_cache_backward_frees_its_transposed_copy_and_keeps_the_forwards(
     w2 = torch.randn(2, 128, 128, generator=g).bfloat16()
     cache = WeightCache(128, slots=1)
     forward, first = cache.get(w1, w2), cache.transposed(w1, w2)
-    cache.drop_transposed(w1, w2)
+    cache.backward_done(w1, w2)
     assert not hasattr(forward, "t") and cache.get(w1, w2) is forward
     again = cache.transposed(w1, w2)
     assert again is not first
     for f in ("w1", "s1", "w2", "s2"):
         assert torch.equal(getattr(again, f), getattr(first, f))
+    cache.backward_done(w1, w2)
+    assert cache.transposed(w1, w2) is again  # accumulating: kept
     cache.clear()
-    cache.drop_transposed(w1, w2)  # nothing cached: nothing to do
+    cache.backward_done(w1, w2)  # nothing cached: nothing to do
+    cache.transposed(w1, w2)
+    cache.backward_done(w1, w2)
+    assert not hasattr(cache.get(w1, w2), "t")  # a new version: freed after its first

@@ -247,8 +247,9 @@ def memory_report(plan: Plan, device_memory: int | None = None) -> dict:
     by part), what one differentiable call keeps per layer for its backward, whether the
     backward needs its fp32 weight-gradient sums (a ring smaller than the worst case), and
     what an fp8 / MXFP8 layer holds besides (`quantized_weights_per_layer`: its quantized
-    weights in the forward's layout, from a step's forward to its optimizer step; each
-    backward call makes and frees a transposed copy of `quantized_transposed` bytes besides).
+    weights in the forward's layout, from a step's forward to its optimizer step; a backward
+    makes a transposed copy of `quantized_transposed` bytes besides, which it frees unless
+    the step accumulates gradients).
     Then the card: `gpu` (the plan's),
     its `device_memory` (given, else the current device's where it is the plan's GPU, else
     the kind's datasheet size) and `max_layers`, the most mokgen.MoE layers of this plan
@@ -305,8 +306,8 @@ def stack_memory(plan: Plan, layers: int, checkpointing: bool = False, fused: bo
     (once), `saved` (what each layer keeps for its backward: saved_bytes, and the router's
     fp32 input; with `checkpointing` only each layer's input, but the one layer whose
     forward re-ran), `transient` (one layer's backward: dx, the routing gradients, fp8's
-    transposed weights and, not `fused`, autograd's temporary the size of the expert
-    gradients) and `total`.
+    transposed weights (one step of one micro-batch: accumulating steps keep every layer's)
+    and, not `fused`, autograd's temporary the size of the expert gradients) and `total`.
     `extra_saved_per_layer`: what the model keeps per layer besides the MoE (a pre-norm
     block: its norm's input, tokens x hidden x 2). `tokens`: per call (the plan's).
     benchmarks/model_stack.py prints it beside the measured peak: total less weights and

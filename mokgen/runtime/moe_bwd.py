@@ -289,7 +289,7 @@ class BackwardPass:
                     [cuda.Raw(maps_raw), f8, cuda.Raw(peers), cuda.Raw(bufs)],
                     cooperative=True)
         if s.scale_block:
-            rt.weights.drop_transposed(w1, w2)
+            rt.weights.backward_done(w1, w2)
 
     def _fp8_operands(self, b, sc, w1, w2):
         """The fp8 backward's Fp8BwdMaps (by value) and its BwdBuffers fields; zero maps and

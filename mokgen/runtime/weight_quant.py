@@ -143,9 +143,11 @@ class WeightCache:
     backward's W1^T [L*D, 2I] and W2^T [L*I, D] (its dgrad and dx GEMMs' K is the forward's N;
     e4m3 wgmma reads K-major operands only), made on first use: blockwise blocks are the
     forward's, transposed; MX blocks run along the other dim, so those are quantized again
-    from the weight. The backward frees it once its kernel is enqueued (drop_transposed):
-    held from a step's forward to its optimizer step, every layer's copy would be live at the
-    backward's end; gradient accumulation pays one transpose (MX: a quantization) a call.
+    from the weight. The first backward on a weight version frees it once its kernel is
+    enqueued (backward_done): held to the optimizer step, every layer's copy would be live at
+    the backward's end. A second backward on the same version (gradient accumulation, pipeline
+    micro-batches) makes it again and keeps it, so accumulation pays one transpose (MX: a
+    quantization) more a step, not one a micro-batch.
     Under CUDA graph capture an entry belongs to its capture (the key holds the capture's id):
     whether to quantize is decided on the host, once, so a capture quantizes inside itself
     and every replay quantizes the weights as they are then; the forward and the backward of
@@ -184,7 +186,8 @@ class WeightCache:
                 self._cache.pop(next(iter(self._cache)))  # the oldest
             (d1, s1), (d2, s2) = (self.quantize(pad_weight(w, h))
                                   for w, h in ((w1, True), (w2, False)))
-            self._cache[key] = SimpleNamespace(w1=d1, s1=s1, w2=d2, s2=s2, of=(w1, w2))
+            self._cache[key] = SimpleNamespace(w1=d1, s1=s1, w2=d2, s2=s2, of=(w1, w2),
+                                               backwards=0)
             if not w1.is_meta:  # quantized_weight_bytes' sizing is no layer's
                 self._track()
         return self._cache[key]
@@ -211,12 +214,15 @@ class WeightCache:
             e.t = SimpleNamespace(w1=d1, s1=s1, w2=d2, s2=s2)
         return e.t
 
-    def drop_transposed(self, w1, w2) -> None:
-        """Free the transposed copy once the backward that reads it is enqueued on the stream
-        that made it (the allocator hands its memory only to work ordered after it)."""
+    def backward_done(self, w1, w2) -> None:
+        """A backward that read the transposed copy is enqueued (on the stream that made the
+        copy: the allocator hands its memory only to work ordered after it). The first on
+        this weight version frees the copy; from the second on it is kept (see the class)."""
         e = self._cache.get(self._key(w1, w2))
         if e is not None:
-            vars(e).pop("t", None)
+            e.backwards += 1
+            if e.backwards == 1:
+                vars(e).pop("t", None)
 
     def _transpose(self, w, data, scales):
         """w [L, rows, cols] (padded) and its forward quantization -> ([L*cols, rows],
