@@ -174,12 +174,13 @@ def _main(argv: list) -> int:
 
 
 def _compile(plan, run: bool) -> int:
+    from mokgen.compiler.build import BuildError
     from mokgen.pytorch.api import compile_layer
 
     print(plan)
     try:
         layer = compile_layer(plan, virtual=True)
-    except ValueError as e:
+    except (ValueError, BuildError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for name, b in layer.binaries.items():

@@ -141,6 +141,24 @@ def test_compile_run_exits_1_when_the_check_fails(monkeypatch, capsys, ok):
     assert "checked" in capsys.readouterr().out
 
 
+def test_compile_without_nvcc_says_what_is_missing(monkeypatch, capsys):
+    """The README's first command on a machine without nvcc: exit 2 and one line naming the
+    way out (not a traceback)."""
+    import dataclasses
+
+    from mokgen.compiler import build
+
+    monkeypatch.setattr(build, "CONFIG", dataclasses.replace(build.CONFIG,
+                                                              nvcc="/nonexistent/nvcc"))
+    build.nvcc_version.cache_clear()
+    try:
+        assert cli.main(["compile", "--shape", "tiny", "--ep", "1", "--tokens", "64"]) == 2
+    finally:
+        build.nvcc_version.cache_clear()
+    err = capsys.readouterr().err
+    assert "nvcc not usable (/nonexistent/nvcc)" in err and "MOKGEN_NVCC" in err
+
+
 def test_run_once_refuses_ranks_that_would_not_fit_the_gpu(monkeypatch):
     """One GPU holds every virtual rank: a check past its free memory is refused with both
     sizes, before any allocation (the stand-in layer has no runtime to call)."""

@@ -72,13 +72,18 @@ def gencode(arch: str) -> tuple:
     return (f"-gencode=arch=compute_{num},code=sm_{num}",)
 
 
+class BuildError(RuntimeError):
+    """nvcc missing or failing: what a build cannot get past (the message says which)."""
+
+
 @lru_cache(maxsize=None)
 def nvcc_version() -> str:
     try:
         out = subprocess.run([CONFIG.nvcc, "--version"], capture_output=True, text=True,
                              check=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
-        raise RuntimeError(f"nvcc not usable ({CONFIG.nvcc}): {e}") from e
+        raise BuildError(f"nvcc not usable ({CONFIG.nvcc}): {e}. Building a layer needs nvcc "
+                         f"from CUDA 12.8+ on PATH, or MOKGEN_NVCC naming it") from e
     return out.strip().splitlines()[-1]
 
 
@@ -252,7 +257,7 @@ def _compile(missing, arch: str, jobs: int | None) -> None:
                              capture_output=True, text=True)
         seconds = time.perf_counter() - t0
         if res.returncode:
-            raise RuntimeError(f"nvcc failed:\n{res.stdout[-6000:]}{res.stderr[-2000:]}")
+            raise BuildError(f"nvcc failed:\n{res.stdout[-6000:]}{res.stderr[-2000:]}")
         for k, key in missing:
             d = tmp / f"kernel.{k.name}.{key}"
             report = (d / "kernel.cubin.log").read_text()
