@@ -1,40 +1,27 @@
 """The workspace's lifecycle on the host (CPU): the buffers a forward runtime and its backward
 pass hold, released between calls by one real rank and taken again by the next call. The
-runtimes are built without their kernels (no GPU here); their GPU twins are
-test_gpu_memory's."""
+runtimes are built by their own constructors on CPU buffers over a stand-in driver
+(tests/dry_driver.py); their GPU twins are test_gpu_memory's."""
 import gc
 
 import pytest
-import torch
+from dry_driver import DryDriver
 
 import mokgen
 from mokgen.compiler.lower import layer_spec
 from mokgen.pytorch.api import memory_report
-from mokgen.runtime.moe import ForwardRuntime
-from mokgen.runtime.moe_bwd import BackwardPass
 
 SHAPE = mokgen.shapes.get("gpu-small")
 
 
-def bare_runtime(spec) -> ForwardRuntime:
-    """A ForwardRuntime's workspace state on the CPU, as __init__ leaves it, without loading
-    kernels."""
-    rt = ForwardRuntime.__new__(ForwardRuntime)
-    rt.spec, rt.dev, rt.virtual, rt.group = spec, torch.device("cpu"), True, None
-    rt.poison_outputs, rt._workspace, rt.call_bytes = False, None, 0
-    rt.generation, rt.saved = 0, False
-    rt.hosted = len(rt._held()["ranks"])
-    return rt
-
-
-def bare_backward(rt) -> BackwardPass:
-    bwd = BackwardPass.__new__(BackwardPass)
-    bwd.rt, bwd.poisoned, bwd.side_by_side = rt, False, False
-    return bwd
+def runtimes(monkeypatch, plan):
+    """The plan's ForwardRuntime and BackwardPass, built on CPU buffers (tests/dry_driver.py)."""
+    return DryDriver(monkeypatch, layer_spec(plan)).runtimes()
 
 
 @pytest.mark.parametrize("overrides", [{}, {"reverse_dispatch": "push"}])
-def test_release_returns_every_buffer_and_the_next_call_takes_them_again(overrides):
+def test_release_returns_every_buffer_and_the_next_call_takes_them_again(monkeypatch,
+                                                                        overrides):
     """After release nothing of the workspace is referenced by the runtime (the memory goes
     back to the allocator: weak references die, with the collector off, as torchtitan's trainer
     keeps it between its collections), the backward's scratch included; the next
@@ -45,8 +32,7 @@ def test_release_returns_every_buffer_and_the_next_call_takes_them_again(overrid
 
     plan = mokgen.plan(SHAPE, ep=1, tokens_per_rank=256, **overrides)
     spec = layer_spec(plan)
-    rt = bare_runtime(spec)
-    bwd = bare_backward(rt)
+    rt, bwd = runtimes(monkeypatch, plan)
     scratch = bwd.scratch[0]
     if spec.dx_ring:
         assert scratch.ring_dy.untyped_storage().data_ptr() == \
@@ -75,12 +61,10 @@ def test_release_returns_every_buffer_and_the_next_call_takes_them_again(overrid
             rt.ranks[0].combine.untyped_storage().data_ptr()
 
 
-def test_a_released_workspace_comes_back_poisoned():
+def test_a_released_workspace_comes_back_poisoned(monkeypatch):
     """poison() holds for workspaces made after it: a test still sees unwritten elements
     in a call after a release."""
-    spec = layer_spec(mokgen.plan(SHAPE, ep=1, tokens_per_rank=256))
-    rt = bare_runtime(spec)
-    bwd = bare_backward(rt)
+    rt, bwd = runtimes(monkeypatch, mokgen.plan(SHAPE, ep=1, tokens_per_rank=256))
     rt.poison()
     bwd.poison()
     rt.release()
@@ -89,11 +73,10 @@ def test_a_released_workspace_comes_back_poisoned():
     assert sc.dw_part.isnan().all() and b.dweight.isnan().all()
 
 
-def test_real_ranks_keep_their_symmetric_memory():
+def test_real_ranks_keep_their_symmetric_memory(monkeypatch):
     """Only a workspace this process allocated alone is released: real ranks' peer buffers
     were made together (symmetric memory) and stay."""
-    spec = layer_spec(mokgen.plan(SHAPE, ep=1, tokens_per_rank=256))
-    rt = bare_runtime(spec)
+    rt, _ = runtimes(monkeypatch, mokgen.plan(SHAPE, ep=1, tokens_per_rank=256))
     rt._workspace["peers"].virtual = False  # as a real rank's PeerSet
     held = rt.held_bytes()
     rt.release()

@@ -32,10 +32,11 @@ MAX_MAPS = 4096  # tensor maps kept (128 B each): a 48-layer model uses about 30
 
 class ForwardRuntime:
     def __init__(self, spec: LayerSpec, prologue_cubin: bytes, fwd_cubin: bytes, virtual: bool,
-                 group=None, watchdog_s: float = 5.0):
+                 group=None, watchdog_s: float = 5.0, device: torch.device | None = None):
         self.spec = spec
         self.virtual = virtual
-        self.dev = torch.device("cuda", torch.cuda.current_device())
+        # the current CUDA device; another only where tests run the host side alone (CPU)
+        self.dev = device or torch.device("cuda", torch.cuda.current_device())
         pro = cuda.load_module(prologue_cubin)
         fwd = cuda.load_module(fwd_cubin)
         self.fwd_module = fwd  # its globals: a trace sets mokgen_trace (trace.cuh)
