@@ -2,8 +2,13 @@
 calls them, on the CPU with the driver stood in for (tests/dry_driver.py): the host paths of
 the plan kinds whose host side differs (kept h, replay, fp8, MXFP8, virtual ranks) run to
 their launches. Every tensor map asked for lies inside its tensor, and every kernel argument
-struct packs its fields. The kernels' results: the GPU suite (test_gpu_forward,
-test_gpu_backward, test_gpu_fp8)."""
+struct packs its fields. Then the layer above them (mokgen.MoE's one-rank layer: its
+workspace between calls). The kernels' results: the GPU suite (test_gpu_forward,
+test_gpu_backward, test_gpu_fp8, test_gpu_memory)."""
+import functools
+import itertools
+from types import SimpleNamespace
+
 import pytest
 import torch
 from dry_driver import DryDriver
@@ -76,3 +81,58 @@ def test_fp8_backward_frees_its_transposed_weights_once_then_keeps_them(monkeypa
     step(rt, bwd, 128, seed=1, ws=ws)  # the next micro-batch, the same weights
     assert rt.weights._cache[next(iter(rt.weights._cache))] is entry
     assert entry.backwards == 2 and hasattr(entry, "t")
+
+
+_LAYERS = itertools.count()  # a fresh kernels key a layer: no workspace pooled across tests
+
+
+def dry_compile(monkeypatch, plan) -> DryDriver:
+    """compile_layer returns a CompiledMoE of stand-in binaries whose runtimes are
+    DryDriver's, on CPU buffers: the layer-level host paths (autograd, release) run as on
+    the GPU."""
+    from mokgen.pytorch import api
+    from mokgen.runtime import checks, moe
+
+    drv = DryDriver(monkeypatch, layer_spec(plan))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(checks, "check_gpu", lambda *args: None)
+    # the arguments' device check, less "on CUDA": every argument on x's device (the CPU)
+    monkeypatch.setattr(checks, "_device", lambda name, t, device: None if t.device == device
+                        else pytest.fail(f"{name} on {t.device}, x on {device}"))
+    monkeypatch.setattr(moe, "ForwardRuntime", functools.partial(moe.ForwardRuntime,
+                                                                 device=torch.device("cpu")))
+    tag = next(_LAYERS)
+    units = ("prologue", "fwd", "bwd") + (("bwdres",) if plan.keep_h else ())
+    binaries = {u: SimpleNamespace(image=u.encode(), key=f"{u}-{tag}") for u in units}
+    monkeypatch.setattr(api, "compile_layer", lambda plan, virtual=False, group=None,
+                        watchdog_s=None: api.CompiledMoE(plan, binaries, virtual, 0, group))
+    return drv
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_the_modules_one_rank_layer_holds_its_workspace_only_inside_calls(monkeypatch, dtype):
+    """mokgen.MoE's kernels (_LazyKernels, this rank's tensors): a saving forward keeps the
+    workspace for its backward, which returns it; a forward that saves nothing returns it at
+    once (test_gpu_memory asserts the same on the GPU)."""
+    from mokgen.pytorch.module import _LazyKernels
+
+    plan = mokgen.plan(SHAPE, ep=1, tokens_per_rank=256, dtype=dtype)
+    drv = dry_compile(monkeypatch, plan)
+    kernels = _LazyKernels(plan, None)
+    layer = kernels.layer()
+    assert not layer.virtual and layer.releases_workspace
+    g = torch.Generator().manual_seed(2)
+    (w1,), (w2,), sw1, sw2 = weights(SimpleNamespace(spec=layer_spec(plan), hosted=1), g)
+    x = torch.randn(100, SHAPE.hidden, generator=g).bfloat16()
+    z = torch.randn(100, SHAPE.num_experts, generator=g)
+    y, routes, generation, kept = kernels.forward(x, z, w1, w2, sw1, sw2, save=True)
+    assert y.shape == x.shape and layer.memory()["workspace_held"] > 0
+    dx, *_ = kernels.backward(torch.randn(y.shape, generator=g).bfloat16(), x, w1, w2, sw1,
+                              sw2, routes, generation, kept=kept)
+    assert dx.shape == x.shape
+    held = layer.memory()
+    assert held["workspace_held"] == 0 and held["workspace"] > 0
+    kernels.forward(x, z, w1, w2, sw1, sw2, save=False)
+    assert layer.memory()["workspace_held"] == 0
+    assert drv.launches.count("mokgen_fwd") == 2 and drv.launches.count("mokgen_bwd") == 1
