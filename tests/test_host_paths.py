@@ -136,3 +136,28 @@ def test_the_modules_one_rank_layer_holds_its_workspace_only_inside_calls(monkey
     kernels.forward(x, z, w1, w2, sw1, sw2, save=False)
     assert layer.memory()["workspace_held"] == 0
     assert drv.launches.count("mokgen_fwd") == 2 and drv.launches.count("mokgen_bwd") == 1
+
+
+@pytest.mark.parametrize("ep,dtype", [(1, "bf16"), (1, "fp8"), (4, "bf16")])
+def test_a_compiled_layers_autograd_step_runs_on_the_host(monkeypatch, ep, dtype):
+    """mokgen.compile's layer under autograd (its _MoEFunction: save, backward_raw, the
+    router's backward): one rank's tensors, or lists of them for virtual ranks; every leaf
+    gets a gradient of its shape."""
+    from mokgen.pytorch import api
+
+    plan = mokgen.plan(SHAPE, ep=ep, tokens_per_rank=256, dtype=dtype)
+    drv = dry_compile(monkeypatch, plan)
+    layer = api.compile_layer(plan, virtual=ep > 1)
+    g = torch.Generator().manual_seed(3)
+    rt = SimpleNamespace(spec=layer_spec(plan), hosted=ep)
+    w1s, w2s, sw1, sw2 = weights(rt, g)
+    xs = [torch.randn(90, SHAPE.hidden, generator=g).bfloat16() for _ in range(ep)]
+    zs = [torch.randn(90, SHAPE.num_experts, generator=g) for _ in range(ep)]
+    leaves = [t.requires_grad_() for t in (*xs, *zs, *w1s, *w2s)
+              + ((sw1, sw2) if sw1 is not None else ())]
+    one = (lambda v: v) if ep > 1 else (lambda v: v[0])  # noqa: E731
+    ys = layer(one(xs), one(zs), one(w1s), one(w2s), sw1, sw2)
+    sum(y.float().sum() for y in (ys if ep > 1 else [ys])).backward()
+    assert all(t.grad is not None and t.grad.shape == t.shape for t in leaves)
+    assert drv.launches.count("mokgen_bwd") == ep and drv.launches.count("mokgen_router_bwd") == ep
+    assert layer.memory()["workspace_held"] == (0 if ep == 1 else layer.memory()["workspace"])
