@@ -1,8 +1,8 @@
 """A forward and its backward through ForwardRuntime and BackwardPass, as the compiled layer
 calls them, on the CPU with the driver stood in for (tests/dry_driver.py): the host paths of
-the plan kinds whose host side differs (kept h, replay, fp8, MXFP8, virtual ranks) run to
-their launches. Every tensor map asked for lies inside its tensor, and every kernel argument
-struct packs its fields. Then the layer above them (mokgen.MoE's one-rank layer: its
+the plan kinds whose host side differs (kept h, replay, gathered rows, fp8, MXFP8, virtual
+ranks) run to their launches. Every tensor map asked for lies inside its tensor, and every
+kernel argument struct packs its fields. Then the layer above them (mokgen.MoE's one-rank layer: its
 workspace between calls). The kernels' results: the GPU suite (test_gpu_forward,
 test_gpu_backward, test_gpu_fp8, test_gpu_memory)."""
 import functools
@@ -20,6 +20,8 @@ SHAPE = mokgen.shapes.get("gpu-small")
 CASES = {
     "bf16, ep 1": dict(ep=1),
     "bf16, ep 1, replay": dict(ep=1, keep_h=False),
+    "bf16, ep 1, gathered rows": dict(ep=1, dispatch="gather", reverse_combine="gather",
+                                      reverse_dispatch="push", comm_sms_bwd=0),
     "fp8, ep 1": dict(ep=1, dtype="fp8"),
     "mxfp8, ep 1": dict(ep=1, dtype="mxfp8"),
     "bf16, 4 virtual ranks": dict(ep=4),
