@@ -29,11 +29,11 @@ CASES = {
 }
 
 
-def weights(rt, g):
+def weights(local_experts, ranks, g):
     """Per hosted rank w1 and w2, and the shared expert's (None without one), bf16."""
-    L, D, I, S = rt.spec.local_experts, SHAPE.hidden, SHAPE.intermediate, SHAPE.shared_dim
+    L, D, I, S = local_experts, SHAPE.hidden, SHAPE.intermediate, SHAPE.shared_dim
     bf16 = lambda *shape: torch.randn(*shape, generator=g).bfloat16()  # noqa: E731
-    hosted = range(rt.hosted)
+    hosted = range(ranks)
     return ([bf16(L, 2 * I, D) for _ in hosted], [bf16(L, D, I) for _ in hosted],
             *((bf16(2 * S, D), bf16(D, S)) if S else (None, None)))
 
@@ -45,7 +45,7 @@ def step(rt, bwd, n, seed=0, ws=None):
     hosted = range(rt.hosted)
     xs = [torch.randn(n, SHAPE.hidden, generator=g).bfloat16() for _ in hosted]
     zs = [torch.randn(n, SHAPE.num_experts, generator=g) for _ in hosted]
-    w1s, w2s, sw1, sw2 = ws = ws or weights(rt, g)
+    w1s, w2s, sw1, sw2 = ws = ws or weights(rt.spec.local_experts, rt.hosted, g)
     kept = rt.new_kept(n) if rt.spec.keep_h else None
     ys = rt.forward(xs, zs, w1s, w2s, sw1, sw2, save=True, kept=kept)
     routes = [rt.routes_of(i, n) for i in hosted]
@@ -125,7 +125,7 @@ def test_the_modules_one_rank_layer_holds_its_workspace_only_inside_calls(monkey
     layer = kernels.layer()
     assert not layer.virtual and layer.releases_workspace
     g = torch.Generator().manual_seed(2)
-    (w1,), (w2,), sw1, sw2 = weights(SimpleNamespace(spec=layer_spec(plan), hosted=1), g)
+    (w1,), (w2,), sw1, sw2 = weights(plan.local_experts, 1, g)
     x = torch.randn(100, SHAPE.hidden, generator=g).bfloat16()
     z = torch.randn(100, SHAPE.num_experts, generator=g)
     y, routes, generation, kept = kernels.forward(x, z, w1, w2, sw1, sw2, save=True)
@@ -151,8 +151,7 @@ def test_a_compiled_layers_autograd_step_runs_on_the_host(monkeypatch, ep, dtype
     drv = dry_compile(monkeypatch, plan)
     layer = api.compile_layer(plan, virtual=ep > 1)
     g = torch.Generator().manual_seed(3)
-    rt = SimpleNamespace(spec=layer_spec(plan), hosted=ep)
-    w1s, w2s, sw1, sw2 = weights(rt, g)
+    w1s, w2s, sw1, sw2 = weights(plan.local_experts, ep, g)
     xs = [torch.randn(90, SHAPE.hidden, generator=g).bfloat16() for _ in range(ep)]
     zs = [torch.randn(90, SHAPE.num_experts, generator=g) for _ in range(ep)]
     leaves = [t.requires_grad_() for t in (*xs, *zs, *w1s, *w2s)

@@ -249,12 +249,11 @@ def memory_report(plan: Plan, device_memory: int | None = None) -> dict:
     what an fp8 / MXFP8 layer holds besides (`quantized_weights_per_layer`: its quantized
     weights in the forward's layout, from a step's forward to its optimizer step; a backward
     makes a transposed copy of `quantized_transposed` bytes besides, which it frees unless
-    the step accumulates gradients).
-    Then the card: `gpu` (the plan's),
-    its `device_memory` (given, else the current device's where it is the plan's GPU, else
-    the kind's datasheet size) and `max_layers`, the most mokgen.MoE layers of this plan
-    whose training step fits it (stack_memory: weights, gradients, quantized weights,
-    workspace and what each layer keeps, no activation checkpointing)."""
+    the step accumulates gradients). Then the card: `gpu` (the plan's), its `device_memory`
+    (given, else the current device's where it is the plan's GPU, else the kind's datasheet
+    size) and `max_layers`, the most mokgen.MoE layers of this plan whose training step fits
+    it (stack_memory: weights, gradients, quantized weights, workspace and what each layer
+    keeps, no activation checkpointing)."""
     from mokgen.runtime.weight_quant import quantized_weight_bytes
     from mokgen.runtime.workspace import saved_bytes, workspace_bytes
 

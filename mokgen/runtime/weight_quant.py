@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from types import SimpleNamespace
 
 import torch
 
@@ -180,8 +181,6 @@ class WeightCache:
     def get(self, w1, w2):
         key = self._key(w1, w2)
         if key not in self._cache:
-            from types import SimpleNamespace
-
             while len(self._cache) >= self.slots:
                 self._cache.pop(next(iter(self._cache)))  # the oldest
             (d1, s1), (d2, s2) = (self.quantize(pad_weight(w, h))
@@ -207,8 +206,6 @@ class WeightCache:
     def transposed(self, w1, w2):
         e = self.get(w1, w2)
         if not hasattr(e, "t"):
-            from types import SimpleNamespace
-
             (d1, s1), (d2, s2) = (self._transpose(pad_weight(w, h), d, sc) for w, h, d, sc in
                                   ((w1, True, e.w1, e.s1), (w2, False, e.w2, e.s2)))
             e.t = SimpleNamespace(w1=d1, s1=s1, w2=d2, s2=s2)
